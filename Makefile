@@ -1,0 +1,183 @@
+# mge: one non-recursive Makefile. Everything is built under build/ (binaries in build/bin/).
+#   make            build everything          make test     deps + build + all tests
+#   make demo       deps + build + main job   make bench    benchmarks (side by side with PyTorch/MPI)
+#   make fuzz       long fuzz runs            make SANITIZE=address,undefined test
+#   make V=1        show commands             CI=true / DEVELOPER=1: warnings are errors
+
+BUILD   ?= build
+CC      ?= cc
+CLANG   ?= clang
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= /usr/local/cuda
+PROTOC_C ?= protoc-c
+
+WARN  := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+         -Wpointer-arith -Wwrite-strings -Wvla -Wformat=2 -fno-common
+OPT   ?= -O2 -march=native
+DEBUG ?= -g
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(DEBUG) -fopenmp -MMD -MP \
+             -I. -I$(BUILD)/gen $(CFLAGS)
+ALL_LDFLAGS = -fopenmp $(LDFLAGS)
+LIBS_BLAS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -ldnnl
+LIBS_PROTO  := -lprotobuf-c
+LIBS_COMMON := -lyaml -ljansson -lz -lm -lpthread
+LIBS_DAEMON := -lmicrohttpd -lsqlite3 -lnng -luv -lcurl
+
+ifneq ($(filter true 1,$(CI)),)
+DEVELOPER = 1
+endif
+ifdef DEVELOPER
+ALL_CFLAGS += -Werror
+endif
+ifdef SANITIZE
+ALL_CFLAGS  += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
+ALL_LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+ifeq ($(V),1)
+Q =
+else
+Q = @
+endif
+
+.PHONY: all deps demo test test-unit test-integration test-fuzz bench fuzz format clean cuda
+all: binaries
+
+# ---- dependencies: apt-get what is missing (idempotent, quiet when nothing is) ----
+deps:
+	$(Q)sh deploy/install-deps.sh
+
+# ---- generated protobuf code ----
+PROTOS    := $(wildcard proto/*.proto)
+PROTO_C   := $(patsubst proto/%.proto,$(BUILD)/gen/proto/%.pb-c.c,$(PROTOS))
+PROTO_H   := $(PROTO_C:.c=.h)
+$(BUILD)/gen/proto/%.pb-c.c $(BUILD)/gen/proto/%.pb-c.h: proto/%.proto
+	@mkdir -p $(BUILD)/gen
+	@echo "  PROTOC  $<"
+	$(Q)$(PROTOC_C) --c_out=$(BUILD)/gen $<
+
+# ---- sources by module (a new .c file in a module is picked up automatically) ----
+COMMON_SRC  := $(wildcard common/*.c)
+KERNEL_SRC  := $(sort $(wildcard kernels/*.c kernels/cpu/*.c))
+ENGINE_MAIN := engine/main_train.c engine/main_infer.c
+ENGINE_SRC  := $(filter-out $(ENGINE_MAIN),$(wildcard engine/*.c engine/*/*.c))
+COORD_SRC   := $(wildcard coordinator/*.c)
+WORKER_SRC  := $(wildcard worker/*.c)
+CLI_SRC     := $(wildcard cli/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+LIB_COMMON := $(BUILD)/lib/libmgecommon.a
+LIB_PROTO  := $(BUILD)/lib/libmgeproto.a
+LIB_KERN   := $(BUILD)/lib/libmgekernels.a
+LIB_ENGINE := $(BUILD)/lib/libmge.a
+
+$(BUILD)/obj/%.o: %.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# generated code is not ours: build it without our warning set
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) -std=c11 $(OPT) $(DEBUG) -I$(BUILD)/gen $(filter -fsanitize=%,$(ALL_CFLAGS)) -c $< -o $@
+
+$(LIB_COMMON): $(call obj,$(COMMON_SRC))
+$(LIB_PROTO): $(patsubst $(BUILD)/gen/%.c,$(BUILD)/obj/gen/%.o,$(PROTO_C))
+$(LIB_KERN): $(call obj,$(KERNEL_SRC))
+$(LIB_ENGINE): $(call obj,$(ENGINE_SRC))
+$(BUILD)/lib/%.a:
+	@mkdir -p $(dir $@)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+ENGINE_LIBS = $(LIB_ENGINE) $(LIB_KERN) $(LIB_PROTO) $(LIB_COMMON)
+BIN := $(BUILD)/bin
+
+$(BIN)/mge-train: $(call obj,engine/main_train.c) $(ENGINE_LIBS)
+$(BIN)/mge-infer: $(call obj,engine/main_infer.c) $(ENGINE_LIBS)
+$(BIN)/mge-train $(BIN)/mge-infer:
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMMON)
+
+BINARIES := $(BIN)/mge-train $(BIN)/mge-infer
+
+ifneq ($(COORD_SRC),)
+$(BIN)/mge-coordinator: $(call obj,$(COORD_SRC)) $(LIB_PROTO) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_DAEMON) $(LIBS_PROTO) $(LIBS_COMMON)
+BINARIES += $(BIN)/mge-coordinator
+endif
+ifneq ($(WORKER_SRC),)
+$(BIN)/mge-worker: $(call obj,$(WORKER_SRC)) $(LIB_PROTO) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_DAEMON) $(LIBS_PROTO) $(LIBS_COMMON)
+BINARIES += $(BIN)/mge-worker
+endif
+ifneq ($(CLI_SRC),)
+$(BIN)/mgectl: $(call obj,$(CLI_SRC)) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ -lcurl $(LIBS_COMMON)
+BINARIES += $(BIN)/mgectl
+endif
+
+# ---- CUDA: compiled and linked when nvcc exists; nothing needs a GPU to build or test ----
+CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+ifneq ($(NVCC),)
+ifneq ($(CUDA_SRC),)
+CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC))
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	$(Q)$(NVCC) -O2 -std=c++17 -I. -arch=sm_90 -c $< -o $@
+$(BUILD)/lib/libmgecuda.a: $(CUDA_OBJ)
+BINARIES += $(BUILD)/lib/libmgecuda.a
+endif
+endif
+cuda:
+	@if [ -z "$(NVCC)" ]; then echo "nvcc not found: CPU-only build"; fi
+
+binaries: $(BINARIES)
+
+# ---- tests: one Check binary per tests/unit/test_<module>.c ----
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
+TEST_SUPPORT := $(wildcard tests/unit/support/*.c)
+$(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMMON) \
+	    $(shell pkg-config --libs check) -lsqlite3 -lnng -lcurl
+
+test: deps
+	$(Q)$(MAKE) --no-print-directory binaries tests-build
+	$(Q)sh tests/run-tests.sh $(BUILD)
+
+tests-build: $(UNIT_BIN)
+
+# ---- fuzzing (clang libFuzzer) ----
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+fuzz: deps
+	$(Q)FUZZ_SECONDS=$${FUZZ_SECONDS:-300} sh tests/fuzz/run.sh $(BUILD) long
+
+# ---- benchmarks ----
+bench: deps
+	$(Q)$(MAKE) --no-print-directory binaries
+	$(Q)sh tests/bench/run.sh $(BUILD)
+
+demo: deps
+	$(Q)$(MAKE) --no-print-directory binaries
+	$(Q)sh deploy/demo.sh $(BUILD)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

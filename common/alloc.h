@@ -1,0 +1,35 @@
+/* alloc.h: the single allocation choke point, with a failure hook for tests. */
+#ifndef MGE_COMMON_ALLOC_H
+#define MGE_COMMON_ALLOC_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Like malloc/calloc/realloc/free; return NULL on failure (and when the hook says fail). */
+void *mge_malloc(size_t n);
+void *mge_calloc(size_t count, size_t size);
+void *mge_realloc(void *p, size_t n);
+void mge_free(void *p);
+char *mge_strdup(const char *s);
+char *mge_strndup(const char *s, size_t n);
+
+/*
+ * 64-byte aligned allocation for tensor arenas (AVX-512 lines). Free with mge_free_aligned().
+ * Memory is not zeroed.
+ */
+void *mge_malloc_aligned(size_t n);
+void mge_free_aligned(void *p);
+
+/*
+ * Test hook: after @n more successful allocations, every allocation fails
+ * (n < 0 turns the hook off). Not thread-safe; tests only.
+ */
+void mge_alloc_fail_after(long n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,160 @@
+/*
+ * jobspec.h: the job spec (YAML, read with libyaml), its validation and --set overrides.
+ * One validator serves mge-train, mge-coordinator and mgectl, so a spec is judged the same
+ * everywhere. docs/job-spec.md is the user-facing reference of every key.
+ */
+#ifndef MGE_COMMON_JOBSPEC_H
+#define MGE_COMMON_JOBSPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MGE_SPEC_MAX_LAYERS 64
+#define MGE_SPEC_NAME_MAX 128
+
+enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP };
+enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
+enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC };
+enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
+enum mge_sched_type { MGE_SCHED_CONSTANT, MGE_SCHED_STEP, MGE_SCHED_COSINE };
+enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU };
+enum mge_sublinear_mode { MGE_SUBLINEAR_OFF, MGE_SUBLINEAR_ON, MGE_SUBLINEAR_AUTO, MGE_SUBLINEAR_LIGHT };
+enum mge_backend { MGE_BACKEND_AUTO, MGE_BACKEND_LOCAL, MGE_BACKEND_MPI, MGE_BACKEND_NCCL };
+
+struct mge_model_spec {
+    enum mge_model_type type;      /* model.type: mlp | lenet | deep_mlp */
+    int hidden[MGE_SPEC_MAX_LAYERS]; /* model.hidden: list of hidden sizes (mlp) */
+    int n_hidden;                  /* entries used in hidden[] */
+    enum mge_activation activation; /* model.activation (default relu) */
+    int layers;                    /* model.layers: deep_mlp depth (default 128) */
+    int width;                     /* model.width: deep_mlp width (default 1024) */
+    float dropout;                 /* model.dropout: 0 = off (default 0) */
+};
+
+struct mge_data_spec {
+    enum mge_data_format format;   /* data.format: idx | synthetic */
+    char *train_images;            /* data.train_images (idx; gz or plain) */
+    char *train_labels;
+    char *test_images;             /* optional: no test set when NULL */
+    char *test_labels;
+    /* synthetic only: */
+    int64_t train_size;            /* data.train_size (default 60000) */
+    int64_t test_size;             /* data.test_size (default 10000) */
+    int input_dim;                 /* data.input_dim: features per sample (default 784) */
+    int classes;                   /* data.classes (default 10) */
+    int image_h, image_w, channels; /* data.image: [c, h, w] for conv models (default 1,28,28) */
+    int prefetch;                  /* data.prefetch: batches read ahead (default 2) */
+};
+
+struct mge_optim_spec {
+    enum mge_optim_type type;      /* train.optimizer.type: sgd | adam | adamw */
+    double lr;                     /* > 0 */
+    double momentum;               /* sgd, [0,1) */
+    int nesterov;                  /* sgd, bool */
+    double weight_decay;           /* >= 0 */
+    double beta1, beta2, eps;      /* adam/adamw (defaults 0.9, 0.999, 1e-8) */
+};
+
+struct mge_sched_spec {
+    enum mge_sched_type type;      /* train.lr_schedule.type: constant | step | cosine */
+    int64_t step_size;             /* step: every step_size steps ... */
+    double gamma;                  /* ... multiply by gamma */
+    int64_t warmup_steps;          /* cosine: linear warmup steps */
+    double min_lr;                 /* cosine: floor */
+};
+
+struct mge_train_spec {
+    int epochs;                    /* train.epochs; 0 when steps is given */
+    int64_t steps;                 /* train.steps; 0 when epochs is given */
+    int batch_size;                /* train.batch_size: global batch */
+    struct mge_optim_spec optim;   /* train.optimizer */
+    struct mge_sched_spec sched;   /* train.lr_schedule (default constant) */
+    uint64_t seed;                 /* train.seed (default 42) */
+    int64_t checkpoint_every;      /* train.checkpoint_every: steps; 0 = only at the end */
+    int64_t log_every;             /* train.log_every: steps between metric lines (default 1) */
+    int eval_every_epoch;          /* train.eval: evaluate each epoch (default 1) */
+};
+
+struct mge_resources_spec {
+    enum mge_device_kind device;   /* resources.device: cpu | gpu */
+    int workers_min, workers_max;  /* resources.workers: N or {min, max} (default 1) */
+    int cpus;                      /* resources.cpus: cores per worker (default 1) */
+    int gpus;                      /* resources.gpus: per worker (default 0; 1 if device gpu) */
+    int64_t memory_mb;             /* resources.memory_mb: per worker (default 0 = any) */
+};
+
+struct mge_memory_spec {
+    enum mge_sublinear_mode sublinear; /* memory.sublinear: false | true | auto | light */
+    int64_t budget_mb;             /* memory.budget_mb: 0 = none */
+};
+
+struct mge_dist_spec {
+    enum mge_backend backend;      /* distributed.backend: auto | local | mpi | nccl */
+    double pack_mb;                /* distributed.pack_mb (default 10) */
+};
+
+struct mge_jobspec {
+    char *name;                    /* name: [A-Za-z0-9._-]{1,128} */
+    struct mge_model_spec model;
+    struct mge_data_spec data;
+    struct mge_train_spec train;
+    struct mge_resources_spec resources;
+    struct mge_memory_spec memory;
+    struct mge_dist_spec distributed;
+    int priority;                  /* priority: -100..100 (default 0) */
+    char *source;                  /* the YAML text after overrides, canonical (for checkpoints) */
+};
+
+/*
+ * Where a spec error is. All strings are owned by the struct (static buffers).
+ * Example message: "job.yaml:12: train.optimizer.lr: expected a number > 0, got 'fast'".
+ */
+struct mge_spec_error {
+    char file[256];                /* file name, or "<request>" for bodies */
+    int line;                      /* 1-based; 0 when not known */
+    int column;                    /* 1-based; 0 when not known */
+    char key[128];                 /* dotted key path ("train.optimizer.lr"); "" if none */
+    char message[512];             /* full human message, as above */
+};
+
+/*
+ * Parse and validate a YAML spec held in memory.
+ * @name: file name for messages ("<request>" for HTTP bodies). @text/@len: the YAML.
+ * @overrides: "key.path=value" strings applied before validation (NULL if @n_overrides is 0);
+ *   the value is parsed as a YAML scalar or flow sequence ("[512, 512]").
+ * On MGE_OK *@out is a new spec the caller frees with mge_jobspec_free().
+ * On MGE_SPEC (bad spec) or MGE_FORMAT (bad YAML) @err (if not NULL) says where and why,
+ * and *@out is NULL. Unknown keys are errors that name the key and its line.
+ * Never crashes on any input (fuzzed).
+ */
+int mge_jobspec_parse(const char *name, const char *text, size_t len, const char *const *overrides,
+                      int n_overrides, struct mge_jobspec **out, struct mge_spec_error *err);
+
+/* As mge_jobspec_parse(), reading @path (MGE_NOENT/MGE_IO with @err filled if unreadable). */
+int mge_jobspec_load(const char *path, const char *const *overrides, int n_overrides,
+                     struct mge_jobspec **out, struct mge_spec_error *err);
+
+/* Free a spec from parse/load; NULL does nothing. */
+void mge_jobspec_free(struct mge_jobspec *spec);
+
+/* Total training steps for @train_size samples (epochs * ceil(train_size / batch) or steps). */
+int64_t mge_jobspec_total_steps(const struct mge_jobspec *spec, int64_t train_size);
+
+/*
+ * The spec as one JSON object string (all keys, defaults filled in), for the REST API.
+ * Returns a new string the caller frees with mge_free(), or NULL on OOM.
+ */
+char *mge_jobspec_to_json(const struct mge_jobspec *spec);
+
+/* Stable names of enum values as they appear in YAML ("sgd", "cosine", ...). */
+const char *mge_model_type_name(enum mge_model_type t);
+const char *mge_optim_type_name(enum mge_optim_type t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,21 @@
+#!/bin/sh
+# install-deps.sh: install the Debian packages mge needs to build, test and demo, if missing.
+# Idempotent and quiet when everything is present. Needs root (or sudo) only when it installs.
+set -e
+PKGS="build-essential pkg-config clang libclang-rt-14-dev check libyaml-dev libjansson-dev
+zlib1g-dev libprotobuf-c-dev protobuf-c-compiler libopenblas-dev libdnnl-dev libnng-dev
+libmicrohttpd-dev libuv1-dev libsqlite3-dev libcurl4-openssl-dev libopenmpi-dev openmpi-bin
+iproute2 dataset-fashion-mnist ${MGE_EXTRA_PKGS:-}"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "install-deps: installing:$missing"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,175 @@
+/*
+ * cpu.h: the CPU kernels. Plain functions on raw float pointers and ints, no engine types, so
+ * they can be tested and benchmarked alone. Row-major, contiguous, images NCHW, conv weights
+ * KCRS. Every *_backward that takes @acc adds into its output when @acc is non-zero and
+ * overwrites it otherwise. Outputs never alias inputs unless a comment says so.
+ * Threads: kernels use OpenMP (or the GEMM library's pool) with mge_cpu_threads() threads.
+ */
+#ifndef MGE_KERNELS_CPU_H
+#define MGE_KERNELS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- threads ---------------------------------------------------------------------------- */
+/* Set the thread count for all kernels (OpenMP and GEMM library). n <= 0: $OMP_NUM_THREADS or cores. */
+void mge_cpu_set_threads(int n);
+int mge_cpu_threads(void);
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+/*
+ * C = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X^T when tX != 0.
+ * op(A) is M x K, op(B) is K x N, C is M x N. Uses the fastest backend measured here
+ * (see tests/bench/bench_gemm.c); mge_cpu_sgemm_ref is the plain reference for tests.
+ */
+void mge_cpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc);
+void mge_cpu_sgemm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc);
+/* Name of the GEMM backend in use ("dnnl", "openblas", "ref"); $MGE_GEMM overrides the choice. */
+const char *mge_cpu_sgemm_backend(void);
+
+/* ---- elementwise -------------------------------------------------------------------------- */
+enum mge_cpu_unary { MGE_CPU_IDENTITY, MGE_CPU_RELU, MGE_CPU_GELU, MGE_CPU_TANH, MGE_CPU_SIGMOID };
+enum mge_cpu_binary { MGE_CPU_ADD, MGE_CPU_SUB, MGE_CPU_MUL, MGE_CPU_DIV };
+
+/* out[i] = f(inp[i]); out may equal inp. GELU is the tanh approximation (as GPT-2). */
+void mge_cpu_unary_forward(int op, float *out, const float *inp, int64_t n);
+/* dinp (+)= dout * f'(x). @inp is the forward input, @out the forward output (either may be
+ * used: relu/tanh/sigmoid use @out, gelu uses @inp). */
+void mge_cpu_unary_backward(int op, float *dinp, const float *dout, const float *inp,
+                            const float *out, int64_t n, int acc);
+
+/* out[r, c] = act(inp[r, c] + bias[c]) for rows x cols; out may equal inp; bias may be NULL. */
+void mge_cpu_bias_act_forward(int act, float *out, const float *inp, const float *bias,
+                              int64_t rows, int64_t cols);
+/* dbias[c] (+)= sum_r dout[r, c]. */
+void mge_cpu_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols, int acc);
+
+/*
+ * Broadcasting binary op: out[idx] = a[idx . astride] op b[idx . bstride] over @shape (ndim <= 6),
+ * where a stride of 0 broadcasts that dimension. @out is contiguous of @shape.
+ */
+void mge_cpu_binary_forward(int op, float *out, const float *a, const int64_t *astride,
+                            const float *b, const int64_t *bstride, const int64_t *shape, int ndim);
+/*
+ * Sum @inp (contiguous, @shape) into @out addressed by @ostride (0 = summed-over dimension):
+ * out[idx . ostride] (+)= inp[idx]. This is the backward of broadcasting.
+ */
+void mge_cpu_sum_to(float *out, const int64_t *ostride, const float *inp, const int64_t *shape,
+                    int ndim, int acc);
+/* dA/dB of a broadcasting mul/div need the other operand: dst (+)= dout * other (mul) etc.
+ * Full elementwise helpers over contiguous n: */
+void mge_cpu_scale(float *out, const float *inp, float s, int64_t n);   /* out = s * inp */
+void mge_cpu_axpy(float *y, const float *x, float a, int64_t n);        /* y += a * x */
+
+/* ---- softmax, losses ------------------------------------------------------------------------ */
+/* Row-wise over the last dimension of rows x cols (numerically stable). */
+void mge_cpu_softmax_forward(float *out, const float *inp, int64_t rows, int64_t cols);
+void mge_cpu_softmax_backward(float *dinp, const float *dout, const float *out, int64_t rows,
+                              int64_t cols, int acc);
+void mge_cpu_log_softmax_forward(float *out, const float *inp, int64_t rows, int64_t cols);
+void mge_cpu_log_softmax_backward(float *dinp, const float *dout, const float *out, int64_t rows,
+                                  int64_t cols, int acc);
+/*
+ * Fused softmax + cross-entropy with integer labels, mean over B rows of V logits.
+ * Writes probs (B x V, kept for backward) and returns the mean loss in *loss.
+ * Labels outside [0, V) are the caller's bug (checked at load time).
+ */
+void mge_cpu_softmax_xent_forward(float *loss, float *probs, const float *logits,
+                                  const int32_t *labels, int64_t B, int64_t V);
+/* dlogits (+)= dloss * (probs - onehot(labels)) / B. */
+void mge_cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels,
+                                   int64_t B, int64_t V, float dloss, int acc);
+/* Number of rows whose argmax equals the label (accuracy counting). */
+int64_t mge_cpu_argmax_correct(const float *logits, const int32_t *labels, int64_t B, int64_t V);
+
+/* ---- reductions, shapes ---------------------------------------------------------------------- */
+/* Viewing inp as (outer, len, inner): out[o, i] = scale * sum_l inp[o, l, i]. */
+void mge_cpu_reduce_sum(float *out, const float *inp, int64_t outer, int64_t len, int64_t inner,
+                        float scale);
+/* Backward: dinp[o, l, i] (+)= scale * dout[o, i]. */
+void mge_cpu_reduce_sum_backward(float *dinp, const float *dout, int64_t outer, int64_t len,
+                                 int64_t inner, float scale, int acc);
+/* out = inp with dims permuted: out.shape[d] = shape[perm[d]] (ndim <= 6). */
+void mge_cpu_permute(float *out, const float *inp, const int64_t *shape, const int *perm, int ndim);
+/* Copy a block along one axis: viewing src as (outer, slen, inner) and dst as (outer, dlen, inner),
+ * dst[o, dstart + l, i] (+)= src[o, sstart + l, i] for l < len. Serves concat, slice and both
+ * backwards. */
+void mge_cpu_copy_axis(float *dst, int64_t dlen, int64_t dstart, const float *src, int64_t slen,
+                       int64_t sstart, int64_t len, int64_t outer, int64_t inner, int acc);
+
+/* ---- convolution, pooling ------------------------------------------------------------------ */
+struct mge_cpu_conv {
+    int N, C, H, W;   /* input */
+    int K, R, S;      /* output channels, kernel height, width */
+    int stride, pad;  /* same in both dims */
+    int P, Q;         /* output height, width: (H + 2 pad - R) / stride + 1 */
+};
+/* Fill P and Q from the rest; returns 0, or -1 if the shape is impossible. */
+int mge_cpu_conv_init(struct mge_cpu_conv *cv);
+/* Scratch bytes each conv call needs (the engine plans it in its arena; may be 0). */
+size_t mge_cpu_conv_scratch_bytes(const struct mge_cpu_conv *cv);
+/* out (N,K,P,Q) = conv(inp (N,C,H,W), w (K,C,R,S)) + bias (K, may be NULL). */
+void mge_cpu_conv2d_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                            const float *w, const float *bias, void *scratch);
+/* dinp (+)= conv^T(dout, w); dw (+)= corr(inp, dout); dbias (+)= sum dout. Any output may be NULL
+ * (not wanted). */
+void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
+                             const float *dout, const float *inp, const float *w, void *scratch,
+                             int acc);
+
+struct mge_cpu_pool {
+    int N, C, H, W;
+    int R, S, stride, pad;
+    int P, Q;         /* filled by mge_cpu_pool_init */
+};
+int mge_cpu_pool_init(struct mge_cpu_pool *pl);
+void mge_cpu_maxpool_forward(const struct mge_cpu_pool *pl, float *out, const float *inp);
+/* Gradient goes to the first maximum of each window (recomputed from inp; no index tensor). */
+void mge_cpu_maxpool_backward(const struct mge_cpu_pool *pl, float *dinp, const float *dout,
+                              const float *inp, int acc);
+/* Average over the window's in-bounds elements (count_include_pad = false). */
+void mge_cpu_avgpool_forward(const struct mge_cpu_pool *pl, float *out, const float *inp);
+void mge_cpu_avgpool_backward(const struct mge_cpu_pool *pl, float *dinp, const float *dout, int acc);
+
+/* ---- normalisation, embedding, dropout ---------------------------------------------------- */
+/* Over the last dim C of rows: out = (x - mean) * rstd * w + b; writes mean, rstd (rows). */
+void mge_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *w, const float *b, int64_t rows, int64_t C, float eps);
+void mge_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                const float *inp, const float *w, const float *mean,
+                                const float *rstd, int64_t rows, int64_t C, int acc);
+/* out[n, :] = table[ids[n], :] (C floats); ids outside [0, V) are the caller's bug. */
+void mge_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
+                               int64_t C);
+/* dtable[ids[n], :] (+)= dout[n, :] (dtable must be zeroed first when acc == 0 is not wanted:
+ * with acc == 0 the whole table is cleared first). */
+void mge_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n,
+                                int64_t V, int64_t C, int acc);
+/*
+ * Inverted dropout with a counter-based mask: element i is kept iff
+ * mge_cpu_dropout_keep(seed, i, p); kept elements are scaled by 1/(1-p). The mask is a pure
+ * function of (seed, i), so backward (and recomputation) regenerates it and nothing is stored.
+ */
+int mge_cpu_dropout_keep(uint64_t seed, int64_t i, float p);
+void mge_cpu_dropout_forward(float *out, const float *inp, int64_t n, float p, uint64_t seed);
+void mge_cpu_dropout_backward(float *dinp, const float *dout, int64_t n, float p, uint64_t seed,
+                              int acc);
+
+/* ---- optimisers (in place over one contiguous parameter arena) ------------------------------ */
+/* SGD: g' = g + wd*p; v = mu*v + g'; p -= lr * (nesterov ? g' + mu*v : v). mu == 0: no v used. */
+void mge_cpu_sgd_update(float *p, const float *g, float *v, int64_t n, float lr, float mu,
+                        float wd, int nesterov);
+/* Adam (adamw != 0: decoupled weight decay p -= lr*wd*p) with bias correction at step t >= 1. */
+void mge_cpu_adam_update(float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                         float beta1, float beta2, float eps, float wd, int adamw, int64_t t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
