@@ -1,8 +1,73 @@
-/* main_train.c: mge-train, one training rank (placeholder until the engine lands). */
+/* main_train.c: mge-train, one training rank; standalone on a laptop or spawned by mge-worker. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-int main(void)
+#include "common/alloc.h"
+#include "engine/train.h"
+
+static void usage(FILE *fp)
 {
-    fprintf(stderr, "mge-train: engine not built yet\n");
-    return 2;
+    fprintf(fp,
+            "usage: mge-train SPEC.yaml [--set key.path=value]... [--resume CKPT] [--out DIR]\n"
+            "                 [--json] [--threads N]\n"
+            "       mge-train --plan SPEC.yaml [--set key.path=value]...\n"
+            "\n"
+            "Trains the job SPEC.yaml describes on this machine.\n"
+            "  --set k=v     override a spec key (train.epochs=1, model.hidden=[256,256])\n"
+            "  --resume F    continue from checkpoint F (exactly where it was written)\n"
+            "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
+            "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
+            "  --threads N   kernel threads (default $OMP_NUM_THREADS or all cores)\n"
+            "  --plan        print the memory plan as JSON and exit\n");
+}
+
+int main(int argc, char **argv)
+{
+    struct mge_train_opts o = {0};
+    const char **sets = mge_calloc((size_t)argc, sizeof(*sets));
+    int code;
+    if (!sets)
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has_val = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            mge_free(sets);
+            return 0;
+        } else if (!strcmp(a, "--set") && has_val) {
+            sets[o.n_overrides++] = argv[++i];
+        } else if (!strncmp(a, "--set=", 6)) {
+            sets[o.n_overrides++] = a + 6;
+        } else if (!strcmp(a, "--resume") && has_val) {
+            o.resume = argv[++i];
+        } else if (!strcmp(a, "--out") && has_val) {
+            o.out_dir = argv[++i];
+        } else if (!strcmp(a, "--threads") && has_val) {
+            o.threads = atoi(argv[++i]);
+        } else if (!strcmp(a, "--json")) {
+            o.json = 1;
+        } else if (!strcmp(a, "--plan")) {
+            o.plan_only = 1;
+        } else if (a[0] == '-' || o.spec_path) {
+            fprintf(stderr, "mge-train: unexpected argument '%s'\n", a);
+            usage(stderr);
+            mge_free(sets);
+            return 2;
+        } else {
+            o.spec_path = a;
+        }
+    }
+    if (!o.spec_path) {
+        usage(stderr);
+        mge_free(sets);
+        return 2;
+    }
+    o.overrides = sets;
+    if (o.json)
+        setvbuf(stdout, NULL, _IOLBF, 0);
+    code = mge_train_main(&o);
+    mge_free(sets);
+    return code;
 }

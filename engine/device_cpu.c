@@ -1,0 +1,425 @@
+/* device_cpu.c: the CPU ops table: each IR op mapped onto the kernels of kernels/cpu/. */
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/engine_int.h"
+#include "kernels/cpu/cpu.h"
+
+#define F(g, v) ((float *)(g)->values[(v)].data)
+#define FOPT(g, v) ((v) >= 0 ? F(g, v) : NULL)
+
+static int64_t last_dim(const struct mge_graph *g, int v)
+{
+    const struct mge_value *x = &g->values[v];
+    return x->ndim ? x->shape[x->ndim - 1] : 1;
+}
+
+static int64_t rows_now(const struct mge_graph *g, int v)
+{
+    return mge__value_numel_now(g, v) / last_dim(g, v);
+}
+
+static int cpu_matmul(struct mge_graph *g, const struct mge_node *n)
+{
+    int a = n->in[0], b = n->in[1], c = n->out[0];
+    int64_t ra = rows_now(g, a), la = last_dim(g, a), rb = rows_now(g, b), lb = last_dim(g, b);
+    int64_t M = n->a.mm.ta ? la : ra, K = n->a.mm.ta ? ra : la;
+    int64_t N = n->a.mm.tb ? rb : lb;
+    mge_cpu_sgemm(n->a.mm.ta, n->a.mm.tb, (int)M, (int)N, (int)K, 1.0f, F(g, a), (int)la, F(g, b),
+                  (int)lb, n->acc ? 1.0f : 0.0f, F(g, c), (int)N);
+    return MGE_OK;
+}
+
+static int cpu_linear(struct mge_graph *g, const struct mge_node *n)
+{
+    int x = n->in[0], w = n->in[1], b = n->in[2], y = n->out[0], pre = n->out[1];
+    int64_t rows = rows_now(g, x), K = last_dim(g, x), N = g->values[w].shape[0];
+    float *dst = pre >= 0 ? F(g, pre) : F(g, y);
+    mge_cpu_sgemm(0, 1, (int)rows, (int)N, (int)K, 1.0f, F(g, x), (int)K, F(g, w), (int)K, 0.0f,
+                  dst, (int)N);
+    if (pre >= 0) {
+        mge_cpu_bias_act_forward(MGE_CPU_IDENTITY, dst, dst, FOPT(g, b), rows, N);
+        mge_cpu_unary_forward(n->a.act.act, F(g, y), dst, rows * N);
+    } else if (b >= 0 || n->a.act.act != MGE_ACT_NONE) {
+        mge_cpu_bias_act_forward(n->a.act.act, dst, dst, FOPT(g, b), rows, N);
+    }
+    return MGE_OK;
+}
+
+static int cpu_bias_act(struct mge_graph *g, const struct mge_node *n)
+{
+    int x = n->in[0], b = n->n_in > 1 ? n->in[1] : -1;
+    mge_cpu_bias_act_forward(n->a.act.act, F(g, n->out[0]), F(g, x), FOPT(g, b), rows_now(g, x),
+                             last_dim(g, x));
+    return MGE_OK;
+}
+
+static int cpu_bias_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int dy = n->in[0];
+    mge_cpu_bias_backward(F(g, n->out[0]), F(g, dy), rows_now(g, dy), last_dim(g, dy), n->acc);
+    return MGE_OK;
+}
+
+/* Strides of @v right-aligned to an @ndim shape @shape, 0 where @v broadcasts. */
+static void broadcast_strides(const struct mge_graph *g, int v, const int64_t *shape, int ndim,
+                              int64_t *stride)
+{
+    int64_t vs[MGE_MAX_DIMS];
+    const struct mge_value *x = &g->values[v];
+    mge__value_shape_now(g, v, vs);
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        int iv = i - (ndim - x->ndim);
+        if (iv < 0 || vs[iv] == 1 || (vs[iv] != shape[i])) {
+            stride[i] = 0;
+            if (iv >= 0)
+                s *= vs[iv];
+        } else {
+            stride[i] = s;
+            s *= vs[iv];
+        }
+    }
+}
+
+static int cpu_binary(struct mge_graph *g, const struct mge_node *n)
+{
+    int c = n->out[0];
+    int64_t shape[MGE_MAX_DIMS], sa[MGE_MAX_DIMS], sb[MGE_MAX_DIMS];
+    int nd = g->values[c].ndim;
+    mge__value_shape_now(g, c, shape);
+    broadcast_strides(g, n->in[0], shape, nd, sa);
+    broadcast_strides(g, n->in[1], shape, nd, sb);
+    if (nd == 0) {
+        shape[0] = 1;
+        sa[0] = sb[0] = 0;
+        nd = 1;
+    }
+    mge_cpu_binary_forward(n->a.bin.op, F(g, c), F(g, n->in[0]), sa, F(g, n->in[1]), sb, shape,
+                           nd);
+    return MGE_OK;
+}
+
+static int cpu_sum_to(struct mge_graph *g, const struct mge_node *n)
+{
+    int src = n->in[0], dst = n->out[0];
+    int64_t shape[MGE_MAX_DIMS], so[MGE_MAX_DIMS];
+    int nd = g->values[src].ndim;
+    mge__value_shape_now(g, src, shape);
+    broadcast_strides(g, dst, shape, nd, so);
+    mge_cpu_sum_to(F(g, dst), so, F(g, src), shape, nd, n->acc);
+    return MGE_OK;
+}
+
+static int cpu_unary(struct mge_graph *g, const struct mge_node *n)
+{
+    mge_cpu_unary_forward(n->a.act.act, F(g, n->out[0]), F(g, n->in[0]),
+                          mge__value_numel_now(g, n->in[0]));
+    return MGE_OK;
+}
+
+static int cpu_unary_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    mge_cpu_unary_backward(n->a.act.act, F(g, n->out[0]), F(g, n->in[0]), FOPT(g, n->in[1]),
+                           FOPT(g, n->in[2]), mge__value_numel_now(g, n->in[0]), n->acc);
+    return MGE_OK;
+}
+
+static int cpu_softmax(struct mge_graph *g, const struct mge_node *n)
+{
+    int x = n->in[0];
+    if (n->op == MGE_OP_SOFTMAX)
+        mge_cpu_softmax_forward(F(g, n->out[0]), F(g, x), rows_now(g, x), last_dim(g, x));
+    else
+        mge_cpu_log_softmax_forward(F(g, n->out[0]), F(g, x), rows_now(g, x), last_dim(g, x));
+    return MGE_OK;
+}
+
+static int cpu_softmax_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int dy = n->in[0], y = n->in[1];
+    if (n->op == MGE_OP_SOFTMAX_GRAD)
+        mge_cpu_softmax_backward(F(g, n->out[0]), F(g, dy), F(g, y), rows_now(g, y),
+                                 last_dim(g, y), n->acc);
+    else
+        mge_cpu_log_softmax_backward(F(g, n->out[0]), F(g, dy), F(g, y), rows_now(g, y),
+                                     last_dim(g, y), n->acc);
+    return MGE_OK;
+}
+
+static int cpu_xent(struct mge_graph *g, const struct mge_node *n)
+{
+    int logits = n->in[0], labels = n->in[1];
+    mge_cpu_softmax_xent_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, logits),
+                                 (const int32_t *)g->values[labels].data, rows_now(g, logits),
+                                 last_dim(g, logits));
+    return MGE_OK;
+}
+
+static int cpu_xent_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int probs = n->in[1], labels = n->in[2];
+    mge_cpu_softmax_xent_backward(F(g, n->out[0]), F(g, probs),
+                                  (const int32_t *)g->values[labels].data, rows_now(g, probs),
+                                  last_dim(g, probs), F(g, n->in[0])[0], n->acc);
+    return MGE_OK;
+}
+
+static void reduce_geometry(const struct mge_graph *g, int x, int axis, int64_t *outer,
+                            int64_t *len, int64_t *inner)
+{
+    int64_t shape[MGE_MAX_DIMS];
+    const struct mge_value *v = &g->values[x];
+    mge__value_shape_now(g, x, shape);
+    *outer = *inner = 1;
+    if (axis < 0) {
+        *len = mge__value_numel_now(g, x);
+        return;
+    }
+    *len = shape[axis];
+    for (int i = 0; i < axis; i++)
+        *outer *= shape[i];
+    for (int i = axis + 1; i < v->ndim; i++)
+        *inner *= shape[i];
+}
+
+static int cpu_reduce(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t outer, len, inner;
+    reduce_geometry(g, n->in[0], n->a.red.axis, &outer, &len, &inner);
+    float scale = n->a.red.scale < 0 ? 1.0f / (float)len : n->a.red.scale;
+    mge_cpu_reduce_sum(F(g, n->out[0]), F(g, n->in[0]), outer, len, inner, scale);
+    return MGE_OK;
+}
+
+static int cpu_reduce_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t outer, len, inner;
+    reduce_geometry(g, n->out[0], n->a.red.axis, &outer, &len, &inner);
+    float scale = n->a.red.scale < 0 ? 1.0f / (float)len : n->a.red.scale;
+    mge_cpu_reduce_sum_backward(F(g, n->out[0]), F(g, n->in[0]), outer, len, inner, scale, n->acc);
+    return MGE_OK;
+}
+
+static int cpu_permute(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t shape[MGE_MAX_DIMS];
+    mge__value_shape_now(g, n->in[0], shape);
+    mge_cpu_permute(F(g, n->out[0]), F(g, n->in[0]), shape, n->a.perm.perm,
+                    g->values[n->in[0]].ndim);
+    return MGE_OK;
+}
+
+static int cpu_copy_axis(struct mge_graph *g, const struct mge_node *n)
+{
+    int src = n->in[0], dst = n->out[0], axis = n->a.copy.axis;
+    if (axis < 0) {
+        int64_t len = mge__value_numel_now(g, src);
+        mge_cpu_copy_axis(F(g, dst), 1, 0, F(g, src), 1, 0, 1, 1, len, n->acc);
+        return MGE_OK;
+    }
+    int64_t ss[MGE_MAX_DIMS], ds[MGE_MAX_DIMS], outer = 1, inner = 1;
+    mge__value_shape_now(g, src, ss);
+    mge__value_shape_now(g, dst, ds);
+    for (int i = 0; i < axis; i++)
+        outer *= ss[i];
+    for (int i = axis + 1; i < g->values[src].ndim; i++)
+        inner *= ss[i];
+    if (n->a.copy.zero_first && !n->acc)
+        memset(F(g, dst), 0, sizeof(float) * (size_t)mge__value_numel_now(g, dst));
+    mge_cpu_copy_axis(F(g, dst), ds[axis], n->a.copy.dstart, F(g, src), ss[axis],
+                      n->a.copy.sstart, n->a.copy.len, outer, inner, n->acc);
+    return MGE_OK;
+}
+
+static void conv_geometry(const struct mge_graph *g, int x, int w, int stride, int pad,
+                          struct mge_cpu_conv *cv)
+{
+    int64_t xs[MGE_MAX_DIMS];
+    mge__value_shape_now(g, x, xs);
+    const int64_t *ws = g->values[w].shape;
+    memset(cv, 0, sizeof(*cv));
+    cv->N = (int)xs[0];
+    cv->C = (int)xs[1];
+    cv->H = (int)xs[2];
+    cv->W = (int)xs[3];
+    cv->K = (int)ws[0];
+    cv->R = (int)ws[2];
+    cv->S = (int)ws[3];
+    cv->stride = stride;
+    cv->pad = pad;
+    mge_cpu_conv_init(cv);
+}
+
+static int cpu_conv2d(struct mge_graph *g, const struct mge_node *n)
+{
+    struct mge_cpu_conv cv;
+    conv_geometry(g, n->in[0], n->in[1], n->a.conv.stride, n->a.conv.pad, &cv);
+    mge_cpu_conv2d_forward(&cv, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]),
+                           FOPT(g, n->in[2]), FOPT(g, n->out[1]));
+    return MGE_OK;
+}
+
+static int cpu_conv2d_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    struct mge_cpu_conv cv;
+    conv_geometry(g, n->in[1], n->in[2], n->a.conv.stride, n->a.conv.pad, &cv);
+    mge_cpu_conv2d_backward(&cv, FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
+                            F(g, n->in[0]), F(g, n->in[1]), F(g, n->in[2]), FOPT(g, n->out[3]),
+                            n->acc);
+    return MGE_OK;
+}
+
+static void pool_geometry(const struct mge_graph *g, const struct mge_node *n, int x,
+                          struct mge_cpu_pool *pl)
+{
+    int64_t xs[MGE_MAX_DIMS];
+    mge__value_shape_now(g, x, xs);
+    memset(pl, 0, sizeof(*pl));
+    pl->N = (int)xs[0];
+    pl->C = (int)xs[1];
+    pl->H = (int)xs[2];
+    pl->W = (int)xs[3];
+    pl->R = pl->S = n->a.pool.k;
+    pl->stride = n->a.pool.stride;
+    pl->pad = n->a.pool.pad;
+    mge_cpu_pool_init(pl);
+}
+
+static int cpu_pool(struct mge_graph *g, const struct mge_node *n)
+{
+    struct mge_cpu_pool pl;
+    pool_geometry(g, n, n->in[0], &pl);
+    if (n->a.pool.max)
+        mge_cpu_maxpool_forward(&pl, F(g, n->out[0]), F(g, n->in[0]));
+    else
+        mge_cpu_avgpool_forward(&pl, F(g, n->out[0]), F(g, n->in[0]));
+    return MGE_OK;
+}
+
+static int cpu_pool_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    struct mge_cpu_pool pl;
+    pool_geometry(g, n, n->in[1], &pl);
+    if (n->a.pool.max)
+        mge_cpu_maxpool_backward(&pl, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]), n->acc);
+    else
+        mge_cpu_avgpool_backward(&pl, F(g, n->out[0]), F(g, n->in[0]), n->acc);
+    return MGE_OK;
+}
+
+static uint64_t dropout_seed(const struct mge_graph *g, const struct mge_node *n)
+{
+    return g->seed ^ n->a.drop.salt ^ ((uint64_t)g->step * 0xD1B54A32D192ED03ull);
+}
+
+static int cpu_dropout(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t len = mge__value_numel_now(g, n->in[0]);
+    if (g->training && n->a.drop.p > 0.0f)
+        mge_cpu_dropout_forward(F(g, n->out[0]), F(g, n->in[0]), len, n->a.drop.p,
+                                dropout_seed(g, n));
+    else
+        memcpy(F(g, n->out[0]), F(g, n->in[0]), sizeof(float) * (size_t)len);
+    return MGE_OK;
+}
+
+static int cpu_dropout_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    mge_cpu_dropout_backward(F(g, n->out[0]), F(g, n->in[0]), mge__value_numel_now(g, n->in[0]),
+                             n->a.drop.p, dropout_seed(g, n), n->acc);
+    return MGE_OK;
+}
+
+static int cpu_layernorm(struct mge_graph *g, const struct mge_node *n)
+{
+    int x = n->in[0];
+    mge_cpu_layernorm_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, n->out[2]), F(g, x),
+                              F(g, n->in[1]), F(g, n->in[2]), rows_now(g, x), last_dim(g, x),
+                              n->a.ln.eps);
+    return MGE_OK;
+}
+
+static int cpu_layernorm_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int x = n->in[1];
+    mge_cpu_layernorm_backward(FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
+                               F(g, n->in[0]), F(g, x), F(g, n->in[2]), F(g, n->in[3]),
+                               F(g, n->in[4]), rows_now(g, x), last_dim(g, x), n->acc);
+    return MGE_OK;
+}
+
+static int cpu_embedding(struct mge_graph *g, const struct mge_node *n)
+{
+    int ids = n->in[0], table = n->in[1];
+    mge_cpu_embedding_forward(F(g, n->out[0]), (const int32_t *)g->values[ids].data,
+                              F(g, table), mge__value_numel_now(g, ids), last_dim(g, table));
+    return MGE_OK;
+}
+
+static int cpu_embedding_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int ids = n->in[1], dt = n->out[0];
+    mge_cpu_embedding_backward(F(g, dt), F(g, n->in[0]), (const int32_t *)g->values[ids].data,
+                               mge__value_numel_now(g, ids), g->values[dt].shape[0],
+                               last_dim(g, dt), n->acc);
+    return MGE_OK;
+}
+
+static int cpu_scale(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t len = mge__value_numel_now(g, n->out[0]);
+    float s = n->a.red.scale;
+    if (n->acc)
+        mge_cpu_axpy(F(g, n->out[0]), F(g, n->in[0]), s, len);
+    else if (s == 0.0f) /* zeroing: never multiply, the memory may hold NaN patterns */
+        memset(F(g, n->out[0]), 0, sizeof(float) * (size_t)len);
+    else
+        mge_cpu_scale(F(g, n->out[0]), F(g, n->in[0]), s, len);
+    return MGE_OK;
+}
+
+static int cpu_ones(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t len = mge__value_numel_now(g, n->out[0]);
+    float *p = F(g, n->out[0]);
+    for (int64_t i = 0; i < len; i++)
+        p[i] = 1.0f;
+    return MGE_OK;
+}
+
+const struct mge_ops_table mge__cpu_ops = {
+    .device = "cpu",
+    .fn = {
+        [MGE_OP_MATMUL] = cpu_matmul,
+        [MGE_OP_LINEAR] = cpu_linear,
+        [MGE_OP_BIAS_ACT] = cpu_bias_act,
+        [MGE_OP_BIAS_GRAD] = cpu_bias_grad,
+        [MGE_OP_BINARY] = cpu_binary,
+        [MGE_OP_SUM_TO] = cpu_sum_to,
+        [MGE_OP_UNARY] = cpu_unary,
+        [MGE_OP_UNARY_GRAD] = cpu_unary_grad,
+        [MGE_OP_SOFTMAX] = cpu_softmax,
+        [MGE_OP_SOFTMAX_GRAD] = cpu_softmax_grad,
+        [MGE_OP_LOG_SOFTMAX] = cpu_softmax,
+        [MGE_OP_LOG_SOFTMAX_GRAD] = cpu_softmax_grad,
+        [MGE_OP_XENT] = cpu_xent,
+        [MGE_OP_XENT_GRAD] = cpu_xent_grad,
+        [MGE_OP_REDUCE] = cpu_reduce,
+        [MGE_OP_REDUCE_GRAD] = cpu_reduce_grad,
+        [MGE_OP_PERMUTE] = cpu_permute,
+        [MGE_OP_COPY_AXIS] = cpu_copy_axis,
+        [MGE_OP_CONV2D] = cpu_conv2d,
+        [MGE_OP_CONV2D_GRAD] = cpu_conv2d_grad,
+        [MGE_OP_POOL] = cpu_pool,
+        [MGE_OP_POOL_GRAD] = cpu_pool_grad,
+        [MGE_OP_DROPOUT] = cpu_dropout,
+        [MGE_OP_DROPOUT_GRAD] = cpu_dropout_grad,
+        [MGE_OP_LAYERNORM] = cpu_layernorm,
+        [MGE_OP_LAYERNORM_GRAD] = cpu_layernorm_grad,
+        [MGE_OP_EMBEDDING] = cpu_embedding,
+        [MGE_OP_EMBEDDING_GRAD] = cpu_embedding_grad,
+        [MGE_OP_SCALE] = cpu_scale,
+        [MGE_OP_ONES] = cpu_ones,
+    },
+};

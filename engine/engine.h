@@ -1,0 +1,167 @@
+/*
+ * engine.h: libmge's public contract: a static graph of tensors built through a small C API,
+ * reverse-mode autodiff, a static memory plan, and execution on a device's ops table.
+ *
+ * Life of a graph: mge_graph_new() -> build ops (mge_linear(g, ...)) -> mge_graph_backward()
+ * (appends the backward ops) -> mge_graph_plan() (lifetimes -> offsets in one arena) ->
+ * mge_graph_alloc() -> per step: bind inputs, mge_graph_run() -> mge_graph_free().
+ *
+ * Values are named by int ids (>= 0). Builder calls return a value id, or a negative enum
+ * mge_err (-MGE_INVAL ...) on bad shapes; the first error sticks in the graph and every later
+ * call returns it, so a model can be built without checking each call (mge_graph_error()).
+ * Threads: a graph is used by one thread at a time.
+ */
+#ifndef MGE_ENGINE_H
+#define MGE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MGE_MAX_DIMS 6
+
+enum mge_dtype { MGE_DTYPE_F32, MGE_DTYPE_F16, MGE_DTYPE_BF16, MGE_DTYPE_I8, MGE_DTYPE_I32 };
+
+/* Bytes per element of @dt. */
+size_t mge_dtype_size(enum mge_dtype dt);
+const char *mge_dtype_name(enum mge_dtype dt);
+
+/* What a value is, which decides where its memory lives. */
+enum mge_value_kind {
+    MGE_VALUE_INPUT, /* bound by the caller each step (mge_graph_bind) */
+    MGE_VALUE_PARAM, /* one slice of the parameter arena */
+    MGE_VALUE_GRAD,  /* one slice of the gradient arena (a parameter's gradient) */
+    MGE_VALUE_ACT,   /* activation or temporary: planned into the activation arena */
+};
+
+struct mge_graph;
+
+/* Activation applied by fused ops (matches kernels' enum mge_cpu_unary). */
+enum mge_act { MGE_ACT_NONE = 0, MGE_ACT_FN_RELU, MGE_ACT_FN_GELU, MGE_ACT_FN_TANH, MGE_ACT_FN_SIGMOID };
+
+/* ---- lifecycle ---------------------------------------------------------------------------- */
+
+/* A new empty graph in *out (free with mge_graph_free). MGE_NOMEM on failure. */
+int mge_graph_new(struct mge_graph **out);
+/* Free the graph and every arena it allocated; NULL does nothing. */
+void mge_graph_free(struct mge_graph *g);
+/* The first error a builder call hit (MGE_OK if none), and its message (static in @g). */
+int mge_graph_error(const struct mge_graph *g);
+const char *mge_graph_error_msg(const struct mge_graph *g);
+
+/* ---- values -------------------------------------------------------------------------------- */
+
+/*
+ * An input fed each step. When @batched, dim 0 is the batch: a step may run with any batch
+ * n <= shape[0] (mge_graph_set_batch), and every value computed from it follows.
+ */
+int mge_input(struct mge_graph *g, const char *name, enum mge_dtype dt, int ndim,
+              const int64_t *shape, int batched);
+/* A trainable parameter (f32), initialised by mge_graph_init_params(). */
+enum mge_init { MGE_INIT_ZERO, MGE_INIT_ONE, MGE_INIT_UNIFORM_FAN_IN };
+int mge_param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,
+              enum mge_init init, int64_t fan_in);
+
+int mge_value_ndim(const struct mge_graph *g, int v);
+const int64_t *mge_value_shape(const struct mge_graph *g, int v);
+int64_t mge_value_numel(const struct mge_graph *g, int v);
+const char *mge_value_name(const struct mge_graph *g, int v);
+/* Data of a value after mge_graph_alloc (NULL before); valid until the graph is freed. */
+void *mge_value_data(const struct mge_graph *g, int v);
+
+/* ---- ops (each returns the output value id, or -err) ---------------------------------------- */
+
+/* op(a) @ op(b) with op(x) = x^T when tx: a is (.., M, K) flattened to 2-D rows, b is 2-D. */
+int mge_matmul(struct mge_graph *g, int a, int b, int ta, int tb);
+/* Fused y = act(x @ w^T + b): x (M, K), w (N, K) (PyTorch's layout), b (N) or -1. */
+int mge_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act);
+/* Broadcasting elementwise ops (numpy rules, up to 6 dims). */
+int mge_add(struct mge_graph *g, int a, int b);
+int mge_sub(struct mge_graph *g, int a, int b);
+int mge_mul(struct mge_graph *g, int a, int b);
+int mge_div(struct mge_graph *g, int a, int b);
+/* x (.., C) + b (C). */
+int mge_bias_add(struct mge_graph *g, int x, int b);
+int mge_relu(struct mge_graph *g, int x);
+int mge_gelu(struct mge_graph *g, int x);
+int mge_tanh(struct mge_graph *g, int x);
+int mge_sigmoid(struct mge_graph *g, int x);
+/* Over the last dimension. */
+int mge_softmax(struct mge_graph *g, int x);
+int mge_log_softmax(struct mge_graph *g, int x);
+/* Mean cross-entropy of logits (B, V) against int32 labels (B): a scalar. Fused with softmax. */
+int mge_cross_entropy(struct mge_graph *g, int logits, int labels);
+/* Sum or mean over @axis (-1: all elements), the axis removed (keepdim = 0). */
+int mge_sum(struct mge_graph *g, int x, int axis);
+int mge_mean(struct mge_graph *g, int x, int axis);
+/* Same data, new shape (one entry may be -1). A view: no copy. */
+int mge_reshape(struct mge_graph *g, int x, int ndim, const int64_t *shape);
+/* (N, ...) -> (N, prod(...)). A view. */
+int mge_flatten(struct mge_graph *g, int x);
+/* Swap dims @d0 and @d1. */
+int mge_transpose(struct mge_graph *g, int x, int d0, int d1);
+int mge_concat(struct mge_graph *g, const int *xs, int n, int axis);
+int mge_slice(struct mge_graph *g, int x, int axis, int64_t start, int64_t len);
+/* x (N, C, H, W), w (K, C, R, S), b (K) or -1. */
+int mge_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad);
+int mge_maxpool2d(struct mge_graph *g, int x, int k, int stride, int pad);
+int mge_avgpool2d(struct mge_graph *g, int x, int k, int stride, int pad);
+/* Inverted dropout, active only in training runs; the mask is a function of (seed, step, op). */
+int mge_dropout(struct mge_graph *g, int x, float p);
+/* Over the last dimension C; w and b are (C). */
+int mge_layernorm(struct mge_graph *g, int x, int w, int b, float eps);
+/* ids int32 (..), table (V, C) -> (.., C). */
+int mge_embedding(struct mge_graph *g, int ids, int table);
+
+/* ---- autodiff, planning, execution ---------------------------------------------------------- */
+
+/*
+ * Append the backward ops of @loss (a scalar) with respect to every parameter. Each
+ * parameter's gradient lands in the gradient arena, laid out in reverse execution order so
+ * that the gradients finished first form the arena's first bytes (parameter packing).
+ */
+int mge_graph_backward(struct mge_graph *g, int loss);
+/* Gradient value of parameter @param (after backward), or -1 if it has none. */
+int mge_graph_grad(const struct mge_graph *g, int param);
+
+struct mge_plan_stats {
+    size_t param_bytes;       /* parameter arena */
+    size_t grad_bytes;        /* gradient arena */
+    size_t activation_bytes;  /* activation arena (the planned peak of activations) */
+    size_t lower_bound_bytes; /* largest sum of live activation bytes at any op */
+    size_t input_bytes;       /* bound inputs (owned by the caller) */
+    int n_values, n_nodes;
+};
+
+/* Keep @v alive to the end of a run (a value the caller reads afterwards, e.g. the logits). */
+int mge_graph_keep(struct mge_graph *g, int v);
+/* Lifetimes -> offsets in one activation arena. Call after backward (or without it, forward only). */
+int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats);
+/* Allocate the parameter, gradient and activation arenas (once). */
+int mge_graph_alloc(struct mge_graph *g);
+/* Initialise parameters from @seed (deterministic, PyTorch's default Linear/Conv init). */
+void mge_graph_init_params(struct mge_graph *g, uint64_t seed);
+/* Point input @v at caller memory for the next runs (not copied, not owned). */
+int mge_graph_bind(struct mge_graph *g, int v, void *data);
+/* Batch size of the next runs: 1..shape[0] of the batched inputs. */
+int mge_graph_set_batch(struct mge_graph *g, int64_t n);
+/*
+ * Run the forward ops (and, when @train, the backward ops too). @step seeds dropout.
+ * Returns MGE_OK or the first kernel error.
+ */
+int mge_graph_run(struct mge_graph *g, int train, int64_t step);
+
+/* The parameter and gradient arenas (contiguous; NULL before alloc) and their float counts. */
+float *mge_graph_params(struct mge_graph *g, int64_t *n);
+float *mge_graph_grads(struct mge_graph *g, int64_t *n);
+int mge_graph_n_params(const struct mge_graph *g);
+/* The i-th parameter's value id (0 <= i < n_params), in creation order. */
+int mge_graph_param(const struct mge_graph *g, int i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

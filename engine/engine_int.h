@@ -1,0 +1,141 @@
+/* engine_int.h: the graph IR shared by the engine's files (builder, autodiff, planner, executor). */
+#ifndef MGE_ENGINE_INT_H
+#define MGE_ENGINE_INT_H
+
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+/* Every op of the IR, forward and backward. Kernels for each live in the device ops table. */
+#define MGE_OP_MAP(X)                                                                             \
+    X(MATMUL)          /* in: a, b            out: c          attr: ta, tb */                     \
+    X(LINEAR)          /* in: x, w, [b]       out: y, [pre]   attr: act (pre kept for gelu) */    \
+    X(BIAS_ACT)        /* in: x, [b]          out: y          attr: act */                        \
+    X(BIAS_GRAD)       /* in: dy              out: db */                                          \
+    X(BINARY)          /* in: a, b            out: c          attr: binop */                      \
+    X(SUM_TO)          /* in: x               out: y (broadcast source shape) */                  \
+    X(UNARY)           /* in: x               out: y          attr: act */                        \
+    X(UNARY_GRAD)      /* in: dy, x, y        out: dx         attr: act */                        \
+    X(SOFTMAX)         /* in: x               out: y */                                           \
+    X(SOFTMAX_GRAD)    /* in: dy, y           out: dx */                                          \
+    X(LOG_SOFTMAX)     /* in: x               out: y */                                           \
+    X(LOG_SOFTMAX_GRAD) /* in: dy, y          out: dx */                                          \
+    X(XENT)            /* in: logits, labels  out: loss, probs */                                 \
+    X(XENT_GRAD)       /* in: dloss, probs, labels  out: dlogits */                               \
+    X(REDUCE)          /* in: x               out: y          attr: axis, scale (mean) */         \
+    X(REDUCE_GRAD)     /* in: dy              out: dx */                                          \
+    X(PERMUTE)         /* in: x               out: y          attr: perm */                       \
+    X(COPY_AXIS)       /* in: src             out: dst        attr: concat/slice geometry */      \
+    X(CONV2D)          /* in: x, w, [b]       out: y, scratch */                                  \
+    X(CONV2D_GRAD)     /* in: dy, x, w        out: dx|-, dw, db|-, scratch */                     \
+    X(POOL)            /* in: x               out: y          attr: max/avg, window */            \
+    X(POOL_GRAD)       /* in: dy, x           out: dx */                                          \
+    X(DROPOUT)         /* in: x               out: y          attr: p, salt */                    \
+    X(DROPOUT_GRAD)    /* in: dy              out: dx */                                          \
+    X(LAYERNORM)       /* in: x, w, b         out: y, mean, rstd */                               \
+    X(LAYERNORM_GRAD)  /* in: dy, x, w, mean, rstd  out: dx, dw, db */                            \
+    X(EMBEDDING)       /* in: ids, table      out: y */                                           \
+    X(EMBEDDING_GRAD)  /* in: dy, ids         out: dtable */                                      \
+    X(SCALE)           /* in: x               out: y (+)= s * x  attr: red.scale */             \
+    X(ONES)            /* out: a tensor of ones (the seed of backward) */
+
+enum mge_op {
+#define MGE__OP_ENUM(name) MGE_OP_##name,
+    MGE_OP_MAP(MGE__OP_ENUM)
+#undef MGE__OP_ENUM
+    MGE_OP__COUNT
+};
+
+const char *mge__op_name(enum mge_op op);
+
+#define MGE_NODE_MAX_IN 5
+#define MGE_NODE_MAX_OUT 4
+
+struct mge_value {
+    enum mge_value_kind kind;
+    enum mge_dtype dtype;
+    int ndim;
+    int64_t shape[MGE_MAX_DIMS]; /* full (planned) shape */
+    int batched;                 /* dim 0 follows the run's batch size */
+    char name[64];
+    int producer;                /* node id, -1 for inputs and params */
+    int alias;                   /* value whose storage this one views, or -1 */
+    int requires_grad;
+    int keep;                    /* live to the end of every run */
+    int param_index;             /* PARAM/GRAD: index into the parameter list, else -1 */
+    enum mge_init init;          /* PARAM */
+    int64_t fan_in;              /* PARAM: for MGE_INIT_UNIFORM_FAN_IN */
+    size_t offset;               /* bytes into its arena (PARAM/GRAD/ACT) */
+    void *data;                  /* resolved after alloc; INPUT: bound by the caller */
+    int64_t first_use, last_use; /* planner: node indices */
+};
+
+struct mge_node {
+    enum mge_op op;
+    int in[MGE_NODE_MAX_IN];
+    int n_in;
+    int out[MGE_NODE_MAX_OUT];   /* -1 where an optional output is not wanted */
+    int n_out;
+    int backward;                /* appended by autodiff */
+    int acc;                     /* backward: add into out[0] instead of overwriting */
+    union {
+        struct { int ta, tb; } mm;
+        struct { int act; } act;
+        struct { int op; } bin;
+        struct { int axis; float scale; } red;
+        struct { int perm[MGE_MAX_DIMS]; } perm;
+        struct { int axis; int64_t dstart, sstart, len; int zero_first; } copy;
+        struct { int stride, pad; } conv;
+        struct { int max, k, stride, pad; } pool;
+        struct { float p; uint64_t salt; } drop;
+        struct { float eps; } ln;
+    } a;
+};
+
+struct mge_graph {
+    struct mge_value *values;
+    int n_values, cap_values;
+    struct mge_node *nodes;
+    int n_nodes, cap_nodes;
+    int n_forward;               /* nodes [0, n_forward) are the forward pass */
+    int *params;                 /* value ids of parameters, creation order */
+    int n_params, cap_params;
+    int *grads;                  /* grads[i]: gradient value of params[i] or -1 */
+    int loss;                    /* value id of the loss, -1 if no backward */
+    int err;
+    char errmsg[256];
+    int planned, allocated;
+    size_t param_bytes, grad_bytes, act_bytes, lower_bound;
+    float *param_arena, *grad_arena;
+    unsigned char *act_arena;
+    int64_t batch;               /* current run's batch size */
+    int64_t batch_max;           /* planned batch size (shape[0] of batched inputs) */
+    int64_t step;                /* current run's step (dropout seeds) */
+    int training;                /* current run trains */
+    uint64_t seed;               /* dropout base seed */
+};
+
+/* Sticky error: record the first failure and return -code. */
+int mge__graph_fail(struct mge_graph *g, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Append a value / node; return its id or -err. */
+int mge__graph_add_value(struct mge_graph *g, enum mge_value_kind kind, enum mge_dtype dt,
+                         int ndim, const int64_t *shape, int batched, const char *name);
+int mge__graph_add_node(struct mge_graph *g, const struct mge_node *n);
+/* Element count of @v at the current batch size. */
+int64_t mge__value_numel_now(const struct mge_graph *g, int v);
+/* Shape of @v at the current batch size (dim 0 replaced when batched). */
+void mge__value_shape_now(const struct mge_graph *g, int v, int64_t *shape);
+size_t mge__value_bytes(const struct mge_graph *g, int v);
+/* Root of the alias chain of @v. */
+int mge__value_root(const struct mge_graph *g, int v);
+
+/* The device's kernel for one node: reads and writes the values' data. */
+typedef int (*mge_node_fn)(struct mge_graph *g, const struct mge_node *n);
+struct mge_ops_table {
+    const char *device;
+    mge_node_fn fn[MGE_OP__COUNT];
+};
+extern const struct mge_ops_table mge__cpu_ops;
+
+#endif

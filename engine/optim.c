@@ -1,0 +1,99 @@
+/* optim.c: SGD (momentum, Nesterov, weight decay), Adam/AdamW, and LR schedules. */
+#include "engine/optim.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "kernels/cpu/cpu.h"
+
+int mge_optim_init(struct mge_optim *o, const struct mge_optim_spec *os,
+                   const struct mge_sched_spec *ss, int64_t total_steps, int64_t n)
+{
+    memset(o, 0, sizeof(*o));
+    o->spec = *os;
+    o->sched = *ss;
+    o->total_steps = total_steps;
+    o->n = n;
+    int need_m = os->type != MGE_OPTIM_SGD || os->momentum > 0.0;
+    int need_v = os->type != MGE_OPTIM_SGD;
+    if (need_m && !(o->m = mge_malloc_aligned(sizeof(float) * (size_t)n)))
+        goto err_nomem;
+    if (need_v && !(o->v = mge_malloc_aligned(sizeof(float) * (size_t)n)))
+        goto err_nomem;
+    if (o->m)
+        memset(o->m, 0, sizeof(float) * (size_t)n);
+    if (o->v)
+        memset(o->v, 0, sizeof(float) * (size_t)n);
+    return MGE_OK;
+err_nomem:
+    mge_optim_fini(o);
+    return MGE_ERR(MGE_NOMEM, "cannot allocate optimiser state (%lld floats)", (long long)n);
+}
+
+void mge_optim_fini(struct mge_optim *o)
+{
+    mge_free_aligned(o->m);
+    mge_free_aligned(o->v);
+    o->m = o->v = NULL;
+}
+
+double mge_optim_lr(const struct mge_optim *o, int64_t step)
+{
+    double lr = o->spec.lr;
+    const struct mge_sched_spec *s = &o->sched;
+    switch (s->type) {
+    case MGE_SCHED_CONSTANT:
+        return lr;
+    case MGE_SCHED_STEP:
+        return s->step_size > 0 ? lr * pow(s->gamma, (double)(step / s->step_size)) : lr;
+    case MGE_SCHED_COSINE: {
+        if (step < s->warmup_steps)
+            return lr * (double)(step + 1) / (double)s->warmup_steps;
+        int64_t span = o->total_steps - s->warmup_steps;
+        if (span <= 0)
+            return lr;
+        double t = (double)(step - s->warmup_steps) / (double)span;
+        if (t > 1.0)
+            t = 1.0;
+        return s->min_lr + 0.5 * (lr - s->min_lr) * (1.0 + cos(M_PI * t));
+    }
+    }
+    return lr;
+}
+
+void mge_optim_step(struct mge_optim *o, float *params, const float *grads, int64_t step)
+{
+    float lr = (float)mge_optim_lr(o, step);
+    const struct mge_optim_spec *s = &o->spec;
+    o->t++;
+    if (s->type == MGE_OPTIM_SGD)
+        mge_cpu_sgd_update(params, grads, o->m, o->n, lr, (float)s->momentum,
+                           (float)s->weight_decay, s->nesterov);
+    else
+        mge_cpu_adam_update(params, grads, o->m, o->v, o->n, lr, (float)s->beta1,
+                            (float)s->beta2, (float)s->eps, (float)s->weight_decay,
+                            s->type == MGE_OPTIM_ADAMW, o->t);
+}
+
+int mge_optim_n_states(const struct mge_optim *o) { return (o->m != NULL) + (o->v != NULL); }
+
+float *mge_optim_state(struct mge_optim *o, int i, const char **name)
+{
+    if (i == 0 && o->m) {
+        *name = "m";
+        return o->m;
+    }
+    if ((i == 1 || (i == 0 && !o->m)) && o->v) {
+        *name = "v";
+        return o->v;
+    }
+    *name = NULL;
+    return NULL;
+}
+
+size_t mge_optim_state_bytes(const struct mge_optim *o)
+{
+    return sizeof(float) * (size_t)o->n * (size_t)mge_optim_n_states(o);
+}

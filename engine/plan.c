@@ -1,0 +1,287 @@
+/*
+ * plan.c: the static memory planner. Execution order gives every activation a lifetime
+ * [first write, last read]; activations whose lifetimes overlap get disjoint byte ranges in one
+ * arena (greedy by size, best offset), so the peak is known before the first step. Parameters
+ * and gradients get one arena each; gradients are laid out in the order backward finishes them.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "engine/engine_int.h"
+
+#define PLAN_ALIGN 64
+
+static size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
+
+struct plan_item {
+    int v;
+    size_t size;
+    int64_t first, last;
+    size_t offset;
+};
+
+static int item_by_size_desc(const void *pa, const void *pb)
+{
+    const struct plan_item *a = pa, *b = pb;
+    if (a->size != b->size)
+        return a->size < b->size ? 1 : -1;
+    if (a->first != b->first)
+        return a->first < b->first ? -1 : 1;
+    return a->v - b->v;
+}
+
+static int item_by_offset(const void *pa, const void *pb)
+{
+    const struct plan_item *const *a = pa, *const *b = pb;
+    if ((*a)->offset != (*b)->offset)
+        return (*a)->offset < (*b)->offset ? -1 : 1;
+    return 0;
+}
+
+static void touch(struct mge_graph *g, int v, int64_t at)
+{
+    if (v < 0)
+        return;
+    struct mge_value *r = &g->values[mge__value_root(g, v)];
+    if (r->first_use < 0 || at < r->first_use)
+        r->first_use = at;
+    if (at > r->last_use)
+        r->last_use = at;
+}
+
+/*
+ * Assign offsets to @items (n of them) so that items alive at the same time do not overlap.
+ * Returns the arena size, or (size_t)-1 on OOM. Exposed for the planner's unit tests.
+ */
+size_t mge__plan_assign(struct plan_item *items, int n);
+size_t mge__plan_assign(struct plan_item *items, int n)
+{
+    size_t arena = 0;
+    struct plan_item **placed = mge_malloc(sizeof(*placed) * (size_t)(n ? n : 1));
+    struct plan_item **live = mge_malloc(sizeof(*live) * (size_t)(n ? n : 1));
+    if (!placed || !live) {
+        mge_free(placed);
+        mge_free(live);
+        return (size_t)-1;
+    }
+    qsort(items, (size_t)n, sizeof(*items), item_by_size_desc);
+    int n_placed = 0;
+    for (int i = 0; i < n; i++) {
+        struct plan_item *it = &items[i];
+        int n_live = 0;
+        for (int j = 0; j < n_placed; j++)
+            if (placed[j]->first <= it->last && it->first <= placed[j]->last)
+                live[n_live++] = placed[j];
+        qsort(live, (size_t)n_live, sizeof(*live), item_by_offset);
+        /* best fit: the smallest gap that holds it, else the end */
+        size_t best = (size_t)-1, best_gap = (size_t)-1, at = 0;
+        for (int j = 0; j < n_live; j++) {
+            if (live[j]->offset >= at + it->size) {
+                size_t gap = live[j]->offset - at;
+                if (gap < best_gap) {
+                    best_gap = gap;
+                    best = at;
+                }
+            }
+            size_t end = live[j]->offset + live[j]->size;
+            if (end > at)
+                at = end;
+        }
+        it->offset = best != (size_t)-1 ? best : at;
+        if (it->offset + it->size > arena)
+            arena = it->offset + it->size;
+        placed[n_placed++] = it;
+    }
+    mge_free(placed);
+    mge_free(live);
+    return arena;
+}
+
+int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
+{
+    int rc = MGE_OK;
+    if (g->err)
+        return g->err;
+    if (g->planned)
+        return MGE_ERR(MGE_STATE, "graph already planned");
+    if (g->n_forward == 0 && g->loss < 0)
+        g->n_forward = g->n_nodes;
+
+    /* lifetimes over the execution order */
+    for (int v = 0; v < g->n_values; v++)
+        g->values[v].first_use = g->values[v].last_use = -1;
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        const struct mge_node *n = &g->nodes[ni];
+        for (int i = 0; i < n->n_in; i++)
+            touch(g, n->in[i], ni);
+        for (int i = 0; i < n->n_out; i++)
+            touch(g, n->out[i], ni);
+    }
+    int64_t end = g->n_nodes;
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].keep) {
+            struct mge_value *r = &g->values[mge__value_root(g, v)];
+            if (r->first_use < 0)
+                r->first_use = 0;
+            r->last_use = end;
+        }
+
+    /* parameters: creation order; gradients: the order backward first writes them */
+    size_t off = 0;
+    for (int i = 0; i < g->n_params; i++) {
+        struct mge_value *p = &g->values[g->params[i]];
+        p->offset = off;
+        off += align_up(mge__value_bytes(g, g->params[i]));
+    }
+    g->param_bytes = off;
+    off = 0;
+    if (g->grads) {
+        int *order = mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1));
+        if (!order)
+            return MGE_ERR(MGE_NOMEM, "cannot allocate plan");
+        int n_order = 0;
+        for (int ni = 0; ni < g->n_nodes; ni++)
+            for (int i = 0; i < g->nodes[ni].n_out; i++) {
+                int o = g->nodes[ni].out[i];
+                if (o < 0)
+                    continue;
+                o = mge__value_root(g, o);
+                if (g->values[o].kind != MGE_VALUE_GRAD)
+                    continue;
+                int seen = 0;
+                for (int k = 0; k < n_order; k++)
+                    seen |= order[k] == o;
+                if (!seen)
+                    order[n_order++] = o;
+            }
+        for (int k = 0; k < n_order; k++) {
+            g->values[order[k]].offset = off;
+            off += align_up(mge__value_bytes(g, order[k]));
+        }
+        mge_free(order);
+    }
+    g->grad_bytes = off;
+
+    /* activations */
+    int n_items = 0;
+    struct plan_item *items = mge_malloc(sizeof(*items) * (size_t)(g->n_values ? g->n_values : 1));
+    if (!items)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate plan");
+    size_t inputs = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        struct mge_value *val = &g->values[v];
+        if (val->kind == MGE_VALUE_INPUT)
+            inputs += mge__value_bytes(g, v);
+        if (val->kind != MGE_VALUE_ACT || val->alias >= 0 || val->first_use < 0)
+            continue;
+        items[n_items].v = v;
+        items[n_items].size = align_up(mge__value_bytes(g, v));
+        items[n_items].first = val->first_use;
+        items[n_items].last = val->last_use;
+        n_items++;
+    }
+    /* lower bound: the most bytes alive at once */
+    size_t lower = 0;
+    {
+        int64_t *delta_t = mge_calloc((size_t)end + 2, sizeof(int64_t));
+        if (!delta_t) {
+            rc = MGE_ERR(MGE_NOMEM, "cannot allocate plan");
+            goto out_free;
+        }
+        for (int i = 0; i < n_items; i++) {
+            delta_t[items[i].first] += (int64_t)items[i].size;
+            delta_t[items[i].last + 1] -= (int64_t)items[i].size;
+        }
+        int64_t cur = 0;
+        for (int64_t t = 0; t <= end; t++) {
+            cur += delta_t[t];
+            if ((size_t)cur > lower)
+                lower = (size_t)cur;
+        }
+        mge_free(delta_t);
+    }
+    size_t arena = mge__plan_assign(items, n_items);
+    if (arena == (size_t)-1) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate plan");
+        goto out_free;
+    }
+    for (int i = 0; i < n_items; i++)
+        g->values[items[i].v].offset = items[i].offset;
+    g->act_bytes = arena;
+    g->lower_bound = lower;
+    g->planned = 1;
+    if (stats) {
+        stats->param_bytes = g->param_bytes;
+        stats->grad_bytes = g->grad_bytes;
+        stats->activation_bytes = arena;
+        stats->lower_bound_bytes = lower;
+        stats->input_bytes = inputs;
+        stats->n_values = g->n_values;
+        stats->n_nodes = g->n_nodes;
+    }
+out_free:
+    mge_free(items);
+    return rc;
+}
+
+int mge_graph_alloc(struct mge_graph *g)
+{
+    if (!g->planned)
+        return MGE_ERR(MGE_STATE, "graph not planned");
+    if (g->allocated)
+        return MGE_OK;
+    g->param_arena = mge_malloc_aligned(g->param_bytes ? g->param_bytes : 64);
+    g->grad_arena = mge_malloc_aligned(g->grad_bytes ? g->grad_bytes : 64);
+    g->act_arena = mge_malloc_aligned(g->act_bytes ? g->act_bytes : 64);
+    if (!g->param_arena || !g->grad_arena || !g->act_arena) {
+        mge_free_aligned(g->param_arena);
+        mge_free_aligned(g->grad_arena);
+        mge_free_aligned(g->act_arena);
+        g->param_arena = g->grad_arena = NULL;
+        g->act_arena = NULL;
+        return MGE_ERR(MGE_NOMEM, "cannot allocate arenas (%zu + %zu + %zu bytes)",
+                       g->param_bytes, g->grad_bytes, g->act_bytes);
+    }
+    memset(g->param_arena, 0, g->param_bytes);
+    memset(g->grad_arena, 0, g->grad_bytes);
+    /* the activation arena is left untouched: pages are mapped on first write (RSS = use) */
+    for (int v = 0; v < g->n_values; v++) {
+        struct mge_value *val = &g->values[v];
+        switch (val->kind) {
+        case MGE_VALUE_PARAM:
+            val->data = (unsigned char *)g->param_arena + val->offset;
+            break;
+        case MGE_VALUE_GRAD:
+            val->data = (unsigned char *)g->grad_arena + val->offset;
+            break;
+        case MGE_VALUE_ACT:
+            if (val->alias < 0)
+                val->data = g->act_arena + val->offset;
+            break;
+        case MGE_VALUE_INPUT:
+            break;
+        }
+    }
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].alias >= 0)
+            g->values[v].data = g->values[mge__value_root(g, v)].data;
+    g->allocated = 1;
+    g->batch = g->batch_max > 0 ? g->batch_max : 1;
+    return MGE_OK;
+}
+
+float *mge_graph_params(struct mge_graph *g, int64_t *n)
+{
+    if (n)
+        *n = (int64_t)(g->param_bytes / sizeof(float));
+    return g->param_arena;
+}
+
+float *mge_graph_grads(struct mge_graph *g, int64_t *n)
+{
+    if (n)
+        *n = (int64_t)(g->grad_bytes / sizeof(float));
+    return g->grad_arena;
+}

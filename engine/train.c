@@ -1,0 +1,482 @@
+/*
+ * train.c: one training rank: the spec is validated, the data loaded, the model built,
+ * differentiated and planned, then the loop runs (gather, forward, backward, update), with
+ * evaluation per epoch, checkpoints, and JSON metric lines that the worker daemon relays.
+ */
+#include "engine/train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "engine/ckpt.h"
+#include "engine/optim.h"
+#include "kernels/cpu/cpu.h"
+
+static double now_sec(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static long peak_rss_bytes(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss * 1024L;
+}
+
+int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *ds, char *err,
+                  size_t errlen)
+{
+    const struct mge_data_spec *d = &spec->data;
+    if (d->format == MGE_DATA_SYNTHETIC) {
+        int64_t n = test ? d->test_size : d->train_size;
+        if (n <= 0) {
+            snprintf(err, errlen, "data: no %s set", test ? "test" : "train");
+            return MGE_NOENT;
+        }
+        int c = d->channels > 0 ? d->channels : 1, h = d->image_h, w = d->image_w;
+        if (spec->model.type != MGE_MODEL_LENET) { /* flat features */
+            c = 1;
+            h = 1;
+            w = d->input_dim;
+        }
+        int rc = mge_dataset_synthetic_split(ds, n, c, h, w, d->classes, spec->train.seed,
+                                             test ? 1 : 0);
+        if (rc != MGE_OK)
+            snprintf(err, errlen, "synthetic data: %s", mge_strerror(rc));
+        return rc;
+    }
+    const char *images = test ? d->test_images : d->train_images;
+    const char *labels = test ? d->test_labels : d->train_labels;
+    if (!images || !labels) {
+        snprintf(err, errlen, "data: no %s set", test ? "test" : "train");
+        return MGE_NOENT;
+    }
+    return mge_dataset_load_idx_classes(ds, images, labels, d->classes, err, errlen);
+}
+
+int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struct mge_dataset *ds,
+                 int64_t batch, double *loss, double *accuracy)
+{
+    int rc = MGE_OK;
+    float *x = mge_malloc_aligned(sizeof(float) * (size_t)(batch * ds->dim));
+    int32_t *y = mge_malloc(sizeof(int32_t) * (size_t)batch);
+    int64_t *idx = mge_malloc(sizeof(int64_t) * (size_t)batch);
+    double sum_loss = 0.0;
+    int64_t correct = 0;
+    if (!x || !y || !idx) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
+        goto out_free;
+    }
+    mge_graph_bind(g, model->x, x);
+    mge_graph_bind(g, model->y, y);
+    for (int64_t at = 0; at < ds->n; at += batch) {
+        int64_t n = ds->n - at < batch ? ds->n - at : batch;
+        for (int64_t i = 0; i < n; i++)
+            idx[i] = at + i;
+        if ((rc = mge_dataset_gather(ds, idx, n, x, y)) != MGE_OK)
+            goto out_free;
+        mge_graph_set_batch(g, n);
+        if ((rc = mge_graph_run(g, 0, 0)) != MGE_OK)
+            goto out_free;
+        sum_loss += (double)*(float *)mge_value_data(g, model->loss) * (double)n;
+        const int64_t *ls = mge_value_shape(g, model->logits);
+        correct += mge_cpu_argmax_correct(mge_value_data(g, model->logits), y, n, ls[1]);
+    }
+    *loss = sum_loss / (double)ds->n;
+    *accuracy = (double)correct / (double)ds->n;
+out_free:
+    mge_free_aligned(x);
+    mge_free(y);
+    mge_free(idx);
+    return rc;
+}
+
+/* ---- checkpoints ---- */
+
+struct trainer {
+    const struct mge_train_opts *opts;
+    struct mge_jobspec *spec;
+    struct mge_dataset train, test;
+    int have_test;
+    struct mge_graph *g;
+    struct mge_model model;
+    struct mge_plan_stats stats;
+    struct mge_optim optim;
+    struct mge_sampler sampler;
+    struct mge_loader loader;
+    int sampler_ok, loader_ok, optim_ok;
+    int64_t step, epoch, pos, total_steps;
+    double last_loss, test_acc, test_loss;
+    char out_dir[1024];
+};
+
+static int optim_ckpt_type(enum mge_optim_type t)
+{
+    switch (t) {
+    case MGE_OPTIM_SGD:
+        return MGE_CKPT_OPTIM_SGD;
+    case MGE_OPTIM_ADAM:
+        return MGE_CKPT_OPTIM_ADAM;
+    case MGE_OPTIM_ADAMW:
+        return MGE_CKPT_OPTIM_ADAMW;
+    }
+    return MGE_CKPT_OPTIM_NONE;
+}
+
+/* The i-th checkpoint tensor: parameters, then each optimiser state per parameter. */
+static void ckpt_tensor_of(struct trainer *t, int pi, int state, struct mge_ckpt_tensor *ct,
+                           char *name, size_t name_len)
+{
+    int v = mge_graph_param(t->g, pi);
+    const char *pname = mge_value_name(t->g, v);
+    float *base = mge_value_data(t->g, v);
+    memset(ct, 0, sizeof(*ct));
+    if (state < 0) {
+        snprintf(name, name_len, "%s", pname);
+        ct->data = base;
+    } else {
+        const char *sname;
+        float *sd = mge_optim_state(&t->optim, state, &sname);
+        int64_t n_params;
+        float *arena = mge_graph_params(t->g, &n_params);
+        snprintf(name, name_len, "optim.%s.%s", sname, pname);
+        ct->data = sd + (base - arena);
+    }
+    ct->name = name;
+    ct->dtype = MGE_CKPT_F32;
+    ct->ndim = mge_value_ndim(t->g, v);
+    memcpy(ct->shape, mge_value_shape(t->g, v), sizeof(int64_t) * (size_t)ct->ndim);
+    ct->nbytes = sizeof(float) * (size_t)mge_value_numel(t->g, v);
+}
+
+static int ckpt_save(struct trainer *t)
+{
+    int np = mge_graph_n_params(t->g), ns = mge_optim_n_states(&t->optim);
+    int n = np * (1 + ns), rc;
+    struct mge_ckpt ck = {0};
+    char err[512], path[1200], tmp[1300], latest[1200];
+    struct mge_ckpt_tensor *ts = mge_calloc((size_t)n, sizeof(*ts));
+    char(*names)[160] = mge_calloc((size_t)n, sizeof(*names));
+    if (!ts || !names) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate checkpoint");
+        goto out_free;
+    }
+    for (int s = -1, k = 0; s < ns; s++)
+        for (int i = 0; i < np; i++, k++)
+            ckpt_tensor_of(t, i, s, &ts[k], names[k], sizeof(names[k]));
+    ck.step = t->step;
+    ck.epoch = t->epoch;
+    ck.sampler_pos = t->pos;
+    ck.optim_step = t->optim.t;
+    ck.optim_type = optim_ckpt_type(t->spec->train.optim.type);
+    ck.rng[0] = t->spec->train.seed;
+    ck.n_rng = 1;
+    ck.spec_yaml = t->spec->source;
+    ck.last_loss = t->last_loss;
+    ck.test_accuracy = t->test_acc;
+    ck.tensors = ts;
+    ck.n_tensors = n;
+    snprintf(path, sizeof(path), "%s/ckpt-%06lld.mgeckpt", t->out_dir, (long long)t->step);
+    if ((rc = mge_ckpt_write(path, &ck, err, sizeof(err))) != MGE_OK) {
+        mge_log_error("%s", err);
+        goto out_free;
+    }
+    /* "latest.mgeckpt" points at the newest one; replaced atomically */
+    snprintf(latest, sizeof(latest), "%s/latest.mgeckpt", t->out_dir);
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", latest, (int)getpid());
+    unlink(tmp);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (symlink(base, tmp) != 0 || rename(tmp, latest) != 0) {
+        rc = MGE_ERR(MGE_IO, "cannot update '%s': %s", latest, strerror(errno));
+        unlink(tmp);
+    }
+out_free:
+    mge_free(ts);
+    mge_free(names);
+    return rc;
+}
+
+static int ckpt_restore(struct trainer *t, const char *path)
+{
+    struct mge_ckpt *ck = NULL;
+    char err[512], name[160];
+    int rc = mge_ckpt_read(path, &ck, err, sizeof(err));
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-train: %s\n", err);
+        return rc;
+    }
+    int np = mge_graph_n_params(t->g), ns = mge_optim_n_states(&t->optim);
+    for (int s = -1; s < ns && rc == MGE_OK; s++)
+        for (int i = 0; i < np; i++) {
+            struct mge_ckpt_tensor want;
+            ckpt_tensor_of(t, i, s, &want, name, sizeof(name));
+            const struct mge_ckpt_tensor *have = mge_ckpt_find(ck, name);
+            if (!have || have->dtype != MGE_CKPT_F32 || have->nbytes != want.nbytes) {
+                fprintf(stderr, "mge-train: %s: tensor '%s' %s\n", path, name,
+                        have ? "has another shape or type than the model" : "is missing");
+                rc = MGE_CORRUPT;
+                break;
+            }
+            memcpy(want.data, have->data, want.nbytes);
+        }
+    if (rc == MGE_OK) {
+        t->step = ck->step;
+        t->epoch = ck->epoch;
+        t->pos = ck->sampler_pos;
+        t->optim.t = ck->optim_step;
+        t->last_loss = ck->last_loss;
+        t->test_acc = ck->test_accuracy;
+    }
+    mge_ckpt_free(ck);
+    return rc;
+}
+
+/* ---- the run ---- */
+
+static void print_plan(struct trainer *t)
+{
+    const struct mge_plan_stats *s = &t->stats;
+    size_t optim_bytes = mge_optim_state_bytes(&t->optim);
+    size_t peak = s->param_bytes + s->grad_bytes + optim_bytes + s->activation_bytes;
+    printf("{\"peak_bytes\":%zu,\"lower_bound_bytes\":%zu,\"param_bytes\":%zu,"
+           "\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"activation_bytes\":%zu,"
+           "\"input_bytes\":%zu,\"values\":%d,\"ops\":%d}\n",
+           peak, s->lower_bound_bytes, s->param_bytes, s->grad_bytes, optim_bytes,
+           s->activation_bytes, s->input_bytes, s->n_values, s->n_nodes);
+}
+
+static int mkdir_p(const char *path)
+{
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return (mkdir(buf, 0755) != 0 && errno != EEXIST) ? -1 : 0;
+}
+
+static int evaluate_epoch(struct trainer *t, int json)
+{
+    int64_t batch = t->spec->train.batch_size;
+    int rc = mge_evaluate(t->g, &t->model, &t->test, batch, &t->test_loss, &t->test_acc);
+    if (rc != MGE_OK)
+        return rc;
+    if (json)
+        printf("{\"epoch\":%lld,\"step\":%lld,\"test_accuracy\":%.6f,\"test_loss\":%.6f}\n",
+               (long long)t->epoch, (long long)t->step, t->test_acc, t->test_loss);
+    else
+        printf("epoch %lld: test accuracy %.2f%%, test loss %.4f\n", (long long)t->epoch,
+               100.0 * t->test_acc, t->test_loss);
+    fflush(stdout);
+    return MGE_OK;
+}
+
+static int train_loop(struct trainer *t)
+{
+    const struct mge_jobspec *spec = t->spec;
+    const struct mge_train_opts *o = t->opts;
+    int64_t ce = spec->train.checkpoint_every, le = spec->train.log_every > 0 ? spec->train.log_every : 1;
+    double train_sec = 0.0, wall0 = now_sec();
+    int64_t samples = 0, first_step = t->step;
+    int rc = MGE_OK;
+    int64_t n_params;
+    float *params = mge_graph_params(t->g, &n_params);
+    float *grads = mge_graph_grads(t->g, NULL);
+    const float *loss = mge_value_data(t->g, t->model.loss);
+
+    while (t->step < t->total_steps) {
+        struct mge_batch *b;
+        double t0 = now_sec();
+        if ((rc = mge_loader_next(&t->loader, &b)) != MGE_OK)
+            return rc;
+        mge_graph_bind(t->g, t->model.x, b->x);
+        mge_graph_bind(t->g, t->model.y, b->y);
+        mge_graph_set_batch(t->g, b->n);
+        if ((rc = mge_graph_run(t->g, 1, t->step)) != MGE_OK)
+            return rc;
+        mge_optim_step(&t->optim, params, grads, t->step);
+        train_sec += now_sec() - t0;
+        samples += b->n;
+        t->step++;
+        t->last_loss = *loss;
+        if (!isfinite(t->last_loss)) {
+            fprintf(stderr, "mge-train: loss is %f at step %lld: diverged\n", t->last_loss,
+                    (long long)t->step);
+            return MGE_RANGE;
+        }
+        t->epoch = b->epoch_end ? b->epoch + 1 : b->epoch;
+        t->pos = b->epoch_end ? 0 : b->pos_after;
+        if (t->step % le == 0 || t->step == t->total_steps) {
+            double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
+            double lr = mge_optim_lr(&t->optim, t->step - 1);
+            if (o->json)
+                printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
+                       "\"epoch\":%lld}\n",
+                       (long long)t->step, t->last_loss, sps, lr, (long long)b->epoch);
+            else if (t->step % 100 == 0 || t->step == t->total_steps)
+                printf("step %lld/%lld  loss %.4f  %.0f samples/s\n", (long long)t->step,
+                       (long long)t->total_steps, t->last_loss, sps);
+        }
+        if (b->epoch_end && t->have_test && spec->train.eval_every_epoch &&
+            (rc = evaluate_epoch(t, o->json)) != MGE_OK)
+            return rc;
+        if (ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
+            (rc = ckpt_save(t)) != MGE_OK)
+            return rc;
+    }
+    /* a run that ends mid-epoch still reports the model it leaves */
+    if (t->have_test && (t->pos != 0 || !spec->train.eval_every_epoch) &&
+        (rc = evaluate_epoch(t, o->json)) != MGE_OK)
+        return rc;
+    if ((rc = ckpt_save(t)) != MGE_OK)
+        return rc;
+    double wall = now_sec() - wall0;
+    double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
+    size_t peak = t->stats.param_bytes + t->stats.grad_bytes + mge_optim_state_bytes(&t->optim) +
+                  t->stats.activation_bytes;
+    if (o->json) {
+        printf("{\"summary\":true,\"steps\":%lld,\"epochs\":%lld,\"final_loss\":%.9g,",
+               (long long)t->step, (long long)t->epoch, t->last_loss);
+        if (t->have_test)
+            printf("\"test_accuracy\":%.6f,\"test_loss\":%.6f,", t->test_acc, t->test_loss);
+        printf("\"samples_per_sec\":%.1f,\"peak_bytes\":%zu,\"peak_rss_bytes\":%ld,"
+               "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"threads\":%d,"
+               "\"gemm\":\"%s\",\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
+               sps, peak, peak_rss_bytes(), train_sec, wall, (long long)(t->step - first_step),
+               mge_cpu_threads(), mge_cpu_sgemm_backend(), t->out_dir);
+    } else {
+        printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
+        if (t->have_test)
+            printf(", test accuracy %.2f%%", 100.0 * t->test_acc);
+        printf(", %.0f samples/s, peak %.1f MiB planned, %.1f MiB RSS\n", sps,
+               (double)peak / 1048576.0, (double)peak_rss_bytes() / 1048576.0);
+        printf("checkpoint: %s/latest.mgeckpt\n", t->out_dir);
+    }
+    fflush(stdout);
+    return MGE_OK;
+}
+
+static void trainer_fini(struct trainer *t)
+{
+    if (t->loader_ok)
+        mge_loader_fini(&t->loader);
+    if (t->sampler_ok)
+        mge_sampler_fini(&t->sampler);
+    if (t->optim_ok)
+        mge_optim_fini(&t->optim);
+    mge_graph_free(t->g);
+    mge_dataset_fini(&t->train);
+    if (t->have_test)
+        mge_dataset_fini(&t->test);
+    mge_jobspec_free(t->spec);
+}
+
+int mge_train_main(const struct mge_train_opts *o)
+{
+    struct trainer t;
+    struct mge_spec_error serr;
+    char err[512];
+    int rc, code = 1;
+
+    memset(&t, 0, sizeof(t));
+    t.opts = o;
+    t.test_acc = NAN;
+    rc = mge_jobspec_load(o->spec_path, o->overrides, o->n_overrides, &t.spec, &serr);
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-train: %s\n", serr.message);
+        return 2;
+    }
+    mge_cpu_set_threads(o->threads);
+    if ((rc = mge_data_load(t.spec, 0, &t.train, err, sizeof(err))) != MGE_OK) {
+        fprintf(stderr, "mge-train: %s\n", err);
+        code = 2;
+        goto out;
+    }
+    int want_test = t.spec->data.format == MGE_DATA_SYNTHETIC ? t.spec->data.test_size > 0
+                                                                : t.spec->data.test_images != NULL;
+    if (want_test) {
+        if ((rc = mge_data_load(t.spec, 1, &t.test, err, sizeof(err))) != MGE_OK) {
+            fprintf(stderr, "mge-train: %s\n", err);
+            code = 2;
+            goto out;
+        }
+        t.have_test = 1;
+    }
+    int64_t batch = t.spec->train.batch_size;
+    if ((rc = mge_graph_new(&t.g)) != MGE_OK)
+        goto out;
+    rc = mge_model_build(t.g, t.spec, batch, t.train.c, t.train.h, t.train.w, t.train.classes,
+                         &t.model);
+    if (rc == MGE_OK)
+        rc = mge_graph_backward(t.g, t.model.loss);
+    if (rc == MGE_OK)
+        rc = mge_graph_plan(t.g, &t.stats);
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-train: %s: model: %s\n", o->spec_path, mge_graph_error_msg(t.g));
+        code = 2;
+        goto out;
+    }
+    int64_t n_params_f = (int64_t)(t.stats.param_bytes / sizeof(float));
+    t.total_steps = mge_jobspec_total_steps(t.spec, t.train.n);
+    if ((rc = mge_optim_init(&t.optim, &t.spec->train.optim, &t.spec->train.sched,
+                             t.total_steps, n_params_f)) != MGE_OK)
+        goto out;
+    t.optim_ok = 1;
+    if (o->plan_only) {
+        print_plan(&t);
+        code = 0;
+        goto out;
+    }
+    if ((rc = mge_graph_alloc(t.g)) != MGE_OK)
+        goto out;
+    mge_graph_init_params(t.g, t.spec->train.seed);
+    if (o->out_dir)
+        snprintf(t.out_dir, sizeof(t.out_dir), "%s", o->out_dir);
+    else
+        snprintf(t.out_dir, sizeof(t.out_dir), "mge-out/%s", t.spec->name);
+    if (mkdir_p(t.out_dir) != 0) {
+        fprintf(stderr, "mge-train: cannot create '%s': %s\n", t.out_dir, strerror(errno));
+        goto out;
+    }
+    if (o->resume && (rc = ckpt_restore(&t, o->resume)) != MGE_OK) {
+        code = 2;
+        goto out;
+    }
+    if ((rc = mge_sampler_init(&t.sampler, t.train.n, batch, 0, 1, t.spec->train.seed)) != MGE_OK)
+        goto out;
+    t.sampler_ok = 1;
+    mge_sampler_seek(&t.sampler, t.epoch, t.pos);
+    if ((rc = mge_loader_init(&t.loader, &t.train, &t.sampler,
+                              t.spec->data.prefetch > 0 ? t.spec->data.prefetch : 2)) != MGE_OK)
+        goto out;
+    t.loader_ok = 1;
+    if (!o->json)
+        printf("%s: %s, %lld parameters, %lld steps, batch %lld, %d threads, gemm %s\n",
+               t.spec->name, mge_model_type_name(t.spec->model.type), (long long)n_params_f,
+               (long long)t.total_steps, (long long)batch, mge_cpu_threads(),
+               mge_cpu_sgemm_backend());
+    rc = train_loop(&t);
+    code = rc == MGE_OK ? 0 : 1;
+out:
+    if (rc != MGE_OK && code == 1)
+        fprintf(stderr, "mge-train: failed: %s\n", mge_strerror(rc));
+    trainer_fini(&t);
+    return code;
+}

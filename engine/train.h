@@ -1,0 +1,38 @@
+/* train.h: one training rank end to end (spec -> data -> graph -> loop -> checkpoints, metrics). */
+#ifndef MGE_ENGINE_TRAIN_H
+#define MGE_ENGINE_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/jobspec.h"
+#include "engine/data.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+
+struct mge_train_opts {
+    const char *spec_path;          /* SPEC.yaml */
+    const char *const *overrides;   /* "key.path=value" (--set) */
+    int n_overrides;
+    const char *resume;             /* checkpoint to resume from, or NULL */
+    const char *out_dir;            /* where checkpoints go (NULL: mge-out/<name>) */
+    int json;                       /* stdout: JSON lines only */
+    int threads;                    /* kernel threads; <= 0: $OMP_NUM_THREADS or all cores */
+    int plan_only;                  /* --plan: print the memory plan as JSON and stop */
+};
+
+/* Run mge-train with @o. Returns the process exit code: 0 ok, 2 bad input, 1 failure. */
+int mge_train_main(const struct mge_train_opts *o);
+
+/* Load the train or test set a spec names (@test: the test set; MGE_NOENT if it has none). */
+int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *ds, char *err,
+                  size_t errlen);
+
+/*
+ * Evaluate @model (built in @g with batches up to @batch) on all of @ds: mean loss and
+ * accuracy. The graph runs forward only. Returns MGE_OK or an error code.
+ */
+int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struct mge_dataset *ds,
+                 int64_t batch, double *loss, double *accuracy);
+
+#endif
