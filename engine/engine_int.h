@@ -130,6 +130,21 @@ size_t mge__value_bytes(const struct mge_graph *g, int v);
 /* Root of the alias chain of @v. */
 int mge__value_root(const struct mge_graph *g, int v);
 
+/* One activation for the planner: lifetime [first, last] in node indices, bytes, result offset. */
+struct mge__plan_item {
+    int v;
+    size_t size;
+    int64_t first, last;
+    size_t offset;
+};
+/*
+ * Assign offsets to @items so that items alive at the same time do not overlap (greedy by
+ * size, best fit). Reorders @items. Returns the arena size, or (size_t)-1 on OOM.
+ */
+size_t mge__plan_assign(struct mge__plan_item *items, int n);
+/* Largest sum of sizes alive at one time over @items (the arena's lower bound). */
+size_t mge__plan_lower_bound(const struct mge__plan_item *items, int n, int64_t end);
+
 /* The device's kernel for one node: reads and writes the values' data. */
 typedef int (*mge_node_fn)(struct mge_graph *g, const struct mge_node *n);
 struct mge_ops_table {

@@ -15,16 +15,9 @@
 
 static size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
 
-struct plan_item {
-    int v;
-    size_t size;
-    int64_t first, last;
-    size_t offset;
-};
-
 static int item_by_size_desc(const void *pa, const void *pb)
 {
-    const struct plan_item *a = pa, *b = pb;
+    const struct mge__plan_item *a = pa, *b = pb;
     if (a->size != b->size)
         return a->size < b->size ? 1 : -1;
     if (a->first != b->first)
@@ -34,7 +27,7 @@ static int item_by_size_desc(const void *pa, const void *pb)
 
 static int item_by_offset(const void *pa, const void *pb)
 {
-    const struct plan_item *const *a = pa, *const *b = pb;
+    const struct mge__plan_item *const *a = pa, *const *b = pb;
     if ((*a)->offset != (*b)->offset)
         return (*a)->offset < (*b)->offset ? -1 : 1;
     return 0;
@@ -51,16 +44,11 @@ static void touch(struct mge_graph *g, int v, int64_t at)
         r->last_use = at;
 }
 
-/*
- * Assign offsets to @items (n of them) so that items alive at the same time do not overlap.
- * Returns the arena size, or (size_t)-1 on OOM. Exposed for the planner's unit tests.
- */
-size_t mge__plan_assign(struct plan_item *items, int n);
-size_t mge__plan_assign(struct plan_item *items, int n)
+size_t mge__plan_assign(struct mge__plan_item *items, int n)
 {
     size_t arena = 0;
-    struct plan_item **placed = mge_malloc(sizeof(*placed) * (size_t)(n ? n : 1));
-    struct plan_item **live = mge_malloc(sizeof(*live) * (size_t)(n ? n : 1));
+    struct mge__plan_item **placed = mge_malloc(sizeof(*placed) * (size_t)(n ? n : 1));
+    struct mge__plan_item **live = mge_malloc(sizeof(*live) * (size_t)(n ? n : 1));
     if (!placed || !live) {
         mge_free(placed);
         mge_free(live);
@@ -69,7 +57,7 @@ size_t mge__plan_assign(struct plan_item *items, int n)
     qsort(items, (size_t)n, sizeof(*items), item_by_size_desc);
     int n_placed = 0;
     for (int i = 0; i < n; i++) {
-        struct plan_item *it = &items[i];
+        struct mge__plan_item *it = &items[i];
         int n_live = 0;
         for (int j = 0; j < n_placed; j++)
             if (placed[j]->first <= it->last && it->first <= placed[j]->last)
@@ -97,6 +85,26 @@ size_t mge__plan_assign(struct plan_item *items, int n)
     mge_free(placed);
     mge_free(live);
     return arena;
+}
+
+size_t mge__plan_lower_bound(const struct mge__plan_item *items, int n, int64_t end)
+{
+    int64_t *delta = mge_calloc((size_t)end + 2, sizeof(int64_t));
+    size_t lower = 0;
+    int64_t cur = 0;
+    if (!delta)
+        return (size_t)-1;
+    for (int i = 0; i < n; i++) {
+        delta[items[i].first] += (int64_t)items[i].size;
+        delta[items[i].last + 1] -= (int64_t)items[i].size;
+    }
+    for (int64_t t = 0; t <= end; t++) {
+        cur += delta[t];
+        if ((size_t)cur > lower)
+            lower = (size_t)cur;
+    }
+    mge_free(delta);
+    return lower;
 }
 
 int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
@@ -166,7 +174,7 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
 
     /* activations */
     int n_items = 0;
-    struct plan_item *items = mge_malloc(sizeof(*items) * (size_t)(g->n_values ? g->n_values : 1));
+    struct mge__plan_item *items = mge_malloc(sizeof(*items) * (size_t)(g->n_values ? g->n_values : 1));
     if (!items)
         return MGE_ERR(MGE_NOMEM, "cannot allocate plan");
     size_t inputs = 0;
@@ -182,25 +190,10 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
         items[n_items].last = val->last_use;
         n_items++;
     }
-    /* lower bound: the most bytes alive at once */
-    size_t lower = 0;
-    {
-        int64_t *delta_t = mge_calloc((size_t)end + 2, sizeof(int64_t));
-        if (!delta_t) {
-            rc = MGE_ERR(MGE_NOMEM, "cannot allocate plan");
-            goto out_free;
-        }
-        for (int i = 0; i < n_items; i++) {
-            delta_t[items[i].first] += (int64_t)items[i].size;
-            delta_t[items[i].last + 1] -= (int64_t)items[i].size;
-        }
-        int64_t cur = 0;
-        for (int64_t t = 0; t <= end; t++) {
-            cur += delta_t[t];
-            if ((size_t)cur > lower)
-                lower = (size_t)cur;
-        }
-        mge_free(delta_t);
+    size_t lower = mge__plan_lower_bound(items, n_items, end);
+    if (lower == (size_t)-1) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate plan");
+        goto out_free;
     }
     size_t arena = mge__plan_assign(items, n_items);
     if (arena == (size_t)-1) {
