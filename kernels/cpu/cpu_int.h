@@ -8,6 +8,9 @@
 extern "C" {
 #endif
 
+/* Loops shorter than this many elements run on one thread: the fork/join costs more. */
+#define MGE__PAR_MIN 32768
+
 /* GEMM backends; MGE__GEMM_AUTO picks one of the others by shape (see gemm.c). */
 enum mge__gemm_backend {
     MGE__GEMM_AUTO,
