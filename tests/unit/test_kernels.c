@@ -621,6 +621,213 @@ START_TEST(test_adam)
 }
 END_TEST
 
+/* ---- convolution, pooling --------------------------------------------------------------- */
+
+static void conv_naive(const struct mge_cpu_conv *cv, float *out, const float *x, const float *w,
+                       const float *b)
+{
+    for (int n = 0; n < cv->N; n++)
+        for (int k = 0; k < cv->K; k++)
+            for (int p = 0; p < cv->P; p++)
+                for (int q = 0; q < cv->Q; q++) {
+                    double s = b ? b[k] : 0.0;
+                    for (int c = 0; c < cv->C; c++)
+                        for (int r = 0; r < cv->R; r++)
+                            for (int t = 0; t < cv->S; t++) {
+                                int h = p * cv->stride - cv->pad + r;
+                                int ww = q * cv->stride - cv->pad + t;
+                                if (h < 0 || h >= cv->H || ww < 0 || ww >= cv->W)
+                                    continue;
+                                s += (double)x[((n * cv->C + c) * cv->H + h) * cv->W + ww] *
+                                     w[((k * cv->C + c) * cv->R + r) * cv->S + t];
+                            }
+                    out[((n * cv->K + k) * cv->P + p) * cv->Q + q] = (float)s;
+                }
+}
+
+struct conv_ctx {
+    const struct mge_cpu_conv *cv;
+    const float *x, *w, *b;
+    void *scratch;
+    int wrt; /* 0 x, 1 w, 2 b */
+};
+
+static void conv_fwd(void *v, float *out, const float *p)
+{
+    struct conv_ctx *c = v;
+    mge_cpu_conv2d_forward(c->cv, out, c->wrt == 0 ? p : c->x, c->wrt == 1 ? p : c->w,
+                           c->wrt == 2 ? p : c->b, c->scratch);
+}
+
+static void check_conv(int N, int C, int H, int W, int K, int R, int S, int stride, int pad,
+                       int threads)
+{
+    int old = mge_cpu_threads();
+    mge_cpu_set_threads(threads);
+    struct mge_cpu_conv cv = {N, C, H, W, K, R, S, stride, pad, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+    ck_assert_int_eq(cv.P, (H + 2 * pad - R) / stride + 1);
+    int64_t nx = (int64_t)N * C * H * W, nw = (int64_t)K * C * R * S;
+    int64_t ny = (int64_t)N * K * cv.P * cv.Q;
+    void *scratch = malloc(mge_cpu_conv_scratch_bytes(&cv) + 1);
+    ck_assert_ptr_nonnull(scratch);
+    float *x = rnd_new(nx), *w = rnd_new(nw), *b = rnd_new(K), *y = rnd_new(ny);
+    float *want = rnd_new(ny), *dy = rnd_new(ny), *dx = rnd_new(nx), *dw = rnd_new(nw);
+    float *db = rnd_new(K), *num = rnd_new(nx > nw ? nx : nw);
+    mge_cpu_conv2d_forward(&cv, y, x, w, b, scratch);
+    conv_naive(&cv, want, x, w, b);
+    assert_close("conv forward", y, want, ny, 1e-4, 1e-5);
+    mge_cpu_conv2d_forward(&cv, y, x, w, NULL, scratch);
+    conv_naive(&cv, want, x, w, NULL);
+    assert_close("conv forward, no bias", y, want, ny, 1e-4, 1e-5);
+
+    mge_cpu_conv2d_backward(&cv, dx, dw, db, dy, x, w, scratch, 0);
+    struct conv_ctx c = {&cv, x, w, b, scratch, 0};
+    fd_grad(conv_fwd, &c, x, nx, ny, dy, num);
+    assert_close("conv dinp vs FD", dx, num, nx, FD_REL, FD_ABS);
+    c.wrt = 1;
+    fd_grad(conv_fwd, &c, w, nw, ny, dy, num);
+    assert_close("conv dw vs FD", dw, num, nw, FD_REL, FD_ABS);
+    c.wrt = 2;
+    fd_grad(conv_fwd, &c, b, K, ny, dy, num);
+    assert_close("conv dbias vs FD", db, num, K, FD_REL, FD_ABS);
+
+    /* acc, and each output on its own (the others NULL) */
+    float *bx = rnd_new(nx), *bw = rnd_new(nw), *bb = rnd_new(K);
+    float *ax = copy_new(bx, nx), *aw = copy_new(bw, nw), *ab = copy_new(bb, K);
+    mge_cpu_conv2d_backward(&cv, ax, aw, ab, dy, x, w, scratch, 1);
+    assert_acc("conv dinp", ax, bx, dx, nx);
+    assert_acc("conv dw", aw, bw, dw, nw);
+    assert_acc("conv dbias", ab, bb, db, K);
+    float *only = rnd_new(nx > nw ? nx : nw);
+    mge_cpu_conv2d_backward(&cv, only, NULL, NULL, dy, x, w, scratch, 0);
+    ck_assert(memcmp(only, dx, sizeof(float) * nx) == 0);
+    mge_cpu_conv2d_backward(&cv, NULL, only, NULL, dy, x, w, scratch, 0);
+    ck_assert(memcmp(only, dw, sizeof(float) * nw) == 0);
+    mge_cpu_conv2d_backward(&cv, NULL, NULL, only, dy, x, w, scratch, 0);
+    ck_assert(memcmp(only, db, sizeof(float) * K) == 0);
+
+    free(scratch), free(x), free(w), free(b), free(y), free(want), free(dy), free(dx), free(dw);
+    free(db), free(num), free(bx), free(bw), free(bb), free(ax), free(aw), free(ab), free(only);
+    mge_cpu_set_threads(old);
+}
+
+START_TEST(test_conv_stride_pad)
+{
+    rng_state = 12;
+    for (int t = 1; t <= 2; t++) {
+        check_conv(3, 2, 7, 6, 4, 3, 3, 2, 1, t); /* stride 2, padding 1, odd sizes */
+        check_conv(2, 1, 8, 8, 3, 5, 5, 1, 2, t); /* LeNet conv1-like: 5x5, pad 2 */
+        check_conv(3, 3, 5, 5, 2, 1, 1, 1, 0, t); /* pointwise: no im2col */
+        check_conv(2, 2, 6, 7, 3, 2, 3, 3, 0, t); /* R != S, stride 3 */
+    }
+}
+END_TEST
+
+START_TEST(test_conv_init_invalid)
+{
+    struct mge_cpu_conv bad = {1, 1, 4, 4, 1, 5, 5, 1, 0, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_conv_init(&bad), -1);
+    struct mge_cpu_conv zero_stride = {1, 1, 4, 4, 1, 3, 3, 0, 0, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_conv_init(&zero_stride), -1);
+}
+END_TEST
+
+START_TEST(test_conv_lenet_deterministic)
+{
+    /* LeNet-5 conv2 at batch 16: two runs are bit-identical (same slots) */
+    struct mge_cpu_conv cv = {16, 6, 14, 14, 16, 5, 5, 1, 0, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+    int64_t nx = 16 * 6 * 14 * 14, nw = 16 * 6 * 25, ny = 16 * 16 * 10 * 10;
+    rng_state = 13;
+    void *scratch = malloc(mge_cpu_conv_scratch_bytes(&cv));
+    ck_assert_ptr_nonnull(scratch);
+    float *x = rnd_new(nx), *w = rnd_new(nw), *dy = rnd_new(ny), *dw1 = rnd_new(nw);
+    float *dw2 = rnd_new(nw), *dx1 = rnd_new(nx), *dx2 = rnd_new(nx);
+    mge_cpu_conv2d_backward(&cv, dx1, dw1, NULL, dy, x, w, scratch, 0);
+    mge_cpu_conv2d_backward(&cv, dx2, dw2, NULL, dy, x, w, scratch, 0);
+    ck_assert(memcmp(dw1, dw2, sizeof(float) * nw) == 0);
+    ck_assert(memcmp(dx1, dx2, sizeof(float) * nx) == 0);
+    free(scratch), free(x), free(w), free(dy), free(dw1), free(dw2), free(dx1), free(dx2);
+}
+END_TEST
+
+struct pool_ctx {
+    const struct mge_cpu_pool *pl;
+    int avg;
+};
+
+static void pool_fwd(void *v, float *out, const float *x)
+{
+    struct pool_ctx *c = v;
+    if (c->avg)
+        mge_cpu_avgpool_forward(c->pl, out, x);
+    else
+        mge_cpu_maxpool_forward(c->pl, out, x);
+}
+
+START_TEST(test_pool)
+{
+    static const int cfg[][4] = {{2, 2, 2, 0}, {3, 3, 2, 1}, {3, 2, 1, 1}}; /* R, S, stride, pad */
+    rng_state = 14;
+    for (size_t k = 0; k < sizeof(cfg) / sizeof(cfg[0]); k++) {
+        struct mge_cpu_pool pl = {2, 3, 7, 6, cfg[k][0], cfg[k][1], cfg[k][2], cfg[k][3], 0, 0};
+        ck_assert_int_eq(mge_cpu_pool_init(&pl), 0);
+        int64_t nx = 2 * 3 * 7 * 6, ny = (int64_t)2 * 3 * pl.P * pl.Q;
+        float *x = rnd_new(nx), *y = rnd_new(ny), *want = rnd_new(ny), *dy = rnd_new(ny);
+        float *dx = rnd_new(nx), *num = rnd_new(nx), *base = rnd_new(nx);
+        float *dxa = copy_new(base, nx);
+        for (int64_t i = 0; i < nx; i++) /* distinct values, spaced past FD_EPS: no ties */
+            x[i] = (float)((i * 37) % nx) * 0.01f - 1.0f;
+        for (int avg = 0; avg <= 1; avg++) {
+            for (int64_t pi = 0; pi < 6; pi++)
+                for (int p = 0; p < pl.P; p++)
+                    for (int q = 0; q < pl.Q; q++) {
+                        double m = -INFINITY, s = 0;
+                        int cnt = 0;
+                        for (int r = 0; r < pl.R; r++)
+                            for (int t = 0; t < pl.S; t++) {
+                                int h = p * pl.stride - pl.pad + r, w = q * pl.stride - pl.pad + t;
+                                if (h < 0 || h >= pl.H || w < 0 || w >= pl.W)
+                                    continue;
+                                double v = x[(pi * pl.H + h) * pl.W + w];
+                                m = fmax(m, v), s += v, cnt++;
+                            }
+                        want[(pi * pl.P + p) * pl.Q + q] = (float)(avg ? s / cnt : m);
+                    }
+            struct pool_ctx c = {&pl, avg};
+            pool_fwd(&c, y, x);
+            assert_close(avg ? "avgpool" : "maxpool", y, want, ny, 1e-6, 1e-6);
+            if (avg)
+                mge_cpu_avgpool_backward(&pl, dx, dy, 0);
+            else
+                mge_cpu_maxpool_backward(&pl, dx, dy, x, 0);
+            fd_grad(pool_fwd, &c, x, nx, ny, dy, num);
+            assert_close("pool backward vs FD", dx, num, nx, FD_REL, FD_ABS);
+            memcpy(dxa, base, sizeof(float) * nx);
+            if (avg)
+                mge_cpu_avgpool_backward(&pl, dxa, dy, 1);
+            else
+                mge_cpu_maxpool_backward(&pl, dxa, dy, x, 1);
+            assert_acc("pool backward", dxa, base, dx, nx);
+        }
+        free(x), free(y), free(want), free(dy), free(dx), free(num), free(base), free(dxa);
+    }
+}
+END_TEST
+
+START_TEST(test_maxpool_first_max)
+{
+    /* a 2x2 window of equal values: the gradient goes to the first one only */
+    struct mge_cpu_pool pl = {1, 1, 2, 2, 2, 2, 2, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_pool_init(&pl), 0);
+    const float x[4] = {1, 1, 1, 1}, dy[1] = {5};
+    float dx[4];
+    mge_cpu_maxpool_backward(&pl, dx, dy, x, 0);
+    ck_assert(dx[0] == 5 && dx[1] == 0 && dx[2] == 0 && dx[3] == 0);
+}
+END_TEST
+
 /* ---- suite ------------------------------------------------------------------------------ */
 
 static Suite *kernels_suite(void)
@@ -656,6 +863,18 @@ static Suite *kernels_suite(void)
     tc = tcase_create("optim");
     tcase_add_test(tc, test_sgd);
     tcase_add_test(tc, test_adam);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("conv");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_conv_stride_pad);
+    tcase_add_test(tc, test_conv_init_invalid);
+    tcase_add_test(tc, test_conv_lenet_deterministic);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("pool");
+    tcase_add_test(tc, test_pool);
+    tcase_add_test(tc, test_maxpool_first_max);
     suite_add_tcase(s, tc);
     return s;
 }
