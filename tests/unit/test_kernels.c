@@ -828,6 +828,234 @@ START_TEST(test_maxpool_first_max)
 }
 END_TEST
 
+/* ---- reductions, shapes ----------------------------------------------------------------- */
+
+struct red_ctx {
+    int64_t outer, len, inner;
+    float scale;
+};
+
+static void reduce_fwd(void *v, float *out, const float *x)
+{
+    struct red_ctx *c = v;
+    mge_cpu_reduce_sum(out, x, c->outer, c->len, c->inner, c->scale);
+}
+
+START_TEST(test_reduce_sum)
+{
+    static const int64_t cfg[][3] = {{3, 5, 4}, {1, 7, 1}, {4, 6, 1}, {2, 3, 300}, {50, 40, 30}};
+    rng_state = 15;
+    for (size_t k = 0; k < sizeof(cfg) / sizeof(cfg[0]); k++) {
+        struct red_ctx c = {cfg[k][0], cfg[k][1], cfg[k][2], 0.5f};
+        int64_t nx = c.outer * c.len * c.inner, ny = c.outer * c.inner;
+        float *x = rnd_new(nx), *y = rnd_new(ny), *want = rnd_new(ny), *dy = rnd_new(ny);
+        float *dx = rnd_new(nx), *base = rnd_new(nx), *dxa = copy_new(base, nx);
+        mge_cpu_reduce_sum(y, x, c.outer, c.len, c.inner, c.scale);
+        for (int64_t o = 0; o < c.outer; o++)
+            for (int64_t i = 0; i < c.inner; i++) {
+                double sum = 0;
+                for (int64_t l = 0; l < c.len; l++)
+                    sum += x[(o * c.len + l) * c.inner + i];
+                want[o * c.inner + i] = (float)(0.5 * sum);
+            }
+        assert_close("reduce_sum", y, want, ny, 1e-5, 1e-5);
+        mge_cpu_reduce_sum_backward(dx, dy, c.outer, c.len, c.inner, c.scale, 0);
+        if (nx <= 2000) {
+            float *num = rnd_new(nx);
+            fd_grad(reduce_fwd, &c, x, nx, ny, dy, num);
+            assert_close("reduce_sum backward vs FD", dx, num, nx, FD_REL, FD_ABS);
+            free(num);
+        }
+        mge_cpu_reduce_sum_backward(dxa, dy, c.outer, c.len, c.inner, c.scale, 1);
+        assert_acc("reduce_sum backward", dxa, base, dx, nx);
+        free(x), free(y), free(want), free(dy), free(dx), free(base), free(dxa);
+    }
+}
+END_TEST
+
+START_TEST(test_permute)
+{
+    static const int64_t shape[4] = {2, 3, 4, 5};
+    static const int perms[][4] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {0, 2, 1, 3}, {1, 3, 0, 2}};
+    rng_state = 16;
+    float *x = rnd_new(120), *y = rnd_new(120), *back = rnd_new(120);
+    for (size_t k = 0; k < sizeof(perms) / sizeof(perms[0]); k++) {
+        const int *pm = perms[k];
+        mge_cpu_permute(y, x, shape, pm, 4);
+        int64_t os[4];
+        for (int d = 0; d < 4; d++)
+            os[d] = shape[pm[d]];
+        for (int64_t f = 0; f < 120; f++) {
+            int64_t idx[4], r = f, in[4];
+            for (int d = 3; d >= 0; d--)
+                idx[d] = r % os[d], r /= os[d];
+            for (int d = 0; d < 4; d++)
+                in[pm[d]] = idx[d];
+            ck_assert(y[f] == x[((in[0] * 3 + in[1]) * 4 + in[2]) * 5 + in[3]]);
+        }
+        /* permuting back with the inverse permutation restores x */
+        int inv[4];
+        for (int d = 0; d < 4; d++)
+            inv[pm[d]] = d;
+        mge_cpu_permute(back, y, os, inv, 4);
+        ck_assert(memcmp(back, x, sizeof(float) * 120) == 0);
+    }
+    free(x), free(y), free(back);
+}
+END_TEST
+
+START_TEST(test_copy_axis)
+{
+    /* concat of (2,3,4) and (2,5,4) along axis 1 into (2,8,4), then slice them back out */
+    rng_state = 17;
+    float *a = rnd_new(24), *b = rnd_new(40), *cat = rnd_new(64), *sa = rnd_new(24);
+    float *sb = rnd_new(40);
+    mge_cpu_copy_axis(cat, 8, 0, a, 3, 0, 3, 2, 4, 0);
+    mge_cpu_copy_axis(cat, 8, 3, b, 5, 0, 5, 2, 4, 0);
+    for (int o = 0; o < 2; o++)
+        for (int l = 0; l < 8; l++)
+            for (int i = 0; i < 4; i++)
+                ck_assert(cat[(o * 8 + l) * 4 + i] ==
+                          (l < 3 ? a[(o * 3 + l) * 4 + i] : b[(o * 5 + l - 3) * 4 + i]));
+    mge_cpu_copy_axis(sa, 3, 0, cat, 8, 0, 3, 2, 4, 0);
+    mge_cpu_copy_axis(sb, 5, 0, cat, 8, 3, 5, 2, 4, 0);
+    ck_assert(memcmp(sa, a, sizeof(float) * 24) == 0);
+    ck_assert(memcmp(sb, b, sizeof(float) * 40) == 0);
+    /* acc: slice backward adds into a gradient that already holds something */
+    float *g = copy_new(sb, 40);
+    mge_cpu_copy_axis(g, 5, 1, cat, 8, 4, 2, 2, 4, 1);
+    for (int o = 0; o < 2; o++)
+        for (int l = 0; l < 5; l++)
+            for (int i = 0; i < 4; i++) {
+                float want = sb[(o * 5 + l) * 4 + i];
+                if (l >= 1 && l < 3)
+                    want += cat[(o * 8 + l + 3) * 4 + i];
+                ck_assert(g[(o * 5 + l) * 4 + i] == want);
+            }
+    free(a), free(b), free(cat), free(sa), free(sb), free(g);
+}
+END_TEST
+
+/* ---- normalisation, embedding, dropout -------------------------------------------------- */
+
+struct ln_ctx {
+    int64_t rows, C;
+    const float *x, *w, *b;
+    float *mean, *rstd;
+    int wrt; /* 0 x, 1 w, 2 b */
+};
+
+static void ln_fwd(void *v, float *out, const float *p)
+{
+    struct ln_ctx *c = v;
+    mge_cpu_layernorm_forward(out, c->mean, c->rstd, c->wrt == 0 ? p : c->x,
+                              c->wrt == 1 ? p : c->w, c->wrt == 2 ? p : c->b, c->rows, c->C,
+                              1e-5f);
+}
+
+START_TEST(test_layernorm)
+{
+    int64_t rows = 6, C = 70, n = rows * C;
+    rng_state = 18;
+    float *x = rnd_new(n), *w = rnd_new(C), *b = rnd_new(C), *y = rnd_new(n), *dy = rnd_new(n);
+    float *mean = rnd_new(rows), *rstd = rnd_new(rows), *dx = rnd_new(n), *dw = rnd_new(C);
+    float *db = rnd_new(C), *num = rnd_new(n), *m2 = rnd_new(rows), *r2 = rnd_new(rows);
+    mge_cpu_layernorm_forward(y, mean, rstd, x, w, b, rows, C, 1e-5f);
+    for (int64_t r = 0; r < rows; r++) {
+        double m = 0, v = 0;
+        for (int64_t c = 0; c < C; c++)
+            m += x[r * C + c];
+        m /= C;
+        for (int64_t c = 0; c < C; c++)
+            v += (x[r * C + c] - m) * (x[r * C + c] - m);
+        double s = 1 / sqrt(v / C + 1e-5);
+        ck_assert(fabs(mean[r] - m) < 1e-6 && fabs(rstd[r] - s) < 1e-4 * s);
+        for (int64_t c = 0; c < C; c++)
+            ck_assert(fabs(y[r * C + c] - ((x[r * C + c] - m) * s * w[c] + b[c])) < 1e-5);
+    }
+    mge_cpu_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, 0);
+    struct ln_ctx c = {rows, C, x, w, b, m2, r2, 0};
+    fd_grad(ln_fwd, &c, x, n, n, dy, num);
+    assert_close("layernorm dinp vs FD", dx, num, n, FD_REL, FD_ABS);
+    c.wrt = 1;
+    fd_grad(ln_fwd, &c, w, C, n, dy, num);
+    assert_close("layernorm dw vs FD", dw, num, C, FD_REL, FD_ABS);
+    c.wrt = 2;
+    fd_grad(ln_fwd, &c, b, C, n, dy, num);
+    assert_close("layernorm db vs FD", db, num, C, FD_REL, FD_ABS);
+    float *bx = rnd_new(n), *bw = rnd_new(C), *bb = rnd_new(C);
+    float *ax = copy_new(bx, n), *aw = copy_new(bw, C), *ab = copy_new(bb, C);
+    mge_cpu_layernorm_backward(ax, aw, ab, dy, x, w, mean, rstd, rows, C, 1);
+    assert_acc("layernorm dinp", ax, bx, dx, n);
+    assert_acc("layernorm dw", aw, bw, dw, C);
+    assert_acc("layernorm db", ab, bb, db, C);
+    free(x), free(w), free(b), free(y), free(dy), free(mean), free(rstd), free(dx), free(dw);
+    free(db), free(num), free(m2), free(r2), free(bx), free(bw), free(bb), free(ax), free(aw);
+    free(ab);
+}
+END_TEST
+
+START_TEST(test_embedding)
+{
+    int64_t V = 5, C = 3, n = 6;
+    const int32_t ids[6] = {4, 0, 4, 2, 4, 1}; /* repeated ids accumulate */
+    rng_state = 19;
+    float *table = rnd_new(V * C), *out = rnd_new(n * C), *dy = rnd_new(n * C);
+    float *dt = rnd_new(V * C), *want = rnd_new(V * C), *base = rnd_new(V * C);
+    float *dta = copy_new(base, V * C);
+    mge_cpu_embedding_forward(out, ids, table, n, C);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert(memcmp(out + i * C, table + ids[i] * C, sizeof(float) * C) == 0);
+    mge_cpu_embedding_backward(dt, dy, ids, n, V, C, 0);
+    memset(want, 0, sizeof(float) * V * C);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < C; c++)
+            want[ids[i] * C + c] += dy[i * C + c];
+    assert_close("dtable", dt, want, V * C, 1e-6, 1e-6); /* row 3 untouched: cleared to 0 */
+    mge_cpu_embedding_backward(dta, dy, ids, n, V, C, 1);
+    assert_acc("dtable", dta, base, dt, V * C);
+    free(table), free(out), free(dy), free(dt), free(want), free(base), free(dta);
+}
+END_TEST
+
+START_TEST(test_dropout)
+{
+    int64_t n = 100000;
+    float p = 0.3f;
+    float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    float *y2 = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    ck_assert(x && y && y2 && dx);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = 1.0f + (float)(i % 7);
+    mge_cpu_dropout_forward(y, x, n, p, 42);
+    mge_cpu_dropout_forward(y2, x, n, p, 42);
+    ck_assert(memcmp(y, y2, sizeof(float) * n) == 0); /* same seed: same mask */
+    int64_t kept = 0, same_as_other_seed = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int k = mge_cpu_dropout_keep(42, i, p);
+        kept += k;
+        ck_assert(k ? fabsf(y[i] - x[i] / (1.0f - p)) <= 1e-6f * y[i] : y[i] == 0.0f);
+        same_as_other_seed += k == mge_cpu_dropout_keep(43, i, p);
+    }
+    /* rate: 70000 +- 5 sigma (sigma = sqrt(n p (1-p)) ~ 145) */
+    ck_assert_msg(llabs(kept - 70000) < 725, "kept %lld of %lld", (long long)kept, (long long)n);
+    ck_assert(same_as_other_seed < 60000); /* another seed is a different mask (~58% agree) */
+    /* backward regenerates the mask: the gradient of sum(y) is the keep/(1-p) mask */
+    for (int64_t i = 0; i < n; i++)
+        y2[i] = 1.0f;
+    mge_cpu_dropout_backward(dx, y2, n, p, 42, 0);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert(dx[i] == (mge_cpu_dropout_keep(42, i, p) ? 1.0f / (1.0f - p) : 0.0f));
+    mge_cpu_dropout_backward(dx, y2, n, p, 42, 1);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert(dx[i] == (mge_cpu_dropout_keep(42, i, p) ? 2.0f / (1.0f - p) : 0.0f));
+    /* p = 0 keeps everything unscaled */
+    mge_cpu_dropout_forward(y, x, n, 0.0f, 7);
+    ck_assert(memcmp(y, x, sizeof(float) * n) == 0);
+    free(x), free(y), free(y2), free(dx);
+}
+END_TEST
+
 /* ---- suite ------------------------------------------------------------------------------ */
 
 static Suite *kernels_suite(void)
@@ -875,6 +1103,18 @@ static Suite *kernels_suite(void)
     tc = tcase_create("pool");
     tcase_add_test(tc, test_pool);
     tcase_add_test(tc, test_maxpool_first_max);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("reduce");
+    tcase_add_test(tc, test_reduce_sum);
+    tcase_add_test(tc, test_permute);
+    tcase_add_test(tc, test_copy_axis);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("norm");
+    tcase_add_test(tc, test_layernorm);
+    tcase_add_test(tc, test_embedding);
+    tcase_add_test(tc, test_dropout);
     suite_add_tcase(s, tc);
     return s;
 }
