@@ -109,10 +109,13 @@ struct mge_cpu_conv {
     int K, R, S;      /* output channels, kernel height, width */
     int stride, pad;  /* same in both dims */
     int P, Q;         /* output height, width: (H + 2 pad - R) / stride + 1 */
+    int slots;        /* filled by init: images in flight at once, min(N, mge_cpu_threads()) */
 };
-/* Fill P and Q from the rest; returns 0, or -1 if the shape is impossible. */
+/* Fill P, Q and slots from the rest; returns 0, or -1 if the shape is impossible. */
 int mge_cpu_conv_init(struct mge_cpu_conv *cv);
-/* Scratch bytes each conv call needs (the engine plans it in its arena; may be 0). */
+/* Scratch bytes each conv call needs (the engine plans it in its arena; may be 0). It is sized
+ * for cv->slots, so later calls use at most that many threads; results are bit-identical for
+ * equal slots. */
 size_t mge_cpu_conv_scratch_bytes(const struct mge_cpu_conv *cv);
 /* out (N,K,P,Q) = conv(inp (N,C,H,W), w (K,C,R,S)) + bias (K, may be NULL). */
 void mge_cpu_conv2d_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,

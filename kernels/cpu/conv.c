@@ -1,0 +1,231 @@
+/* conv.c: CPU 2-D convolution as per-image im2col + SGEMM, images spread over threads. */
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_int.h"
+
+/* Per-slot scratch: the column matrix, then the slot's partial dw and dbias (backward). */
+struct slot_layout {
+    size_t col, dw, db, bytes; /* float offsets of each part; bytes per slot */
+};
+
+static size_t round_floats(size_t n)
+{
+    return (n + 15) / 16 * 16; /* 64-byte alignment between parts */
+}
+
+static struct slot_layout slot_layout(const struct mge_cpu_conv *cv)
+{
+    size_t crs = (size_t)cv->C * cv->R * cv->S, pq = (size_t)cv->P * cv->Q;
+    struct slot_layout L;
+    L.col = 0;
+    L.dw = round_floats(crs * pq);
+    L.db = L.dw + round_floats((size_t)cv->K * crs);
+    L.bytes = (L.db + round_floats((size_t)cv->K)) * sizeof(float);
+    return L;
+}
+
+int mge_cpu_conv_init(struct mge_cpu_conv *cv)
+{
+    if (cv->N <= 0 || cv->C <= 0 || cv->H <= 0 || cv->W <= 0 || cv->K <= 0 || cv->R <= 0 ||
+        cv->S <= 0 || cv->stride <= 0 || cv->pad < 0)
+        return -1;
+    if (cv->H + 2 * cv->pad < cv->R || cv->W + 2 * cv->pad < cv->S)
+        return -1;
+    cv->P = (cv->H + 2 * cv->pad - cv->R) / cv->stride + 1;
+    cv->Q = (cv->W + 2 * cv->pad - cv->S) / cv->stride + 1;
+    int t = mge_cpu_threads();
+    cv->slots = t < cv->N ? t : cv->N;
+    return 0;
+}
+
+size_t mge_cpu_conv_scratch_bytes(const struct mge_cpu_conv *cv)
+{
+    return (size_t)(cv->slots > 0 ? cv->slots : 1) * slot_layout(cv).bytes;
+}
+
+/* col (C*R*S, P*Q) from one image x (C, H, W); zeros where the window hangs over the edge. */
+static void im2col(const struct mge_cpu_conv *cv, float *restrict col, const float *restrict x)
+{
+    int P = cv->P, Q = cv->Q, st = cv->stride;
+    for (int c = 0; c < cv->C; c++)
+        for (int r = 0; r < cv->R; r++)
+            for (int s = 0; s < cv->S; s++) {
+                float *row = col + (((size_t)c * cv->R + r) * cv->S + s) * P * Q;
+                for (int p = 0; p < P; p++) {
+                    int h = p * st - cv->pad + r;
+                    float *o = row + (size_t)p * Q;
+                    if (h < 0 || h >= cv->H) {
+                        memset(o, 0, (size_t)Q * sizeof(float));
+                        continue;
+                    }
+                    const float *xi = x + ((size_t)c * cv->H + h) * cv->W;
+                    for (int q = 0; q < Q; q++) {
+                        int w = q * st - cv->pad + s;
+                        o[q] = w >= 0 && w < cv->W ? xi[w] : 0.0f;
+                    }
+                }
+            }
+}
+
+/* dx (C, H, W) += col2im(col) */
+static void col2im_add(const struct mge_cpu_conv *cv, float *restrict dx,
+                       const float *restrict col)
+{
+    int P = cv->P, Q = cv->Q, st = cv->stride;
+    for (int c = 0; c < cv->C; c++)
+        for (int r = 0; r < cv->R; r++)
+            for (int s = 0; s < cv->S; s++) {
+                const float *row = col + (((size_t)c * cv->R + r) * cv->S + s) * P * Q;
+                for (int p = 0; p < P; p++) {
+                    int h = p * st - cv->pad + r;
+                    if (h < 0 || h >= cv->H)
+                        continue;
+                    float *di = dx + ((size_t)c * cv->H + h) * cv->W;
+                    const float *o = row + (size_t)p * Q;
+                    for (int q = 0; q < Q; q++) {
+                        int w = q * st - cv->pad + s;
+                        if (w >= 0 && w < cv->W)
+                            di[w] += o[q];
+                    }
+                }
+            }
+}
+
+static int is_pointwise(const struct mge_cpu_conv *cv)
+{
+    return cv->R == 1 && cv->S == 1 && cv->stride == 1 && cv->pad == 0;
+}
+
+static int slots_now(const struct mge_cpu_conv *cv)
+{
+    int t = mge_cpu_threads(), s = cv->slots > 0 ? cv->slots : 1;
+    return t < s ? t : s;
+}
+
+static void forward_image(const struct mge_cpu_conv *cv, int n, float *out, const float *inp,
+                          const float *w, const float *bias, float *col)
+{
+    int CRS = cv->C * cv->R * cv->S, PQ = cv->P * cv->Q;
+    const float *x = inp + (size_t)n * cv->C * cv->H * cv->W;
+    float *y = out + (size_t)n * cv->K * PQ;
+    const float *cx = x; /* a pointwise conv's image is its own column matrix */
+    if (!is_pointwise(cv)) {
+        im2col(cv, col, x);
+        cx = col;
+    }
+    mge_cpu_sgemm(0, 0, cv->K, PQ, CRS, 1.0f, w, CRS, cx, PQ, 0.0f, y, PQ);
+    if (bias)
+        for (int k = 0; k < cv->K; k++)
+            for (int i = 0; i < PQ; i++)
+                y[(size_t)k * PQ + i] += bias[k];
+}
+
+void mge_cpu_conv2d_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                            const float *w, const float *bias, void *scratch)
+{
+    struct slot_layout L = slot_layout(cv);
+    int nt = slots_now(cv);
+    if (nt <= 1) {
+        /* one image at a time: the GEMM itself may use every thread */
+        for (int n = 0; n < cv->N; n++)
+            forward_image(cv, n, out, inp, w, bias, scratch);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        float *col = (float *)((char *)scratch + (size_t)omp_get_thread_num() * L.bytes);
+#pragma omp for schedule(static)
+        for (int n = 0; n < cv->N; n++)
+            forward_image(cv, n, out, inp, w, bias, col);
+    }
+}
+
+/* One image's share: dw_part, db_part += this image; dinp image (+)= conv^T(dout). */
+static void backward_image(const struct mge_cpu_conv *cv, int n, float *dinp, float *dw_part,
+                           float *db_part, const float *dout, const float *inp, const float *w,
+                           float *col, int acc)
+{
+    int CRS = cv->C * cv->R * cv->S, PQ = cv->P * cv->Q;
+    size_t CHW = (size_t)cv->C * cv->H * cv->W;
+    const float *x = inp + (size_t)n * CHW;
+    const float *dy = dout + (size_t)n * cv->K * PQ;
+    int pw = is_pointwise(cv);
+    if (db_part)
+        for (int k = 0; k < cv->K; k++) {
+            float s = 0.0f;
+            for (int i = 0; i < PQ; i++)
+                s += dy[(size_t)k * PQ + i];
+            db_part[k] += s;
+        }
+    if (dw_part) {
+        const float *cx = x;
+        if (!pw) {
+            im2col(cv, col, x);
+            cx = col;
+        }
+        mge_cpu_sgemm(0, 1, cv->K, CRS, PQ, 1.0f, dy, PQ, cx, PQ, 1.0f, dw_part, CRS);
+    }
+    if (dinp) {
+        float *dx = dinp + (size_t)n * CHW;
+        if (pw) {
+            mge_cpu_sgemm(1, 0, CRS, PQ, cv->K, 1.0f, w, CRS, dy, PQ, acc ? 1.0f : 0.0f, dx, PQ);
+            return;
+        }
+        mge_cpu_sgemm(1, 0, CRS, PQ, cv->K, 1.0f, w, CRS, dy, PQ, 0.0f, col, PQ);
+        if (!acc)
+            memset(dx, 0, CHW * sizeof(float));
+        col2im_add(cv, dx, col);
+    }
+}
+
+/*
+ * Each slot sums its images' dw and dbias in image order into its own partial; the partials
+ * are then added in slot order, so results depend on the slot count only, never on timing.
+ */
+void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
+                             const float *dout, const float *inp, const float *w, void *scratch,
+                             int acc)
+{
+    struct slot_layout L = slot_layout(cv);
+    size_t nw = (size_t)cv->K * cv->C * cv->R * cv->S;
+    int nt = slots_now(cv);
+    if (nt <= 1) {
+        float *col = scratch;
+        if (dw && !acc)
+            memset(dw, 0, nw * sizeof(float));
+        if (dbias && !acc)
+            memset(dbias, 0, (size_t)cv->K * sizeof(float));
+        for (int n = 0; n < cv->N; n++)
+            backward_image(cv, n, dinp, dw, dbias, dout, inp, w, col, acc);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num();
+        float *base = (float *)((char *)scratch + (size_t)t * L.bytes);
+        float *dwp = dw ? base + L.dw : NULL, *dbp = dbias ? base + L.db : NULL;
+        if (dwp)
+            memset(dwp, 0, nw * sizeof(float));
+        if (dbp)
+            memset(dbp, 0, (size_t)cv->K * sizeof(float));
+#pragma omp for schedule(static)
+        for (int n = 0; n < cv->N; n++)
+            backward_image(cv, n, dinp, dwp, dbp, dout, inp, w, base + L.col, acc);
+        /* implicit barrier: all partials complete */
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < nw + (size_t)cv->K; i++) {
+            int is_b = i >= nw;
+            float *dst = is_b ? dbias : dw;
+            size_t j = is_b ? i - nw : i;
+            if (!dst)
+                continue;
+            float s = acc ? dst[j] : 0.0f;
+            for (int u = 0; u < omp_get_num_threads(); u++) {
+                const float *ub = (const float *)((const char *)scratch + (size_t)u * L.bytes);
+                s += (is_b ? ub + L.db : ub + L.dw)[j];
+            }
+            dst[j] = s;
+        }
+    }
+}

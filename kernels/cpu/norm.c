@@ -1,0 +1,147 @@
+/* norm.c: CPU layer normalisation, embedding lookup and counter-based dropout. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_int.h"
+
+void mge_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *w, const float *b, int64_t rows, int64_t C, float eps)
+{
+#pragma omp parallel for schedule(static) if (rows * C > MGE__PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = inp + r * C;
+        float *y = out + r * C;
+        float m = 0.0f, v = 0.0f;
+        for (int64_t c = 0; c < C; c++)
+            m += x[c];
+        m /= (float)C;
+        for (int64_t c = 0; c < C; c++)
+            v += (x[c] - m) * (x[c] - m);
+        float s = 1.0f / sqrtf(v / (float)C + eps);
+        for (int64_t c = 0; c < C; c++)
+            y[c] = (x[c] - m) * s * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
+        if (mean)
+            mean[r] = m;
+        if (rstd)
+            rstd[r] = s;
+    }
+}
+
+/*
+ * dinp row by row in parallel; dw and db by column blocks, rows in order within a block, so no
+ * sum depends on the thread count.
+ */
+void mge_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                const float *inp, const float *w, const float *mean,
+                                const float *rstd, int64_t rows, int64_t C, int acc)
+{
+    if (dinp) {
+#pragma omp parallel for schedule(static) if (rows * C > MGE__PAR_MIN)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *x = inp + r * C, *dy = dout + r * C;
+            float *dx = dinp + r * C;
+            float m = mean[r], s = rstd[r], dmean = 0.0f, dnorm_norm = 0.0f;
+            for (int64_t c = 0; c < C; c++) {
+                float dn = dy[c] * (w ? w[c] : 1.0f);
+                dmean += dn;
+                dnorm_norm += dn * (x[c] - m) * s;
+            }
+            dmean /= (float)C;
+            dnorm_norm /= (float)C;
+            for (int64_t c = 0; c < C; c++) {
+                float n = (x[c] - m) * s;
+                float g = (dy[c] * (w ? w[c] : 1.0f) - dmean - n * dnorm_norm) * s;
+                dx[c] = acc ? dx[c] + g : g;
+            }
+        }
+    }
+    if (!dw && !db)
+        return;
+    enum { BLK = 64 };
+    int64_t nblk = (C + BLK - 1) / BLK;
+#pragma omp parallel for schedule(static) if (rows * C > MGE__PAR_MIN && nblk > 1)
+    for (int64_t k = 0; k < nblk; k++) {
+        int64_t c0 = k * BLK, c1 = c0 + BLK < C ? c0 + BLK : C;
+        float sw[BLK], sb[BLK];
+        for (int64_t c = c0; c < c1; c++) {
+            sw[c - c0] = acc && dw ? dw[c] : 0.0f;
+            sb[c - c0] = acc && db ? db[c] : 0.0f;
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const float *x = inp + r * C, *dy = dout + r * C;
+            float m = mean[r], s = rstd[r];
+            for (int64_t c = c0; c < c1; c++) {
+                sw[c - c0] += dy[c] * (x[c] - m) * s;
+                sb[c - c0] += dy[c];
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            if (dw)
+                dw[c] = sw[c - c0];
+            if (db)
+                db[c] = sb[c - c0];
+        }
+    }
+}
+
+void mge_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
+                               int64_t C)
+{
+#pragma omp parallel for schedule(static) if (n * C > MGE__PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        memcpy(out + i * C, table + (int64_t)ids[i] * C, (size_t)C * sizeof(float));
+}
+
+/* Column blocks in parallel, tokens in order within each: repeated ids add up deterministically. */
+void mge_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n,
+                                int64_t V, int64_t C, int acc)
+{
+    if (!acc)
+        memset(dtable, 0, (size_t)(V * C) * sizeof(float));
+    enum { BLK = 64 };
+    int64_t nblk = (C + BLK - 1) / BLK;
+#pragma omp parallel for schedule(static) if (n * C > MGE__PAR_MIN && nblk > 1)
+    for (int64_t k = 0; k < nblk; k++) {
+        int64_t c0 = k * BLK, c1 = c0 + BLK < C ? c0 + BLK : C;
+        for (int64_t i = 0; i < n; i++) {
+            float *t = dtable + (int64_t)ids[i] * C;
+            const float *g = dout + i * C;
+            for (int64_t c = c0; c < c1; c++)
+                t[c] += g[c];
+        }
+    }
+}
+
+static inline uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* u in [0, 1) from the top 24 bits of splitmix64(seed ^ i); kept iff u >= p. */
+int mge_cpu_dropout_keep(uint64_t seed, int64_t i, float p)
+{
+    float u = (float)(splitmix64(seed ^ (uint64_t)i) >> 40) * (1.0f / 16777216.0f);
+    return u >= p;
+}
+
+void mge_cpu_dropout_forward(float *out, const float *inp, int64_t n, float p, uint64_t seed)
+{
+    float k = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+#pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = mge_cpu_dropout_keep(seed, i, p) ? inp[i] * k : 0.0f;
+}
+
+void mge_cpu_dropout_backward(float *dinp, const float *dout, int64_t n, float p, uint64_t seed,
+                              int acc)
+{
+    float k = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+#pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float g = mge_cpu_dropout_keep(seed, i, p) ? dout[i] * k : 0.0f;
+        dinp[i] = acc ? dinp[i] + g : g;
+    }
+}

@@ -1,0 +1,1129 @@
+/* test_kernels.c: CPU kernels against naive references, backwards against finite differences. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_int.h"
+
+/*
+ * Tolerances. Against a naive reference: rel 1e-5 / abs 1e-5 (same float maths, different
+ * order). GEMM against the double-accumulating reference: rel 1e-4 / abs 1e-4. Backward against
+ * central differences of the forward (eps 1e-3, loss = sum(out * dout) accumulated in double):
+ * rel 1e-2 / abs 1e-3 (FD_REL, FD_ABS), looser where the loss is a float mean (stated there).
+ */
+#define FD_EPS 1e-3f
+#define FD_REL 1e-2
+#define FD_ABS 1e-3
+
+static uint64_t rng_state;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static float *rnd_new(int64_t n)
+{
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(p);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = frand();
+    return p;
+}
+
+static float *copy_new(const float *x, int64_t n)
+{
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(p);
+    memcpy(p, x, (size_t)n * sizeof(float));
+    return p;
+}
+
+static void assert_close(const char *what, const float *got, const float *want, int64_t n,
+                         double rel, double abs_tol)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        ck_assert_msg(d <= abs_tol + rel * fabs((double)want[i]), "%s[%lld]: got %.7g want %.7g",
+                      what, (long long)i, (double)got[i], (double)want[i]);
+    }
+}
+
+/* Forward under test: writes nout outputs from the nx inputs in x. */
+typedef void (*fwd_fn)(void *ctx, float *out, const float *x);
+
+/* Central-difference gradient of sum(out * dout) with respect to x, in double. */
+static void fd_grad(fwd_fn f, void *ctx, float *x, int64_t nx, int64_t nout, const float *dout,
+                    float *grad)
+{
+    float *out = malloc((size_t)nout * sizeof(float));
+    ck_assert_ptr_nonnull(out);
+    for (int64_t i = 0; i < nx; i++) {
+        float save = x[i];
+        double lp = 0.0, lm = 0.0;
+        x[i] = save + FD_EPS;
+        f(ctx, out, x);
+        for (int64_t j = 0; j < nout; j++)
+            lp += (double)out[j] * dout[j];
+        x[i] = save - FD_EPS;
+        f(ctx, out, x);
+        for (int64_t j = 0; j < nout; j++)
+            lm += (double)out[j] * dout[j];
+        x[i] = save;
+        grad[i] = (float)((lp - lm) / (2.0 * FD_EPS));
+    }
+    free(out);
+}
+
+/* acc check: a backward run with acc on a buffer holding @base must give base + fresh result. */
+static void assert_acc(const char *what, const float *acc_result, const float *base,
+                       const float *fresh, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double want = (double)base[i] + fresh[i];
+        ck_assert_msg(fabs(acc_result[i] - want) <= 1e-5 + 1e-5 * fabs(want),
+                      "%s acc[%lld]: got %g want %g", what, (long long)i,
+                      (double)acc_result[i], want);
+    }
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+
+static void check_gemm(int backend, int ta, int tb, int M, int N, int K)
+{
+    int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 7;
+    int arows = ta ? K : M, brows = tb ? N : K;
+    float *A = rnd_new((int64_t)arows * lda), *B = rnd_new((int64_t)brows * ldb);
+    float *C = rnd_new((int64_t)M * ldc), *R = copy_new(C, (int64_t)M * ldc);
+    mge__cpu_sgemm_with(backend, ta, tb, M, N, K, 0.7f, A, lda, B, ldb, 0.3f, C, ldc);
+    mge_cpu_sgemm_ref(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, 0.3f, R, ldc);
+    /* the padding columns of C (N..ldc) must be left alone: R was never written there either */
+    for (int64_t i = 0; i < (int64_t)M * ldc; i++)
+        ck_assert_msg(fabsf(C[i] - R[i]) <= 1e-4f + 1e-4f * fabsf(R[i]),
+                      "%s ta=%d tb=%d %dx%dx%d: C[%lld] = %g, ref %g",
+                      mge__gemm_backend_name(backend), ta, tb, M, N, K, (long long)i,
+                      (double)C[i], (double)R[i]);
+    free(A);
+    free(B);
+    free(C);
+    free(R);
+}
+
+START_TEST(test_sgemm_transposes_strides)
+{
+    static const int dims[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {128, 96, 80}, {6, 784, 25}};
+    rng_state = 1;
+    for (int b = MGE__GEMM_AUTO; b < MGE__GEMM_COUNT; b++)
+        for (int t = 0; t < 4; t++)
+            for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++)
+                check_gemm(b, t >> 1, t & 1, dims[d][0], dims[d][1], dims[d][2]);
+}
+END_TEST
+
+START_TEST(test_sgemm_public_and_beta_zero)
+{
+    /* beta == 0 must not read C: NaN there must not leak into the result */
+    int M = 64, N = 48, K = 40;
+    rng_state = 2;
+    float *A = rnd_new(M * K), *B = rnd_new(N * K), *C = malloc(sizeof(float) * M * N);
+    float *R = malloc(sizeof(float) * M * N);
+    ck_assert_ptr_nonnull(C);
+    ck_assert_ptr_nonnull(R);
+    for (int i = 0; i < M * N; i++)
+        C[i] = NAN;
+    mge_cpu_sgemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+    mge_cpu_sgemm_ref(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, R, N);
+    assert_close("C", C, R, M * N, 1e-4, 1e-4);
+    const char *name = mge_cpu_sgemm_backend();
+    ck_assert(strcmp(name, "dnnl") == 0 || strcmp(name, "openblas") == 0 ||
+              strcmp(name, "split-dnnl") == 0 || strcmp(name, "ref") == 0);
+    free(A);
+    free(B);
+    free(C);
+    free(R);
+}
+END_TEST
+
+START_TEST(test_sgemm_ref_by_hand)
+{
+    /* [1 2; 3 4] @ [5 6; 7 8] = [19 22; 43 50]; with alpha 2, beta 1 over C = 1 */
+    const float A[] = {1, 2, 3, 4}, B[] = {5, 6, 7, 8};
+    float C[] = {1, 1, 1, 1};
+    const float want[] = {39, 45, 87, 101};
+    mge_cpu_sgemm_ref(0, 0, 2, 2, 2, 2.0f, A, 2, B, 2, 1.0f, C, 2);
+    assert_close("C", C, want, 4, 0, 0);
+    /* A^T @ B^T = (B @ A)^T: B @ A = [23 34; 31 46] */
+    float D[4];
+    const float wantT[] = {23, 31, 34, 46};
+    mge_cpu_sgemm_ref(1, 1, 2, 2, 2, 1.0f, A, 2, B, 2, 0.0f, D, 2);
+    assert_close("D", D, wantT, 4, 0, 0);
+}
+END_TEST
+
+START_TEST(test_threads)
+{
+    int old = mge_cpu_threads();
+    mge_cpu_set_threads(1);
+    ck_assert_int_eq(mge_cpu_threads(), 1);
+    mge_cpu_set_threads(2);
+    ck_assert_int_eq(mge_cpu_threads(), 2);
+    mge_cpu_set_threads(0);
+    ck_assert_int_ge(mge_cpu_threads(), 1);
+    mge_cpu_set_threads(old);
+}
+END_TEST
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+static int g_op; /* context for the forward wrappers below */
+
+static void unary_fwd(void *ctx, float *out, const float *x)
+{
+    mge_cpu_unary_forward(g_op, out, x, *(int64_t *)ctx);
+}
+
+static float unary_naive(int op, float x)
+{
+    double d = x;
+    switch (op) {
+    case MGE_CPU_RELU:
+        return x > 0 ? x : 0;
+    case MGE_CPU_GELU:
+        return (float)(0.5 * d * (1 + tanh(sqrt(2 / M_PI) * (d + 0.044715 * d * d * d))));
+    case MGE_CPU_TANH:
+        return (float)tanh(d);
+    case MGE_CPU_SIGMOID:
+        return (float)(1 / (1 + exp(-d)));
+    default:
+        return x;
+    }
+}
+
+START_TEST(test_unary_forward_backward)
+{
+    int64_t n = 200;
+    rng_state = 3;
+    for (int op = MGE_CPU_IDENTITY; op <= MGE_CPU_SIGMOID; op++) {
+        float *x = rnd_new(n), *dout = rnd_new(n), *y = rnd_new(n), *want = rnd_new(n);
+        float *dx = rnd_new(n), *num = rnd_new(n), *base = rnd_new(n), *dxa = copy_new(base, n);
+        for (int64_t i = 0; i < n; i++)
+            x[i] = 3.0f * x[i] + (x[i] >= 0 ? 0.01f : -0.01f); /* keep relu's kink away from FD */
+        for (int64_t i = 0; i < n; i++)
+            want[i] = unary_naive(op, x[i]);
+        mge_cpu_unary_forward(op, y, x, n);
+        assert_close("unary", y, want, n, 1e-5, 1e-6);
+        float *inplace = copy_new(x, n);
+        mge_cpu_unary_forward(op, inplace, inplace, n);
+        assert_close("unary in place", inplace, y, n, 0, 0);
+
+        mge_cpu_unary_backward(op, dx, dout, x, y, n, 0);
+        g_op = op;
+        fd_grad(unary_fwd, &n, x, n, n, dout, num);
+        assert_close("unary backward vs FD", dx, num, n, FD_REL, FD_ABS);
+        mge_cpu_unary_backward(op, dxa, dout, x, y, n, 1);
+        assert_acc("unary backward", dxa, base, dx, n);
+        free(x), free(dout), free(y), free(want), free(dx), free(num), free(base), free(dxa);
+        free(inplace);
+    }
+}
+END_TEST
+
+START_TEST(test_gelu_values)
+{
+    /* tanh approximation: gelu(1) = 0.8411920, gelu(-1) = -0.1588080, gelu(2) = 1.9545977 */
+    const float x[] = {0.0f, 1.0f, -1.0f, 2.0f}, want[] = {0.0f, 0.841192f, -0.158808f, 1.954598f};
+    float y[4];
+    mge_cpu_unary_forward(MGE_CPU_GELU, y, x, 4);
+    assert_close("gelu", y, want, 4, 1e-5, 1e-6);
+}
+END_TEST
+
+START_TEST(test_bias_act)
+{
+    int64_t R = 37, Cn = 70; /* cols not a multiple of the 64-column block in bias_backward */
+    rng_state = 4;
+    for (int act = MGE_CPU_IDENTITY; act <= MGE_CPU_SIGMOID; act++) {
+        float *x = rnd_new(R * Cn), *b = rnd_new(Cn), *y = rnd_new(R * Cn), *w = rnd_new(R * Cn);
+        mge_cpu_bias_act_forward(act, y, x, b, R, Cn);
+        for (int64_t i = 0; i < R * Cn; i++)
+            w[i] = unary_naive(act, x[i] + b[i % Cn]);
+        assert_close("bias_act", y, w, R * Cn, 1e-5, 1e-6);
+        mge_cpu_bias_act_forward(act, x, x, b, R, Cn); /* in place */
+        assert_close("bias_act in place", x, y, R * Cn, 0, 0);
+        mge_cpu_bias_act_forward(act, y, x, NULL, R, Cn);
+        for (int64_t i = 0; i < R * Cn; i++)
+            w[i] = unary_naive(act, x[i]);
+        assert_close("bias_act no bias", y, w, R * Cn, 1e-5, 1e-6);
+        free(x), free(b), free(y), free(w);
+    }
+}
+END_TEST
+
+START_TEST(test_bias_backward)
+{
+    int64_t R = 300, Cn = 150; /* R * Cn > MGE__PAR_MIN: the threaded path */
+    rng_state = 5;
+    float *d = rnd_new(R * Cn), *db = rnd_new(Cn), *want = rnd_new(Cn), *base = rnd_new(Cn);
+    float *dba = copy_new(base, Cn), *again = rnd_new(Cn);
+    for (int64_t c = 0; c < Cn; c++) {
+        double s = 0;
+        for (int64_t r = 0; r < R; r++)
+            s += d[r * Cn + c];
+        want[c] = (float)s;
+    }
+    mge_cpu_bias_backward(db, d, R, Cn, 0);
+    assert_close("dbias", db, want, Cn, 1e-4, 1e-4);
+    mge_cpu_bias_backward(dba, d, R, Cn, 1);
+    assert_acc("dbias", dba, base, db, Cn);
+    mge_cpu_bias_backward(again, d, R, Cn, 0);
+    ck_assert(memcmp(again, db, sizeof(float) * Cn) == 0);
+    free(d), free(db), free(want), free(base), free(dba), free(again);
+}
+END_TEST
+
+/* strides of a contiguous tensor of @shape, 0 where shape is 1 (broadcast) */
+static void bstrides(const int64_t *shape, int ndim, int64_t *st)
+{
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        st[d] = shape[d] == 1 ? 0 : s;
+        s *= shape[d];
+    }
+}
+
+static int64_t dot_idx(int64_t flat, const int64_t *shape, const int64_t *st, int ndim)
+{
+    int64_t off = 0;
+    for (int d = ndim - 1; d >= 0; d--) {
+        off += (flat % shape[d]) * st[d];
+        flat /= shape[d];
+    }
+    return off;
+}
+
+struct bin_ctx {
+    int op, wrt_b;
+    const float *other;
+    int64_t as[4], bs[4], shape[4];
+};
+
+static void binary_fwd(void *vctx, float *out, const float *x)
+{
+    struct bin_ctx *c = vctx;
+    if (c->wrt_b)
+        mge_cpu_binary_forward(c->op, out, c->other, c->as, x, c->bs, c->shape, 4);
+    else
+        mge_cpu_binary_forward(c->op, out, x, c->as, c->other, c->bs, c->shape, 4);
+}
+
+START_TEST(test_binary_broadcast_sum_to)
+{
+    /* (2,3,4,5) op (1,3,1,5), and (2,1,4,1) op (2,3,4,5), all four ops */
+    static const int64_t shape[4] = {2, 3, 4, 5};
+    static const int64_t ashapes[2][4] = {{2, 3, 4, 5}, {2, 1, 4, 1}};
+    static const int64_t bshapes[2][4] = {{1, 3, 1, 5}, {2, 3, 4, 5}};
+    int64_t n = 120;
+    rng_state = 6;
+    for (int cs = 0; cs < 2; cs++) {
+        for (int op = MGE_CPU_ADD; op <= MGE_CPU_DIV; op++) {
+            struct bin_ctx c = {.op = op};
+            memcpy(c.shape, shape, sizeof(shape));
+            bstrides(ashapes[cs], 4, c.as);
+            bstrides(bshapes[cs], 4, c.bs);
+            int64_t na = 1, nb = 1;
+            for (int d = 0; d < 4; d++)
+                na *= ashapes[cs][d], nb *= bshapes[cs][d];
+            float *a = rnd_new(na), *b = rnd_new(nb), *out = rnd_new(n), *want = rnd_new(n);
+            for (int64_t i = 0; i < nb; i++)
+                b[i] = b[i] >= 0 ? b[i] + 0.5f : b[i] - 0.5f; /* away from 0 for div */
+            mge_cpu_binary_forward(op, out, a, c.as, b, c.bs, shape, 4);
+            for (int64_t i = 0; i < n; i++) {
+                float x = a[dot_idx(i, shape, c.as, 4)], y = b[dot_idx(i, shape, c.bs, 4)];
+                want[i] = op == MGE_CPU_ADD ? x + y : op == MGE_CPU_SUB ? x - y
+                          : op == MGE_CPU_MUL ? x * y : x / y;
+            }
+            assert_close("binary", out, want, n, 1e-6, 0);
+
+            /* Backward through sum_to: dA = sum_to(dout * dout/da), dout/da from the op. */
+            float *dout = rnd_new(n), *t = rnd_new(n), *da = rnd_new(na), *db = rnd_new(nb);
+            float *num = rnd_new(na > nb ? na : nb);
+            for (int64_t i = 0; i < n; i++) {
+                float y = b[dot_idx(i, shape, c.bs, 4)];
+                t[i] = op == MGE_CPU_MUL ? dout[i] * y : op == MGE_CPU_DIV ? dout[i] / y : dout[i];
+            }
+            mge_cpu_sum_to(da, c.as, t, shape, 4, 0);
+            c.other = b;
+            c.wrt_b = 0;
+            fd_grad(binary_fwd, &c, a, na, n, dout, num);
+            assert_close("binary dA (sum_to) vs FD", da, num, na, FD_REL, FD_ABS);
+            for (int64_t i = 0; i < n; i++) {
+                float x = a[dot_idx(i, shape, c.as, 4)], y = b[dot_idx(i, shape, c.bs, 4)];
+                t[i] = op == MGE_CPU_SUB   ? -dout[i]
+                       : op == MGE_CPU_MUL ? dout[i] * x
+                       : op == MGE_CPU_DIV ? -dout[i] * x / (y * y)
+                                           : dout[i];
+            }
+            mge_cpu_sum_to(db, c.bs, t, shape, 4, 0);
+            c.other = a;
+            c.wrt_b = 1;
+            fd_grad(binary_fwd, &c, b, nb, n, dout, num);
+            assert_close("binary dB (sum_to) vs FD", db, num, nb, FD_REL, FD_ABS);
+
+            float *dba = copy_new(db, nb), *fresh = rnd_new(nb);
+            mge_cpu_sum_to(dba, c.bs, t, shape, 4, 1);
+            mge_cpu_sum_to(fresh, c.bs, t, shape, 4, 0);
+            assert_acc("sum_to", dba, db, fresh, nb);
+            free(a), free(b), free(out), free(want), free(dout), free(t), free(da), free(db);
+            free(num), free(dba), free(fresh);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_sum_to_large)
+{
+    /* (300, 200) -> (1, 200) and (300, 1): the threaded paths, against double sums */
+    static const int64_t shape[2] = {300, 200}, cols[2] = {0, 1}, rows[2] = {1, 0};
+    rng_state = 7;
+    float *x = rnd_new(60000), *oc = rnd_new(200), *orow = rnd_new(300);
+    mge_cpu_sum_to(oc, cols, x, shape, 2, 0);
+    mge_cpu_sum_to(orow, rows, x, shape, 2, 0);
+    for (int j = 0; j < 200; j++) {
+        double s = 0;
+        for (int i = 0; i < 300; i++)
+            s += x[i * 200 + j];
+        ck_assert_msg(fabs(oc[j] - s) < 1e-4, "col %d", j);
+    }
+    for (int i = 0; i < 300; i++) {
+        double s = 0;
+        for (int j = 0; j < 200; j++)
+            s += x[i * 200 + j];
+        ck_assert_msg(fabs(orow[i] - s) < 1e-4, "row %d", i);
+    }
+    free(x), free(oc), free(orow);
+}
+END_TEST
+
+START_TEST(test_scale_axpy)
+{
+    int64_t n = 40000;
+    rng_state = 8;
+    float *x = rnd_new(n), *y = rnd_new(n), *y0 = copy_new(y, n), *o = rnd_new(n);
+    mge_cpu_scale(o, x, -2.5f, n);
+    mge_cpu_axpy(y, x, 0.5f, n);
+    for (int64_t i = 0; i < n; i++) {
+        ck_assert_float_eq(o[i], -2.5f * x[i]);
+        ck_assert_float_eq(y[i], y0[i] + 0.5f * x[i]);
+    }
+    free(x), free(y), free(y0), free(o);
+}
+END_TEST
+
+/* ---- softmax, losses -------------------------------------------------------------------- */
+
+struct rc_ctx {
+    int64_t rows, cols;
+};
+
+static void softmax_fwd(void *v, float *out, const float *x)
+{
+    struct rc_ctx *c = v;
+    mge_cpu_softmax_forward(out, x, c->rows, c->cols);
+}
+
+static void log_softmax_fwd(void *v, float *out, const float *x)
+{
+    struct rc_ctx *c = v;
+    mge_cpu_log_softmax_forward(out, x, c->rows, c->cols);
+}
+
+START_TEST(test_softmax)
+{
+    struct rc_ctx c = {5, 13};
+    int64_t n = c.rows * c.cols;
+    rng_state = 9;
+    float *x = rnd_new(n), *y = rnd_new(n), *ly = rnd_new(n), *dout = rnd_new(n);
+    float *dx = rnd_new(n), *num = rnd_new(n), *base = rnd_new(n), *dxa = copy_new(base, n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= 4.0f;
+    x[3] = 1000.0f; /* stability: no overflow to inf/nan */
+    mge_cpu_softmax_forward(y, x, c.rows, c.cols);
+    mge_cpu_log_softmax_forward(ly, x, c.rows, c.cols);
+    for (int64_t r = 0; r < c.rows; r++) {
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < c.cols; j++)
+            m = fmax(m, x[r * c.cols + j]);
+        for (int64_t j = 0; j < c.cols; j++)
+            s += exp(x[r * c.cols + j] - m);
+        for (int64_t j = 0; j < c.cols; j++) {
+            double p = exp(x[r * c.cols + j] - m) / s;
+            ck_assert(fabs(y[r * c.cols + j] - p) < 1e-6);
+            ck_assert(fabs(ly[r * c.cols + j] - (x[r * c.cols + j] - m - log(s))) < 1e-4);
+        }
+    }
+    x[3] = 0.5f;
+    mge_cpu_softmax_forward(y, x, c.rows, c.cols);
+    mge_cpu_softmax_backward(dx, dout, y, c.rows, c.cols, 0);
+    fd_grad(softmax_fwd, &c, x, n, n, dout, num);
+    assert_close("softmax backward vs FD", dx, num, n, FD_REL, FD_ABS);
+    mge_cpu_softmax_backward(dxa, dout, y, c.rows, c.cols, 1);
+    assert_acc("softmax backward", dxa, base, dx, n);
+
+    memcpy(dxa, base, sizeof(float) * n);
+    mge_cpu_log_softmax_forward(ly, x, c.rows, c.cols);
+    mge_cpu_log_softmax_backward(dx, dout, ly, c.rows, c.cols, 0);
+    fd_grad(log_softmax_fwd, &c, x, n, n, dout, num);
+    assert_close("log_softmax backward vs FD", dx, num, n, FD_REL, FD_ABS);
+    mge_cpu_log_softmax_backward(dxa, dout, ly, c.rows, c.cols, 1);
+    assert_acc("log_softmax backward", dxa, base, dx, n);
+    free(x), free(y), free(ly), free(dout), free(dx), free(num), free(base), free(dxa);
+}
+END_TEST
+
+struct xent_ctx {
+    int64_t B, V;
+    const int32_t *labels;
+    float *probs;
+};
+
+static void xent_fwd(void *v, float *out, const float *x)
+{
+    struct xent_ctx *c = v;
+    mge_cpu_softmax_xent_forward(out, c->probs, x, c->labels, c->B, c->V);
+}
+
+START_TEST(test_softmax_xent)
+{
+    int64_t B = 7, V = 10;
+    int32_t labels[7] = {0, 9, 3, 3, 5, 1, 8};
+    rng_state = 10;
+    float *x = rnd_new(B * V), *p = rnd_new(B * V), *dx = rnd_new(B * V), *num = rnd_new(B * V);
+    float *base = rnd_new(B * V), *dxa = copy_new(base, B * V), loss;
+    for (int64_t i = 0; i < B * V; i++)
+        x[i] *= 3.0f;
+    mge_cpu_softmax_xent_forward(&loss, p, x, labels, B, V);
+    double want = 0;
+    for (int64_t r = 0; r < B; r++) {
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < V; j++)
+            m = fmax(m, x[r * V + j]);
+        for (int64_t j = 0; j < V; j++)
+            s += exp(x[r * V + j] - m);
+        want += log(s) + m - x[r * V + labels[r]];
+        for (int64_t j = 0; j < V; j++)
+            ck_assert(fabs(p[r * V + j] - exp(x[r * V + j] - m) / s) < 1e-6);
+    }
+    ck_assert(fabs(loss - want / B) < 1e-5);
+
+    /* the loss is one float mean: FD noise is ~1e-7 / 2e-3, well inside FD_ABS */
+    float dloss = 1.7f;
+    mge_cpu_softmax_xent_backward(dx, p, labels, B, V, dloss, 0);
+    struct xent_ctx c = {B, V, labels, p};
+    fd_grad(xent_fwd, &c, x, B * V, 1, &dloss, num);
+    assert_close("xent backward vs FD", dx, num, B * V, FD_REL, FD_ABS);
+    mge_cpu_softmax_xent_forward(&loss, p, x, labels, B, V);
+    mge_cpu_softmax_xent_backward(dxa, p, labels, B, V, dloss, 1);
+    assert_acc("xent backward", dxa, base, dx, B * V);
+
+    /* extreme logits: finite loss */
+    x[0] = 200.0f, x[1] = -200.0f;
+    mge_cpu_softmax_xent_forward(&loss, p, x, labels, B, V);
+    ck_assert(isfinite(loss));
+    free(x), free(p), free(dx), free(num), free(base), free(dxa);
+}
+END_TEST
+
+START_TEST(test_softmax_xent_deterministic)
+{
+    int64_t B = 4096, V = 10; /* threaded path */
+    int32_t *labels = malloc(sizeof(int32_t) * B);
+    ck_assert_ptr_nonnull(labels);
+    rng_state = 11;
+    for (int64_t r = 0; r < B; r++)
+        labels[r] = (int32_t)(r * 7 % V);
+    float *x = rnd_new(B * V), *p = rnd_new(B * V), l1, l2;
+    mge_cpu_softmax_xent_forward(&l1, p, x, labels, B, V);
+    mge_cpu_softmax_xent_forward(&l2, p, x, labels, B, V);
+    ck_assert(memcmp(&l1, &l2, sizeof(float)) == 0);
+    int old = mge_cpu_threads();
+    mge_cpu_set_threads(1);
+    mge_cpu_softmax_xent_forward(&l2, p, x, labels, B, V);
+    mge_cpu_set_threads(old);
+    ck_assert(memcmp(&l1, &l2, sizeof(float)) == 0); /* fixed chunks: even across thread counts */
+    free(labels), free(x), free(p);
+}
+END_TEST
+
+START_TEST(test_argmax_correct)
+{
+    const float logits[] = {0.1f, 0.9f, 0.0f, /**/ 2.0f, 2.0f, 1.0f, /**/ -1.0f, -3.0f, -0.5f};
+    const int32_t labels[] = {1, 1, 2};
+    /* row 0 right; row 1 a tie resolves to the first max (0), so wrong; row 2 right */
+    ck_assert_int_eq(mge_cpu_argmax_correct(logits, labels, 3, 3), 2);
+}
+END_TEST
+
+/* ---- optimisers ------------------------------------------------------------------------- */
+
+START_TEST(test_sgd)
+{
+    /*
+     * p = 1, g = 0.5 twice, lr 0.1, mu 0.9, wd 0.01. Step 1: g' = 0.51, v = 0.51, p = 0.949.
+     * Step 2: g' = 0.50949, v = 0.9 * 0.51 + 0.50949 = 0.96849, p = 0.949 - 0.096849 = 0.852151.
+     * Nesterov: p = 1 - 0.1 * (0.51 + 0.459) = 0.9031; then g' = 0.509031, v = 0.968031,
+     * p = 0.9031 - 0.1 * (0.509031 + 0.8712279) = 0.76507411.
+     */
+    float p[2] = {1.0f, 1.0f}, v[2] = {0, 0};
+    const float g[2] = {0.5f, 0.5f};
+    mge_cpu_sgd_update(p, g, v, 1, 0.1f, 0.9f, 0.01f, 0);
+    ck_assert_float_eq_tol(p[0], 0.949f, 1e-6f);
+    mge_cpu_sgd_update(p, g, v, 1, 0.1f, 0.9f, 0.01f, 0);
+    ck_assert_float_eq_tol(p[0], 0.852151f, 1e-6f);
+    ck_assert_float_eq_tol(v[0], 0.96849f, 1e-6f);
+    /* nesterov: p -= lr * (g' + mu v) */
+    p[0] = 1.0f, v[0] = 0.0f;
+    mge_cpu_sgd_update(p, g, v, 1, 0.1f, 0.9f, 0.01f, 1);
+    ck_assert_float_eq_tol(p[0], 0.9031f, 1e-6f);
+    mge_cpu_sgd_update(p, g, v, 1, 0.1f, 0.9f, 0.01f, 1);
+    ck_assert_float_eq_tol(p[0], 0.76507411f, 1e-6f);
+    /* mu == 0: plain step, v untouched (may be NULL) */
+    p[0] = 1.0f;
+    mge_cpu_sgd_update(p, g, NULL, 2, 0.1f, 0.0f, 0.0f, 0);
+    ck_assert_float_eq_tol(p[0], 0.95f, 1e-7f);
+    ck_assert_float_eq_tol(p[1], 0.95f, 1e-7f);
+}
+END_TEST
+
+START_TEST(test_adam)
+{
+    /*
+     * p = 1, g = 0.5 then -0.25, lr 0.01, betas (0.9, 0.999), eps 1e-8, wd 0.1.
+     * Adam (L2): step 1 m^ = g' = 0.6, v^ = 0.36, p = 1 - 0.01 = 0.99 (up to eps).
+     * Step 2: g' = -0.25 + 0.099 = -0.151, m = 0.0389, v = 0.000382441 (bias-corrected
+     * m^ = 0.204737, v^ = 0.191316), p = 0.99 - 0.01 * 0.204737 / 0.437397 = 0.9853192.
+     * AdamW: step 1 p = 1 - 0.001 - 0.01 = 0.989; step 2 m^ = 0.105263, v^ = 0.156203,
+     * p = 0.989 - 0.000989 - 0.01 * 0.105263 / 0.395225 = 0.9853476.
+     */
+    float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
+    mge_cpu_adam_update(&p, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 0, 1);
+    ck_assert_float_eq_tol(p, 0.99f, 1e-6f);
+    g = -0.25f;
+    mge_cpu_adam_update(&p, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 0, 2);
+    ck_assert_float_eq_tol(p, 0.98531920f, 1e-6f);
+    p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
+    mge_cpu_adam_update(&p, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1, 1);
+    ck_assert_float_eq_tol(p, 0.989f, 1e-6f);
+    g = -0.25f;
+    mge_cpu_adam_update(&p, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1, 2);
+    ck_assert_float_eq_tol(p, 0.98534763f, 1e-6f);
+}
+END_TEST
+
+/* ---- convolution, pooling --------------------------------------------------------------- */
+
+static void conv_naive(const struct mge_cpu_conv *cv, float *out, const float *x, const float *w,
+                       const float *b)
+{
+    for (int n = 0; n < cv->N; n++)
+        for (int k = 0; k < cv->K; k++)
+            for (int p = 0; p < cv->P; p++)
+                for (int q = 0; q < cv->Q; q++) {
+                    double s = b ? b[k] : 0.0;
+                    for (int c = 0; c < cv->C; c++)
+                        for (int r = 0; r < cv->R; r++)
+                            for (int t = 0; t < cv->S; t++) {
+                                int h = p * cv->stride - cv->pad + r;
+                                int ww = q * cv->stride - cv->pad + t;
+                                if (h < 0 || h >= cv->H || ww < 0 || ww >= cv->W)
+                                    continue;
+                                s += (double)x[((n * cv->C + c) * cv->H + h) * cv->W + ww] *
+                                     w[((k * cv->C + c) * cv->R + r) * cv->S + t];
+                            }
+                    out[((n * cv->K + k) * cv->P + p) * cv->Q + q] = (float)s;
+                }
+}
+
+struct conv_ctx {
+    const struct mge_cpu_conv *cv;
+    const float *x, *w, *b;
+    void *scratch;
+    int wrt; /* 0 x, 1 w, 2 b */
+};
+
+static void conv_fwd(void *v, float *out, const float *p)
+{
+    struct conv_ctx *c = v;
+    mge_cpu_conv2d_forward(c->cv, out, c->wrt == 0 ? p : c->x, c->wrt == 1 ? p : c->w,
+                           c->wrt == 2 ? p : c->b, c->scratch);
+}
+
+static void check_conv(int N, int C, int H, int W, int K, int R, int S, int stride, int pad,
+                       int threads)
+{
+    int old = mge_cpu_threads();
+    mge_cpu_set_threads(threads);
+    struct mge_cpu_conv cv = {N, C, H, W, K, R, S, stride, pad, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+    ck_assert_int_eq(cv.P, (H + 2 * pad - R) / stride + 1);
+    int64_t nx = (int64_t)N * C * H * W, nw = (int64_t)K * C * R * S;
+    int64_t ny = (int64_t)N * K * cv.P * cv.Q;
+    void *scratch = malloc(mge_cpu_conv_scratch_bytes(&cv) + 1);
+    ck_assert_ptr_nonnull(scratch);
+    float *x = rnd_new(nx), *w = rnd_new(nw), *b = rnd_new(K), *y = rnd_new(ny);
+    float *want = rnd_new(ny), *dy = rnd_new(ny), *dx = rnd_new(nx), *dw = rnd_new(nw);
+    float *db = rnd_new(K), *num = rnd_new(nx > nw ? nx : nw);
+    mge_cpu_conv2d_forward(&cv, y, x, w, b, scratch);
+    conv_naive(&cv, want, x, w, b);
+    assert_close("conv forward", y, want, ny, 1e-4, 1e-5);
+    mge_cpu_conv2d_forward(&cv, y, x, w, NULL, scratch);
+    conv_naive(&cv, want, x, w, NULL);
+    assert_close("conv forward, no bias", y, want, ny, 1e-4, 1e-5);
+
+    mge_cpu_conv2d_backward(&cv, dx, dw, db, dy, x, w, scratch, 0);
+    struct conv_ctx c = {&cv, x, w, b, scratch, 0};
+    fd_grad(conv_fwd, &c, x, nx, ny, dy, num);
+    assert_close("conv dinp vs FD", dx, num, nx, FD_REL, FD_ABS);
+    c.wrt = 1;
+    fd_grad(conv_fwd, &c, w, nw, ny, dy, num);
+    assert_close("conv dw vs FD", dw, num, nw, FD_REL, FD_ABS);
+    c.wrt = 2;
+    fd_grad(conv_fwd, &c, b, K, ny, dy, num);
+    assert_close("conv dbias vs FD", db, num, K, FD_REL, FD_ABS);
+
+    /* acc, and each output on its own (the others NULL) */
+    float *bx = rnd_new(nx), *bw = rnd_new(nw), *bb = rnd_new(K);
+    float *ax = copy_new(bx, nx), *aw = copy_new(bw, nw), *ab = copy_new(bb, K);
+    mge_cpu_conv2d_backward(&cv, ax, aw, ab, dy, x, w, scratch, 1);
+    assert_acc("conv dinp", ax, bx, dx, nx);
+    assert_acc("conv dw", aw, bw, dw, nw);
+    assert_acc("conv dbias", ab, bb, db, K);
+    float *only = rnd_new(nx > nw ? nx : nw);
+    mge_cpu_conv2d_backward(&cv, only, NULL, NULL, dy, x, w, scratch, 0);
+    ck_assert(memcmp(only, dx, sizeof(float) * nx) == 0);
+    mge_cpu_conv2d_backward(&cv, NULL, only, NULL, dy, x, w, scratch, 0);
+    ck_assert(memcmp(only, dw, sizeof(float) * nw) == 0);
+    mge_cpu_conv2d_backward(&cv, NULL, NULL, only, dy, x, w, scratch, 0);
+    ck_assert(memcmp(only, db, sizeof(float) * K) == 0);
+
+    free(scratch), free(x), free(w), free(b), free(y), free(want), free(dy), free(dx), free(dw);
+    free(db), free(num), free(bx), free(bw), free(bb), free(ax), free(aw), free(ab), free(only);
+    mge_cpu_set_threads(old);
+}
+
+START_TEST(test_conv_stride_pad)
+{
+    rng_state = 12;
+    for (int t = 1; t <= 2; t++) {
+        check_conv(3, 2, 7, 6, 4, 3, 3, 2, 1, t); /* stride 2, padding 1, odd sizes */
+        check_conv(2, 1, 8, 8, 3, 5, 5, 1, 2, t); /* LeNet conv1-like: 5x5, pad 2 */
+        check_conv(3, 3, 5, 5, 2, 1, 1, 1, 0, t); /* pointwise: no im2col */
+        check_conv(2, 2, 6, 7, 3, 2, 3, 3, 0, t); /* R != S, stride 3 */
+    }
+}
+END_TEST
+
+START_TEST(test_conv_init_invalid)
+{
+    struct mge_cpu_conv bad = {1, 1, 4, 4, 1, 5, 5, 1, 0, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_conv_init(&bad), -1);
+    struct mge_cpu_conv zero_stride = {1, 1, 4, 4, 1, 3, 3, 0, 0, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_conv_init(&zero_stride), -1);
+}
+END_TEST
+
+START_TEST(test_conv_lenet_deterministic)
+{
+    /* LeNet-5 conv2 at batch 16: two runs are bit-identical (same slots) */
+    struct mge_cpu_conv cv = {16, 6, 14, 14, 16, 5, 5, 1, 0, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+    int64_t nx = 16 * 6 * 14 * 14, nw = 16 * 6 * 25, ny = 16 * 16 * 10 * 10;
+    rng_state = 13;
+    void *scratch = malloc(mge_cpu_conv_scratch_bytes(&cv));
+    ck_assert_ptr_nonnull(scratch);
+    float *x = rnd_new(nx), *w = rnd_new(nw), *dy = rnd_new(ny), *dw1 = rnd_new(nw);
+    float *dw2 = rnd_new(nw), *dx1 = rnd_new(nx), *dx2 = rnd_new(nx);
+    mge_cpu_conv2d_backward(&cv, dx1, dw1, NULL, dy, x, w, scratch, 0);
+    mge_cpu_conv2d_backward(&cv, dx2, dw2, NULL, dy, x, w, scratch, 0);
+    ck_assert(memcmp(dw1, dw2, sizeof(float) * nw) == 0);
+    ck_assert(memcmp(dx1, dx2, sizeof(float) * nx) == 0);
+    free(scratch), free(x), free(w), free(dy), free(dw1), free(dw2), free(dx1), free(dx2);
+}
+END_TEST
+
+struct pool_ctx {
+    const struct mge_cpu_pool *pl;
+    int avg;
+};
+
+static void pool_fwd(void *v, float *out, const float *x)
+{
+    struct pool_ctx *c = v;
+    if (c->avg)
+        mge_cpu_avgpool_forward(c->pl, out, x);
+    else
+        mge_cpu_maxpool_forward(c->pl, out, x);
+}
+
+START_TEST(test_pool)
+{
+    static const int cfg[][4] = {{2, 2, 2, 0}, {3, 3, 2, 1}, {3, 2, 1, 1}}; /* R, S, stride, pad */
+    rng_state = 14;
+    for (size_t k = 0; k < sizeof(cfg) / sizeof(cfg[0]); k++) {
+        struct mge_cpu_pool pl = {2, 3, 7, 6, cfg[k][0], cfg[k][1], cfg[k][2], cfg[k][3], 0, 0};
+        ck_assert_int_eq(mge_cpu_pool_init(&pl), 0);
+        int64_t nx = 2 * 3 * 7 * 6, ny = (int64_t)2 * 3 * pl.P * pl.Q;
+        float *x = rnd_new(nx), *y = rnd_new(ny), *want = rnd_new(ny), *dy = rnd_new(ny);
+        float *dx = rnd_new(nx), *num = rnd_new(nx), *base = rnd_new(nx);
+        float *dxa = copy_new(base, nx);
+        for (int64_t i = 0; i < nx; i++) /* distinct values, spaced past FD_EPS: no ties */
+            x[i] = (float)((i * 37) % nx) * 0.01f - 1.0f;
+        for (int avg = 0; avg <= 1; avg++) {
+            for (int64_t pi = 0; pi < 6; pi++)
+                for (int p = 0; p < pl.P; p++)
+                    for (int q = 0; q < pl.Q; q++) {
+                        double m = -INFINITY, s = 0;
+                        int cnt = 0;
+                        for (int r = 0; r < pl.R; r++)
+                            for (int t = 0; t < pl.S; t++) {
+                                int h = p * pl.stride - pl.pad + r, w = q * pl.stride - pl.pad + t;
+                                if (h < 0 || h >= pl.H || w < 0 || w >= pl.W)
+                                    continue;
+                                double v = x[(pi * pl.H + h) * pl.W + w];
+                                m = fmax(m, v), s += v, cnt++;
+                            }
+                        want[(pi * pl.P + p) * pl.Q + q] = (float)(avg ? s / cnt : m);
+                    }
+            struct pool_ctx c = {&pl, avg};
+            pool_fwd(&c, y, x);
+            assert_close(avg ? "avgpool" : "maxpool", y, want, ny, 1e-6, 1e-6);
+            if (avg)
+                mge_cpu_avgpool_backward(&pl, dx, dy, 0);
+            else
+                mge_cpu_maxpool_backward(&pl, dx, dy, x, 0);
+            fd_grad(pool_fwd, &c, x, nx, ny, dy, num);
+            assert_close("pool backward vs FD", dx, num, nx, FD_REL, FD_ABS);
+            memcpy(dxa, base, sizeof(float) * nx);
+            if (avg)
+                mge_cpu_avgpool_backward(&pl, dxa, dy, 1);
+            else
+                mge_cpu_maxpool_backward(&pl, dxa, dy, x, 1);
+            assert_acc("pool backward", dxa, base, dx, nx);
+        }
+        free(x), free(y), free(want), free(dy), free(dx), free(num), free(base), free(dxa);
+    }
+}
+END_TEST
+
+START_TEST(test_maxpool_first_max)
+{
+    /* a 2x2 window of equal values: the gradient goes to the first one only */
+    struct mge_cpu_pool pl = {1, 1, 2, 2, 2, 2, 2, 0, 0, 0};
+    ck_assert_int_eq(mge_cpu_pool_init(&pl), 0);
+    const float x[4] = {1, 1, 1, 1}, dy[1] = {5};
+    float dx[4];
+    mge_cpu_maxpool_backward(&pl, dx, dy, x, 0);
+    ck_assert(dx[0] == 5 && dx[1] == 0 && dx[2] == 0 && dx[3] == 0);
+}
+END_TEST
+
+/* ---- reductions, shapes ----------------------------------------------------------------- */
+
+struct red_ctx {
+    int64_t outer, len, inner;
+    float scale;
+};
+
+static void reduce_fwd(void *v, float *out, const float *x)
+{
+    struct red_ctx *c = v;
+    mge_cpu_reduce_sum(out, x, c->outer, c->len, c->inner, c->scale);
+}
+
+START_TEST(test_reduce_sum)
+{
+    static const int64_t cfg[][3] = {{3, 5, 4}, {1, 7, 1}, {4, 6, 1}, {2, 3, 300}, {50, 40, 30}};
+    rng_state = 15;
+    for (size_t k = 0; k < sizeof(cfg) / sizeof(cfg[0]); k++) {
+        struct red_ctx c = {cfg[k][0], cfg[k][1], cfg[k][2], 0.5f};
+        int64_t nx = c.outer * c.len * c.inner, ny = c.outer * c.inner;
+        float *x = rnd_new(nx), *y = rnd_new(ny), *want = rnd_new(ny), *dy = rnd_new(ny);
+        float *dx = rnd_new(nx), *base = rnd_new(nx), *dxa = copy_new(base, nx);
+        mge_cpu_reduce_sum(y, x, c.outer, c.len, c.inner, c.scale);
+        for (int64_t o = 0; o < c.outer; o++)
+            for (int64_t i = 0; i < c.inner; i++) {
+                double sum = 0;
+                for (int64_t l = 0; l < c.len; l++)
+                    sum += x[(o * c.len + l) * c.inner + i];
+                want[o * c.inner + i] = (float)(0.5 * sum);
+            }
+        assert_close("reduce_sum", y, want, ny, 1e-5, 1e-5);
+        mge_cpu_reduce_sum_backward(dx, dy, c.outer, c.len, c.inner, c.scale, 0);
+        if (nx <= 2000) {
+            float *num = rnd_new(nx);
+            fd_grad(reduce_fwd, &c, x, nx, ny, dy, num);
+            assert_close("reduce_sum backward vs FD", dx, num, nx, FD_REL, FD_ABS);
+            free(num);
+        }
+        mge_cpu_reduce_sum_backward(dxa, dy, c.outer, c.len, c.inner, c.scale, 1);
+        assert_acc("reduce_sum backward", dxa, base, dx, nx);
+        free(x), free(y), free(want), free(dy), free(dx), free(base), free(dxa);
+    }
+}
+END_TEST
+
+START_TEST(test_permute)
+{
+    static const int64_t shape[4] = {2, 3, 4, 5};
+    static const int perms[][4] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {0, 2, 1, 3}, {1, 3, 0, 2}};
+    rng_state = 16;
+    float *x = rnd_new(120), *y = rnd_new(120), *back = rnd_new(120);
+    for (size_t k = 0; k < sizeof(perms) / sizeof(perms[0]); k++) {
+        const int *pm = perms[k];
+        mge_cpu_permute(y, x, shape, pm, 4);
+        int64_t os[4];
+        for (int d = 0; d < 4; d++)
+            os[d] = shape[pm[d]];
+        for (int64_t f = 0; f < 120; f++) {
+            int64_t idx[4], r = f, in[4];
+            for (int d = 3; d >= 0; d--)
+                idx[d] = r % os[d], r /= os[d];
+            for (int d = 0; d < 4; d++)
+                in[pm[d]] = idx[d];
+            ck_assert(y[f] == x[((in[0] * 3 + in[1]) * 4 + in[2]) * 5 + in[3]]);
+        }
+        /* permuting back with the inverse permutation restores x */
+        int inv[4];
+        for (int d = 0; d < 4; d++)
+            inv[pm[d]] = d;
+        mge_cpu_permute(back, y, os, inv, 4);
+        ck_assert(memcmp(back, x, sizeof(float) * 120) == 0);
+    }
+    free(x), free(y), free(back);
+}
+END_TEST
+
+START_TEST(test_copy_axis)
+{
+    /* concat of (2,3,4) and (2,5,4) along axis 1 into (2,8,4), then slice them back out */
+    rng_state = 17;
+    float *a = rnd_new(24), *b = rnd_new(40), *cat = rnd_new(64), *sa = rnd_new(24);
+    float *sb = rnd_new(40);
+    mge_cpu_copy_axis(cat, 8, 0, a, 3, 0, 3, 2, 4, 0);
+    mge_cpu_copy_axis(cat, 8, 3, b, 5, 0, 5, 2, 4, 0);
+    for (int o = 0; o < 2; o++)
+        for (int l = 0; l < 8; l++)
+            for (int i = 0; i < 4; i++)
+                ck_assert(cat[(o * 8 + l) * 4 + i] ==
+                          (l < 3 ? a[(o * 3 + l) * 4 + i] : b[(o * 5 + l - 3) * 4 + i]));
+    mge_cpu_copy_axis(sa, 3, 0, cat, 8, 0, 3, 2, 4, 0);
+    mge_cpu_copy_axis(sb, 5, 0, cat, 8, 3, 5, 2, 4, 0);
+    ck_assert(memcmp(sa, a, sizeof(float) * 24) == 0);
+    ck_assert(memcmp(sb, b, sizeof(float) * 40) == 0);
+    /* acc: slice backward adds into a gradient that already holds something */
+    float *g = copy_new(sb, 40);
+    mge_cpu_copy_axis(g, 5, 1, cat, 8, 4, 2, 2, 4, 1);
+    for (int o = 0; o < 2; o++)
+        for (int l = 0; l < 5; l++)
+            for (int i = 0; i < 4; i++) {
+                float want = sb[(o * 5 + l) * 4 + i];
+                if (l >= 1 && l < 3)
+                    want += cat[(o * 8 + l + 3) * 4 + i];
+                ck_assert(g[(o * 5 + l) * 4 + i] == want);
+            }
+    free(a), free(b), free(cat), free(sa), free(sb), free(g);
+}
+END_TEST
+
+/* ---- normalisation, embedding, dropout -------------------------------------------------- */
+
+struct ln_ctx {
+    int64_t rows, C;
+    const float *x, *w, *b;
+    float *mean, *rstd;
+    int wrt; /* 0 x, 1 w, 2 b */
+};
+
+static void ln_fwd(void *v, float *out, const float *p)
+{
+    struct ln_ctx *c = v;
+    mge_cpu_layernorm_forward(out, c->mean, c->rstd, c->wrt == 0 ? p : c->x,
+                              c->wrt == 1 ? p : c->w, c->wrt == 2 ? p : c->b, c->rows, c->C,
+                              1e-5f);
+}
+
+START_TEST(test_layernorm)
+{
+    int64_t rows = 6, C = 70, n = rows * C;
+    rng_state = 18;
+    float *x = rnd_new(n), *w = rnd_new(C), *b = rnd_new(C), *y = rnd_new(n), *dy = rnd_new(n);
+    float *mean = rnd_new(rows), *rstd = rnd_new(rows), *dx = rnd_new(n), *dw = rnd_new(C);
+    float *db = rnd_new(C), *num = rnd_new(n), *m2 = rnd_new(rows), *r2 = rnd_new(rows);
+    mge_cpu_layernorm_forward(y, mean, rstd, x, w, b, rows, C, 1e-5f);
+    for (int64_t r = 0; r < rows; r++) {
+        double m = 0, v = 0;
+        for (int64_t c = 0; c < C; c++)
+            m += x[r * C + c];
+        m /= C;
+        for (int64_t c = 0; c < C; c++)
+            v += (x[r * C + c] - m) * (x[r * C + c] - m);
+        double s = 1 / sqrt(v / C + 1e-5);
+        ck_assert(fabs(mean[r] - m) < 1e-6 && fabs(rstd[r] - s) < 1e-4 * s);
+        for (int64_t c = 0; c < C; c++)
+            ck_assert(fabs(y[r * C + c] - ((x[r * C + c] - m) * s * w[c] + b[c])) < 1e-5);
+    }
+    mge_cpu_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, 0);
+    struct ln_ctx c = {rows, C, x, w, b, m2, r2, 0};
+    fd_grad(ln_fwd, &c, x, n, n, dy, num);
+    assert_close("layernorm dinp vs FD", dx, num, n, FD_REL, FD_ABS);
+    c.wrt = 1;
+    fd_grad(ln_fwd, &c, w, C, n, dy, num);
+    assert_close("layernorm dw vs FD", dw, num, C, FD_REL, FD_ABS);
+    c.wrt = 2;
+    fd_grad(ln_fwd, &c, b, C, n, dy, num);
+    assert_close("layernorm db vs FD", db, num, C, FD_REL, FD_ABS);
+    float *bx = rnd_new(n), *bw = rnd_new(C), *bb = rnd_new(C);
+    float *ax = copy_new(bx, n), *aw = copy_new(bw, C), *ab = copy_new(bb, C);
+    mge_cpu_layernorm_backward(ax, aw, ab, dy, x, w, mean, rstd, rows, C, 1);
+    assert_acc("layernorm dinp", ax, bx, dx, n);
+    assert_acc("layernorm dw", aw, bw, dw, C);
+    assert_acc("layernorm db", ab, bb, db, C);
+    free(x), free(w), free(b), free(y), free(dy), free(mean), free(rstd), free(dx), free(dw);
+    free(db), free(num), free(m2), free(r2), free(bx), free(bw), free(bb), free(ax), free(aw);
+    free(ab);
+}
+END_TEST
+
+START_TEST(test_embedding)
+{
+    int64_t V = 5, C = 3, n = 6;
+    const int32_t ids[6] = {4, 0, 4, 2, 4, 1}; /* repeated ids accumulate */
+    rng_state = 19;
+    float *table = rnd_new(V * C), *out = rnd_new(n * C), *dy = rnd_new(n * C);
+    float *dt = rnd_new(V * C), *want = rnd_new(V * C), *base = rnd_new(V * C);
+    float *dta = copy_new(base, V * C);
+    mge_cpu_embedding_forward(out, ids, table, n, C);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert(memcmp(out + i * C, table + ids[i] * C, sizeof(float) * C) == 0);
+    mge_cpu_embedding_backward(dt, dy, ids, n, V, C, 0);
+    memset(want, 0, sizeof(float) * V * C);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < C; c++)
+            want[ids[i] * C + c] += dy[i * C + c];
+    assert_close("dtable", dt, want, V * C, 1e-6, 1e-6); /* row 3 untouched: cleared to 0 */
+    mge_cpu_embedding_backward(dta, dy, ids, n, V, C, 1);
+    assert_acc("dtable", dta, base, dt, V * C);
+    free(table), free(out), free(dy), free(dt), free(want), free(base), free(dta);
+}
+END_TEST
+
+START_TEST(test_dropout)
+{
+    int64_t n = 100000;
+    float p = 0.3f;
+    float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    float *y2 = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    ck_assert(x && y && y2 && dx);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = 1.0f + (float)(i % 7);
+    mge_cpu_dropout_forward(y, x, n, p, 42);
+    mge_cpu_dropout_forward(y2, x, n, p, 42);
+    ck_assert(memcmp(y, y2, sizeof(float) * n) == 0); /* same seed: same mask */
+    int64_t kept = 0, same_as_other_seed = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int k = mge_cpu_dropout_keep(42, i, p);
+        kept += k;
+        ck_assert(k ? fabsf(y[i] - x[i] / (1.0f - p)) <= 1e-6f * y[i] : y[i] == 0.0f);
+        same_as_other_seed += k == mge_cpu_dropout_keep(43, i, p);
+    }
+    /* rate: 70000 +- 5 sigma (sigma = sqrt(n p (1-p)) ~ 145) */
+    ck_assert_msg(llabs(kept - 70000) < 725, "kept %lld of %lld", (long long)kept, (long long)n);
+    ck_assert(same_as_other_seed < 60000); /* another seed is a different mask (~58% agree) */
+    /* backward regenerates the mask: the gradient of sum(y) is the keep/(1-p) mask */
+    for (int64_t i = 0; i < n; i++)
+        y2[i] = 1.0f;
+    mge_cpu_dropout_backward(dx, y2, n, p, 42, 0);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert(dx[i] == (mge_cpu_dropout_keep(42, i, p) ? 1.0f / (1.0f - p) : 0.0f));
+    mge_cpu_dropout_backward(dx, y2, n, p, 42, 1);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert(dx[i] == (mge_cpu_dropout_keep(42, i, p) ? 2.0f / (1.0f - p) : 0.0f));
+    /* p = 0 keeps everything unscaled */
+    mge_cpu_dropout_forward(y, x, n, 0.0f, 7);
+    ck_assert(memcmp(y, x, sizeof(float) * n) == 0);
+    free(x), free(y), free(y2), free(dx);
+}
+END_TEST
+
+/* ---- suite ------------------------------------------------------------------------------ */
+
+static Suite *kernels_suite(void)
+{
+    Suite *s = suite_create("kernels");
+    TCase *tc;
+
+    tc = tcase_create("gemm");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_sgemm_transposes_strides);
+    tcase_add_test(tc, test_sgemm_public_and_beta_zero);
+    tcase_add_test(tc, test_sgemm_ref_by_hand);
+    tcase_add_test(tc, test_threads);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("elementwise");
+    tcase_add_test(tc, test_unary_forward_backward);
+    tcase_add_test(tc, test_gelu_values);
+    tcase_add_test(tc, test_bias_act);
+    tcase_add_test(tc, test_bias_backward);
+    tcase_add_test(tc, test_binary_broadcast_sum_to);
+    tcase_add_test(tc, test_sum_to_large);
+    tcase_add_test(tc, test_scale_axpy);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("softmax");
+    tcase_add_test(tc, test_softmax);
+    tcase_add_test(tc, test_softmax_xent);
+    tcase_add_test(tc, test_softmax_xent_deterministic);
+    tcase_add_test(tc, test_argmax_correct);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("optim");
+    tcase_add_test(tc, test_sgd);
+    tcase_add_test(tc, test_adam);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("conv");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_conv_stride_pad);
+    tcase_add_test(tc, test_conv_init_invalid);
+    tcase_add_test(tc, test_conv_lenet_deterministic);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("pool");
+    tcase_add_test(tc, test_pool);
+    tcase_add_test(tc, test_maxpool_first_max);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("reduce");
+    tcase_add_test(tc, test_reduce_sum);
+    tcase_add_test(tc, test_permute);
+    tcase_add_test(tc, test_copy_axis);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("norm");
+    tcase_add_test(tc, test_layernorm);
+    tcase_add_test(tc, test_embedding);
+    tcase_add_test(tc, test_dropout);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(kernels_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
