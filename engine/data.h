@@ -1,0 +1,201 @@
+/*
+ * data.h: training data for the engine: datasets (IDX files or synthetic), the epoch sampler
+ * that shards every global batch across ranks, and the prefetching batch loader.
+ *
+ * Determinism contract: the samples a rank sees are a pure function of
+ * (seed, epoch, pos, global_batch, rank, world). Nothing else (thread timing, prefetch depth,
+ * how many times the process was restarted) changes them, so resuming at the (epoch, pos) a
+ * checkpoint saved yields exactly the batches of an uninterrupted run, and because ranks split
+ * a fixed global batch, changing the world size on resume does not change the global batches.
+ */
+#ifndef MGE_ENGINE_DATA_H
+#define MGE_ENGINE_DATA_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- datasets ---- */
+
+struct mge_dataset {
+    int64_t n;       /* samples */
+    int c, h, w;     /* image shape; dim = c*h*w */
+    int64_t dim;     /* features per sample */
+    int classes;     /* labels are in [0, classes) */
+    uint8_t *pixels; /* (n, dim), raw bytes; scaled to [0,1] when batches are gathered */
+    int32_t *labels; /* (n) in [0, classes) */
+};
+
+/*
+ * Load an IDX image file and its IDX label file. Each may be gzip-compressed or plain; zlib's
+ * gzopen/gzread tell them apart by the gzip magic (1f 8b). Images must be unsigned bytes with
+ * 2 dims (n, dim), 3 dims (n, h, w; c = 1) or 4 dims (n, c, h, w); labels unsigned bytes, 1 dim.
+ * @classes: 0 infers classes = max label + 1; > 0 requires every label < @classes.
+ * Returns MGE_OK, MGE_NOENT (a file does not exist), MGE_IO (cannot open or read),
+ * MGE_FORMAT (bad magic, unsupported type or rank, zero-sized dims, image and label counts
+ * differ, trailing data), MGE_CORRUPT (truncated file, broken gzip stream, label out of range),
+ * MGE_TOOBIG (dims overflow), MGE_NOMEM. On error @err (if not NULL) gets one message naming
+ * the file and the problem, e.g.
+ *   "train-labels.gz: truncated: header says 60000 labels, file has 1200"
+ * and @ds is left zeroed. On MGE_OK the caller owns @ds and releases it with mge_dataset_fini().
+ */
+int mge_dataset_load_idx_classes(struct mge_dataset *ds, const char *images, const char *labels,
+                                 int classes, char *err, size_t errlen);
+
+/* mge_dataset_load_idx_classes() with @classes = 0 (classes = max label + 1; 10 for MNIST). */
+int mge_dataset_load_idx(struct mge_dataset *ds, const char *images, const char *labels, char *err,
+                         size_t errlen);
+
+/*
+ * Deterministic, learnable synthetic dataset: each class has a prototype image drawn from
+ * @seed; a sample is its class's prototype plus noise (sd about 40 grey levels), clipped to
+ * bytes. Sample i of split @split is a pure function of (@seed, @split, i), and all splits of
+ * one @seed share the prototypes: use split 0 for training and split 1 for the test set.
+ * Returns MGE_OK, MGE_INVAL (n <= 0, a dim <= 0, classes outside [1, 65536]), MGE_TOOBIG,
+ * MGE_NOMEM (then @ds is zeroed). On MGE_OK the caller releases @ds with mge_dataset_fini().
+ */
+int mge_dataset_synthetic_split(struct mge_dataset *ds, int64_t n, int c, int h, int w, int classes,
+                                uint64_t seed, uint64_t split);
+
+/* mge_dataset_synthetic_split() with split 0. */
+int mge_dataset_synthetic(struct mge_dataset *ds, int64_t n, int c, int h, int w, int classes,
+                          uint64_t seed);
+
+/* Free what @ds holds and zero it; a zeroed @ds is fine. */
+void mge_dataset_fini(struct mge_dataset *ds);
+
+/*
+ * Gather samples @idx[0..n) into @x (n, dim) as floats (byte / 255, so in [0, 1]) and
+ * @y (n) labels. Returns MGE_OK, or MGE_RANGE if an index is outside [0, ds->n) (then @x and @y
+ * are partly written). Thread: any; reads @ds only.
+ */
+int mge_dataset_gather(const struct mge_dataset *ds, const int64_t *idx, int64_t n, float *x,
+                       int32_t *y);
+
+/* ---- sampler ---- */
+
+/*
+ * Epoch order and rank sharding.
+ *
+ * Epoch e visits the permutation P_e of [0, n) made by Fisher-Yates from a splitmix64 stream
+ * keyed by (seed, e); every rank computes the same P_e. The epoch is cut into global batches
+ * of B = global_batch samples: P_e[pos .. pos+b) with b = min(B, n - pos). The last batch of
+ * an epoch is kept even when it is short (b < B), so every sample is seen once per epoch and
+ * an epoch has ceil(n / B) batches; samples never spill into the next epoch.
+ *
+ * Rank r of W takes rows [start(r), start(r+1)) of each global batch of size b, where
+ * start(r) = r*(b/W) + min(r, b%W): the first b%W ranks get one row more. A rank may get no
+ * rows when b < W (n_local = 0); it must still take part in collectives, and gradients should
+ * be summed over ranks and divided by global_n, not averaged per rank.
+ *
+ * Position: (epoch, pos) with pos = samples of epoch consumed, 0 <= pos <= n. That pair is
+ * all a checkpoint needs to save for exact resume (with the same seed and global batch).
+ */
+struct mge_sampler {
+    int64_t n;            /* dataset size */
+    int64_t global_batch; /* B */
+    int rank, world;
+    uint64_t seed;
+    int64_t epoch;      /* current epoch */
+    int64_t pos;        /* samples of the current epoch consumed, [0, n] */
+    int64_t *perm;      /* (n) permutation of perm_epoch */
+    int64_t perm_epoch; /* epoch perm holds; -1 when none yet */
+};
+
+/*
+ * Set up @s at (epoch 0, pos 0). Returns MGE_OK, MGE_INVAL (n <= 0, global_batch <= 0,
+ * world <= 0, rank outside [0, world)) or MGE_NOMEM. Release with mge_sampler_fini().
+ */
+int mge_sampler_init(struct mge_sampler *s, int64_t n, int64_t global_batch, int rank, int world,
+                     uint64_t seed);
+void mge_sampler_fini(struct mge_sampler *s);
+
+/*
+ * Move to (@epoch, @pos), @pos = samples of the epoch consumed. Out-of-range values are
+ * clamped (epoch >= 0, 0 <= pos <= n); validate checkpoint values before calling if a clamp
+ * would be an error for you. Seeking to pos = n means the next call ends the epoch.
+ */
+void mge_sampler_seek(struct mge_sampler *s, int64_t epoch, int64_t pos);
+
+/* Most rows one rank gets from one global batch: ceil(global_batch / world). */
+int64_t mge_sampler_local_max(const struct mge_sampler *s);
+
+/*
+ * Next global batch: writes this rank's sample indices into @idx (capacity
+ * >= mge_sampler_local_max()), *@n_local (may be 0) and *@global_n (the global batch's size),
+ * and advances pos by *global_n. Returns 0; or 1 when the epoch had ended (pos was n): then
+ * nothing is written, the sampler is at (epoch + 1, 0), and the caller calls again.
+ * Cannot fail: the permutation buffer is allocated at init. Thread: one caller at a time.
+ */
+int mge_sampler_next(struct mge_sampler *s, int64_t *idx, int64_t *n_local, int64_t *global_n);
+
+/* ---- loader ---- */
+
+struct mge_batch {
+    float *x;          /* (n, dim) in [0, 1] */
+    int32_t *y;        /* (n) */
+    int64_t n;         /* this rank's rows; may be 0 */
+    int64_t global_n;  /* rows in the global batch */
+    int64_t epoch;     /* epoch the batch belongs to */
+    int64_t pos_after; /* samples of that epoch consumed after this batch */
+    int epoch_end;     /* 1 if this is the epoch's last batch (pos_after == n) */
+};
+
+/*
+ * A prefetch thread takes batches from the sampler and gathers them into a ring of
+ * prefetch + 1 buffers (the one the caller holds plus @prefetch ready ahead), allocated once
+ * at init: no allocation per step. With @prefetch = 0 there is no thread and mge_loader_next()
+ * gathers in the caller's thread. The sequence of batches is the sampler's, whatever the
+ * prefetch depth.
+ */
+struct mge_loader {
+    const struct mge_dataset *ds;
+    struct mge_sampler *s;
+    int nbuf;               /* prefetch + 1 */
+    struct mge_batch *ring; /* (nbuf) */
+    float *xbuf;            /* (nbuf, local_max, dim) */
+    int32_t *ybuf;          /* (nbuf, local_max) */
+    int64_t *idx;           /* (local_max) producer's scratch */
+    int64_t local_max;
+    int threaded;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t ready; /* a batch was filled, or the producer failed */
+    pthread_cond_t space; /* a buffer was released, or stop was asked */
+    int rd, wr;           /* next slot to hand out / to fill */
+    int filled;           /* filled slots not yet handed out */
+    int held;             /* 1 while the caller holds slot rd - 1 */
+    int stop;
+    int err; /* producer's error, returned by the next mge_loader_next() */
+};
+
+/*
+ * Start loading batches of @ds in the order of @s (already seeked, for a resume) with
+ * @prefetch buffers ready ahead (0..64). Until mge_loader_fini() the loader owns @s: do not
+ * use it. The sampler runs ahead of what was handed out, so a checkpoint must save the
+ * handed-out batch's (epoch, pos_after), never the sampler's own position.
+ * Returns MGE_OK, MGE_INVAL (bad @prefetch, or dataset size != sampler size), MGE_NOMEM, or
+ * MGE_INTERNAL (no thread). On error nothing needs freeing and no thread runs.
+ */
+int mge_loader_init(struct mge_loader *ld, const struct mge_dataset *ds, struct mge_sampler *s,
+                    int prefetch);
+
+/*
+ * Block until the next batch is ready and point *@out at it. The batch stays valid until the
+ * next call or mge_loader_fini(). Batches run on across epochs forever; stop when you like.
+ * Returns MGE_OK or the error that stopped the producer. Thread: one consumer thread.
+ */
+int mge_loader_next(struct mge_loader *ld, struct mge_batch **out);
+
+/* Stop and join the thread and free the buffers; only after mge_loader_init() returned MGE_OK.
+ * The sampler is the caller's again afterwards (at the producer's position, not the caller's). */
+void mge_loader_fini(struct mge_loader *ld);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,776 @@
+/* test_data.c: unit tests of engine/data: IDX loading, synthetic data, sampler, loader. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "engine/data.h"
+
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist/"
+
+static char tmpdir[64];
+static char paths[32][128];
+static int n_paths;
+
+static void setup(void)
+{
+    mge_log_set_level(MGE_LOG_OFF);
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/mge-test-data-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    n_paths = 0;
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < n_paths; i++)
+        unlink(paths[i]);
+    rmdir(tmpdir);
+    mge_alloc_fail_after(-1);
+}
+
+/* A path in the temp dir, removed by teardown. */
+static const char *tmp_path(const char *name)
+{
+    ck_assert_int_lt(n_paths, 32);
+    snprintf(paths[n_paths], sizeof(paths[0]), "%s/%s", tmpdir, name);
+    return paths[n_paths++];
+}
+
+/*
+ * Write an IDX file: ubyte type, @ndims dims, then @len bytes of @data, cut to @cut bytes in
+ * total when @cut >= 0 (before compression, so a gz file ends cleanly but early).
+ */
+static const char *write_idx(const char *name, int gz, int ndims, const uint32_t *dims,
+                             const uint8_t *data, size_t len, long cut)
+{
+    const char *path = tmp_path(name);
+    size_t hl = 4 + 4 * (size_t)ndims, total;
+    uint8_t *buf = malloc(hl + len);
+    ck_assert_ptr_nonnull(buf);
+    buf[0] = 0;
+    buf[1] = 0;
+    buf[2] = 0x08;
+    buf[3] = (uint8_t)ndims;
+    for (int i = 0; i < ndims; i++) {
+        buf[4 + 4 * i] = (uint8_t)(dims[i] >> 24);
+        buf[5 + 4 * i] = (uint8_t)(dims[i] >> 16);
+        buf[6 + 4 * i] = (uint8_t)(dims[i] >> 8);
+        buf[7 + 4 * i] = (uint8_t)dims[i];
+    }
+    if (len)
+        memcpy(buf + hl, data, len);
+    total = cut >= 0 ? (size_t)cut : hl + len;
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        if (total)
+            ck_assert_int_eq(gzwrite(f, buf, (unsigned)total), (int)total);
+        gzclose(f);
+    } else {
+        FILE *f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_uint_eq(fwrite(buf, 1, total, f), total);
+        fclose(f);
+    }
+    free(buf);
+    return path;
+}
+
+static const char *write_raw(const char *name, const void *data, size_t len)
+{
+    const char *path = tmp_path(name);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+    fclose(f);
+    return path;
+}
+
+/* 5 images of 3x4 with pixel = 10*i + j, labels 4 3 2 1 0. */
+enum { S_N = 5, S_H = 3, S_W = 4 };
+static uint8_t s_pix[S_N * S_H * S_W];
+static uint8_t s_lab[S_N] = {4, 3, 2, 1, 0};
+
+static void small_set(const char **images, const char **labels, int gz_images, int gz_labels)
+{
+    uint32_t idims[3] = {S_N, S_H, S_W}, ldims[1] = {S_N};
+    for (int i = 0; i < S_N * S_H * S_W; i++)
+        s_pix[i] = (uint8_t)(i * 3);
+    *images =
+        write_idx(gz_images ? "img.gz" : "img", gz_images, 3, idims, s_pix, sizeof(s_pix), -1);
+    *labels =
+        write_idx(gz_labels ? "lab.gz" : "lab", gz_labels, 1, ldims, s_lab, sizeof(s_lab), -1);
+}
+
+static void check_small(const struct mge_dataset *ds)
+{
+    ck_assert_int_eq(ds->n, S_N);
+    ck_assert_int_eq(ds->c, 1);
+    ck_assert_int_eq(ds->h, S_H);
+    ck_assert_int_eq(ds->w, S_W);
+    ck_assert_int_eq(ds->dim, S_H * S_W);
+    ck_assert_int_eq(ds->classes, 5);
+    ck_assert_mem_eq(ds->pixels, s_pix, sizeof(s_pix));
+    for (int i = 0; i < S_N; i++)
+        ck_assert_int_eq(ds->labels[i], s_lab[i]);
+}
+
+/* ---- IDX ---- */
+
+START_TEST(test_idx_load_plain_and_gz)
+{
+    for (int mode = 0; mode < 4; mode++) {
+        struct mge_dataset ds;
+        const char *img, *lab;
+        char err[256];
+        small_set(&img, &lab, mode & 1, mode >> 1 & 1);
+        ck_assert_int_eq(mge_dataset_load_idx(&ds, img, lab, err, sizeof(err)), MGE_OK);
+        check_small(&ds);
+        mge_dataset_fini(&ds);
+        ck_assert_ptr_null(ds.pixels);
+        teardown();
+        setup();
+    }
+}
+END_TEST
+
+START_TEST(test_idx_load_2d_and_4d)
+{
+    struct mge_dataset ds;
+    uint8_t pix[2 * 3 * 2 * 2], lab[2] = {1, 0};
+    uint32_t d4[4] = {2, 3, 2, 2}, d2[2] = {2, 12}, dl[1] = {2};
+    char err[256];
+    for (size_t i = 0; i < sizeof(pix); i++)
+        pix[i] = (uint8_t)i;
+    const char *l = write_idx("l", 0, 1, dl, lab, 2, -1);
+    const char *i4 = write_idx("i4", 1, 4, d4, pix, sizeof(pix), -1);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, i4, l, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.c, 3);
+    ck_assert_int_eq(ds.h, 2);
+    ck_assert_int_eq(ds.w, 2);
+    ck_assert_int_eq(ds.dim, 12);
+    ck_assert_int_eq(ds.classes, 2);
+    mge_dataset_fini(&ds);
+    const char *i2 = write_idx("i2", 0, 2, d2, pix, sizeof(pix), -1);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, i2, l, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.c, 1);
+    ck_assert_int_eq(ds.h, 1);
+    ck_assert_int_eq(ds.w, 12);
+    ck_assert_mem_eq(ds.pixels, pix, sizeof(pix));
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+START_TEST(test_idx_truncated)
+{
+    struct mge_dataset ds;
+    uint32_t idims[3] = {S_N, S_H, S_W}, ldims[1] = {S_N};
+    char err[256];
+    for (int gz = 0; gz < 2; gz++) {
+        /* Labels: header (8) + 2 of 5 labels. */
+        const char *img = write_idx(gz ? "ti.gz" : "ti", gz, 3, idims, s_pix, sizeof(s_pix), -1);
+        const char *lab = write_idx(gz ? "tl.gz" : "tl", gz, 1, ldims, s_lab, sizeof(s_lab), 8 + 2);
+        ck_assert_int_eq(mge_dataset_load_idx(&ds, img, lab, err, sizeof(err)), MGE_CORRUPT);
+        ck_assert_ptr_nonnull(strstr(err, lab));
+        ck_assert_ptr_nonnull(strstr(err, "truncated: header says 5 labels, file has 2"));
+        ck_assert_ptr_null(ds.pixels);
+        ck_assert_ptr_null(ds.labels);
+
+        /* Images: header (16) + 2.5 images. */
+        const char *img2 = write_idx(gz ? "ti2.gz" : "ti2", gz, 3, idims, s_pix, sizeof(s_pix),
+                                     16 + 2 * S_H * S_W + 6);
+        ck_assert_int_eq(mge_dataset_load_idx(&ds, img2, lab, err, sizeof(err)), MGE_CORRUPT);
+        ck_assert_ptr_nonnull(strstr(err, img2));
+        ck_assert_ptr_nonnull(strstr(err, "truncated: header says 5 images, file has 2"));
+
+        /* Header cut inside the dims. */
+        const char *img3 = write_idx(gz ? "ti3.gz" : "ti3", gz, 3, idims, s_pix, sizeof(s_pix), 9);
+        ck_assert_int_eq(mge_dataset_load_idx(&ds, img3, lab, err, sizeof(err)), MGE_CORRUPT);
+        ck_assert_ptr_nonnull(strstr(err, "truncated"));
+
+        /* Empty file. */
+        const char *img4 = write_idx(gz ? "ti4.gz" : "ti4", gz, 3, idims, s_pix, sizeof(s_pix), 0);
+        ck_assert_int_eq(mge_dataset_load_idx(&ds, img4, lab, err, sizeof(err)), MGE_CORRUPT);
+        ck_assert_ptr_nonnull(strstr(err, "truncated"));
+    }
+}
+END_TEST
+
+START_TEST(test_idx_truncated_gzip_stream)
+{
+    /* A gzip file cut mid-stream (not a short but well-formed stream). */
+    struct mge_dataset ds;
+    const char *lab, *img;
+    char err[256];
+    small_set(&img, &lab, 1, 0);
+    FILE *f = fopen(img, "rb");
+    uint8_t buf[4096];
+    size_t len = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    ck_assert_uint_gt(len, 20);
+    const char *cut = write_raw("cut.gz", buf, len - 12); /* drop crc, size and some data */
+    int rc = mge_dataset_load_idx(&ds, cut, lab, err, sizeof(err));
+    ck_assert(rc == MGE_CORRUPT);
+    ck_assert_ptr_nonnull(strstr(err, cut));
+}
+END_TEST
+
+START_TEST(test_idx_bad_magic)
+{
+    struct mge_dataset ds;
+    const char *img, *lab;
+    char err[256];
+    small_set(&img, &lab, 0, 1);
+    /* Labels file given as images: 1 dim is not valid for images. */
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, lab, lab, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "bad magic"));
+    ck_assert_ptr_nonnull(strstr(err, lab));
+    /* Images given as labels. */
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, img, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "bad magic"));
+    /* Not IDX at all. */
+    const char *junk = write_raw("junk", "GARBAGE!GARBAGE!GARBAGE!", 24);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, junk, lab, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "junk: bad magic"));
+    /* Float data type. */
+    const uint8_t fl[] = {0, 0, 0x0d, 1, 0, 0, 0, 1, 0, 0, 0, 0};
+    const char *f = write_raw("float", fl, sizeof(fl));
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, f, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "unsupported IDX data type 0x0d"));
+    ck_assert_ptr_null(ds.pixels);
+}
+END_TEST
+
+START_TEST(test_idx_count_mismatch)
+{
+    struct mge_dataset ds;
+    const char *img, *lab;
+    uint32_t ldims[1] = {4};
+    char err[256];
+    small_set(&img, &lab, 1, 1);
+    const char *lab4 = write_idx("lab4", 0, 1, ldims, s_lab, 4, -1);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, lab4, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "has 4 labels but"));
+    ck_assert_ptr_nonnull(strstr(err, "has 5 images"));
+    ck_assert_ptr_nonnull(strstr(err, lab4));
+}
+END_TEST
+
+START_TEST(test_idx_trailing_data)
+{
+    struct mge_dataset ds;
+    const char *img, *lab;
+    uint8_t extra[S_N + 1] = {0, 1, 2, 3, 4, 5};
+    uint32_t ldims[1] = {S_N};
+    char err[256];
+    small_set(&img, &lab, 0, 0);
+    const char *lab6 = write_idx("lab6", 1, 1, ldims, extra, sizeof(extra), -1);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, lab6, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "trailing data"));
+}
+END_TEST
+
+START_TEST(test_idx_label_range)
+{
+    struct mge_dataset ds;
+    const char *img, *lab;
+    char err[256];
+    small_set(&img, &lab, 0, 0);
+    ck_assert_int_eq(mge_dataset_load_idx_classes(&ds, img, lab, 3, err, sizeof(err)), MGE_CORRUPT);
+    ck_assert_ptr_nonnull(strstr(err, "label 4 of sample 0 is out of range [0, 3)"));
+    ck_assert_int_eq(mge_dataset_load_idx_classes(&ds, img, lab, 10, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.classes, 10);
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+START_TEST(test_idx_missing_file)
+{
+    struct mge_dataset ds;
+    const char *img, *lab;
+    char err[256];
+    small_set(&img, &lab, 0, 0);
+    const char *nope = tmp_path("nope.gz");
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, nope, lab, err, sizeof(err)), MGE_NOENT);
+    ck_assert_ptr_nonnull(strstr(err, nope));
+    ck_assert_ptr_nonnull(strstr(err, "No such file"));
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, nope, err, sizeof(err)), MGE_NOENT);
+    ck_assert_ptr_nonnull(strstr(err, nope));
+    ck_assert_ptr_null(ds.pixels);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, tmpdir, lab, err, sizeof(err)), MGE_IO);
+}
+END_TEST
+
+START_TEST(test_idx_alloc_failures)
+{
+    const char *img, *lab;
+    char err[256];
+    small_set(&img, &lab, 1, 1);
+    for (long k = 0;; k++) {
+        struct mge_dataset ds;
+        mge_alloc_fail_after(k);
+        int rc = mge_dataset_load_idx(&ds, img, lab, err, sizeof(err));
+        mge_alloc_fail_after(-1);
+        if (rc == MGE_OK) {
+            check_small(&ds);
+            mge_dataset_fini(&ds);
+            ck_assert_int_ge(k, 3);
+            break;
+        }
+        ck_assert_int_eq(rc, MGE_NOMEM);
+        ck_assert_ptr_null(ds.pixels);
+        ck_assert_ptr_null(ds.labels);
+    }
+}
+END_TEST
+
+START_TEST(test_idx_fashion_mnist)
+{
+    struct mge_dataset tr, te;
+    char err[256];
+    if (access(FMNIST_DIR "train-images-idx3-ubyte.gz", R_OK) != 0)
+        return; /* not installed: nothing to check */
+    ck_assert_int_eq(mge_dataset_load_idx(&tr, FMNIST_DIR "train-images-idx3-ubyte.gz",
+                                          FMNIST_DIR "train-labels-idx1-ubyte.gz", err,
+                                          sizeof(err)),
+                     MGE_OK);
+    ck_assert_int_eq(tr.n, 60000);
+    ck_assert_int_eq(tr.c, 1);
+    ck_assert_int_eq(tr.h, 28);
+    ck_assert_int_eq(tr.w, 28);
+    ck_assert_int_eq(tr.dim, 784);
+    ck_assert_int_eq(tr.classes, 10);
+    ck_assert_int_eq(tr.labels[0], 9);
+    int counts[10] = {0};
+    for (int64_t i = 0; i < tr.n; i++)
+        counts[tr.labels[i]]++;
+    for (int k = 0; k < 10; k++)
+        ck_assert_int_eq(counts[k], 6000);
+    ck_assert_int_eq(mge_dataset_load_idx(&te, FMNIST_DIR "t10k-images-idx3-ubyte.gz",
+                                          FMNIST_DIR "t10k-labels-idx1-ubyte.gz", err, sizeof(err)),
+                     MGE_OK);
+    ck_assert_int_eq(te.n, 10000);
+    ck_assert_int_eq(te.dim, 784);
+    ck_assert_int_eq(te.classes, 10);
+    mge_dataset_fini(&tr);
+    mge_dataset_fini(&te);
+}
+END_TEST
+
+/* ---- synthetic ---- */
+
+START_TEST(test_synthetic_deterministic)
+{
+    struct mge_dataset a, b, t;
+    ck_assert_int_eq(mge_dataset_synthetic(&a, 500, 1, 8, 8, 10, 42), MGE_OK);
+    ck_assert_int_eq(mge_dataset_synthetic(&b, 500, 1, 8, 8, 10, 42), MGE_OK);
+    ck_assert_int_eq(a.dim, 64);
+    ck_assert_int_eq(a.classes, 10);
+    ck_assert_mem_eq(a.pixels, b.pixels, 500 * 64);
+    ck_assert_mem_eq(a.labels, b.labels, 500 * sizeof(int32_t));
+    for (int i = 0; i < 500; i++)
+        ck_assert(a.labels[i] >= 0 && a.labels[i] < 10);
+    mge_dataset_fini(&b);
+    ck_assert_int_eq(mge_dataset_synthetic(&b, 500, 1, 8, 8, 10, 43), MGE_OK);
+    ck_assert(memcmp(a.pixels, b.pixels, 500 * 64) != 0);
+    /* A test split: other samples, same classes: a nearest-class-mean rule learned on the
+     * train split classifies the test split well, so the data is learnable. */
+    ck_assert_int_eq(mge_dataset_synthetic_split(&t, 300, 1, 8, 8, 10, 42, 1), MGE_OK);
+    ck_assert(memcmp(a.pixels, t.pixels, 300 * 64) != 0);
+    double mean[10][64] = {{0}};
+    int cnt[10] = {0}, correct = 0;
+    for (int i = 0; i < 500; i++) {
+        cnt[a.labels[i]]++;
+        for (int j = 0; j < 64; j++)
+            mean[a.labels[i]][j] += a.pixels[i * 64 + j];
+    }
+    for (int i = 0; i < 300; i++) {
+        int best = -1;
+        double bestd = 1e300;
+        for (int k = 0; k < 10; k++) {
+            double d = 0;
+            for (int j = 0; j < 64; j++) {
+                double e = t.pixels[i * 64 + j] - mean[k][j] / (cnt[k] ? cnt[k] : 1);
+                d += e * e;
+            }
+            if (d < bestd) {
+                bestd = d;
+                best = k;
+            }
+        }
+        correct += best == t.labels[i];
+    }
+    ck_assert_int_gt(correct, 270);
+    /* but not trivially noise-free */
+    ck_assert(memcmp(a.pixels, a.pixels + 64, 64) != 0);
+    mge_dataset_fini(&a);
+    mge_dataset_fini(&b);
+    mge_dataset_fini(&t);
+}
+END_TEST
+
+START_TEST(test_synthetic_errors)
+{
+    struct mge_dataset ds;
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 0, 1, 2, 2, 10, 1), MGE_INVAL);
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 10, 1, 0, 2, 10, 1), MGE_INVAL);
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 10, 1, 2, 2, 0, 1), MGE_INVAL);
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, (int64_t)1 << 40, 1000, 1000, 1000, 2, 1),
+                     MGE_TOOBIG);
+    for (long k = 0; k < 3; k++) {
+        mge_alloc_fail_after(k);
+        ck_assert_int_eq(mge_dataset_synthetic(&ds, 10, 1, 2, 2, 3, 1), MGE_NOMEM);
+        ck_assert_ptr_null(ds.pixels);
+    }
+    mge_alloc_fail_after(-1);
+}
+END_TEST
+
+START_TEST(test_gather)
+{
+    struct mge_dataset ds;
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 20, 1, 2, 3, 4, 7), MGE_OK);
+    int64_t idx[3] = {19, 0, 5};
+    float x[18];
+    int32_t y[3];
+    ck_assert_int_eq(mge_dataset_gather(&ds, idx, 3, x, y), MGE_OK);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(y[i], ds.labels[idx[i]]);
+        for (int j = 0; j < 6; j++) {
+            ck_assert_float_eq(x[i * 6 + j], ds.pixels[idx[i] * 6 + j] / 255.0f);
+            ck_assert(x[i * 6 + j] >= 0.0f && x[i * 6 + j] <= 1.0f);
+        }
+    }
+    int64_t bad[2] = {1, 20};
+    ck_assert_int_eq(mge_dataset_gather(&ds, bad, 2, x, y), MGE_RANGE);
+    bad[1] = -1;
+    ck_assert_int_eq(mge_dataset_gather(&ds, bad, 2, x, y), MGE_RANGE);
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+/* ---- sampler ---- */
+
+START_TEST(test_sampler_permutation)
+{
+    struct mge_sampler s;
+    const int64_t n = 103, B = 10;
+    int64_t idx[10], nl, gn, first[103];
+    ck_assert_int_eq(mge_sampler_init(&s, n, B, 0, 1, 42), MGE_OK);
+    ck_assert_int_eq(mge_sampler_local_max(&s), 10);
+    for (int e = 0; e < 3; e++) {
+        int seen[103] = {0}, batches = 0, k = 0;
+        int64_t order[103];
+        for (;;) {
+            int rc = mge_sampler_next(&s, idx, &nl, &gn);
+            if (rc == 1)
+                break;
+            ck_assert_int_eq(rc, 0);
+            ck_assert_int_eq(nl, gn);
+            ck_assert_int_eq(gn, batches == 10 ? 3 : 10);
+            for (int64_t i = 0; i < nl; i++) {
+                ck_assert(idx[i] >= 0 && idx[i] < n);
+                seen[idx[i]]++;
+                order[k++] = idx[i];
+            }
+            batches++;
+        }
+        ck_assert_int_eq(batches, 11); /* ceil(103 / 10): the short batch is kept */
+        ck_assert_int_eq(s.epoch, e + 1);
+        ck_assert_int_eq(s.pos, 0);
+        for (int i = 0; i < n; i++)
+            ck_assert_int_eq(seen[i], 1);
+        if (e == 0)
+            memcpy(first, order, sizeof(first));
+        else
+            ck_assert(memcmp(first, order, sizeof(first)) != 0); /* epochs reshuffle */
+    }
+    mge_sampler_fini(&s);
+
+    /* Same seed, same order; other seed, other order. */
+    struct mge_sampler a, b;
+    int64_t ia[10], ib[10];
+    ck_assert_int_eq(mge_sampler_init(&a, n, B, 0, 1, 42), MGE_OK);
+    ck_assert_int_eq(mge_sampler_init(&b, n, B, 0, 1, 43), MGE_OK);
+    mge_sampler_next(&a, ia, &nl, &gn);
+    mge_sampler_next(&b, ib, &nl, &gn);
+    ck_assert(memcmp(ia, first, sizeof(ia)) == 0);
+    ck_assert(memcmp(ia, ib, sizeof(ia)) != 0);
+    mge_sampler_fini(&a);
+    mge_sampler_fini(&b);
+}
+END_TEST
+
+/* For each world size, the ranks' shards, concatenated in rank order, are the global batch. */
+static void check_shards(int64_t n, int64_t B)
+{
+    struct mge_sampler g;
+    int64_t gidx[64], nl, gn;
+    ck_assert_int_le(B, 64);
+    ck_assert_int_eq(mge_sampler_init(&g, n, B, 0, 1, 9), MGE_OK);
+    for (int W = 1; W <= 4; W++) {
+        struct mge_sampler r[4];
+        for (int k = 0; k < W; k++)
+            ck_assert_int_eq(mge_sampler_init(&r[k], n, B, k, W, 9), MGE_OK);
+        mge_sampler_seek(&g, 0, 0);
+        for (int step = 0; step < 40; step++) {
+            int rc = mge_sampler_next(&g, gidx, &nl, &gn);
+            int64_t off = 0;
+            for (int k = 0; k < W; k++) {
+                int64_t lidx[64], lnl, lgn;
+                ck_assert_int_eq(mge_sampler_next(&r[k], lidx, &lnl, &lgn), rc);
+                if (rc == 1)
+                    continue;
+                ck_assert_int_eq(lgn, gn);
+                ck_assert_int_le(lnl, mge_sampler_local_max(&r[k]));
+                /* uneven: the first gn % W ranks get one more */
+                ck_assert_int_eq(lnl, gn / W + (k < gn % W ? 1 : 0));
+                ck_assert_mem_eq(lidx, gidx + off, (size_t)lnl * sizeof(int64_t));
+                off += lnl;
+            }
+            if (rc == 0)
+                ck_assert_int_eq(off, gn); /* disjoint (distinct rows) and covering */
+        }
+        for (int k = 0; k < W; k++)
+            mge_sampler_fini(&r[k]);
+    }
+    mge_sampler_fini(&g);
+}
+
+START_TEST(test_sampler_shards)
+{
+    check_shards(103, 10); /* 10 over 3 and 4 is uneven; last batch 3 < W=4 */
+    check_shards(50, 7);
+    check_shards(5, 5);
+    check_shards(7, 64); /* batch larger than the dataset: one short batch per epoch */
+}
+END_TEST
+
+START_TEST(test_sampler_seek)
+{
+    /* Record a run of 3 epochs, then restart at each recorded position and compare. */
+    enum { N = 37, B = 8, W = 3, R = 1, STEPS = 20 };
+    struct mge_sampler s;
+    int64_t ep[STEPS], pos[STEPS], idx[STEPS][3], nls[STEPS], nl, gn;
+    ck_assert_int_eq(mge_sampler_init(&s, N, B, R, W, 5), MGE_OK);
+    for (int k = 0; k < STEPS; k++) {
+        ep[k] = s.epoch;
+        pos[k] = s.pos;
+        while (mge_sampler_next(&s, idx[k], &nls[k], &gn) == 1)
+            continue;
+    }
+    mge_sampler_fini(&s);
+    for (int k0 = 0; k0 < STEPS; k0++) {
+        ck_assert_int_eq(mge_sampler_init(&s, N, B, R, W, 5), MGE_OK);
+        mge_sampler_seek(&s, ep[k0], pos[k0]);
+        for (int k = k0; k < STEPS; k++) {
+            int64_t got[3];
+            while (mge_sampler_next(&s, got, &nl, &gn) == 1)
+                continue;
+            ck_assert_int_eq(nl, nls[k]);
+            ck_assert_mem_eq(got, idx[k], (size_t)nl * sizeof(int64_t));
+        }
+        mge_sampler_fini(&s);
+    }
+    /* Seeking to the end of an epoch rolls over on the next call; clamps. */
+    ck_assert_int_eq(mge_sampler_init(&s, N, B, 0, 1, 5), MGE_OK);
+    mge_sampler_seek(&s, 2, N);
+    ck_assert_int_eq(mge_sampler_next(&s, idx[0], &nl, &gn), 1);
+    ck_assert_int_eq(s.epoch, 3);
+    ck_assert_int_eq(s.pos, 0);
+    mge_sampler_seek(&s, -4, N + 100);
+    ck_assert_int_eq(s.epoch, 0);
+    ck_assert_int_eq(s.pos, N);
+    mge_sampler_fini(&s);
+}
+END_TEST
+
+START_TEST(test_sampler_errors)
+{
+    struct mge_sampler s;
+    ck_assert_int_eq(mge_sampler_init(&s, 0, 1, 0, 1, 1), MGE_INVAL);
+    ck_assert_int_eq(mge_sampler_init(&s, 10, 0, 0, 1, 1), MGE_INVAL);
+    ck_assert_int_eq(mge_sampler_init(&s, 10, 2, 1, 1, 1), MGE_INVAL);
+    ck_assert_int_eq(mge_sampler_init(&s, 10, 2, -1, 2, 1), MGE_INVAL);
+    ck_assert_int_eq(mge_sampler_init(&s, 10, 2, 0, 0, 1), MGE_INVAL);
+    mge_alloc_fail_after(0);
+    ck_assert_int_eq(mge_sampler_init(&s, 10, 2, 0, 1, 1), MGE_NOMEM);
+    mge_alloc_fail_after(-1);
+    ck_assert_ptr_null(s.perm);
+}
+END_TEST
+
+/* ---- loader ---- */
+
+/* The loader's batches equal the sampler's indices gathered directly. */
+static void check_loader(int prefetch, int rank, int world)
+{
+    struct mge_dataset ds;
+    struct mge_sampler s, ref;
+    struct mge_loader ld;
+    const int64_t n = 53, B = 8;
+    int64_t idx[8], nl, gn;
+    float x[8 * 12];
+    int32_t y[8];
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, n, 1, 3, 4, 5, 11), MGE_OK);
+    ck_assert_int_eq(mge_sampler_init(&s, n, B, rank, world, 3), MGE_OK);
+    ck_assert_int_eq(mge_sampler_init(&ref, n, B, rank, world, 3), MGE_OK);
+    ck_assert_int_eq(mge_loader_init(&ld, &ds, &s, prefetch), MGE_OK);
+    for (int step = 0; step < 25; step++) { /* 7 batches per epoch: 3.5 epochs */
+        struct mge_batch *bt;
+        int64_t e;
+        ck_assert_int_eq(mge_loader_next(&ld, &bt), MGE_OK);
+        while (mge_sampler_next(&ref, idx, &nl, &gn) == 1)
+            continue;
+        e = ref.epoch;
+        ck_assert_int_eq(mge_dataset_gather(&ds, idx, nl, x, y), MGE_OK);
+        ck_assert_int_eq(bt->n, nl);
+        ck_assert_int_eq(bt->global_n, gn);
+        ck_assert_int_eq(bt->epoch, e);
+        ck_assert_int_eq(bt->epoch, step / 7);
+        ck_assert_int_eq(bt->pos_after, ref.pos);
+        ck_assert_int_eq(bt->epoch_end, step % 7 == 6);
+        ck_assert_mem_eq(bt->x, x, (size_t)nl * 12 * sizeof(float));
+        ck_assert_mem_eq(bt->y, y, (size_t)nl * sizeof(int32_t));
+    }
+    mge_loader_fini(&ld);
+    mge_sampler_fini(&s);
+    mge_sampler_fini(&ref);
+    mge_dataset_fini(&ds);
+}
+
+START_TEST(test_loader_matches_gather)
+{
+    for (int prefetch = 0; prefetch <= 3; prefetch++) {
+        check_loader(prefetch, 0, 1);
+        check_loader(prefetch, 2, 3);
+    }
+}
+END_TEST
+
+START_TEST(test_loader_resume)
+{
+    /* Stop after k batches, save the batch's (epoch, pos_after), resume: same batches. */
+    struct mge_dataset ds;
+    const int64_t n = 41, B = 6;
+    float saved[40][6 * 4];
+    int64_t saved_n[40];
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, n, 1, 2, 2, 3, 1), MGE_OK);
+    {
+        struct mge_sampler s;
+        struct mge_loader ld;
+        struct mge_batch *bt;
+        ck_assert_int_eq(mge_sampler_init(&s, n, B, 1, 2, 8), MGE_OK);
+        ck_assert_int_eq(mge_loader_init(&ld, &ds, &s, 2), MGE_OK);
+        for (int k = 0; k < 40; k++) {
+            ck_assert_int_eq(mge_loader_next(&ld, &bt), MGE_OK);
+            saved_n[k] = bt->n;
+            memcpy(saved[k], bt->x, (size_t)bt->n * 4 * sizeof(float));
+        }
+        mge_loader_fini(&ld);
+        mge_sampler_fini(&s);
+    }
+    for (int stop = 1; stop < 30; stop += 4) {
+        struct mge_sampler s;
+        struct mge_loader ld;
+        struct mge_batch *bt;
+        int64_t ep = 0, pos = 0;
+        ck_assert_int_eq(mge_sampler_init(&s, n, B, 1, 2, 8), MGE_OK);
+        ck_assert_int_eq(mge_loader_init(&ld, &ds, &s, 3), MGE_OK);
+        for (int k = 0; k < stop; k++) {
+            ck_assert_int_eq(mge_loader_next(&ld, &bt), MGE_OK);
+            ep = bt->epoch;
+            pos = bt->pos_after;
+        }
+        mge_loader_fini(&ld);
+        /* The sampler ran ahead; the checkpoint's position is what counts. */
+        mge_sampler_seek(&s, ep, pos);
+        ck_assert_int_eq(mge_loader_init(&ld, &ds, &s, 1), MGE_OK);
+        for (int k = stop; k < 40; k++) {
+            ck_assert_int_eq(mge_loader_next(&ld, &bt), MGE_OK);
+            ck_assert_int_eq(bt->n, saved_n[k]);
+            ck_assert_mem_eq(bt->x, saved[k], (size_t)bt->n * 4 * sizeof(float));
+        }
+        mge_loader_fini(&ld);
+        mge_sampler_fini(&s);
+    }
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+START_TEST(test_loader_errors)
+{
+    struct mge_dataset ds;
+    struct mge_sampler s, s2;
+    struct mge_loader ld;
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 30, 1, 2, 2, 3, 1), MGE_OK);
+    ck_assert_int_eq(mge_sampler_init(&s, 30, 4, 0, 1, 8), MGE_OK);
+    ck_assert_int_eq(mge_sampler_init(&s2, 31, 4, 0, 1, 8), MGE_OK);
+    ck_assert_int_eq(mge_loader_init(&ld, &ds, &s2, 2), MGE_INVAL);
+    ck_assert_int_eq(mge_loader_init(&ld, &ds, &s, -1), MGE_INVAL);
+    ck_assert_int_eq(mge_loader_init(&ld, &ds, &s, 1000), MGE_INVAL);
+    for (long k = 0; k < 4; k++) {
+        mge_alloc_fail_after(k);
+        ck_assert_int_eq(mge_loader_init(&ld, &ds, &s, 2), MGE_NOMEM);
+        mge_alloc_fail_after(-1);
+    }
+    ck_assert_int_eq(mge_loader_init(&ld, &ds, &s, 2), MGE_OK);
+    mge_loader_fini(&ld); /* without ever calling next: the thread is waiting for space */
+    mge_sampler_fini(&s);
+    mge_sampler_fini(&s2);
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+static Suite *data_suite(void)
+{
+    Suite *s = suite_create("data");
+    struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {
+        {"idx_load", test_idx_load_plain_and_gz},
+        {"idx_shapes", test_idx_load_2d_and_4d},
+        {"idx_truncated", test_idx_truncated},
+        {"idx_truncated_gzip", test_idx_truncated_gzip_stream},
+        {"idx_bad_magic", test_idx_bad_magic},
+        {"idx_count_mismatch", test_idx_count_mismatch},
+        {"idx_trailing", test_idx_trailing_data},
+        {"idx_label_range", test_idx_label_range},
+        {"idx_missing", test_idx_missing_file},
+        {"idx_alloc", test_idx_alloc_failures},
+        {"idx_fashion_mnist", test_idx_fashion_mnist},
+        {"synthetic", test_synthetic_deterministic},
+        {"synthetic_errors", test_synthetic_errors},
+        {"gather", test_gather},
+        {"sampler_permutation", test_sampler_permutation},
+        {"sampler_shards", test_sampler_shards},
+        {"sampler_seek", test_sampler_seek},
+        {"sampler_errors", test_sampler_errors},
+        {"loader_gather", test_loader_matches_gather},
+        {"loader_resume", test_loader_resume},
+        {"loader_errors", test_loader_errors},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(data_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
