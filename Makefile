@@ -43,6 +43,9 @@ endif
 .PHONY: all deps demo test test-unit test-integration test-fuzz bench fuzz format clean cuda
 all: binaries
 
+# keep generated headers and test objects (make would delete them as intermediates)
+.SECONDARY:
+
 # ---- dependencies: apt-get what is missing (idempotent, quiet when nothing is) ----
 deps:
 	$(Q)sh deploy/install-deps.sh

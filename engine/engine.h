@@ -148,11 +148,16 @@ void mge_graph_init_params(struct mge_graph *g, uint64_t seed);
 int mge_graph_bind(struct mge_graph *g, int v, void *data);
 /* Batch size of the next runs: 1..shape[0] of the batched inputs. */
 int mge_graph_set_batch(struct mge_graph *g, int64_t n);
+enum mge_run {
+    MGE_RUN_INFER,         /* forward ops, inference behaviour (dropout off) */
+    MGE_RUN_TRAIN,         /* forward and backward ops, training behaviour */
+    MGE_RUN_FORWARD_TRAIN, /* forward ops only, training behaviour (gradient checks) */
+};
 /*
- * Run the forward ops (and, when @train, the backward ops too). @step seeds dropout.
+ * Run the graph in @mode. @step seeds dropout (same step, same masks).
  * Returns MGE_OK or the first kernel error.
  */
-int mge_graph_run(struct mge_graph *g, int train, int64_t step);
+int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step);
 
 /* The parameter and gradient arenas (contiguous; NULL before alloc) and their float counts. */
 float *mge_graph_params(struct mge_graph *g, int64_t *n);

@@ -26,16 +26,17 @@ int mge_graph_set_batch(struct mge_graph *g, int64_t n)
     return MGE_OK;
 }
 
-int mge_graph_run(struct mge_graph *g, int train, int64_t step)
+int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
 {
     if (!g->allocated)
         return MGE_ERR(MGE_STATE, "graph not allocated");
+    int train = mode == MGE_RUN_TRAIN;
     if (train && g->loss < 0)
         return MGE_ERR(MGE_STATE, "graph has no backward");
     for (int v = 0; v < g->n_values; v++)
         if (g->values[v].kind == MGE_VALUE_INPUT && !g->values[v].data)
             return MGE_ERR(MGE_STATE, "input '%s' not bound", g->values[v].name);
-    g->training = train;
+    g->training = mode != MGE_RUN_INFER;
     g->step = step;
     int end = train ? g->n_nodes : g->n_forward;
     const struct mge_ops_table *ops = &mge__cpu_ops;

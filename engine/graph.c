@@ -358,7 +358,7 @@ static int binary(struct mge_graph *g, int a, int b, int op, const char *name)
     if (check_value(g, a, name) || check_value(g, b, name))
         return -g->err;
     int64_t shape[MGE_MAX_DIMS];
-    int ndim;
+    int ndim = 0;
     if (broadcast_shape(g, a, b, shape, &ndim))
         return -g->err;
     const struct mge_value *A = &g->values[a], *B = &g->values[b];
@@ -574,7 +574,6 @@ int mge_concat(struct mge_graph *g, const int *xs, int nx, int axis)
         n.a.copy.dstart = at;
         n.a.copy.sstart = 0;
         n.a.copy.len = g->values[xs[i]].shape[axis];
-        n.acc = i > 0; /* later pieces keep what earlier ones wrote */
         at += n.a.copy.len;
         if (mge__graph_add_node(g, &n) < 0)
             return -g->err;

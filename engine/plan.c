@@ -44,7 +44,23 @@ static void touch(struct mge_graph *g, int v, int64_t at)
         r->last_use = at;
 }
 
-size_t mge__plan_assign(struct mge__plan_item *items, int n)
+static int item_by_first(const void *pa, const void *pb)
+{
+    const struct mge__plan_item *a = pa, *b = pb;
+    if (a->first != b->first)
+        return a->first < b->first ? -1 : 1;
+    if (a->size != b->size)
+        return a->size < b->size ? 1 : -1;
+    return a->v - b->v;
+}
+
+/*
+ * Place @items in their current order. Each goes into a gap between the already placed items
+ * that are alive at the same time: best fit (@two_sided == 0), or (two_sided) the bottom when
+ * it is free there, else as high as fits under @target, else the lowest gap. Returns the
+ * arena size, or (size_t)-1 on OOM.
+ */
+static size_t plan_place(struct mge__plan_item *items, int n, int two_sided, size_t target)
 {
     size_t arena = 0;
     struct mge__plan_item **placed = mge_malloc(sizeof(*placed) * (size_t)(n ? n : 1));
@@ -54,7 +70,6 @@ size_t mge__plan_assign(struct mge__plan_item *items, int n)
         mge_free(live);
         return (size_t)-1;
     }
-    qsort(items, (size_t)n, sizeof(*items), item_by_size_desc);
     int n_placed = 0;
     for (int i = 0; i < n; i++) {
         struct mge__plan_item *it = &items[i];
@@ -63,21 +78,31 @@ size_t mge__plan_assign(struct mge__plan_item *items, int n)
             if (placed[j]->first <= it->last && it->first <= placed[j]->last)
                 live[n_live++] = placed[j];
         qsort(live, (size_t)n_live, sizeof(*live), item_by_offset);
-        /* best fit: the smallest gap that holds it, else the end */
-        size_t best = (size_t)-1, best_gap = (size_t)-1, at = 0;
-        for (int j = 0; j < n_live; j++) {
-            if (live[j]->offset >= at + it->size) {
-                size_t gap = live[j]->offset - at;
-                if (gap < best_gap) {
+        size_t best = (size_t)-1, best_gap = (size_t)-1, lowest = (size_t)-1, high = (size_t)-1;
+        size_t at = 0;
+        for (int j = 0; j <= n_live; j++) {
+            size_t gap_end = j < n_live ? live[j]->offset : (size_t)-1;
+            if (gap_end >= at + it->size) {
+                size_t gap = gap_end - at;
+                if (lowest == (size_t)-1)
+                    lowest = at;
+                if (j < n_live && gap < best_gap) {
                     best_gap = gap;
                     best = at;
                 }
+                size_t top = (gap_end < target ? gap_end : target);
+                if (top >= at + it->size && top - it->size >= at)
+                    high = top - it->size;
             }
-            size_t end = live[j]->offset + live[j]->size;
-            if (end > at)
-                at = end;
+            if (j < n_live && live[j]->offset + live[j]->size > at)
+                at = live[j]->offset + live[j]->size;
         }
-        it->offset = best != (size_t)-1 ? best : at;
+        if (!two_sided)
+            it->offset = best != (size_t)-1 ? best : at;
+        else if (lowest == 0 || high == (size_t)-1)
+            it->offset = lowest;
+        else
+            it->offset = high;
         if (it->offset + it->size > arena)
             arena = it->offset + it->size;
         placed[n_placed++] = it;
@@ -85,6 +110,36 @@ size_t mge__plan_assign(struct mge__plan_item *items, int n)
     mge_free(placed);
     mge_free(live);
     return arena;
+}
+
+size_t mge__plan_assign(struct mge__plan_item *items, int n)
+{
+    int64_t end = 0;
+    for (int i = 0; i < n; i++)
+        if (items[i].last > end)
+            end = items[i].last;
+    size_t lower = mge__plan_lower_bound(items, n, end);
+    struct mge__plan_item *alt = mge_malloc(sizeof(*alt) * (size_t)(n ? n : 1));
+    if (lower == (size_t)-1 || !alt) {
+        mge_free(alt);
+        return (size_t)-1;
+    }
+    /* two strategies; keep the smaller arena */
+    qsort(items, (size_t)n, sizeof(*items), item_by_size_desc);
+    size_t a = plan_place(items, n, 0, lower);
+    memcpy(alt, items, sizeof(*alt) * (size_t)n);
+    qsort(alt, (size_t)n, sizeof(*alt), item_by_first);
+    size_t b = plan_place(alt, n, 1, lower);
+    if (a == (size_t)-1 || b == (size_t)-1) {
+        mge_free(alt);
+        return (size_t)-1;
+    }
+    if (b < a) {
+        memcpy(items, alt, sizeof(*items) * (size_t)n);
+        a = b;
+    }
+    mge_free(alt);
+    return a;
 }
 
 size_t mge__plan_lower_bound(const struct mge__plan_item *items, int n, int64_t end)
@@ -136,41 +191,47 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
             r->last_use = end;
         }
 
-    /* parameters: creation order; gradients: the order backward first writes them */
-    size_t off = 0;
-    for (int i = 0; i < g->n_params; i++) {
-        struct mge_value *p = &g->values[g->params[i]];
-        p->offset = off;
-        off += align_up(mge__value_bytes(g, g->params[i]));
-    }
-    g->param_bytes = off;
-    off = 0;
-    if (g->grads) {
-        int *order = mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1));
-        if (!order)
-            return MGE_ERR(MGE_NOMEM, "cannot allocate plan");
-        int n_order = 0;
-        for (int ni = 0; ni < g->n_nodes; ni++)
-            for (int i = 0; i < g->nodes[ni].n_out; i++) {
-                int o = g->nodes[ni].out[i];
-                if (o < 0)
-                    continue;
-                o = mge__value_root(g, o);
-                if (g->values[o].kind != MGE_VALUE_GRAD)
-                    continue;
-                int seen = 0;
-                for (int k = 0; k < n_order; k++)
-                    seen |= order[k] == o;
-                if (!seen)
-                    order[n_order++] = o;
-            }
-        for (int k = 0; k < n_order; k++) {
-            g->values[order[k]].offset = off;
-            off += align_up(mge__value_bytes(g, order[k]));
-        }
+    /*
+     * Parameters and gradients share one layout, so the optimiser walks both arenas (and its
+     * state) element by element: the order in which backward first writes each gradient (the
+     * last layer first: packs of gradients are ready front to back), then parameters that get
+     * no gradient, in creation order.
+     */
+    int *order = mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1));
+    char *placed = mge_calloc((size_t)(g->n_params ? g->n_params : 1), 1);
+    if (!order || !placed) {
         mge_free(order);
+        mge_free(placed);
+        return MGE_ERR(MGE_NOMEM, "cannot allocate plan");
     }
-    g->grad_bytes = off;
+    int n_order = 0;
+    for (int ni = 0; ni < g->n_nodes && g->grads; ni++)
+        for (int i = 0; i < g->nodes[ni].n_out; i++) {
+            int o = g->nodes[ni].out[i];
+            if (o < 0)
+                continue;
+            o = mge__value_root(g, o);
+            int pi = g->values[o].param_index;
+            if (g->values[o].kind != MGE_VALUE_GRAD || placed[pi])
+                continue;
+            placed[pi] = 1;
+            order[n_order++] = pi;
+        }
+    for (int pi = 0; pi < g->n_params; pi++)
+        if (!placed[pi])
+            order[n_order++] = pi;
+    size_t off = 0;
+    for (int k = 0; k < n_order; k++) {
+        int pv = g->params[order[k]];
+        g->values[pv].offset = off;
+        if (g->grads && g->grads[order[k]] >= 0)
+            g->values[g->grads[order[k]]].offset = off;
+        off += align_up(mge__value_bytes(g, pv));
+    }
+    mge_free(order);
+    mge_free(placed);
+    g->param_bytes = off;
+    g->grad_bytes = g->grads ? off : 0;
 
     /* activations */
     int n_items = 0;

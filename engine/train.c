@@ -89,7 +89,7 @@ int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struc
         if ((rc = mge_dataset_gather(ds, idx, n, x, y)) != MGE_OK)
             goto out_free;
         mge_graph_set_batch(g, n);
-        if ((rc = mge_graph_run(g, 0, 0)) != MGE_OK)
+        if ((rc = mge_graph_run(g, MGE_RUN_INFER, 0)) != MGE_OK)
             goto out_free;
         sum_loss += (double)*(float *)mge_value_data(g, model->loss) * (double)n;
         const int64_t *ls = mge_value_shape(g, model->logits);
@@ -309,7 +309,7 @@ static int train_loop(struct trainer *t)
         mge_graph_bind(t->g, t->model.x, b->x);
         mge_graph_bind(t->g, t->model.y, b->y);
         mge_graph_set_batch(t->g, b->n);
-        if ((rc = mge_graph_run(t->g, 1, t->step)) != MGE_OK)
+        if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
             return rc;
         mge_optim_step(&t->optim, params, grads, t->step);
         train_sec += now_sec() - t0;

@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,14 +95,14 @@ static void gc_finish(struct gc *c, int out)
 
 static double gc_loss(struct gc *c)
 {
-    ck_assert_int_eq(mge_graph_run(c->g, 0, 7), MGE_OK);
+    ck_assert_int_eq(mge_graph_run(c->g, MGE_RUN_FORWARD_TRAIN, 7), MGE_OK);
     return *(float *)mge_value_data(c->g, c->loss);
 }
 
 /* Compare every parameter's analytic gradient with central differences. */
 static void gc_check(struct gc *c)
 {
-    ck_assert_int_eq(mge_graph_run(c->g, 1, 7), MGE_OK);
+    ck_assert_int_eq(mge_graph_run(c->g, MGE_RUN_TRAIN, 7), MGE_OK);
     int64_t ng;
     float *grads = mge_graph_grads(c->g, &ng);
     float *copy = mge_malloc(sizeof(float) * (size_t)(ng ? ng : 1));
@@ -332,7 +333,7 @@ START_TEST(test_batch_smaller_than_planned)
         mge_graph_bind(g, xi, x);
         mge_graph_bind(g, yi, y);
         ck_assert_int_eq(mge_graph_set_batch(g, 5), MGE_OK);
-        ck_assert_int_eq(mge_graph_run(g, 1, 0), MGE_OK);
+        ck_assert_int_eq(mge_graph_run(g, MGE_RUN_TRAIN, 0), MGE_OK);
         loss[pass] = *(float *)mge_value_data(g, l);
         if (pass == 0)
             memcpy(out5, mge_value_data(g, logits), sizeof(out5));
