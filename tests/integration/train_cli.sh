@@ -1,0 +1,80 @@
+#!/bin/sh
+# train_cli.sh: mge-train and mge-infer end to end on the real Fashion-MNIST (Debian's
+# dataset-fashion-mnist): accuracy of both examples, mge-infer reproducing the accuracy
+# exactly, bit-identical resume, --plan, and clear errors (exit 2) on bad input.
+BUILD=${1:-build}
+BIN=$(cd "$BUILD/bin" && pwd)
+ROOT=$(pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0; passes=0
+ok() { passes=$((passes + 1)); echo "  ok: $*"; }
+bad() { fails=$((fails + 1)); echo "  FAIL: $*"; }
+# json FILE KEY: a key of the last JSON line of FILE
+json() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$1" "$2"; }
+ge() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' "$1" "$2"; }
+
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    echo "skip: dataset-fashion-mnist is not installed"; exit 77
+fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+echo "-- plan"
+"$BIN/mge-train" --plan "$ROOT/examples/fmnist-mlp.yaml" > "$T/plan.json" 2>"$T/err" || bad "--plan exited $?"
+for k in peak_bytes lower_bound_bytes param_bytes activation_bytes; do
+    v=$(json "$T/plan.json" $k 2>/dev/null) && [ "$v" -gt 0 ] && ok "plan has $k=$v" || bad "plan lacks $k"
+done
+[ "$(json "$T/plan.json" param_bytes)" -ge 2678848 ] && ok "param bytes cover 669706 floats" || bad "param bytes too small"
+
+echo "-- mlp, 3 epochs"
+"$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --json --out "$T/mlp" > "$T/mlp.out" 2>"$T/err" || { bad "mlp exited $?"; cat "$T/err"; }
+acc=$(json "$T/mlp.out" test_accuracy)
+ge "$acc" 0.86 && ok "mlp test accuracy $acc >= 0.86" || bad "mlp test accuracy $acc < 0.86"
+[ "$(json "$T/mlp.out" steps)" = 1407 ] && ok "mlp ran 1407 steps" || bad "mlp steps $(json "$T/mlp.out" steps)"
+grep -q '"step":1,' "$T/mlp.out" && ok "per-step JSON lines" || bad "no per-step JSON line"
+grep -q '"epoch":3,.*"test_accuracy"' "$T/mlp.out" && ok "per-epoch evaluation lines" || bad "no evaluation line"
+python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$T/mlp.out" && ok "stdout is JSON lines only" || bad "stdout has non-JSON"
+
+echo "-- mge-infer reproduces the accuracy exactly"
+"$BIN/mge-infer" "$T/mlp/latest.mgeckpt" --json > "$T/infer.out" 2>"$T/err" || { bad "mge-infer exited $?"; cat "$T/err"; }
+iacc=$(json "$T/infer.out" accuracy)
+[ "$iacc" = "$acc" ] && ok "mge-infer accuracy $iacc == training's $acc" || bad "mge-infer $iacc != $acc"
+
+echo "-- lenet, 2 epochs"
+"$BIN/mge-train" "$ROOT/examples/fmnist-lenet.yaml" --json --out "$T/lenet" > "$T/lenet.out" 2>"$T/err" || { bad "lenet exited $?"; cat "$T/err"; }
+lacc=$(json "$T/lenet.out" test_accuracy)
+ge "$lacc" 0.86 && ok "lenet test accuracy $lacc >= 0.86" || bad "lenet test accuracy $lacc < 0.86"
+
+echo "-- resume is bit-identical"
+"$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set train.epochs=2 --json --out "$T/straight" > "$T/straight.out" 2>&1
+"$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set train.epochs=1 --json --out "$T/half" > "$T/half.out" 2>&1
+"$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set train.epochs=2 --resume "$T/half/latest.mgeckpt" --json --out "$T/resumed" > "$T/resumed.out" 2>&1
+l1=$(json "$T/straight.out" final_loss); l2=$(json "$T/resumed.out" final_loss)
+[ -n "$l1" ] && [ "$l1" = "$l2" ] && ok "final loss $l1 straight == $l2 resumed" || bad "final loss $l1 straight != $l2 resumed"
+[ "$(json "$T/resumed.out" steps_run)" = 469 ] && ok "resumed run did only the second epoch" || bad "resumed run steps_run $(json "$T/resumed.out" steps_run)"
+a1=$(json "$T/straight.out" test_accuracy); a2=$(json "$T/resumed.out" test_accuracy)
+[ "$a1" = "$a2" ] && ok "test accuracy equal after resume ($a1)" || bad "accuracy $a1 != $a2"
+
+echo "-- bad input: exit 2 and a message naming file, key and line"
+expect2() { # name, needle, command...
+    name=$1; needle=$2; shift 2
+    "$@" > "$T/bad.out" 2> "$T/bad.err"; rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "$needle" "$T/bad.err"; then ok "$name: exit 2, '$(head -c 150 "$T/bad.err" | head -n 1)'"
+    else bad "$name: exit $rc, stderr: $(cat "$T/bad.err")"; fi
+}
+printf 'name: x\nmodel: {type: mlp, hidden: [8]\ntrain: {steps: 1}\n' > "$T/broken.yaml"
+expect2 "malformed YAML" "broken.yaml:" "$BIN/mge-train" "$T/broken.yaml"
+sed 's/^  batch_size: 128/  batch_sise: 128/' "$ROOT/examples/fmnist-mlp.yaml" > "$T/unknown.yaml"
+expect2 "unknown key" "unknown.yaml:15: train.batch_sise" "$BIN/mge-train" "$T/unknown.yaml"
+expect2 "wrong type" "train.optimizer.lr" "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set train.optimizer.lr=fast
+expect2 "missing data file" "nothere.gz" "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set data.train_images=$T/nothere.gz
+head -c 100000 /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz > "$T/trunc.gz"
+expect2 "truncated data file" "trunc.gz" "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set data.train_images=$T/trunc.gz
+head -c 5000 "$T/half/latest.mgeckpt" > "$T/trunc.mgeckpt"
+expect2 "truncated checkpoint (resume)" "trunc.mgeckpt" "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --resume "$T/trunc.mgeckpt"
+expect2 "truncated checkpoint (infer)" "trunc.mgeckpt" "$BIN/mge-infer" "$T/trunc.mgeckpt"
+expect2 "checkpoint of another model" "fc1.w" "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set 'model.hidden=[64]' --resume "$T/half/latest.mgeckpt"
+expect2 "no such spec" "nope.yaml" "$BIN/mge-train" "$T/nope.yaml"
+
+echo "train_cli: $passes passed, $fails failed"
+[ $fails -eq 0 ]
