@@ -69,8 +69,7 @@ static void im2col(const struct mge_cpu_conv *cv, float *restrict col, const flo
 }
 
 /* dx (C, H, W) += col2im(col) */
-static void col2im_add(const struct mge_cpu_conv *cv, float *restrict dx,
-                       const float *restrict col)
+static void col2im_add(const struct mge_cpu_conv *cv, float *restrict dx, const float *restrict col)
 {
     int P = cv->P, Q = cv->Q, st = cv->stride;
     for (int c = 0; c < cv->C; c++)
@@ -212,7 +211,7 @@ void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *
 #pragma omp for schedule(static)
         for (int n = 0; n < cv->N; n++)
             backward_image(cv, n, dinp, dwp, dbp, dout, inp, w, base + L.col, acc);
-        /* implicit barrier: all partials complete */
+            /* implicit barrier: all partials complete */
 #pragma omp for schedule(static)
         for (size_t i = 0; i < nw + (size_t)cv->K; i++) {
             int is_b = i >= nw;

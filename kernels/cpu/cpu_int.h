@@ -14,10 +14,10 @@ extern "C" {
 /* GEMM backends; MGE__GEMM_AUTO picks one of the others by shape (see gemm.c). */
 enum mge__gemm_backend {
     MGE__GEMM_AUTO,
-    MGE__GEMM_DNNL,       /* dnnl_sgemm, oneDNN's own OpenMP threads */
-    MGE__GEMM_OPENBLAS,   /* cblas_sgemm, OpenBLAS's own threads */
-    MGE__GEMM_SPLIT_DNNL, /* C split into one block per OpenMP thread, dnnl_sgemm single-threaded */
-    MGE__GEMM_REF,        /* mge_cpu_sgemm_ref */
+    MGE__GEMM_DNNL,     /* "dnnl": one block of C per OpenMP thread, dnnl_sgemm single-threaded */
+    MGE__GEMM_DNNL_OMP, /* "dnnl-omp": dnnl_sgemm with oneDNN's own OpenMP threading */
+    MGE__GEMM_OPENBLAS, /* "openblas": cblas_sgemm, OpenBLAS's own threads */
+    MGE__GEMM_REF,      /* "ref": mge_cpu_sgemm_ref */
     MGE__GEMM_COUNT
 };
 
