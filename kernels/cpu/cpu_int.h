@@ -8,8 +8,9 @@
 extern "C" {
 #endif
 
-/* Loops shorter than this many elements run on one thread: the fork/join costs more. */
-#define MGE__PAR_MIN 32768
+/* Loops up to this many elements run on one thread: a fork/join costs more than it saves there,
+ * and far more when another process holds a core (a descheduled thread stalls the barrier). */
+#define MGE__PAR_MIN 65536
 
 /* GEMM backends; MGE__GEMM_AUTO picks one of the others by shape (see gemm.c). */
 enum mge__gemm_backend {

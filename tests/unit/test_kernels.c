@@ -263,7 +263,7 @@ END_TEST
 
 START_TEST(test_bias_backward)
 {
-    int64_t R = 300, Cn = 150; /* R * Cn > MGE__PAR_MIN: the threaded path */
+    int64_t R = 600, Cn = 150; /* R * Cn > MGE__PAR_MIN: the threaded path */
     rng_state = 5;
     float *d = rnd_new(R * Cn), *db = rnd_new(Cn), *want = rnd_new(Cn), *base = rnd_new(Cn);
     float *dba = copy_new(base, Cn), *again = rnd_new(Cn);
@@ -386,19 +386,19 @@ END_TEST
 
 START_TEST(test_sum_to_large)
 {
-    /* (300, 200) -> (1, 200) and (300, 1): the threaded paths, against double sums */
-    static const int64_t shape[2] = {300, 200}, cols[2] = {0, 1}, rows[2] = {1, 0};
+    /* (400, 200) -> (1, 200) and (400, 1): the threaded paths, against double sums */
+    static const int64_t shape[2] = {400, 200}, cols[2] = {0, 1}, rows[2] = {1, 0};
     rng_state = 7;
-    float *x = rnd_new(60000), *oc = rnd_new(200), *orow = rnd_new(300);
+    float *x = rnd_new(80000), *oc = rnd_new(200), *orow = rnd_new(400);
     mge_cpu_sum_to(oc, cols, x, shape, 2, 0);
     mge_cpu_sum_to(orow, rows, x, shape, 2, 0);
     for (int j = 0; j < 200; j++) {
         double s = 0;
-        for (int i = 0; i < 300; i++)
+        for (int i = 0; i < 400; i++)
             s += x[i * 200 + j];
         ck_assert_msg(fabs(oc[j] - s) < 1e-4, "col %d", j);
     }
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 400; i++) {
         double s = 0;
         for (int j = 0; j < 200; j++)
             s += x[i * 200 + j];
@@ -410,7 +410,7 @@ END_TEST
 
 START_TEST(test_scale_axpy)
 {
-    int64_t n = 40000;
+    int64_t n = 100000;
     rng_state = 8;
     float *x = rnd_new(n), *y = rnd_new(n), *y0 = copy_new(y, n), *o = rnd_new(n);
     mge_cpu_scale(o, x, -2.5f, n);
@@ -539,7 +539,7 @@ END_TEST
 
 START_TEST(test_softmax_xent_deterministic)
 {
-    int64_t B = 4096, V = 10; /* threaded path */
+    int64_t B = 8192, V = 10; /* B * V > MGE__PAR_MIN: the threaded path */
     int32_t *labels = malloc(sizeof(int32_t) * B);
     ck_assert_ptr_nonnull(labels);
     rng_state = 11;
