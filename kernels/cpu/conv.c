@@ -44,6 +44,18 @@ size_t mge_cpu_conv_scratch_bytes(const struct mge_cpu_conv *cv)
     return (size_t)(cv->slots > 0 ? cv->slots : 1) * slot_layout(cv).bytes;
 }
 
+/* The output columns [*q0, *q1) whose input column q * stride - pad + s lies inside the image. */
+static void valid_q(const struct mge_cpu_conv *cv, int s, int *q0, int *q1)
+{
+    int st = cv->stride, lo = cv->pad - s, hi = cv->W - 1 + cv->pad - s;
+    int a = lo <= 0 ? 0 : (lo + st - 1) / st;
+    int b = hi < 0 ? 0 : hi / st + 1;
+    *q0 = a < cv->Q ? a : cv->Q;
+    *q1 = b < cv->Q ? b : cv->Q;
+    if (*q1 < *q0)
+        *q1 = *q0;
+}
+
 /* col (C*R*S, P*Q) from one image x (C, H, W); zeros where the window hangs over the edge. */
 static void im2col(const struct mge_cpu_conv *cv, float *restrict col, const float *restrict x)
 {
@@ -52,6 +64,8 @@ static void im2col(const struct mge_cpu_conv *cv, float *restrict col, const flo
         for (int r = 0; r < cv->R; r++)
             for (int s = 0; s < cv->S; s++) {
                 float *row = col + (((size_t)c * cv->R + r) * cv->S + s) * P * Q;
+                int q0, q1;
+                valid_q(cv, s, &q0, &q1);
                 for (int p = 0; p < P; p++) {
                     int h = p * st - cv->pad + r;
                     float *o = row + (size_t)p * Q;
@@ -59,35 +73,42 @@ static void im2col(const struct mge_cpu_conv *cv, float *restrict col, const flo
                         memset(o, 0, (size_t)Q * sizeof(float));
                         continue;
                     }
-                    const float *xi = x + ((size_t)c * cv->H + h) * cv->W;
-                    for (int q = 0; q < Q; q++) {
-                        int w = q * st - cv->pad + s;
-                        o[q] = w >= 0 && w < cv->W ? xi[w] : 0.0f;
-                    }
+                    const float *xi = x + ((size_t)c * cv->H + h) * cv->W - cv->pad + s;
+                    for (int q = 0; q < q0; q++)
+                        o[q] = 0.0f;
+                    if (st == 1)
+                        memcpy(o + q0, xi + q0, (size_t)(q1 - q0) * sizeof(float));
+                    else
+                        for (int q = q0; q < q1; q++)
+                            o[q] = xi[q * st];
+                    for (int q = q1; q < Q; q++)
+                        o[q] = 0.0f;
                 }
             }
 }
 
 /* dx (C, H, W) += col2im(col) */
-static void col2im_add(const struct mge_cpu_conv *cv, float *restrict dx,
-                       const float *restrict col)
+static void col2im_add(const struct mge_cpu_conv *cv, float *restrict dx, const float *restrict col)
 {
     int P = cv->P, Q = cv->Q, st = cv->stride;
     for (int c = 0; c < cv->C; c++)
         for (int r = 0; r < cv->R; r++)
             for (int s = 0; s < cv->S; s++) {
                 const float *row = col + (((size_t)c * cv->R + r) * cv->S + s) * P * Q;
+                int q0, q1;
+                valid_q(cv, s, &q0, &q1);
                 for (int p = 0; p < P; p++) {
                     int h = p * st - cv->pad + r;
                     if (h < 0 || h >= cv->H)
                         continue;
-                    float *di = dx + ((size_t)c * cv->H + h) * cv->W;
+                    float *di = dx + ((size_t)c * cv->H + h) * cv->W - cv->pad + s;
                     const float *o = row + (size_t)p * Q;
-                    for (int q = 0; q < Q; q++) {
-                        int w = q * st - cv->pad + s;
-                        if (w >= 0 && w < cv->W)
-                            di[w] += o[q];
-                    }
+                    if (st == 1)
+                        for (int q = q0; q < q1; q++)
+                            di[q] += o[q];
+                    else
+                        for (int q = q0; q < q1; q++)
+                            di[q * st] += o[q];
                 }
             }
 }
@@ -212,7 +233,7 @@ void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *
 #pragma omp for schedule(static)
         for (int n = 0; n < cv->N; n++)
             backward_image(cv, n, dinp, dwp, dbp, dout, inp, w, base + L.col, acc);
-        /* implicit barrier: all partials complete */
+            /* implicit barrier: all partials complete */
 #pragma omp for schedule(static)
         for (size_t i = 0; i < nw + (size_t)cv->K; i++) {
             int is_b = i >= nw;

@@ -30,7 +30,8 @@ void mge_cpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float
                    const float *B, int ldb, float beta, float *C, int ldc);
 void mge_cpu_sgemm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                        const float *B, int ldb, float beta, float *C, int ldc);
-/* Name of the GEMM backend in use ("dnnl", "openblas", "ref"); $MGE_GEMM overrides the choice. */
+/* Name of the GEMM backend in use ("dnnl", "openblas", "ref"); $MGE_GEMM overrides the choice
+ * ("dnnl-omp" too: oneDNN's own threading, slower here). Read once, at the first GEMM. */
 const char *mge_cpu_sgemm_backend(void);
 
 /* ---- elementwise -------------------------------------------------------------------------- */

@@ -8,16 +8,17 @@
 extern "C" {
 #endif
 
-/* Loops shorter than this many elements run on one thread: the fork/join costs more. */
-#define MGE__PAR_MIN 32768
+/* Loops up to this many elements run on one thread: a fork/join costs more than it saves there,
+ * and far more when another process holds a core (a descheduled thread stalls the barrier). */
+#define MGE__PAR_MIN 65536
 
 /* GEMM backends; MGE__GEMM_AUTO picks one of the others by shape (see gemm.c). */
 enum mge__gemm_backend {
     MGE__GEMM_AUTO,
-    MGE__GEMM_DNNL,       /* dnnl_sgemm, oneDNN's own OpenMP threads */
-    MGE__GEMM_OPENBLAS,   /* cblas_sgemm, OpenBLAS's own threads */
-    MGE__GEMM_SPLIT_DNNL, /* C split into one block per OpenMP thread, dnnl_sgemm single-threaded */
-    MGE__GEMM_REF,        /* mge_cpu_sgemm_ref */
+    MGE__GEMM_DNNL,     /* "dnnl": one block of C per OpenMP thread, dnnl_sgemm single-threaded */
+    MGE__GEMM_DNNL_OMP, /* "dnnl-omp": dnnl_sgemm with oneDNN's own OpenMP threading */
+    MGE__GEMM_OPENBLAS, /* "openblas": cblas_sgemm, OpenBLAS's own threads */
+    MGE__GEMM_REF,      /* "ref": mge_cpu_sgemm_ref */
     MGE__GEMM_COUNT
 };
 

@@ -145,7 +145,8 @@ void mge_cpu_bias_act_forward(int act, float *out, const float *inp, const float
 
 void mge_cpu_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols, int acc)
 {
-    /* Column blocks in parallel, rows in order within each: the sum order never depends on threads. */
+    /* Column blocks in parallel, rows in order within each: the sum order never depends on threads.
+     */
     enum { BLK = 64 };
     int64_t nblk = (cols + BLK - 1) / BLK;
 #pragma omp parallel for schedule(static) if (rows * cols > MGE__PAR_MIN && nblk > 1)

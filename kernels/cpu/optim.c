@@ -1,10 +1,10 @@
-/* optim.c: CPU optimiser steps (SGD with momentum/Nesterov, Adam/AdamW) over one parameter arena. */
+/* optim.c: CPU optimiser steps (SGD with momentum/Nesterov, Adam/AdamW) over a parameter arena. */
 #include <math.h>
 
 #include "kernels/cpu/cpu_int.h"
 
-void mge_cpu_sgd_update(float *p, const float *g, float *v, int64_t n, float lr, float mu,
-                        float wd, int nesterov)
+void mge_cpu_sgd_update(float *p, const float *g, float *v, int64_t n, float lr, float mu, float wd,
+                        int nesterov)
 {
     if (mu == 0.0f) {
 #pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)
@@ -26,7 +26,7 @@ void mge_cpu_adam_update(float *p, const float *g, float *m, float *v, int64_t n
 {
     float c1 = 1.0f / (1.0f - powf(beta1, (float)t));
     float c2 = 1.0f / (1.0f - powf(beta2, (float)t));
-    float l2 = adamw ? 0.0f : wd;        /* Adam: L2 folded into the gradient */
+    float l2 = adamw ? 0.0f : wd;         /* Adam: L2 folded into the gradient */
     float decay = adamw ? lr * wd : 0.0f; /* AdamW: decoupled, applied to p before the step */
 #pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)
     for (int64_t i = 0; i < n; i++) {

@@ -16,8 +16,7 @@ int mge_cpu_pool_init(struct mge_cpu_pool *pl)
 }
 
 /* The in-bounds part [h0, h1) x [w0, w1) of output (p, q)'s window. */
-static void window(const struct mge_cpu_pool *pl, int p, int q, int *h0, int *h1, int *w0,
-                   int *w1)
+static void window(const struct mge_cpu_pool *pl, int p, int q, int *h0, int *h1, int *w0, int *w1)
 {
     int hs = p * pl->stride - pl->pad, ws = q * pl->stride - pl->pad;
     *h0 = hs < 0 ? 0 : hs;
@@ -91,7 +90,8 @@ void mge_cpu_avgpool_forward(const struct mge_cpu_pool *pl, float *out, const fl
     }
 }
 
-void mge_cpu_avgpool_backward(const struct mge_cpu_pool *pl, float *dinp, const float *dout, int acc)
+void mge_cpu_avgpool_backward(const struct mge_cpu_pool *pl, float *dinp, const float *dout,
+                              int acc)
 {
     int64_t planes = (int64_t)pl->N * pl->C, HW = (int64_t)pl->H * pl->W;
     int64_t PQ = (int64_t)pl->P * pl->Q;

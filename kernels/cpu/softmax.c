@@ -1,4 +1,4 @@
-/* softmax.c: CPU row-wise softmax and log-softmax, fused softmax cross-entropy, and accuracy counting. */
+/* softmax.c: CPU row-wise softmax, log-softmax, fused softmax cross-entropy, accuracy. */
 #include <math.h>
 
 #include "kernels/cpu/cpu_int.h"

@@ -13,13 +13,13 @@ struct shape {
 
 /* MLP 784-512-512-10 at batch 128 (weights (out, in)), then LeNet-5 im2col GEMMs per image. */
 static const struct shape shapes[] = {
-    {"fc1 fwd  X@W^T", 0, 1, 128, 512, 784},  {"fc2 fwd  X@W^T", 0, 1, 128, 512, 512},
-    {"fc3 fwd  X@W^T", 0, 1, 128, 10, 512},   {"fc1 dX   dY@W", 0, 0, 128, 784, 512},
-    {"fc2 dX   dY@W", 0, 0, 128, 512, 512},   {"fc3 dX   dY@W", 0, 0, 128, 512, 10},
-    {"fc1 dW   dY^T@X", 1, 0, 512, 784, 128}, {"fc2 dW   dY^T@X", 1, 0, 512, 512, 128},
-    {"fc3 dW   dY^T@X", 1, 0, 10, 512, 128},  {"conv1 fwd W@col", 0, 0, 6, 784, 25},
-    {"conv1 dW dO@col^T", 0, 1, 6, 25, 784},  {"conv2 fwd W@col", 0, 0, 16, 100, 150},
-    {"conv2 dW dO@col^T", 0, 1, 16, 150, 100}, {"conv2 dcol W^T@dO", 1, 0, 150, 100, 16},
+    {"fc1 fwd  X@W^T", 0, 1, 128, 512, 784},    {"fc2 fwd  X@W^T", 0, 1, 128, 512, 512},
+    {"fc3 fwd  X@W^T", 0, 1, 128, 10, 512},     {"fc1 dX   dY@W", 0, 0, 128, 784, 512},
+    {"fc2 dX   dY@W", 0, 0, 128, 512, 512},     {"fc3 dX   dY@W", 0, 0, 128, 512, 10},
+    {"fc1 dW   dY^T@X", 1, 0, 512, 784, 128},   {"fc2 dW   dY^T@X", 1, 0, 512, 512, 128},
+    {"fc3 dW   dY^T@X", 1, 0, 10, 512, 128},    {"conv1 fwd W@col", 0, 0, 6, 784, 25},
+    {"conv1 dW dO@col^T", 0, 1, 6, 25, 784},    {"conv2 fwd W@col", 0, 0, 16, 100, 150},
+    {"conv2 dW dO@col^T", 0, 1, 16, 150, 100},  {"conv2 dcol W^T@dO", 1, 0, 150, 100, 16},
     {"conv1 batched fwd", 0, 0, 6, 100352, 25}, {"conv2 batched fwd", 0, 0, 16, 12800, 150},
 };
 
@@ -45,8 +45,8 @@ static double measure(int backend, const struct shape *s, const float *A, const 
     for (;;) {
         double t0 = now();
         for (int r = 0; r < reps; r++)
-            mge__cpu_sgemm_with(backend, s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, lda, B, ldb,
-                                0.0f, C, s->N);
+            mge__cpu_sgemm_with(backend, s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, lda, B, ldb, 0.0f,
+                                C, s->N);
         if (now() - t0 > 0.02 || reps > (1 << 24))
             break;
         reps *= 2;
@@ -55,8 +55,8 @@ static double measure(int backend, const struct shape *s, const float *A, const 
     for (int i = 0; i < 7; i++) {
         double t0 = now();
         for (int r = 0; r < reps; r++)
-            mge__cpu_sgemm_with(backend, s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, lda, B, ldb,
-                                0.0f, C, s->N);
+            mge__cpu_sgemm_with(backend, s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, lda, B, ldb, 0.0f,
+                                C, s->N);
         g[i] = flop * reps / (now() - t0) * 1e-9;
     }
     qsort(g, 7, sizeof(g[0]), cmp_double);
@@ -65,7 +65,7 @@ static double measure(int backend, const struct shape *s, const float *A, const 
 
 int main(int argc, char **argv)
 {
-    static const int backends[] = {MGE__GEMM_OPENBLAS, MGE__GEMM_DNNL, MGE__GEMM_SPLIT_DNNL};
+    static const int backends[] = {MGE__GEMM_OPENBLAS, MGE__GEMM_DNNL_OMP, MGE__GEMM_DNNL};
     int nb = (int)(sizeof(backends) / sizeof(backends[0]));
     int nshapes = (int)(sizeof(shapes) / sizeof(shapes[0]));
     size_t maxa = 0, maxb = 0, maxc = 0;
