@@ -645,16 +645,18 @@ static int apply_override(struct ctx *c, struct tnode *root, int idx)
 
     /* Check the whole path against the schema before touching the tree. */
     for (int i = 0; i < ncomp; i++) {
-        const struct keydef *d = defs ? keydef_find(defs, comp[i]) : NULL;
-        char next[128];
-        path_join(next, sizeof(next), sofar, comp[i]);
-        strfmt(sofar, sizeof(sofar), "%s", next);
-        if (!d || (i + 1 < ncomp && !d->kids)) {
-            struct tnode at = {.origin = idx};
-            if (!comp[i][0])
-                return fail_code(c, MGE_SPEC, 0, 0, idx, "expected key.path=value");
-            return fail_unknown(c, &at, sofar, comp[i], defs ? defs : root_keys);
-        }
+        struct tnode at = {.origin = idx};
+        const struct keydef *d;
+        char parent[128];
+        if (!comp[i][0])
+            return fail_code(c, MGE_SPEC, 0, 0, idx, "expected key.path=value");
+        strfmt(parent, sizeof(parent), "%s", sofar);
+        path_join(sofar, sizeof(sofar), parent, comp[i]);
+        if (!defs)
+            return fail_at(c, &at, sofar, "unknown key (%s takes a value, not keys)", parent);
+        d = keydef_find(defs, comp[i]);
+        if (!d)
+            return fail_unknown(c, &at, sofar, comp[i], defs);
         defs = d->kids;
     }
 
@@ -665,9 +667,9 @@ static int apply_override(struct ctx *c, struct tnode *root, int idx)
     sofar[0] = '\0';
     for (int i = 0; i < ncomp; i++) {
         long at = tnode_find(m, comp[i]);
-        char next[128];
-        path_join(next, sizeof(next), sofar, comp[i]);
-        strfmt(sofar, sizeof(sofar), "%s", next);
+        char parent[128];
+        strfmt(parent, sizeof(parent), "%s", sofar);
+        path_join(sofar, sizeof(sofar), parent, comp[i]);
         if (i + 1 == ncomp) {
             if (at >= 0) {
                 tnode_free(m->kids[at + 1]);
