@@ -74,18 +74,18 @@ static const char FULL_SYNTH[] =
     "distributed: {backend: mpi}\n";
 
 /* Lines 1-11 of most error cases below; line numbers in the tests count from here. */
-#define HEAD                                                                                      \
-    "name: t\n"             /* 1 */                                                               \
-    "model:\n"              /* 2 */                                                               \
-    "  type: mlp\n"         /* 3 */                                                               \
-    "  hidden: [8]\n"       /* 4 */                                                               \
-    "data:\n"               /* 5 */                                                               \
+#define HEAD                                                                                       \
+    "name: t\n"             /* 1 */                                                                \
+    "model:\n"              /* 2 */                                                                \
+    "  type: mlp\n"         /* 3 */                                                                \
+    "  hidden: [8]\n"       /* 4 */                                                                \
+    "data:\n"               /* 5 */                                                                \
     "  format: synthetic\n" /* 6 */
-#define TRAIN                                                                                     \
-    "train:\n"          /* 7 */                                                                   \
-    "  epochs: 1\n"     /* 8 */                                                                   \
-    "  batch_size: 4\n" /* 9 */                                                                   \
-    "  optimizer:\n"    /* 10 */                                                                  \
+#define TRAIN                                                                                      \
+    "train:\n"          /* 7 */                                                                    \
+    "  epochs: 1\n"     /* 8 */                                                                    \
+    "  batch_size: 4\n" /* 9 */                                                                    \
+    "  optimizer:\n"    /* 10 */                                                                   \
     "    lr: 0.1\n"     /* 11 */
 
 static const char MINIMAL[] = HEAD TRAIN;
@@ -100,8 +100,7 @@ static struct mge_jobspec *parse_ok(const char *text, const char *const *ov, int
     return spec;
 }
 
-static int parse_err(const char *text, const char *const *ov, int n_ov,
-                     struct mge_spec_error *err)
+static int parse_err(const char *text, const char *const *ov, int n_ov, struct mge_spec_error *err)
 {
     struct mge_jobspec *spec = (struct mge_jobspec *)&spec; /* poison: must come back NULL */
     int rc = mge_jobspec_parse("job.yaml", text, strlen(text), ov, n_ov, &spec, err);
@@ -388,8 +387,8 @@ static const struct err_case err_cases[] = {
     {"name: t\nmodel:\n  type:\n", MGE_SPEC, 3, "model.type", "got an empty value"},
     {HEAD "train:\n  epochs: 1\n  batch_size: 4\n", MGE_SPEC, 7, "train.optimizer",
      "required key is missing"},
-    {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: idx\n  train_images: a\n",
-     MGE_SPEC, 3, "data.train_labels", "required key is missing"},
+    {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: idx\n  train_images: a\n", MGE_SPEC,
+     3, "data.train_labels", "required key is missing"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata: {format: idx, train_images: a,\n"
      "  train_labels: b,\n  test_images: c}\n",
      MGE_SPEC, 5, "data.test_images", "needs data.test_labels too"},
@@ -399,8 +398,8 @@ static const struct err_case err_cases[] = {
     {HEAD "train:\n  batch_size: 4\n  optimizer:\n    lr: 0.1\n", MGE_SPEC, 7, "train",
      "one of 'epochs' or 'steps' is required"},
     /* workers: N or {min, max} */
-    {HEAD TRAIN "resources:\n  workers: {min: 4, max: 2}\n", MGE_SPEC, 13,
-     "resources.workers.max", "expected an integer >= resources.workers.min (4), got '2'"},
+    {HEAD TRAIN "resources:\n  workers: {min: 4, max: 2}\n", MGE_SPEC, 13, "resources.workers.max",
+     "expected an integer >= resources.workers.min (4), got '2'"},
     {HEAD TRAIN "resources:\n  workers: {min: 1, maxx: 2}\n", MGE_SPEC, 13,
      "resources.workers.maxx", "unknown key (did you mean 'max'?)"},
     {HEAD TRAIN "resources:\n  workers: {min: 2}\n", MGE_SPEC, 13, "resources.workers.max",
@@ -456,8 +455,8 @@ START_TEST(test_jobspec_errors)
                   err.message);
     ck_assert_msg(!strcmp(err.key, tc->key), "case %d: key '%s', want '%s' (%s)", _i, err.key,
                   tc->key, err.message);
-    ck_assert_msg(strstr(err.message, tc->msg), "case %d: message '%s' lacks '%s'", _i,
-                  err.message, tc->msg);
+    ck_assert_msg(strstr(err.message, tc->msg), "case %d: message '%s' lacks '%s'", _i, err.message,
+                  tc->msg);
 }
 END_TEST
 
@@ -667,8 +666,8 @@ START_TEST(test_jobspec_to_json_shape)
     v = json_object_get(json_object_get(j, "resources"), "workers");
     ck_assert_int_eq(json_integer_value(json_object_get(v, "min")), 2);
     ck_assert_int_eq(json_integer_value(json_object_get(v, "max")), 4);
-    ck_assert_str_eq(
-        json_string_value(json_object_get(json_object_get(j, "memory"), "sublinear")), "light");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "memory"), "sublinear")),
+                     "light");
     ck_assert_str_eq(
         json_string_value(json_object_get(json_object_get(j, "distributed"), "backend")), "nccl");
     ck_assert_int_eq(json_integer_value(json_object_get(j, "priority")), -5);
@@ -686,7 +685,7 @@ START_TEST(test_jobspec_total_steps)
 {
     struct mge_jobspec *s = parse_ok(MINIMAL, (const char *[]){"train.epochs=3"}, 1);
     ck_assert_int_eq(mge_jobspec_total_steps(s, 60000), 3 * 15000);
-    ck_assert_int_eq(mge_jobspec_total_steps(s, 10), 3 * 3); /* ceil(10 / 4) */
+    ck_assert_int_eq(mge_jobspec_total_steps(s, 10), 3 * 3);    /* ceil(10 / 4) */
     ck_assert_int_eq(mge_jobspec_total_steps(s, 0), 3 * 15000); /* data.train_size */
     mge_jobspec_free(s);
     s = parse_ok(MINIMAL, (const char *[]){"train.steps=77"}, 1);
@@ -848,7 +847,8 @@ static Suite *jobspec_suite(void)
     suite_add_tcase(s, tc);
 
     tc = tcase_create("errors");
-    tcase_add_loop_test(tc, test_jobspec_errors, 0, (int)(sizeof(err_cases) / sizeof(err_cases[0])));
+    tcase_add_loop_test(tc, test_jobspec_errors, 0,
+                        (int)(sizeof(err_cases) / sizeof(err_cases[0])));
     tcase_add_test(tc, test_jobspec_error_column_and_null_err);
     tcase_add_test(tc, test_jobspec_error_too_big);
     tcase_add_test(tc, test_jobspec_error_deep_nesting);
