@@ -599,7 +599,8 @@ static int fail_unknown(struct ctx *c, const struct tnode *at, const char *path,
 /* ------------------------------------------------------------------------------------------ */
 /* Overrides                                                                                   */
 
-/* Make an empty mapping with the override's origin for a key that an override creates. */
+/* Append @key: @value to map @m, the key made with the override's origin. On error @m does not own
+ * @value. */
 static int map_add_pair(struct tnode *m, const char *key, struct tnode *value, int origin)
 {
     struct tnode *k = tnode_new(TN_SCALAR, origin, 0, 0);
