@@ -27,7 +27,8 @@
 #define SPEC_MAX_PATH 4096        /* data file paths */
 
 /* snprintf for messages, where cutting a long value short is what we want. */
-static void strfmt(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void strfmt(char *dst, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void strfmt(char *dst, size_t cap, const char *fmt, ...)
 {
     va_list ap;
@@ -180,6 +181,8 @@ static bool override_key_is(const char *override, const char *key)
  * of a parse is kept: every caller returns at once.
  */
 static int failv(struct ctx *c, int code, int line, int column, int origin, const char *key,
+                 const char *fmt, va_list ap) __attribute__((format(printf, 7, 0)));
+static int failv(struct ctx *c, int code, int line, int column, int origin, const char *key,
                  const char *fmt, va_list ap)
 {
     struct mge_spec_error *e = c->err;
@@ -196,8 +199,7 @@ static int failv(struct ctx *c, int code, int line, int column, int origin, cons
         if (!e->key[0] || override_key_is(o, e->key))
             strfmt(e->message, sizeof(e->message), "%s: --set %s: %s", file, ov, what);
         else
-            strfmt(e->message, sizeof(e->message), "%s: --set %s: %s: %s", file, ov, e->key,
-                     what);
+            strfmt(e->message, sizeof(e->message), "%s: --set %s: %s: %s", file, ov, e->key, what);
     } else if (e->line > 0 && e->key[0]) {
         strfmt(e->message, sizeof(e->message), "%s:%d: %s: %s", file, e->line, e->key, what);
     } else if (e->line > 0 && e->column > 0) {
@@ -219,8 +221,8 @@ static int fail_at(struct ctx *c, const struct tnode *at, const char *key, const
 {
     va_list ap;
     va_start(ap, fmt);
-    int rc = failv(c, MGE_SPEC, at ? at->line : 0, at ? at->column : 0, at ? at->origin : -1,
-                   key, fmt, ap);
+    int rc = failv(c, MGE_SPEC, at ? at->line : 0, at ? at->column : 0, at ? at->origin : -1, key,
+                   fmt, ap);
     va_end(ap);
     return rc;
 }
@@ -352,13 +354,13 @@ static int next_event(struct builder *b, yaml_event_t *ev)
 }
 
 /* A spec error at @ev: "@what '@arg'@why". */
-static int fail_event(struct builder *b, const yaml_event_t *ev, const char *what,
-                      const char *arg, const char *why)
+static int fail_event(struct builder *b, const yaml_event_t *ev, const char *what, const char *arg,
+                      const char *why)
 {
     char s[64];
     sanitize(s, sizeof(s), arg, strlen(arg), 30);
-    return fail_code(b->c, MGE_SPEC, (int)ev->start_mark.line + 1,
-                     (int)ev->start_mark.column + 1, b->origin, "%s%s%s", what, s, why);
+    return fail_code(b->c, MGE_SPEC, (int)ev->start_mark.line + 1, (int)ev->start_mark.column + 1,
+                     b->origin, "%s%s%s", what, s, why);
 }
 
 /* Build the node that starts with @ev (owned by the caller) and everything under it. */
@@ -395,8 +397,7 @@ static int build_node(struct builder *b, const yaml_event_t *ev, int depth, stru
                          (int)ev->start_mark.column + 1, b->origin, "unexpected YAML event");
     }
     if (tag)
-        return fail_event(b, ev, "tags (", (const char *)tag,
-                          ") are not supported in a job spec");
+        return fail_event(b, ev, "tags (", (const char *)tag, ") are not supported in a job spec");
     if (depth >= SPEC_MAX_DEPTH)
         return fail_event(b, ev, "nested deeper than a job spec can be", "", "");
 
@@ -514,8 +515,8 @@ struct keydef {
 };
 
 static const struct keydef model_keys[] = {
-    {"type", NULL},   {"hidden", NULL}, {"activation", NULL}, {"layers", NULL},
-    {"width", NULL},  {"dropout", NULL}, {NULL, NULL},
+    {"type", NULL},  {"hidden", NULL},  {"activation", NULL}, {"layers", NULL},
+    {"width", NULL}, {"dropout", NULL}, {NULL, NULL},
 };
 static const struct keydef data_keys[] = {
     {"format", NULL},      {"train_images", NULL}, {"train_labels", NULL}, {"test_images", NULL},
@@ -523,17 +524,24 @@ static const struct keydef data_keys[] = {
     {"classes", NULL},     {"image", NULL},        {"prefetch", NULL},     {NULL, NULL},
 };
 static const struct keydef optim_keys[] = {
-    {"type", NULL},  {"lr", NULL},    {"momentum", NULL}, {"nesterov", NULL}, {"weight_decay", NULL},
-    {"beta1", NULL}, {"beta2", NULL}, {"eps", NULL},      {NULL, NULL},
+    {"type", NULL},     {"lr", NULL},           {"momentum", NULL},
+    {"nesterov", NULL}, {"weight_decay", NULL}, {"beta1", NULL},
+    {"beta2", NULL},    {"eps", NULL},          {NULL, NULL},
 };
 static const struct keydef sched_keys[] = {
     {"type", NULL},         {"step_size", NULL}, {"gamma", NULL},
     {"warmup_steps", NULL}, {"min_lr", NULL},    {NULL, NULL},
 };
 static const struct keydef train_keys[] = {
-    {"epochs", NULL},           {"steps", NULL},       {"batch_size", NULL},
-    {"optimizer", optim_keys},  {"lr_schedule", sched_keys}, {"seed", NULL},
-    {"checkpoint_every", NULL}, {"log_every", NULL},   {"eval", NULL},
+    {"epochs", NULL},
+    {"steps", NULL},
+    {"batch_size", NULL},
+    {"optimizer", optim_keys},
+    {"lr_schedule", sched_keys},
+    {"seed", NULL},
+    {"checkpoint_every", NULL},
+    {"log_every", NULL},
+    {"eval", NULL},
     {NULL, NULL},
 };
 static const struct keydef workers_keys[] = {{"min", NULL}, {"max", NULL}, {NULL, NULL}};
@@ -544,9 +552,15 @@ static const struct keydef resources_keys[] = {
 static const struct keydef memory_keys[] = {{"sublinear", NULL}, {"budget_mb", NULL}, {NULL, NULL}};
 static const struct keydef dist_keys[] = {{"backend", NULL}, {"pack_mb", NULL}, {NULL, NULL}};
 static const struct keydef root_keys[] = {
-    {"name", NULL},           {"model", model_keys},       {"data", data_keys},
-    {"train", train_keys},    {"resources", resources_keys}, {"memory", memory_keys},
-    {"distributed", dist_keys}, {"priority", NULL},        {NULL, NULL},
+    {"name", NULL},
+    {"model", model_keys},
+    {"data", data_keys},
+    {"train", train_keys},
+    {"resources", resources_keys},
+    {"memory", memory_keys},
+    {"distributed", dist_keys},
+    {"priority", NULL},
+    {NULL, NULL},
 };
 
 static const struct keydef *keydef_find(const struct keydef *defs, const char *name)
@@ -573,8 +587,8 @@ static void path_join(char *dst, size_t cap, const char *prefix, const char *nam
     strfmt(dst, cap, "%s%s%s", prefix, prefix[0] && name[0] ? "." : "", name);
 }
 
-static int fail_unknown(struct ctx *c, const struct tnode *at, const char *path,
-                        const char *name, const struct keydef *defs)
+static int fail_unknown(struct ctx *c, const struct tnode *at, const char *path, const char *name,
+                        const struct keydef *defs)
 {
     const char *hint = keydef_suggest(defs, name);
     if (hint)
@@ -585,7 +599,8 @@ static int fail_unknown(struct ctx *c, const struct tnode *at, const char *path,
 /* ------------------------------------------------------------------------------------------ */
 /* Overrides                                                                                   */
 
-/* Make an empty mapping with the override's origin for a key that an override creates. */
+/* Append @key: @value to map @m, the key made with the override's origin. On error @m does not own
+ * @value. */
 static int map_add_pair(struct tnode *m, const char *key, struct tnode *value, int origin)
 {
     struct tnode *k = tnode_new(TN_SCALAR, origin, 0, 0);
@@ -645,16 +660,18 @@ static int apply_override(struct ctx *c, struct tnode *root, int idx)
 
     /* Check the whole path against the schema before touching the tree. */
     for (int i = 0; i < ncomp; i++) {
-        const struct keydef *d = defs ? keydef_find(defs, comp[i]) : NULL;
-        char next[128];
-        path_join(next, sizeof(next), sofar, comp[i]);
-        strfmt(sofar, sizeof(sofar), "%s", next);
-        if (!d || (i + 1 < ncomp && !d->kids)) {
-            struct tnode at = {.origin = idx};
-            if (!comp[i][0])
-                return fail_code(c, MGE_SPEC, 0, 0, idx, "expected key.path=value");
-            return fail_unknown(c, &at, sofar, comp[i], defs ? defs : root_keys);
-        }
+        struct tnode at = {.origin = idx};
+        const struct keydef *d;
+        char parent[128];
+        if (!comp[i][0])
+            return fail_code(c, MGE_SPEC, 0, 0, idx, "expected key.path=value");
+        strfmt(parent, sizeof(parent), "%s", sofar);
+        path_join(sofar, sizeof(sofar), parent, comp[i]);
+        if (!defs)
+            return fail_at(c, &at, sofar, "unknown key (%s takes a value, not keys)", parent);
+        d = keydef_find(defs, comp[i]);
+        if (!d)
+            return fail_unknown(c, &at, sofar, comp[i], defs);
         defs = d->kids;
     }
 
@@ -665,9 +682,9 @@ static int apply_override(struct ctx *c, struct tnode *root, int idx)
     sofar[0] = '\0';
     for (int i = 0; i < ncomp; i++) {
         long at = tnode_find(m, comp[i]);
-        char next[128];
-        path_join(next, sizeof(next), sofar, comp[i]);
-        strfmt(sofar, sizeof(sofar), "%s", next);
+        char parent[128];
+        strfmt(parent, sizeof(parent), "%s", sofar);
+        path_join(sofar, sizeof(sofar), parent, comp[i]);
         if (i + 1 == ncomp) {
             if (at >= 0) {
                 tnode_free(m->kids[at + 1]);
@@ -721,9 +738,9 @@ err_nomem:
 
 /* One mapping of the spec being validated. */
 struct sect {
-    const struct tnode *map;  /* NULL when the section is absent or null */
-    const struct tnode *key;  /* the key that introduced it, for "missing" errors; NULL: root */
-    char path[64];            /* dotted path of the section ("" for the root) */
+    const struct tnode *map; /* NULL when the section is absent or null */
+    const struct tnode *key; /* the key that introduced it, for "missing" errors; NULL: root */
+    char path[64];           /* dotted path of the section ("" for the root) */
 };
 
 /* The value of @name in @s, NULL when absent or null; *@keyp gets its key node. */
@@ -782,8 +799,7 @@ static int sect_check_keys(struct ctx *c, const struct sect *s, const struct key
         char name[64], path[128];
         if (k->kind != TN_SCALAR || strlen(k->str) != k->len) {
             describe(name, sizeof(name), k);
-            return fail_at(c, k, s->path[0] ? s->path : NULL, "expected a key name, got %s",
-                           name);
+            return fail_at(c, k, s->path[0] ? s->path : NULL, "expected a key name, got %s", name);
         }
         sanitize(name, sizeof(name), k->str, k->len, 40);
         path_join(path, sizeof(path), s->path, name);
@@ -874,7 +890,8 @@ static bool scalar_is_num(const struct tnode *v, double *out)
 
 static bool scalar_is_bool(const struct tnode *v, bool *out)
 {
-    static const char *const t[] = {"true", "True", "TRUE"}, *const f[] = {"false", "False", "FALSE"};
+    static const char *const t[] = {"true", "True", "TRUE"}, *const f[] = {"false", "False",
+                                                                           "FALSE"};
     if (v->kind != TN_SCALAR || v->quoted)
         return false;
     for (int i = 0; i < 3; i++) {
@@ -932,7 +949,7 @@ static int get_num(struct ctx *c, const struct sect *s, const char *name, double
         strfmt(what, sizeof(what), "a number %s %g", lo_open ? ">" : ">=", lo);
     else
         strfmt(what, sizeof(what), "a number in %c%g, %g%c", lo_open ? '(' : '[', lo, hi,
-                 hi_open ? ')' : ']');
+               hi_open ? ')' : ']');
     if (given)
         *given = v != NULL;
     if (!v) {
@@ -961,8 +978,8 @@ static int get_bool(struct ctx *c, const struct sect *s, const char *name, bool 
 }
 
 /* One of @names (NULL-terminated); @def < 0 means required. Quoted or plain. */
-static int get_enum(struct ctx *c, const struct sect *s, const char *name,
-                    const char *const *names, int def, int *out)
+static int get_enum(struct ctx *c, const struct sect *s, const char *name, const char *const *names,
+                    int def, int *out)
 {
     char what[128] = "one of ", path[128], got[192];
     const struct tnode *v = sect_get(s, name, NULL);
@@ -989,8 +1006,7 @@ static int get_enum(struct ctx *c, const struct sect *s, const char *name,
         hint = suggest(v->str, names);
         describe(got, sizeof(got), v);
         if (hint)
-            return fail_at(c, v, path, "expected %s, got %s (did you mean '%s'?)", what, got,
-                           hint);
+            return fail_at(c, v, path, "expected %s, got %s (did you mean '%s'?)", what, got, hint);
     }
     return fail_expected(c, v, path, what);
 }
@@ -1012,8 +1028,8 @@ static bool utf8_valid(const char *s, size_t len)
 }
 
 /* A string of 1..@max bytes (any scalar style); NULL *@out when absent and not @required. */
-static int get_str(struct ctx *c, const struct sect *s, const char *name, bool required,
-                   size_t max, char **out)
+static int get_str(struct ctx *c, const struct sect *s, const char *name, bool required, size_t max,
+                   char **out)
 {
     char what[64], path[128];
     const struct tnode *v = sect_get(s, name, NULL);
@@ -1031,8 +1047,8 @@ static int get_str(struct ctx *c, const struct sect *s, const char *name, bool r
 }
 
 /* A list of @min_n..@max_n integers in [@lo, @hi] into @out (room for @max_n). */
-static int get_int_list(struct ctx *c, const struct sect *s, const char *name, int min_n,
-                        int max_n, int lo, int hi, int *out, int *n_out)
+static int get_int_list(struct ctx *c, const struct sect *s, const char *name, int min_n, int max_n,
+                        int lo, int hi, int *out, int *n_out)
 {
     char what[128], range[96], path[128];
     const struct tnode *v = sect_get(s, name, NULL);
@@ -1057,8 +1073,7 @@ static int get_int_list(struct ctx *c, const struct sect *s, const char *name, i
         if (!scalar_is_int(v->kids[i], &x) || x < lo || x > hi) {
             char got[192];
             describe(got, sizeof(got), v->kids[i]);
-            return fail_at(c, v->kids[i], path, "item %zu: expected %s, got %s", i + 1, range,
-                           got);
+            return fail_at(c, v->kids[i], path, "item %zu: expected %s, got %s", i + 1, range, got);
         }
         out[i] = (int)x;
     }
@@ -1180,7 +1195,7 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
         const struct tnode *ti, *tl, *k;
         for (size_t i = 0; i < sizeof(synth_only) / sizeof(synth_only[0]); i++)
             if ((rc = forbid(c, &s, synth_only[i],
-                       "only used with data.format synthetic (idx files carry their own)")))
+                             "only used with data.format synthetic (idx files carry their own)")))
                 return rc;
         if ((rc = get_str(c, &s, "train_images", true, SPEC_MAX_PATH, &d->train_images)))
             return rc;
@@ -1190,11 +1205,13 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
         tl = sect_get(&s, "test_labels", NULL);
         if (ti && !tl) {
             sect_get(&s, "test_images", &k);
-            return fail_at(c, k, "data.test_images", "needs data.test_labels too (both or neither)");
+            return fail_at(c, k, "data.test_images",
+                           "needs data.test_labels too (both or neither)");
         }
         if (tl && !ti) {
             sect_get(&s, "test_labels", &k);
-            return fail_at(c, k, "data.test_labels", "needs data.test_images too (both or neither)");
+            return fail_at(c, k, "data.test_labels",
+                           "needs data.test_images too (both or neither)");
         }
         if ((rc = get_str(c, &s, "test_images", false, SPEC_MAX_PATH, &d->test_images)))
             return rc;
@@ -1366,8 +1383,7 @@ static int check_train(struct ctx *c, const struct sect *root, struct mge_train_
                            "cannot be given together with train.steps (line %d); give one",
                            ks->line);
         return fail_at(c, ks, "train.steps",
-                       "cannot be given together with train.epochs (line %d); give one",
-                       ke->line);
+                       "cannot be given together with train.epochs (line %d); give one", ke->line);
     }
     if ((rc = get_int32(c, &s, "batch_size", 1, 1 << 24, NULL, &t->batch_size, NULL)))
         return rc;
@@ -1453,9 +1469,8 @@ static int check_memory(struct ctx *c, const struct sect *root, struct mge_memor
     v = sect_get(&s, "sublinear", NULL);
     if (v && scalar_is_bool(v, &b))
         mode = b ? MGE_SUBLINEAR_ON : MGE_SUBLINEAR_OFF;
-    else
-        if ((rc = get_enum(c, &s, "sublinear", sublinear_names, MGE_SUBLINEAR_OFF, &mode)))
-            return rc;
+    else if ((rc = get_enum(c, &s, "sublinear", sublinear_names, MGE_SUBLINEAR_OFF, &mode)))
+        return rc;
     m->sublinear = (enum mge_sublinear_mode)mode;
     if ((rc = get_int(c, &s, "budget_mb", 0, INT64_MAX, &(int64_t){0}, &m->budget_mb, NULL)))
         return rc;
@@ -1518,7 +1533,7 @@ static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec 
         struct sect t = {.map = sect_get(&s, "train", NULL)};
         char what[96];
         strfmt(what, sizeof(what), "at least resources.workers (%d), so every rank gets samples",
-                 spec->resources.workers_max);
+               spec->resources.workers_max);
         return fail_expected(c, sect_get(&t, "batch_size", NULL), "train.batch_size", what);
     }
     return MGE_OK;
@@ -1571,8 +1586,9 @@ static int emit_node(yaml_emitter_t *em, const struct tnode *t)
                                           !t->quoted, 1, YAML_ANY_SCALAR_STYLE);
         return ok && yaml_emitter_emit(em, &ev);
     case TN_SEQ:
-        ok = yaml_sequence_start_event_initialize(
-            &ev, NULL, NULL, 1, seq_is_flat(t) ? YAML_FLOW_SEQUENCE_STYLE : YAML_BLOCK_SEQUENCE_STYLE);
+        ok = yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
+                                                  seq_is_flat(t) ? YAML_FLOW_SEQUENCE_STYLE
+                                                                 : YAML_BLOCK_SEQUENCE_STYLE);
         if (!ok || !yaml_emitter_emit(em, &ev))
             return 0;
         for (size_t i = 0; i < t->n; i++)
@@ -1649,8 +1665,7 @@ int mge_jobspec_parse(const char *name, const char *text, size_t len, const char
     if (!text && len)
         return fail_code(&c, MGE_INVAL, 0, 0, -1, "no spec text");
     if (len > SPEC_MAX_BYTES)
-        return fail_code(&c, MGE_SPEC, 0, 0, -1, "spec is larger than %u bytes",
-                         SPEC_MAX_BYTES);
+        return fail_code(&c, MGE_SPEC, 0, 0, -1, "spec is larger than %u bytes", SPEC_MAX_BYTES);
 
     rc = build_tree(&c, text ? text : "", len, -1, &root);
     if (rc)
@@ -1660,8 +1675,7 @@ int mge_jobspec_parse(const char *name, const char *text, size_t len, const char
     } else if (root->kind != TN_MAP) {
         char got[192];
         describe(got, sizeof(got), root);
-        rc = fail_at(&c, root, NULL, "expected a mapping of keys (name, model, ...), got %s",
-                     got);
+        rc = fail_at(&c, root, NULL, "expected a mapping of keys (name, model, ...), got %s", got);
         goto out_free_tree;
     }
     for (int i = 0; i < c.n_overrides; i++) {
@@ -1840,7 +1854,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
                                            : json_null());
     jset(&b, model, "activation",
          json_string((unsigned)spec->model.activation < 4 ? act_names[spec->model.activation]
-                                                           : "unknown"));
+                                                          : "unknown"));
     jset(&b, model, "layers",
          spec->model.type == MGE_MODEL_DEEP_MLP ? json_integer(spec->model.layers) : json_null());
     jset(&b, model, "width",
@@ -1866,7 +1880,8 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, root, "data", data);
 
     train = json_object();
-    jset(&b, train, "epochs", spec->train.steps > 0 ? json_null() : json_integer(spec->train.epochs));
+    jset(&b, train, "epochs",
+         spec->train.steps > 0 ? json_null() : json_integer(spec->train.epochs));
     jset(&b, train, "steps", spec->train.steps > 0 ? json_integer(spec->train.steps) : json_null());
     jset(&b, train, "batch_size", json_integer(spec->train.batch_size));
     optim = json_object();
@@ -1898,7 +1913,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     res = json_object();
     jset(&b, res, "device",
          json_string((unsigned)spec->resources.device < 2 ? device_names[spec->resources.device]
-                                                           : "unknown"));
+                                                          : "unknown"));
     workers = json_object();
     jset(&b, workers, "min", json_integer(spec->resources.workers_min));
     jset(&b, workers, "max", json_integer(spec->resources.workers_max));
@@ -1910,10 +1925,18 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
 
     mem = json_object();
     switch (spec->memory.sublinear) {
-    case MGE_SUBLINEAR_OFF: jset(&b, mem, "sublinear", json_false()); break;
-    case MGE_SUBLINEAR_ON: jset(&b, mem, "sublinear", json_true()); break;
-    case MGE_SUBLINEAR_AUTO: jset(&b, mem, "sublinear", json_string("auto")); break;
-    default: jset(&b, mem, "sublinear", json_string("light")); break;
+    case MGE_SUBLINEAR_OFF:
+        jset(&b, mem, "sublinear", json_false());
+        break;
+    case MGE_SUBLINEAR_ON:
+        jset(&b, mem, "sublinear", json_true());
+        break;
+    case MGE_SUBLINEAR_AUTO:
+        jset(&b, mem, "sublinear", json_string("auto"));
+        break;
+    default:
+        jset(&b, mem, "sublinear", json_string("light"));
+        break;
     }
     jset(&b, mem, "budget_mb", json_integer(spec->memory.budget_mb));
     jset(&b, root, "memory", mem);

@@ -125,10 +125,13 @@ struct mge_spec_error {
  * Parse and validate a YAML spec held in memory.
  * @name: file name for messages ("<request>" for HTTP bodies). @text/@len: the YAML.
  * @overrides: "key.path=value" strings applied before validation (NULL if @n_overrides is 0);
- *   the value is parsed as a YAML scalar or flow sequence ("[512, 512]").
+ *   the value is parsed as a YAML scalar or flow sequence ("[512, 512]"). The path must name
+ *   a known key; a missing key (and its section) is added. Setting train.steps removes
+ *   train.epochs and vice versa. Later overrides win. docs/job-spec.md has the rules.
  * On MGE_OK *@out is a new spec the caller frees with mge_jobspec_free().
  * On MGE_SPEC (bad spec) or MGE_FORMAT (bad YAML) @err (if not NULL) says where and why,
- * and *@out is NULL. Unknown keys are errors that name the key and its line.
+ * and *@out is NULL; likewise MGE_NOMEM. Unknown keys are errors that name the key and its line.
+ * Thread: any (no shared state).
  * Never crashes on any input (fuzzed).
  */
 int mge_jobspec_parse(const char *name, const char *text, size_t len, const char *const *overrides,
@@ -141,7 +144,10 @@ int mge_jobspec_load(const char *path, const char *const *overrides, int n_overr
 /* Free a spec from parse/load; NULL does nothing. */
 void mge_jobspec_free(struct mge_jobspec *spec);
 
-/* Total training steps for @train_size samples (epochs * ceil(train_size / batch) or steps). */
+/*
+ * Total training steps for @train_size samples (epochs * ceil(train_size / batch) or steps).
+ * @train_size <= 0 uses spec->data.train_size. Saturates at INT64_MAX.
+ */
 int64_t mge_jobspec_total_steps(const struct mge_jobspec *spec, int64_t train_size);
 
 /*
