@@ -3,8 +3,8 @@
  * directory. Build and run by hand when the format changes:
  *   cc -std=c11 -D_GNU_SOURCE -I. -Ibuild/gen tests/fuzz/gen_ckpt_seeds.c engine/ckpt.c \
  *      common/alloc.c common/err.c common/log.c build/gen/proto/checkpoint.pb-c.c \
- *      -lprotobuf-c -lz -lpthread -o build/gen_ckpt_seeds && build/gen_ckpt_seeds
- * tests/fuzz/corpus/ckpt
+ *      -lprotobuf-c -lz -lpthread -o build/gen_ckpt_seeds
+ *   build/gen_ckpt_seeds tests/fuzz/corpus/ckpt
  */
 #include <math.h>
 #include <stdio.h>
