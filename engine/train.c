@@ -288,14 +288,24 @@ static int evaluate_epoch(struct trainer *t, int json)
     return MGE_OK;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static int train_loop(struct trainer *t)
 {
     const struct mge_jobspec *spec = t->spec;
     const struct mge_train_opts *o = t->opts;
     int64_t ce = spec->train.checkpoint_every, le = spec->train.log_every > 0 ? spec->train.log_every : 1;
     double train_sec = 0.0, wall0 = now_sec();
-    int64_t samples = 0, first_step = t->step;
+    int64_t samples = 0, first_step = t->step, n_times = 0;
     int rc = MGE_OK;
+    /* per-step times: the median is what a noisy shared machine cannot spoil */
+    double *times = mge_malloc(sizeof(double) * (size_t)(t->total_steps - t->step + 1));
+    if (!times)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate step timers");
     int64_t n_params;
     float *params = mge_graph_params(t->g, &n_params);
     float *grads = mge_graph_grads(t->g, NULL);
@@ -305,21 +315,23 @@ static int train_loop(struct trainer *t)
         struct mge_batch *b;
         double t0 = now_sec();
         if ((rc = mge_loader_next(&t->loader, &b)) != MGE_OK)
-            return rc;
+            goto out_free;
         mge_graph_bind(t->g, t->model.x, b->x);
         mge_graph_bind(t->g, t->model.y, b->y);
         mge_graph_set_batch(t->g, b->n);
         if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
-            return rc;
+            goto out_free;
         mge_optim_step(&t->optim, params, grads, t->step);
-        train_sec += now_sec() - t0;
+        times[n_times] = now_sec() - t0;
+        train_sec += times[n_times++];
         samples += b->n;
         t->step++;
         t->last_loss = *loss;
         if (!isfinite(t->last_loss)) {
             fprintf(stderr, "mge-train: loss is %f at step %lld: diverged\n", t->last_loss,
                     (long long)t->step);
-            return MGE_RANGE;
+            rc = MGE_RANGE;
+            goto out_free;
         }
         t->epoch = b->epoch_end ? b->epoch + 1 : b->epoch;
         t->pos = b->epoch_end ? 0 : b->pos_after;
@@ -336,17 +348,19 @@ static int train_loop(struct trainer *t)
         }
         if (b->epoch_end && t->have_test && spec->train.eval_every_epoch &&
             (rc = evaluate_epoch(t, o->json)) != MGE_OK)
-            return rc;
+            goto out_free;
         if (ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
             (rc = ckpt_save(t)) != MGE_OK)
-            return rc;
+            goto out_free;
     }
     /* a run that ends mid-epoch still reports the model it leaves */
     if (t->have_test && (t->pos != 0 || !spec->train.eval_every_epoch) &&
         (rc = evaluate_epoch(t, o->json)) != MGE_OK)
-        return rc;
+        goto out_free;
     if ((rc = ckpt_save(t)) != MGE_OK)
-        return rc;
+        goto out_free;
+    qsort(times, (size_t)n_times, sizeof(double), cmp_double);
+    double median_ms = n_times ? 1000.0 * times[n_times / 2] : 0.0;
     double wall = now_sec() - wall0;
     double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
     size_t peak = t->stats.param_bytes + t->stats.grad_bytes + mge_optim_state_bytes(&t->optim) +
@@ -357,9 +371,10 @@ static int train_loop(struct trainer *t)
         if (t->have_test)
             printf("\"test_accuracy\":%.6f,\"test_loss\":%.6f,", t->test_acc, t->test_loss);
         printf("\"samples_per_sec\":%.1f,\"peak_bytes\":%zu,\"peak_rss_bytes\":%ld,"
-               "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"threads\":%d,"
-               "\"gemm\":\"%s\",\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
+               "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"median_step_ms\":%.4f,"
+               "\"threads\":%d,\"gemm\":\"%s\",\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
                sps, peak, peak_rss_bytes(), train_sec, wall, (long long)(t->step - first_step),
+               median_ms,
                mge_cpu_threads(), mge_cpu_sgemm_backend(), t->out_dir);
     } else {
         printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
@@ -370,7 +385,9 @@ static int train_loop(struct trainer *t)
         printf("checkpoint: %s/latest.mgeckpt\n", t->out_dir);
     }
     fflush(stdout);
-    return MGE_OK;
+out_free:
+    mge_free(times);
+    return rc;
 }
 
 static void trainer_fini(struct trainer *t)

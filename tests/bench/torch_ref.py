@@ -9,6 +9,7 @@ Usage: torch_ref.py mlp|lenet|deep-mlp EPOCHS THREADS [STEPS]
 """
 import gzip
 import json
+import os
 import resource
 import sys
 import time
@@ -44,7 +45,7 @@ def main():
     kind, epochs, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     max_steps = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     torch.set_num_threads(threads)
-    torch.manual_seed(42)
+    torch.manual_seed(int(os.environ.get("SEED", "42")))
     xtr = torch.from_numpy(idx(D + "train-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
     ytr = torch.from_numpy(idx(D + "train-labels-idx1-ubyte.gz").astype(np.int64))
     xte = torch.from_numpy(idx(D + "t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0)

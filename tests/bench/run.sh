@@ -1,0 +1,11 @@
+#!/bin/sh
+# run.sh: every benchmark, side by side with its reference (PyTorch, raw MPI). `make bench`.
+BUILD=${1:-build}
+cd "$(dirname "$0")/../.." || exit 1
+echo "== engine: mge-train vs PyTorch"
+/usr/bin/python3 tests/bench/engine.py "$BUILD" "${MGE_BENCH_THREADS:-2}" "${MGE_BENCH_ROUNDS:-2}"
+for b in tests/bench/control.sh tests/bench/comm.sh tests/bench/sublinear.sh; do
+    [ -f "$b" ] || continue
+    echo "== $(basename "$b" .sh)"
+    sh "$b" "$BUILD"
+done
