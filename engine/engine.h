@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -158,6 +159,11 @@ enum mge_run {
  * Returns MGE_OK or the first kernel error.
  */
 int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step);
+
+/* Time every op of later runs (on != 0) or stop; MGE_NOMEM if the table cannot be made. */
+int mge_graph_profile(struct mge_graph *g, int on);
+/* Print per-op mean times over @runs runs to @fp. */
+void mge_graph_profile_print(const struct mge_graph *g, FILE *fp, int64_t runs);
 
 /* The parameter and gradient arenas (contiguous; NULL before alloc) and their float counts. */
 float *mge_graph_params(struct mge_graph *g, int64_t *n);

@@ -113,6 +113,7 @@ struct mge_graph {
     int64_t step;                /* current run's step (dropout seeds) */
     int training;                /* current run trains */
     uint64_t seed;               /* dropout base seed */
+    double *profile;             /* per node: seconds spent, when profiling (else NULL) */
 };
 
 /* Sticky error: record the first failure and return -code. */

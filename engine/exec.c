@@ -1,7 +1,11 @@
 /* exec.c: running a planned graph on the CPU ops table, binding inputs, initialising parameters. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "common/alloc.h"
 #include "common/err.h"
 #include "common/rng.h"
 #include "engine/engine_int.h"
@@ -42,11 +46,49 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
     const struct mge_ops_table *ops = &mge__cpu_ops;
     for (int ni = 0; ni < end; ni++) {
         const struct mge_node *n = &g->nodes[ni];
+        struct timespec t0, t1;
+        if (g->profile)
+            clock_gettime(CLOCK_MONOTONIC, &t0);
         int rc = ops->fn[n->op](g, n);
         if (rc != MGE_OK)
             return MGE_ERR(rc, "op %d (%s) failed", ni, mge__op_name(n->op));
+        if (g->profile) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            g->profile[ni] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        }
     }
     return MGE_OK;
+}
+
+int mge_graph_profile(struct mge_graph *g, int on)
+{
+    mge_free(g->profile);
+    g->profile = NULL;
+    if (on && !(g->profile = mge_calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof(double))))
+        return MGE_ERR(MGE_NOMEM, "cannot allocate profile");
+    return MGE_OK;
+}
+
+void mge_graph_profile_print(const struct mge_graph *g, FILE *fp, int64_t runs)
+{
+    if (!g->profile || runs <= 0)
+        return;
+    double total = 0.0;
+    for (int ni = 0; ni < g->n_nodes; ni++)
+        total += g->profile[ni];
+    fprintf(fp, "profile: %.3f ms per run over %lld runs\n", 1e3 * total / (double)runs,
+            (long long)runs);
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        const struct mge_node *n = &g->nodes[ni];
+        int64_t shape[MGE_MAX_DIMS] = {0};
+        int o = n->out[0] >= 0 ? n->out[0] : 0;
+        memcpy(shape, g->values[o].shape, sizeof(int64_t) * (size_t)g->values[o].ndim);
+        fprintf(fp, "  %4d %-16s %s %8.4f ms %5.1f%%  out %s [%lld %lld %lld %lld]\n", ni,
+                mge__op_name(n->op), n->backward ? "bwd" : "fwd",
+                1e3 * g->profile[ni] / (double)runs, 100.0 * g->profile[ni] / total,
+                g->values[o].name, (long long)shape[0], (long long)shape[1],
+                (long long)shape[2], (long long)shape[3]);
+    }
 }
 
 void mge_graph_init_params(struct mge_graph *g, uint64_t seed)

@@ -61,6 +61,7 @@ void mge_graph_free(struct mge_graph *g)
     mge_free(g->nodes);
     mge_free(g->params);
     mge_free(g->grads);
+    mge_free(g->profile);
     mge_free(g);
 }
 

@@ -310,6 +310,9 @@ static int train_loop(struct trainer *t)
     float *params = mge_graph_params(t->g, &n_params);
     float *grads = mge_graph_grads(t->g, NULL);
     const float *loss = mge_value_data(t->g, t->model.loss);
+    const char *prof = getenv("MGE_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") && mge_graph_profile(t->g, 1) != MGE_OK)
+        return MGE_NOMEM;
 
     while (t->step < t->total_steps) {
         struct mge_batch *b;
@@ -359,6 +362,7 @@ static int train_loop(struct trainer *t)
         goto out_free;
     if ((rc = ckpt_save(t)) != MGE_OK)
         goto out_free;
+    mge_graph_profile_print(t->g, stderr, n_times);
     qsort(times, (size_t)n_times, sizeof(double), cmp_double);
     double median_ms = n_times ? 1000.0 * times[n_times / 2] : 0.0;
     double wall = now_sec() - wall0;
