@@ -95,6 +95,7 @@ static void ckpt_scan(struct mge_ranks *rs, struct mge_rank *r)
 {
     DIR *d = opendir(r->out_dir);
     struct dirent *de;
+    int64_t seen = r->last_ckpt_step;
     r->last_ckpt_scan = mono_ms();
     if (!d)
         return;
@@ -113,10 +114,11 @@ static void ckpt_scan(struct mge_ranks *rs, struct mge_rank *r)
         pthread_mutex_lock(&rs->mu);
         line_push(r, 3, line, (size_t)n);
         pthread_mutex_unlock(&rs->mu);
-        if (step > r->last_ckpt_step)
-            r->last_ckpt_step = step;
+        if (step > seen)
+            seen = step;
     }
     closedir(d);
+    r->last_ckpt_step = seen;
 }
 
 static void on_line(struct mge_rank *r, int stream, const char *s, size_t len)
