@@ -330,6 +330,7 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
     tw.n_acks = n_ak;
     tw.acks = akp;
     tw.heartbeat_ms = r->heartbeat_ms;
+    tw.notify_url = r->notify_url; /* changes when the coordinator restarts */
     rc = pack_reply(&tw, reply, len);
     /* NEEDSWORK: if this reply is lost, the commands in it are re-derived: assigns by the
      * missing-rank check, cancels by the resend of cancels to finished ranks. */

@@ -121,7 +121,8 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_JOB_STATE_SET] = "UPDATE jobs SET state = ?1,"
                         " started_ms = CASE WHEN ?1 = 1 THEN ?2 ELSE started_ms END,"
                         " finished_ms = CASE WHEN ?1 >= 2 THEN ?2 ELSE finished_ms END,"
-                        " failure_reason = COALESCE(?3, failure_reason) WHERE id = ?4",
+                        " failure_reason = CASE WHEN ?1 = 2 THEN NULL"
+                        " ELSE COALESCE(?3, failure_reason) END WHERE id = ?4",
     [Q_JOB_REQUEUE] = "UPDATE jobs SET state = 0, attempt = attempt + 1, failure_reason = ?1,"
                       " started_ms = NULL WHERE id = ?2",
     [Q_PLACE_INSERT] = "INSERT OR REPLACE INTO placements(job_id, attempt, rank, worker_id)"

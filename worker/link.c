@@ -286,9 +286,9 @@ static int exchange(struct mge_link *l)
         snprintf(l->worker_id, sizeof(l->worker_id), "%s", tw->worker_id);
         l->registered = true;
         mge_log_info("registered with the coordinator as %s", l->worker_id);
-        if (tw->notify_url)
-            sub_connect(l, tw->notify_url);
     }
+    if (tw->notify_url && *tw->notify_url)
+        sub_connect(l, tw->notify_url);
     apply_reply(l, tw);
     mge__to_worker__free_unpacked(tw, NULL);
     return MGE_OK;

@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -r "$spec" ] || { echo "fake-train: cannot read $spec" >&2; exit 2; }
-steps=$(sed -n 's/^[[:space:]]*steps:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$spec" | head -n 1)
+steps=$(sed -n 's/.*[{ ,]steps:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$spec" | head -n 1)
 steps=${steps:-50}
 name=$(sed -n 's/^name:[[:space:]]*\([^[:space:]]*\).*/\1/p' "$spec" | head -n 1)
 start=1
