@@ -405,6 +405,12 @@ static void *rpc_main(void *arg)
     return NULL;
 }
 
+int mge_rpc_set_sched(struct mge_rpc *r, struct mge_sched *s)
+{
+    r->sched = s;
+    return MGE_OK;
+}
+
 int mge_rpc_start(struct mge_rpc *r, struct mge_sched *s)
 {
     r->sched = s;

@@ -26,6 +26,9 @@ struct mge_rpc_opts {
  */
 int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mge_rpc **out);
 
+/* Use scheduler @s (borrowed) without starting the thread (for fuzzing frames). */
+int mge_rpc_set_sched(struct mge_rpc *r, struct mge_sched *s);
+
 /* Start serving with scheduler @s (borrowed). */
 int mge_rpc_start(struct mge_rpc *r, struct mge_sched *s);
 
