@@ -1,0 +1,970 @@
+/* http_api.c: REST API, server-sent events and Prometheus metrics on libmicrohttpd. */
+#include "http_api.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/jobspec.h"
+#include "common/log.h"
+#include "auth.h"
+#include "rpc.h"
+#include "sched.h"
+#include "store.h"
+
+#define MAX_OVERRIDES 64
+#define SSE_BATCH 200
+#define SSE_KEEPALIVE_MS 15000
+#define SSE_POLL_MS 100
+
+/* Routes, for latency histograms. */
+enum route {
+    R_HEALTHZ,
+    R_METRICS,
+    R_JOBS_POST,
+    R_JOBS_LIST,
+    R_JOB_GET,
+    R_JOB_CANCEL,
+    R_JOB_METRICS,
+    R_JOB_LOGS,
+    R_JOB_EVENTS,
+    R_JOB_CKPTS,
+    R_JOB_CKPT_GET,
+    R_WORKERS,
+    R_WORKER_DRAIN,
+    R_OTHER,
+    R__COUNT
+};
+static const char *const route_names[R__COUNT] = {
+    "/healthz", "/metrics", "POST /jobs", "GET /jobs", "GET /jobs/{id}", "POST /jobs/{id}/cancel",
+    "GET /jobs/{id}/metrics", "GET /jobs/{id}/logs", "GET /jobs/{id}/events",
+    "GET /jobs/{id}/checkpoints", "GET /jobs/{id}/checkpoints/{name}", "GET /workers",
+    "POST /workers/{id}/drain", "other"};
+static const double buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
+#define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
+
+struct sse_waiter {
+    struct MHD_Connection *conn;
+    struct sse_waiter *next;
+};
+
+struct mge_http {
+    struct MHD_Daemon *d;
+    struct mge_store *st;
+    struct mge_sched *sched;
+    const struct mge_auth *auth;
+    struct mge_rpc *rpc;
+    int port;
+    pthread_mutex_t mu;           /* guards stats and the SSE waiters */
+    uint64_t count[R__COUNT];
+    uint64_t bucket[R__COUNT][N_BUCKETS];
+    double sum[R__COUNT];
+    struct sse_waiter *waiters;   /* suspended SSE connections */
+    pthread_t waker;              /* resumes SSE connections every SSE_POLL_MS */
+    bool stopping;
+    pthread_cond_t cv;
+};
+
+/* Per-request state (MHD's con_cls). */
+struct req {
+    char *body;
+    size_t len, cap;
+    bool too_big;
+    enum route route;
+    struct timespec start;
+};
+
+/* Per-stream state of one SSE response. */
+struct sse {
+    struct mge_http *h;
+    struct MHD_Connection *conn;
+    int64_t job_id;
+    int64_t last_id;
+    char *buf;                    /* formatted, not yet sent */
+    size_t len, off;
+    bool ending;                  /* the job is finished and everything is sent */
+    int64_t last_write;           /* monotonic ms */
+};
+
+/* ---- responses ---- */
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *ctype,
+                                 const char *text, size_t len)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result ret;
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"mge\"");
+    ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r); /* the queue holds its own reference */
+    return ret;
+}
+
+/* Send @o (stolen) as JSON. */
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *o,
+                                 const char *ctype)
+{
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    enum MHD_Result ret;
+    json_decref(o);
+    if (!s)
+        return send_text(c, 500, "text/plain", "out of memory\n", 14);
+    ret = send_text(c, status, ctype ? ctype : "application/json", s, strlen(s));
+    free(s);
+    return ret;
+}
+
+static json_t *problem_new(unsigned status, const char *type, const char *title,
+                           const char *detail)
+{
+    char uri[128];
+    snprintf(uri, sizeof(uri), "https://mge.dev/problems/%s", type);
+    return json_pack("{s:s, s:s, s:i, s:s}", "type", uri, "title", title, "status", (int)status,
+                     "detail", detail ? detail : title);
+}
+
+static enum MHD_Result send_problem(struct MHD_Connection *c, unsigned status, const char *type,
+                                    const char *title, const char *detail)
+{
+    return send_json(c, status, problem_new(status, type, title, detail),
+                     "application/problem+json");
+}
+
+/* ---- job submission ---- */
+
+static bool ctype_is(const char *ct, const char *want)
+{
+    size_t n = strlen(want);
+    return ct && !strncasecmp(ct, want, n) && (ct[n] == '\0' || ct[n] == ';' || ct[n] == ' ');
+}
+
+int mge_http_parse_job(const char *content_type, const char *body, size_t len,
+                       const char *const *overrides, int n_overrides, struct mge_jobspec **spec,
+                       json_t **problem, int *status)
+{
+    struct mge_spec_error err;
+    bool is_json = ctype_is(content_type, "application/json");
+    int rc;
+
+    *spec = NULL;
+    *problem = NULL;
+    *status = 0;
+    if (!is_json && !ctype_is(content_type, "application/yaml") &&
+        !ctype_is(content_type, "application/x-yaml") && !ctype_is(content_type, "text/yaml") &&
+        !ctype_is(content_type, "text/x-yaml")) {
+        *status = 415;
+        *problem = problem_new(415, "unsupported-media-type", "Unsupported media type",
+                               "send the job spec as application/yaml or application/json");
+        return MGE_UNSUPPORTED;
+    }
+    if (len > MGE_HTTP_BODY_MAX) {
+        *status = 413;
+        *problem = problem_new(413, "too-large", "Request body too large",
+                               "job specs are limited to 1 MiB");
+        return MGE_TOOBIG;
+    }
+    if (memchr(body, '\0', len)) {
+        *status = 400;
+        *problem = problem_new(400, "malformed", "Malformed request body",
+                               "the body contains a NUL byte");
+        return MGE_FORMAT;
+    }
+    if (is_json) {
+        /* JSON is a subset of YAML's flow style: checked as JSON for its own errors, then
+         * validated by the same parser as YAML so lines and keys are reported alike. */
+        json_error_t jerr;
+        json_t *o = json_loadb(body, len, 0, &jerr);
+        if (!json_is_object(o)) {
+            char detail[300];
+            snprintf(detail, sizeof(detail), "line %d: %s", jerr.line,
+                     o ? "expected a JSON object" : jerr.text);
+            json_decref(o);
+            *status = 400;
+            *problem = problem_new(400, "malformed", "Malformed JSON", detail);
+            if (*problem)
+                json_object_set_new(*problem, "line", json_integer(o ? 1 : jerr.line));
+            return MGE_FORMAT;
+        }
+        json_decref(o);
+    }
+    memset(&err, 0, sizeof(err));
+    rc = mge_jobspec_parse("<request>", body, len, overrides, n_overrides, spec, &err);
+    if (rc == MGE_OK)
+        return MGE_OK;
+    if (rc == MGE_SPEC || rc == MGE_FORMAT) {
+        *status = rc == MGE_SPEC ? 422 : 400;
+        *problem = problem_new(*status, rc == MGE_SPEC ? "invalid-spec" : "malformed",
+                               rc == MGE_SPEC ? "Invalid job spec" : "Malformed YAML",
+                               err.message[0] ? err.message : mge_strerror(rc));
+        if (*problem) {
+            json_object_set_new(*problem, "key", json_string(err.key));
+            json_object_set_new(*problem, "line", json_integer(err.line));
+            if (err.column)
+                json_object_set_new(*problem, "column", json_integer(err.column));
+        }
+        return rc;
+    }
+    *status = 500;
+    *problem = problem_new(500, "internal", "Internal error", mge_strerror(rc));
+    return rc;
+}
+
+struct overrides {
+    const char *v[MAX_OVERRIDES];
+    int n;
+    bool too_many;
+};
+
+static enum MHD_Result collect_set(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value)
+{
+    struct overrides *o = cls;
+    (void)kind;
+    if (strcmp(key, "set") != 0 || !value)
+        return MHD_YES;
+    if (o->n == MAX_OVERRIDES) {
+        o->too_many = true;
+        return MHD_NO;
+    }
+    o->v[o->n++] = value;
+    return MHD_YES;
+}
+
+static enum MHD_Result jobs_post(struct mge_http *h, struct MHD_Connection *c, struct req *rq)
+{
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    struct overrides ov = {.n = 0};
+    struct mge_jobspec *spec = NULL;
+    json_t *problem = NULL;
+    char *spec_json;
+    int64_t id = 0;
+    int status, rc;
+    char loc[64];
+    struct MHD_Response *r;
+    char *s;
+    enum MHD_Result ret;
+
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_set, &ov);
+    if (ov.too_many)
+        return send_problem(c, 400, "bad-request", "Too many overrides",
+                            "at most 64 set= parameters");
+    rc = mge_http_parse_job(ct, rq->body ? rq->body : "", rq->len, ov.v, ov.n, &spec, &problem,
+                            &status);
+    if (rc != MGE_OK)
+        return send_json(c, (unsigned)status, problem, "application/problem+json");
+    spec_json = mge_jobspec_to_json(spec);
+    rc = mge_store_job_insert(h->st, spec,
+                              spec_json ? spec_json : "{}",
+                              mge_jobspec_total_steps(spec, spec->data.train_size > 0
+                                                                ? spec->data.train_size
+                                                                : 60000),
+                              &id);
+    mge_free(spec_json);
+    mge_jobspec_free(spec);
+    if (rc != MGE_OK)
+        return send_problem(c, 500, "internal", "Cannot store the job", mge_strerror(rc));
+    mge_sched_kick(h->sched);
+    {
+        json_t *o = json_pack("{s:I, s:s}", "id", (json_int_t)id, "state", "queued");
+        s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+    }
+    if (!s)
+        return send_problem(c, 500, "internal", "Out of memory", NULL);
+    r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_COPY);
+    free(s);
+    if (!r)
+        return MHD_NO;
+    snprintf(loc, sizeof(loc), "/api/v1/jobs/%lld", (long long)id);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, loc);
+    ret = MHD_queue_response(c, 201, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* ---- reads ---- */
+
+static bool parse_i64(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+    if (!s || !*s)
+        return false;
+    v = strtoll(s, &end, 10);
+    if (*end)
+        return false;
+    *out = v;
+    return true;
+}
+
+static enum MHD_Result jobs_list(struct mge_http *h, struct MHD_Connection *c)
+{
+    const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
+    const char *lim = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+    const char *cur = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cursor");
+    int64_t limit = 50, cursor = 0, next = 0;
+    int st = -1;
+    json_t *arr, *o;
+    char nc[32];
+
+    if (state && *state && (st = mge_job_state_parse(state)) < 0)
+        return send_problem(c, 400, "bad-request", "Unknown state",
+                            "state is one of queued, running, succeeded, failed, cancelled");
+    if (lim && (!parse_i64(lim, &limit) || limit < 1 || limit > 1000))
+        return send_problem(c, 400, "bad-request", "Bad limit", "limit is 1..1000");
+    if (cur && *cur && (!parse_i64(cur, &cursor) || cursor < 0))
+        return send_problem(c, 400, "bad-request", "Bad cursor", "use next_cursor as given");
+    if (mge_store_job_list(h->st, st, cursor, (int)limit, &arr, &next) != MGE_OK)
+        return send_problem(c, 500, "internal", "Cannot list jobs", NULL);
+    snprintf(nc, sizeof(nc), "%lld", (long long)next);
+    o = json_pack("{s:o, s:o}", "jobs", arr, "next_cursor", next ? json_string(nc) : json_null());
+    return send_json(c, 200, o, NULL);
+}
+
+static enum MHD_Result job_get(struct mge_http *h, struct MHD_Connection *c, int64_t id)
+{
+    json_t *o;
+    int rc = mge_store_job_get(h->st, id, &o);
+    struct mge_job_row row;
+    if (rc == MGE_NOENT)
+        return send_problem(c, 404, "not-found", "No such job", NULL);
+    if (rc != MGE_OK)
+        return send_problem(c, 500, "internal", "Cannot read the job", mge_strerror(rc));
+    if (mge_store_job_row(h->st, id, &row) == MGE_OK && row.state == MGE_JOB_QUEUED) {
+        char *reason = mge_sched_pending_reason(h->sched, &row);
+        json_object_set_new(o, "pending_reason", reason ? json_string(reason) : json_null());
+        mge_free(reason);
+    } else {
+        json_object_set_new(o, "pending_reason", json_null());
+    }
+    return send_json(c, 200, o, NULL);
+}
+
+static enum MHD_Result job_cancel(struct mge_http *h, struct MHD_Connection *c, int64_t id)
+{
+    int rc = mge_sched_job_cancel(h->sched, id);
+    struct mge_job_row row;
+    if (rc == MGE_NOENT)
+        return send_problem(c, 404, "not-found", "No such job", NULL);
+    if (rc == MGE_STATE) {
+        char detail[128];
+        const char *st = "finished";
+        if (mge_store_job_row(h->st, id, &row) == MGE_OK)
+            st = mge_job_state_name(row.state);
+        snprintf(detail, sizeof(detail), "the job is already %s", st);
+        return send_problem(c, 409, "conflict", "Job already finished", detail);
+    }
+    if (rc != MGE_OK)
+        return send_problem(c, 500, "internal", "Cannot cancel the job", mge_strerror(rc));
+    return send_json(c, 200, json_pack("{s:I, s:s}", "id", (json_int_t)id, "state", "cancelled"),
+                     NULL);
+}
+
+static bool job_exists(struct mge_http *h, int64_t id)
+{
+    struct mge_job_row row;
+    return mge_store_job_row(h->st, id, &row) == MGE_OK;
+}
+
+static enum MHD_Result job_metrics(struct mge_http *h, struct MHD_Connection *c, int64_t id)
+{
+    const char *name = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "name");
+    const char *since = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "since_step");
+    int64_t since_step = -1;
+    json_t *o;
+    if (since && !parse_i64(since, &since_step))
+        return send_problem(c, 400, "bad-request", "Bad since_step", "an integer step");
+    if (!job_exists(h, id))
+        return send_problem(c, 404, "not-found", "No such job", NULL);
+    if (mge_store_metrics(h->st, id, name && *name ? name : NULL, since_step, &o) != MGE_OK)
+        return send_problem(c, 500, "internal", "Cannot read metrics", NULL);
+    return send_json(c, 200, o, NULL);
+}
+
+static enum MHD_Result job_logs(struct mge_http *h, struct MHD_Connection *c, int64_t id)
+{
+    const char *rank_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank");
+    const char *tail_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "tail");
+    int64_t rank = -1, tail = 1000;
+    json_t *o;
+    if (rank_s && (!parse_i64(rank_s, &rank) || rank < 0 || rank > 100000))
+        return send_problem(c, 400, "bad-request", "Bad rank", "a rank number >= 0");
+    if (tail_s && (!parse_i64(tail_s, &tail) || tail < 1 || tail > 100000))
+        return send_problem(c, 400, "bad-request", "Bad tail", "tail is 1..100000");
+    if (!job_exists(h, id))
+        return send_problem(c, 404, "not-found", "No such job", NULL);
+    if (mge_store_logs(h->st, id, (int)rank, (int)tail, &o) != MGE_OK)
+        return send_problem(c, 500, "internal", "Cannot read logs", NULL);
+    return send_json(c, 200, o, NULL);
+}
+
+static enum MHD_Result job_checkpoints(struct mge_http *h, struct MHD_Connection *c, int64_t id)
+{
+    json_t *arr;
+    if (!job_exists(h, id))
+        return send_problem(c, 404, "not-found", "No such job", NULL);
+    if (mge_store_checkpoints(h->st, id, &arr) != MGE_OK)
+        return send_problem(c, 500, "internal", "Cannot read checkpoints", NULL);
+    return send_json(c, 200, json_pack("{s:o}", "checkpoints", arr), NULL);
+}
+
+static enum MHD_Result job_checkpoint_get(struct mge_http *h, struct MHD_Connection *c, int64_t id,
+                                          const char *name)
+{
+    char *path = NULL, disp[300];
+    struct stat sb;
+    struct MHD_Response *r;
+    enum MHD_Result ret;
+    const char *base;
+    int fd;
+    if (!job_exists(h, id))
+        return send_problem(c, 404, "not-found", "No such job", NULL);
+    if (mge_store_checkpoint_path(h->st, id, name, &path) != MGE_OK)
+        return send_problem(c, 404, "not-found", "No such checkpoint", NULL);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        if (fd >= 0)
+            close(fd);
+        mge_free(path);
+        /* NEEDSWORK: fetch from the worker when it is on another host */
+        return send_problem(c, 404, "not-found", "Checkpoint not reachable",
+                            "the checkpoint file is not readable from the coordinator host");
+    }
+    base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    snprintf(disp, sizeof(disp), "attachment; filename=\"%.200s\"", base);
+    mge_free(path);
+    r = MHD_create_response_from_fd((uint64_t)sb.st_size, fd); /* owns fd from here */
+    if (!r) {
+        close(fd);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, disp);
+    ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result workers_list(struct mge_http *h, struct MHD_Connection *c)
+{
+    json_t *arr = mge_sched_workers_json(h->sched);
+    if (!arr)
+        return send_problem(c, 500, "internal", "Out of memory", NULL);
+    return send_json(c, 200, json_pack("{s:o}", "workers", arr), NULL);
+}
+
+static enum MHD_Result worker_drain(struct mge_http *h, struct MHD_Connection *c, const char *id)
+{
+    json_t *o;
+    int rc = mge_sched_worker_drain(h->sched, id, &o);
+    if (rc == MGE_NOENT)
+        return send_problem(c, 404, "not-found", "No such worker", NULL);
+    if (rc != MGE_OK || !o)
+        return send_problem(c, 500, "internal", "Cannot drain the worker", NULL);
+    return send_json(c, 200, o, NULL);
+}
+
+/* ---- server-sent events ---- */
+
+static void sse_wait(struct sse *e)
+{
+    struct sse_waiter *w = mge_malloc(sizeof(*w));
+    if (!w)
+        return; /* it is called again at once: busy but correct */
+    MHD_suspend_connection(e->conn);
+    pthread_mutex_lock(&e->h->mu);
+    w->conn = e->conn;
+    w->next = e->h->waiters;
+    e->h->waiters = w;
+    pthread_mutex_unlock(&e->h->mu);
+}
+
+static int sse_fill(struct sse *e)
+{
+    json_t *arr = NULL, *ev;
+    size_t i, cap = 0;
+    struct mge_job_row row;
+    if (mge_store_events(e->h->st, e->job_id, e->last_id, SSE_BATCH, &arr) != MGE_OK)
+        return MGE_DB;
+    e->len = e->off = 0;
+    json_array_foreach(arr, i, ev)
+    {
+        char *data = json_dumps(json_object_get(ev, "data"), JSON_COMPACT);
+        int64_t id = json_integer_value(json_object_get(ev, "id"));
+        const char *kind = json_string_value(json_object_get(ev, "kind"));
+        size_t need = (data ? strlen(data) : 2) + 128;
+        if (e->len + need > cap) {
+            char *nb;
+            cap = (e->len + need) * 2;
+            nb = mge_realloc(e->buf, cap);
+            if (!nb) {
+                free(data);
+                break;
+            }
+            e->buf = nb;
+        }
+        e->len += (size_t)snprintf(e->buf + e->len, cap - e->len, "id: %lld\nevent: %s\ndata: %s\n\n",
+                                   (long long)id, kind ? kind : "message", data ? data : "{}");
+        e->last_id = id;
+        free(data);
+    }
+    if (json_array_size(arr) == 0 && mge_store_job_row(e->h->st, e->job_id, &row) == MGE_OK &&
+        mge_job_state_is_terminal(row.state))
+        e->ending = true;
+    json_decref(arr);
+    return MGE_OK;
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct sse *e = cls;
+    size_t n;
+    (void)pos;
+    if (e->off == e->len) {
+        bool stopping;
+        pthread_mutex_lock(&e->h->mu);
+        stopping = e->h->stopping;
+        pthread_mutex_unlock(&e->h->mu);
+        if (stopping)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        if (sse_fill(e) != MGE_OK)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (e->len == 0) {
+            if (e->ending)
+                return MHD_CONTENT_READER_END_OF_STREAM;
+            if (mge_mono_ms() - e->last_write >= SSE_KEEPALIVE_MS) {
+                static const char ka[] = ": keepalive\n\n";
+                memcpy(buf, ka, sizeof(ka) - 1 < max ? sizeof(ka) - 1 : max);
+                e->last_write = mge_mono_ms();
+                return (ssize_t)(sizeof(ka) - 1 < max ? sizeof(ka) - 1 : max);
+            }
+            sse_wait(e);
+            return 0;
+        }
+    }
+    n = e->len - e->off < max ? e->len - e->off : max;
+    memcpy(buf, e->buf + e->off, n);
+    e->off += n;
+    e->last_write = mge_mono_ms();
+    return (ssize_t)n;
+}
+
+static void sse_free(void *cls)
+{
+    struct sse *e = cls;
+    mge_free(e->buf);
+    mge_free(e);
+}
+
+static void *sse_waker(void *arg)
+{
+    struct mge_http *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stopping) {
+        struct timespec ts;
+        struct sse_waiter *w = h->waiters;
+        h->waiters = NULL;
+        while (w) {
+            struct sse_waiter *next = w->next;
+            MHD_resume_connection(w->conn);
+            mge_free(w);
+            w = next;
+        }
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += SSE_POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+static enum MHD_Result job_events(struct mge_http *h, struct MHD_Connection *c, int64_t id)
+{
+    const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
+    struct MHD_Response *r;
+    struct sse *e;
+    enum MHD_Result ret;
+    int64_t last_id = 0;
+    if (!last)
+        last = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "last_event_id");
+    if (last && *last && !parse_i64(last, &last_id))
+        return send_problem(c, 400, "bad-request", "Bad Last-Event-ID", "an event id");
+    if (!job_exists(h, id))
+        return send_problem(c, 404, "not-found", "No such job", NULL);
+    e = mge_calloc(1, sizeof(*e));
+    if (!e)
+        return MHD_NO;
+    e->h = h;
+    e->conn = c;
+    e->job_id = id;
+    e->last_id = last_id;
+    e->last_write = mge_mono_ms();
+    r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, e, sse_free);
+    if (!r) {
+        sse_free(e);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* ---- /metrics ---- */
+
+static enum MHD_Result prom_metrics(struct mge_http *h, struct MHD_Connection *c)
+{
+    int64_t counts[MGE_JOB__NSTATES];
+    struct mge_sched_stats ss;
+    char *buf;
+    size_t cap = 65536, len = 0;
+    enum MHD_Result ret;
+#define P(...)                                                                                 \
+    do {                                                                                       \
+        if (len < cap)                                                                         \
+            len += (size_t)snprintf(buf + len, cap - len, __VA_ARGS__);                        \
+    } while (0)
+    buf = mge_malloc(cap);
+    if (!buf)
+        return MHD_NO;
+    mge_store_job_counts(h->st, counts);
+    mge_sched_stats_get(h->sched, &ss);
+    P("# HELP mge_jobs Jobs by state.\n# TYPE mge_jobs gauge\n");
+    for (int i = 0; i < MGE_JOB__NSTATES; i++)
+        P("mge_jobs{state=\"%s\"} %lld\n", mge_job_state_name(i), (long long)counts[i]);
+    P("# HELP mge_queue_length Jobs waiting to be placed.\n# TYPE mge_queue_length gauge\n");
+    P("mge_queue_length %lld\n", (long long)counts[MGE_JOB_QUEUED]);
+    P("# HELP mge_workers Workers by state.\n# TYPE mge_workers gauge\n");
+    P("mge_workers{state=\"ready\"} %d\n", ss.workers_ready);
+    P("mge_workers{state=\"draining\"} %d\n", ss.workers_draining);
+    P("mge_workers{state=\"lost\"} %d\n", ss.workers_lost);
+    P("# HELP mge_ranks_running Ranks placed and not yet ended.\n# TYPE mge_ranks_running gauge\n");
+    P("mge_ranks_running %d\n", ss.ranks_running);
+    P("# HELP mge_worker_requests_total Frames received from workers.\n"
+      "# TYPE mge_worker_requests_total counter\n");
+    P("mge_worker_requests_total %llu\n", (unsigned long long)mge_rpc_requests(h->rpc));
+    P("# HELP mge_http_request_duration_seconds API request latency.\n"
+      "# TYPE mge_http_request_duration_seconds histogram\n");
+    pthread_mutex_lock(&h->mu);
+    for (int r = 0; r < R__COUNT; r++) {
+        uint64_t cum = 0;
+        if (!h->count[r])
+            continue;
+        for (size_t b = 0; b < N_BUCKETS; b++) {
+            cum += h->bucket[r][b];
+            P("mge_http_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %llu\n",
+              route_names[r], buckets[b], (unsigned long long)cum);
+        }
+        P("mge_http_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n",
+          route_names[r], (unsigned long long)h->count[r]);
+        P("mge_http_request_duration_seconds_sum{route=\"%s\"} %.6f\n", route_names[r],
+          h->sum[r]);
+        P("mge_http_request_duration_seconds_count{route=\"%s\"} %llu\n", route_names[r],
+          (unsigned long long)h->count[r]);
+    }
+    pthread_mutex_unlock(&h->mu);
+#undef P
+    if (len >= cap)
+        len = cap - 1;
+    ret = send_text(c, 200, "text/plain; version=0.0.4", buf, len);
+    mge_free(buf);
+    return ret;
+}
+
+/* ---- dispatch ---- */
+
+static enum mge_role request_role(struct mge_http *h, struct MHD_Connection *c)
+{
+    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
+        return MGE_ROLE_NONE;
+    a += 7;
+    while (*a == ' ')
+        a++;
+    return mge_auth_check(h->auth, a, strlen(a));
+}
+
+/* Split "/api/v1/jobs/12/cancel" after the prefix into up to 4 segments. */
+static int split(const char *path, char seg[4][160])
+{
+    int n = 0;
+    while (*path == '/')
+        path++;
+    while (*path && n < 4) {
+        const char *e = strchr(path, '/');
+        size_t len = e ? (size_t)(e - path) : strlen(path);
+        if (len >= 160)
+            return -1;
+        memcpy(seg[n], path, len);
+        seg[n][len] = '\0';
+        n++;
+        path += len;
+        while (*path == '/')
+            path++;
+    }
+    return *path ? -1 : n;
+}
+
+static enum MHD_Result method_not_allowed(struct MHD_Connection *c)
+{
+    return send_problem(c, 405, "method-not-allowed", "Method not allowed", NULL);
+}
+
+static enum MHD_Result dispatch(struct mge_http *h, struct MHD_Connection *c, const char *url,
+                                const char *method, struct req *rq)
+{
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    bool post = !strcmp(method, "POST");
+    char seg[4][160];
+    enum mge_role role;
+    int n;
+    int64_t id;
+
+    if (!strcmp(url, "/healthz")) {
+        rq->route = R_HEALTHZ;
+        return get ? send_text(c, 200, "application/json", "{\"status\":\"ok\"}", 15)
+                   : method_not_allowed(c);
+    }
+    if (strcmp(url, "/metrics") != 0 && strncmp(url, "/api/v1/", 8) != 0)
+        return send_problem(c, 404, "not-found", "No such route", url);
+    role = request_role(h, c);
+    if (role == MGE_ROLE_NONE)
+        return send_problem(c, 401, "unauthorized", "Missing or unknown bearer token",
+                            "send Authorization: Bearer TOKEN");
+    if (!get && role != MGE_ROLE_ADMIN)
+        return send_problem(c, 403, "forbidden", "Read-only token",
+                            "this token may only read; changes need the admin token");
+    if (rq->too_big)
+        return send_problem(c, 413, "too-large", "Request body too large",
+                            "request bodies are limited to 1 MiB");
+    if (!strcmp(url, "/metrics")) {
+        rq->route = R_METRICS;
+        return get ? prom_metrics(h, c) : method_not_allowed(c);
+    }
+    n = split(url + 8, seg);
+    if (n < 1)
+        return send_problem(c, 404, "not-found", "No such route", url);
+    if (!strcmp(seg[0], "jobs")) {
+        if (n == 1) {
+            rq->route = post ? R_JOBS_POST : R_JOBS_LIST;
+            return post ? jobs_post(h, c, rq) : get ? jobs_list(h, c) : method_not_allowed(c);
+        }
+        if (!parse_i64(seg[1], &id) || id <= 0)
+            return send_problem(c, 404, "not-found", "No such job", "job ids are integers");
+        if (n == 2) {
+            rq->route = R_JOB_GET;
+            return get ? job_get(h, c, id) : method_not_allowed(c);
+        }
+        if (n == 3 && !strcmp(seg[2], "cancel")) {
+            rq->route = R_JOB_CANCEL;
+            return post ? job_cancel(h, c, id) : method_not_allowed(c);
+        }
+        if (n == 3 && !strcmp(seg[2], "metrics")) {
+            rq->route = R_JOB_METRICS;
+            return get ? job_metrics(h, c, id) : method_not_allowed(c);
+        }
+        if (n == 3 && !strcmp(seg[2], "logs")) {
+            rq->route = R_JOB_LOGS;
+            return get ? job_logs(h, c, id) : method_not_allowed(c);
+        }
+        if (n == 3 && !strcmp(seg[2], "events")) {
+            rq->route = R_JOB_EVENTS;
+            return get ? job_events(h, c, id) : method_not_allowed(c);
+        }
+        if (n == 3 && !strcmp(seg[2], "checkpoints")) {
+            rq->route = R_JOB_CKPTS;
+            return get ? job_checkpoints(h, c, id) : method_not_allowed(c);
+        }
+        if (n == 4 && !strcmp(seg[2], "checkpoints")) {
+            rq->route = R_JOB_CKPT_GET;
+            return get ? job_checkpoint_get(h, c, id, seg[3]) : method_not_allowed(c);
+        }
+    } else if (!strcmp(seg[0], "workers")) {
+        if (n == 1) {
+            rq->route = R_WORKERS;
+            return get ? workers_list(h, c) : method_not_allowed(c);
+        }
+        if (n == 3 && !strcmp(seg[2], "drain")) {
+            rq->route = R_WORKER_DRAIN;
+            return post ? worker_drain(h, c, seg[1]) : method_not_allowed(c);
+        }
+    }
+    return send_problem(c, 404, "not-found", "No such route", url);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    struct mge_http *h = cls;
+    struct req *rq = *con_cls;
+    (void)version;
+
+    if (!rq) {
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        rq = mge_calloc(1, sizeof(*rq));
+        if (!rq)
+            return MHD_NO;
+        rq->route = R_OTHER;
+        clock_gettime(CLOCK_MONOTONIC, &rq->start);
+        *con_cls = rq;
+        if (cl && strtoull(cl, NULL, 10) > MGE_HTTP_BODY_MAX) {
+            /* refuse before reading: the connection is closed after this response */
+            rq->too_big = true;
+            return send_problem(c, 413, "too-large", "Request body too large",
+                                "request bodies are limited to 1 MiB");
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (rq->too_big || rq->len + n > MGE_HTTP_BODY_MAX) {
+            rq->too_big = true;
+            return MHD_YES;
+        }
+        if (rq->len + n + 1 > rq->cap) {
+            size_t nc = (rq->len + n + 1) * 2;
+            char *nb = mge_realloc(rq->body, nc);
+            if (!nb)
+                return MHD_NO;
+            rq->body = nb;
+            rq->cap = nc;
+        }
+        memcpy(rq->body + rq->len, upload_data, n);
+        rq->len += n;
+        rq->body[rq->len] = '\0';
+        return MHD_YES;
+    }
+    return dispatch(h, c, url, method, rq);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct mge_http *h = cls;
+    struct req *rq = *con_cls;
+    struct timespec now;
+    double dt;
+    (void)c;
+    (void)toe;
+    if (!rq)
+        return;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    dt = (double)(now.tv_sec - rq->start.tv_sec) + (double)(now.tv_nsec - rq->start.tv_nsec) / 1e9;
+    pthread_mutex_lock(&h->mu);
+    h->count[rq->route]++;
+    h->sum[rq->route] += dt;
+    for (size_t b = 0; b < N_BUCKETS; b++)
+        if (dt <= buckets[b]) {
+            h->bucket[rq->route][b]++;
+            break;
+        }
+    pthread_mutex_unlock(&h->mu);
+    mge_free(rq->body);
+    mge_free(rq);
+    *con_cls = NULL;
+}
+
+int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struct mge_sched *sched,
+                   const struct mge_auth *auth, struct mge_rpc *rpc, struct mge_http **out)
+{
+    struct mge_http *h;
+    struct sockaddr_in sa;
+    const union MHD_DaemonInfo *info;
+    unsigned threads = opts->threads > 0 ? (unsigned)opts->threads : 4;
+
+    *out = NULL;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)opts->port);
+    if (inet_pton(AF_INET, opts->host, &sa.sin_addr) != 1)
+        return MGE_ERR(MGE_INVAL, "bad listen address '%s' (an IPv4 address)", opts->host);
+    h = mge_calloc(1, sizeof(*h));
+    if (!h)
+        return MGE_NOMEM;
+    h->st = st;
+    h->sched = sched;
+    h->auth = auth;
+    h->rpc = rpc;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+                                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
+                            MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, h, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000, MHD_OPTION_END);
+    if (!h->d) {
+        pthread_mutex_destroy(&h->mu);
+        pthread_cond_destroy(&h->cv);
+        mge_free(h);
+        return MGE_ERR(MGE_NET, "cannot listen on %s:%d", opts->host, opts->port);
+    }
+    info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = info ? info->port : opts->port;
+    if (pthread_create(&h->waker, NULL, sse_waker, h) != 0) {
+        MHD_stop_daemon(h->d);
+        mge_free(h);
+        return MGE_ERR(MGE_INTERNAL, "cannot start the event thread");
+    }
+    mge_log_info("http api on %s:%d (%u threads)", opts->host, h->port, threads);
+    *out = h;
+    return MGE_OK;
+}
+
+int mge_http_port(const struct mge_http *h) { return h->port; }
+
+void mge_http_stop(struct mge_http *h)
+{
+    struct sse_waiter *w;
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->stopping = true;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->waker, NULL);
+    /* suspended connections must be resumed before the daemon stops */
+    pthread_mutex_lock(&h->mu);
+    w = h->waiters;
+    h->waiters = NULL;
+    pthread_mutex_unlock(&h->mu);
+    while (w) {
+        struct sse_waiter *next = w->next;
+        MHD_resume_connection(w->conn);
+        mge_free(w);
+        w = next;
+    }
+    MHD_stop_daemon(h->d);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    mge_free(h);
+}

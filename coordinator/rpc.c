@@ -1,0 +1,441 @@
+/* rpc.c: NNG REP + PUB worker link of the coordinator (see rpc.h). */
+#include "rpc.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/pubsub0/pub.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "auth.h"
+#include "proto/worker.pb-c.h"
+#include "sched.h"
+#include "store.h"
+
+#define RPC_MAX_RANKS 4096
+#define RPC_MAX_ACKS 4096
+
+struct mge_rpc {
+    struct mge_store *st;
+    struct mge_sched *sched;
+    nng_socket rep;
+    nng_socket pub;
+    bool pub_open;
+    char notify_url[256];
+    char listen_url[256];         /* with the port actually bound */
+    const char *join_token;
+    int heartbeat_ms;
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+    atomic_uint_fast64_t requests;
+};
+
+static int err_from_nng(int rv, const char *what, const char *url)
+{
+    return MGE_ERR(MGE_NET, "%s '%s': %s", what, url, nng_strerror(rv));
+}
+
+int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mge_rpc **out)
+{
+    struct mge_rpc *r;
+    nng_listener l, rep_l;
+    char host[200] = "127.0.0.1";
+    char url[256];
+    int rv, port = 0, rc;
+    const char *p;
+
+    *out = NULL;
+    r = mge_calloc(1, sizeof(*r));
+    if (!r)
+        return MGE_NOMEM;
+    r->st = st;
+    r->join_token = opts->join_token;
+    r->heartbeat_ms = opts->heartbeat_ms > 0 ? opts->heartbeat_ms : 1000;
+    if ((rv = nng_rep0_open(&r->rep)) != 0) {
+        rc = err_from_nng(rv, "cannot open rep socket", opts->listen_url);
+        goto err_free;
+    }
+    nng_socket_set_size(r->rep, NNG_OPT_RECVMAXSZ, 16 << 20);
+    nng_socket_set_ms(r->rep, NNG_OPT_RECVTIMEO, 200);
+    nng_socket_set_ms(r->rep, NNG_OPT_SENDTIMEO, 1000);
+    if ((rv = nng_listen(r->rep, opts->listen_url, &rep_l, 0)) != 0) {
+        rc = err_from_nng(rv, "cannot listen on", opts->listen_url);
+        goto err_close_rep;
+    }
+    /* The notify socket listens on the same host, on a port of the kernel's choosing. */
+    p = strstr(opts->listen_url, "://");
+    if (p) {
+        const char *colon = strrchr(p + 3, ':');
+        size_t n = colon ? (size_t)(colon - (p + 3)) : strlen(p + 3);
+        if (n > 0 && n < sizeof(host)) {
+            memcpy(host, p + 3, n);
+            host[n] = '\0';
+        }
+    }
+    snprintf(url, sizeof(url), "tcp://%s:0", host);
+    if ((rv = nng_pub0_open(&r->pub)) != 0) {
+        rc = err_from_nng(rv, "cannot open pub socket", url);
+        goto err_close_rep;
+    }
+    r->pub_open = true;
+    if ((rv = nng_listen(r->pub, url, &l, 0)) != 0 ||
+        (rv = nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port)) != 0) {
+        rc = err_from_nng(rv, "cannot listen on", url);
+        goto err_close_pub;
+    }
+    snprintf(r->notify_url, sizeof(r->notify_url), "tcp://%s:%d", host, port);
+    snprintf(r->listen_url, sizeof(r->listen_url), "%s", opts->listen_url);
+    if (nng_listener_get_int(rep_l, NNG_OPT_TCP_BOUND_PORT, &port) == 0)
+        snprintf(r->listen_url, sizeof(r->listen_url), "tcp://%s:%d", host, port);
+    mge_log_info("worker link on %s (notify %s)", opts->listen_url, r->notify_url);
+    *out = r;
+    return MGE_OK;
+
+err_close_pub:
+    nng_close(r->pub);
+err_close_rep:
+    nng_close(r->rep);
+err_free:
+    mge_free(r);
+    return rc;
+}
+
+void mge_rpc_notify(void *arg, const char *worker_id)
+{
+    struct mge_rpc *r = arg;
+    if (r && r->pub_open)
+        nng_send(r->pub, (void *)worker_id, strlen(worker_id), NNG_FLAG_NONBLOCK);
+}
+
+const char *mge_rpc_listen_url(const struct mge_rpc *r) { return r->listen_url; }
+
+uint64_t mge_rpc_requests(const struct mge_rpc *r) { return r ? r->requests : 0; }
+
+static void reports_from_pb(Mge__RankReport **in, size_t n, struct mge_rank_report *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        out[i].job_id = in[i]->job_id;
+        out[i].attempt = in[i]->attempt;
+        out[i].rank = in[i]->rank;
+        out[i].running = in[i]->running;
+        out[i].exit_code = in[i]->exit_code;
+        out[i].term_signal = in[i]->term_signal;
+        out[i].failure = in[i]->failure;
+    }
+}
+
+static int pack_reply(Mge__ToWorker *tw, uint8_t **reply, size_t *len)
+{
+    size_t n = mge__to_worker__get_packed_size(tw);
+    *reply = mge_malloc(n ? n : 1);
+    if (!*reply)
+        return MGE_NOMEM;
+    *len = mge__to_worker__pack(tw, *reply);
+    return MGE_OK;
+}
+
+static int reply_error(const char *msg, bool reregister, uint8_t **reply, size_t *len)
+{
+    Mge__ToWorker tw = MGE__TO_WORKER__INIT;
+    tw.error = (char *)msg;
+    tw.reregister = reregister;
+    return pack_reply(&tw, reply, len);
+}
+
+static int handle_register(struct mge_rpc *r, Mge__Register *reg, uint8_t **reply, size_t *len)
+{
+    Mge__ToWorker tw = MGE__TO_WORKER__INIT;
+    struct mge_worker_info info;
+    struct mge_rank_report *reps = NULL;
+    char id[40];
+    int rc;
+
+    if (!reg->join_token ||
+        !mge_auth_token_equal(r->join_token, reg->join_token, strlen(reg->join_token))) {
+        mge_log_warn("worker '%s' refused: bad join token", reg->name ? reg->name : "?");
+        return reply_error("bad join token", false, reply, len);
+    }
+    if (!reg->name || !*reg->name || strlen(reg->name) > 120 || reg->n_ranks > RPC_MAX_RANKS)
+        return reply_error("bad register frame", false, reply, len);
+    memset(&info, 0, sizeof(info));
+    info.name = reg->name;
+    info.host = reg->host;
+    info.version = reg->version;
+    if (reg->slots) {
+        info.cpus = reg->slots->cpus;
+        info.gpus = reg->slots->gpus;
+        info.memory_mb = reg->slots->memory_mb;
+        info.device = reg->slots->device;
+    }
+    if (reg->n_ranks) {
+        reps = mge_calloc(reg->n_ranks, sizeof(*reps));
+        if (!reps)
+            return MGE_NOMEM;
+        reports_from_pb(reg->ranks, reg->n_ranks, reps);
+    }
+    rc = mge_sched_worker_register(r->sched, &info, reps, reg->n_ranks, id);
+    mge_free(reps);
+    if (rc != MGE_OK)
+        return reply_error("registration failed", false, reply, len);
+    tw.worker_id = id;
+    tw.notify_url = r->notify_url;
+    tw.heartbeat_ms = r->heartbeat_ms;
+    return pack_reply(&tw, reply, len);
+}
+
+static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **reply, size_t *len)
+{
+    Mge__ToWorker tw = MGE__TO_WORKER__INIT;
+    struct mge_store_line *lines = NULL;
+    struct mge_rank_report *reps = NULL;
+    struct mge_sched_cmds cmds;
+    Mge__Assign *as = NULL, **asp = NULL;
+    Mge__Cancel *cs = NULL, **csp = NULL;
+    Mge__Ack *ak = NULL, **akp = NULL;
+    size_t n_ak = 0, cap_ak;
+    int rc = MGE_OK;
+    bool stored = true;
+
+    memset(&cmds, 0, sizeof(cmds));
+    if (!hb->worker_id || !mge_sched_worker_known(r->sched, hb->worker_id))
+        return reply_error("unknown worker", true, reply, len);
+    if (hb->n_ranks > RPC_MAX_RANKS)
+        return reply_error("too many ranks", false, reply, len);
+
+    /* Lines first, so a job's last metrics are stored before its exit finishes it. */
+    if (hb->n_lines) {
+        lines = mge_calloc(hb->n_lines, sizeof(*lines));
+        if (!lines)
+            return MGE_NOMEM;
+        for (size_t i = 0; i < hb->n_lines; i++) {
+            Mge__Line *l = hb->lines[i];
+            lines[i].job_id = l->job_id;
+            lines[i].attempt = l->attempt;
+            lines[i].rank = l->rank;
+            lines[i].seq = l->seq;
+            lines[i].stream = l->stream;
+            lines[i].text = l->text ? l->text : "";
+            lines[i].time_ms = l->time_ms;
+        }
+        stored = mge_store_lines_ingest(r->st, hb->worker_id, lines, hb->n_lines) == MGE_OK;
+    }
+    if (hb->n_ranks) {
+        reps = mge_calloc(hb->n_ranks, sizeof(*reps));
+        if (!reps) {
+            rc = MGE_NOMEM;
+            goto out_free;
+        }
+        reports_from_pb(hb->ranks, hb->n_ranks, reps);
+    }
+    rc = mge_sched_worker_heartbeat(r->sched, hb->worker_id, reps, hb->n_ranks, &cmds);
+    if (rc == MGE_NOENT) {
+        rc = reply_error("unknown worker", true, reply, len);
+        goto out_free;
+    }
+    if (rc != MGE_OK)
+        goto out_free;
+
+    /* Acks: the highest stored seq of each (job, attempt, rank) in this batch, plus exits. */
+    cap_ak = (stored ? hb->n_lines : 0) + cmds.n_acks;
+    if (cap_ak > RPC_MAX_ACKS + cmds.n_acks)
+        cap_ak = RPC_MAX_ACKS + cmds.n_acks;
+    if (cap_ak) {
+        ak = mge_calloc(cap_ak, sizeof(*ak));
+        akp = mge_calloc(cap_ak, sizeof(*akp));
+        if (!ak || !akp) {
+            rc = MGE_NOMEM;
+            goto out_free;
+        }
+    }
+    for (size_t i = 0; stored && i < hb->n_lines; i++) {
+        Mge__Line *l = hb->lines[i];
+        size_t k;
+        for (k = 0; k < n_ak; k++)
+            if (ak[k].job_id == l->job_id && ak[k].attempt == l->attempt && ak[k].rank == l->rank)
+                break;
+        if (k == n_ak) {
+            if (n_ak == cap_ak)
+                continue;
+            mge__ack__init(&ak[k]);
+            ak[k].job_id = l->job_id;
+            ak[k].attempt = l->attempt;
+            ak[k].rank = l->rank;
+            n_ak++;
+        }
+        if (l->seq > ak[k].seq)
+            ak[k].seq = l->seq;
+    }
+    for (size_t i = 0; i < cmds.n_acks && n_ak < cap_ak; i++) {
+        size_t k;
+        for (k = 0; k < n_ak; k++)
+            if (ak[k].job_id == cmds.acks[i].job_id && ak[k].attempt == cmds.acks[i].attempt &&
+                ak[k].rank == cmds.acks[i].rank)
+                break;
+        if (k == n_ak) {
+            mge__ack__init(&ak[k]);
+            ak[k].job_id = cmds.acks[i].job_id;
+            ak[k].attempt = cmds.acks[i].attempt;
+            ak[k].rank = cmds.acks[i].rank;
+            n_ak++;
+        }
+        ak[k].exit_acked = true;
+    }
+    for (size_t k = 0; k < n_ak; k++)
+        akp[k] = &ak[k];
+
+    if (cmds.n_assign) {
+        as = mge_calloc(cmds.n_assign, sizeof(*as));
+        asp = mge_calloc(cmds.n_assign, sizeof(*asp));
+        if (!as || !asp) {
+            rc = MGE_NOMEM;
+            goto out_free;
+        }
+        for (size_t i = 0; i < cmds.n_assign; i++) {
+            mge__assign__init(&as[i]);
+            as[i].job_id = cmds.assign[i].job_id;
+            as[i].attempt = cmds.assign[i].attempt;
+            as[i].rank = cmds.assign[i].rank;
+            as[i].world_size = cmds.assign[i].world;
+            as[i].spec_yaml = cmds.assign[i].spec_yaml;
+            as[i].resume = cmds.assign[i].resume ? cmds.assign[i].resume : (char *)"";
+            asp[i] = &as[i];
+        }
+    }
+    if (cmds.n_cancel) {
+        cs = mge_calloc(cmds.n_cancel, sizeof(*cs));
+        csp = mge_calloc(cmds.n_cancel, sizeof(*csp));
+        if (!cs || !csp) {
+            rc = MGE_NOMEM;
+            goto out_free;
+        }
+        for (size_t i = 0; i < cmds.n_cancel; i++) {
+            mge__cancel__init(&cs[i]);
+            cs[i].job_id = cmds.cancel[i].job_id;
+            cs[i].attempt = cmds.cancel[i].attempt;
+            cs[i].grace_ms = cmds.grace_ms;
+            csp[i] = &cs[i];
+        }
+    }
+    tw.n_assign = cmds.n_assign;
+    tw.assign = asp;
+    tw.n_cancel = cmds.n_cancel;
+    tw.cancel = csp;
+    tw.n_acks = n_ak;
+    tw.acks = akp;
+    tw.heartbeat_ms = r->heartbeat_ms;
+    tw.notify_url = r->notify_url; /* changes when the coordinator restarts */
+    rc = pack_reply(&tw, reply, len);
+    /* NEEDSWORK: if this reply is lost, the commands in it are re-derived: assigns by the
+     * missing-rank check, cancels by the resend of cancels to finished ranks. */
+out_free:
+    mge_free(as);
+    mge_free(asp);
+    mge_free(cs);
+    mge_free(csp);
+    mge_free(ak);
+    mge_free(akp);
+    mge_sched_cmds_fini(&cmds);
+    mge_free(reps);
+    mge_free(lines);
+    return rc;
+}
+
+int mge_rpc_handle_frame(struct mge_rpc *r, const uint8_t *buf, size_t len, uint8_t **reply,
+                         size_t *reply_len)
+{
+    Mge__ToCoordinator *m;
+    int rc;
+    *reply = NULL;
+    *reply_len = 0;
+    m = mge__to_coordinator__unpack(NULL, len, buf);
+    if (!m)
+        return reply_error("malformed frame", false, reply, reply_len);
+    switch (m->msg_case) {
+    case MGE__TO_COORDINATOR__MSG_REGISTER:
+        rc = handle_register(r, m->register_, reply, reply_len);
+        break;
+    case MGE__TO_COORDINATOR__MSG_HEARTBEAT:
+        rc = handle_heartbeat(r, m->heartbeat, reply, reply_len);
+        break;
+    default:
+        rc = reply_error("empty frame", false, reply, reply_len);
+        break;
+    }
+    mge__to_coordinator__free_unpacked(m, NULL);
+    return rc;
+}
+
+static void *rpc_main(void *arg)
+{
+    struct mge_rpc *r = arg;
+    while (!r->stop) {
+        nng_msg *msg = NULL;
+        uint8_t *reply = NULL;
+        size_t reply_len = 0;
+        int rv = nng_recvmsg(r->rep, &msg, 0);
+        if (rv == NNG_ETIMEDOUT)
+            continue;
+        if (rv != 0) {
+            if (rv == NNG_ECLOSED)
+                break;
+            mge_log_warn("worker link: receive failed: %s", nng_strerror(rv));
+            continue;
+        }
+        r->requests++;
+        if (mge_rpc_handle_frame(r, nng_msg_body(msg), nng_msg_len(msg), &reply, &reply_len) !=
+                MGE_OK ||
+            !reply) {
+            /* No reply: the worker times out and asks again, which is always safe. */
+            nng_msg_free(msg);
+            mge_free(reply);
+            continue;
+        }
+        nng_msg_clear(msg);
+        if (nng_msg_append(msg, reply, reply_len) != 0 || nng_sendmsg(r->rep, msg, 0) != 0)
+            nng_msg_free(msg);
+        mge_free(reply);
+    }
+    return NULL;
+}
+
+int mge_rpc_set_sched(struct mge_rpc *r, struct mge_sched *s)
+{
+    r->sched = s;
+    return MGE_OK;
+}
+
+int mge_rpc_start(struct mge_rpc *r, struct mge_sched *s)
+{
+    r->sched = s;
+    if (pthread_create(&r->thread, NULL, rpc_main, r) != 0)
+        return MGE_ERR(MGE_INTERNAL, "cannot start the worker link thread");
+    r->started = true;
+    return MGE_OK;
+}
+
+void mge_rpc_stop(struct mge_rpc *r)
+{
+    if (!r || !r->started)
+        return;
+    r->stop = true;
+    pthread_join(r->thread, NULL);
+    r->started = false;
+}
+
+void mge_rpc_free(struct mge_rpc *r)
+{
+    if (!r)
+        return;
+    mge_rpc_stop(r);
+    nng_close(r->rep);
+    if (r->pub_open)
+        nng_close(r->pub);
+    mge_free(r);
+}

@@ -1,0 +1,58 @@
+/*
+ * rpc.h: the worker link of mge-coordinator: an NNG REP socket (--worker-listen) answering
+ * protobuf-c frames from proto/worker.proto, and a PUB socket that wakes a worker when it
+ * has commands waiting. Register and Heartbeat requests are handled on one thread; every
+ * reply carries the worker's queued Assign/Cancel commands and the acks of what was stored.
+ */
+#ifndef MGE_COORDINATOR_RPC_H
+#define MGE_COORDINATOR_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct mge_rpc;
+struct mge_store;
+struct mge_sched;
+
+struct mge_rpc_opts {
+    const char *listen_url;  /* "tcp://127.0.0.1:7071" */
+    const char *join_token;  /* workers must present it (borrowed, must outlive the rpc) */
+    int heartbeat_ms;        /* interval asked of workers (default 1000) */
+};
+
+/*
+ * Bind the sockets. The thread starts with mge_rpc_start(). On MGE_OK free with
+ * mge_rpc_free(). @st is borrowed.
+ */
+int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mge_rpc **out);
+
+/* Use scheduler @s (borrowed) without starting the thread (for fuzzing frames). */
+int mge_rpc_set_sched(struct mge_rpc *r, struct mge_sched *s);
+
+/* Start serving with scheduler @s (borrowed). */
+int mge_rpc_start(struct mge_rpc *r, struct mge_sched *s);
+
+/* Stop the thread (the sockets stay open, so notify still works); idempotent. */
+void mge_rpc_stop(struct mge_rpc *r);
+
+/* Stop the thread, close the sockets and free; NULL does nothing. */
+void mge_rpc_free(struct mge_rpc *r);
+
+/* Wake worker @worker_id (the scheduler's notify hook; @arg is the mge_rpc). Any thread. */
+void mge_rpc_notify(void *arg, const char *worker_id);
+
+/*
+ * Handle one request frame and build the reply (what the thread does per message; exposed
+ * for fuzzing). *@reply is mge_malloc'ed (caller frees) and always set on MGE_OK, even for
+ * a refused frame (the reply then carries the error). Never crashes on any input.
+ */
+int mge_rpc_handle_frame(struct mge_rpc *r, const uint8_t *buf, size_t len, uint8_t **reply,
+                         size_t *reply_len);
+
+/* The worker URL with the port actually bound ("tcp://127.0.0.1:40123"). */
+const char *mge_rpc_listen_url(const struct mge_rpc *r);
+
+/* Requests handled so far (for /metrics). */
+uint64_t mge_rpc_requests(const struct mge_rpc *r);
+
+#endif

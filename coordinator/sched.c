@@ -1,0 +1,864 @@
+/* sched.c: worker registry, reservations and the gang scheduler (see sched.h). */
+#include "sched.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/jobspec.h"
+#include "common/log.h"
+
+#define QUEUE_SCAN_MAX 256        /* queued jobs looked at per placement pass */
+#define CANCEL_RESEND_MS 3000     /* resend a cancel to a rank that still runs after this */
+
+enum worker_state { W_READY, W_DRAINING, W_LOST };
+static const char *const worker_state_names[] = {"ready", "draining", "lost"};
+
+struct worker {
+    char id[40], name[128], host[128], version[32], device[8];
+    int cpus, gpus;
+    int64_t memory_mb;
+    enum worker_state state;
+    int64_t last_seen;            /* monotonic ms */
+    int64_t last_seen_wall;       /* wall ms, for the API */
+    struct mge_sched_assign *assign; /* queued, owned */
+    size_t n_assign, cap_assign;
+    struct mge_sched_cancel *cancel;
+    size_t n_cancel, cap_cancel;
+};
+
+/* One placed rank. */
+struct resv {
+    int64_t job_id;
+    int attempt, rank, world;
+    int widx;                     /* index into workers */
+    int cpus, gpus;
+    int64_t memory_mb;
+    bool exited;                  /* the worker reported its end (and it is stored) */
+    int exit_code, term_signal;
+    bool finished;                /* the attempt is decided: succeeded, failed or cancelled */
+    int64_t cancel_sent;          /* monotonic ms of the last cancel, 0 if none */
+};
+
+struct mge_sched {
+    struct mge_store *st;
+    struct mge_sched_opts opts;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    bool stop, dirty;
+    struct worker *w;
+    size_t n_w, cap_w;
+    struct resv *r;
+    size_t n_r, cap_r;
+};
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    void *np;
+    size_t nc;
+    if (need <= *cap)
+        return MGE_OK;
+    nc = *cap ? *cap * 2 : 8;
+    while (nc < need)
+        nc *= 2;
+    np = mge_realloc(*p, nc * elem);
+    if (!np)
+        return MGE_NOMEM;
+    *p = np;
+    *cap = nc;
+    return MGE_OK;
+}
+
+void mge_sched_cmds_fini(struct mge_sched_cmds *c)
+{
+    for (size_t i = 0; i < c->n_assign; i++) {
+        mge_free(c->assign[i].spec_yaml);
+        mge_free(c->assign[i].resume);
+    }
+    mge_free(c->assign);
+    mge_free(c->cancel);
+    mge_free(c->acks);
+    memset(c, 0, sizeof(*c));
+}
+
+static int worker_find(struct mge_sched *s, const char *id)
+{
+    for (size_t i = 0; i < s->n_w; i++)
+        if (!strcmp(s->w[i].id, id))
+            return (int)i;
+    return -1;
+}
+
+static int worker_find_name(struct mge_sched *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_w; i++)
+        if (!strcmp(s->w[i].name, name))
+            return (int)i;
+    return -1;
+}
+
+static struct resv *resv_find(struct mge_sched *s, int64_t job, int attempt, int rank)
+{
+    for (size_t i = 0; i < s->n_r; i++)
+        if (s->r[i].job_id == job && s->r[i].attempt == attempt && s->r[i].rank == rank)
+            return &s->r[i];
+    return NULL;
+}
+
+/* Free slots of worker @wi: total minus what its live ranks hold. */
+static void worker_free(struct mge_sched *s, int wi, int *cpus, int *gpus, int64_t *mem, int *ranks)
+{
+    struct worker *w = &s->w[wi];
+    *cpus = w->cpus;
+    *gpus = w->gpus;
+    *mem = w->memory_mb;
+    if (ranks)
+        *ranks = 0;
+    for (size_t i = 0; i < s->n_r; i++) {
+        if (s->r[i].widx != wi || s->r[i].exited)
+            continue;
+        *cpus -= s->r[i].cpus;
+        *gpus -= s->r[i].gpus;
+        *mem -= s->r[i].memory_mb;
+        if (ranks)
+            (*ranks)++;
+    }
+}
+
+static bool worker_usable(const struct worker *w) { return w->state == W_READY; }
+
+/* Could worker @w hold one rank of @j, counting its slots @cpus/@gpus/@mem? */
+static bool fits(const struct worker *w, const struct mge_job_row *j, int cpus, int gpus,
+                 int64_t mem)
+{
+    if (j->device == MGE_DEVICE_GPU && strcmp(w->device, "gpu") != 0)
+        return false;
+    return cpus >= j->cpus && gpus >= j->gpus && (j->memory_mb <= 0 || mem >= j->memory_mb);
+}
+
+static void notify(struct mge_sched *s, int wi)
+{
+    if (s->opts.notify)
+        s->opts.notify(s->opts.notify_arg, s->w[wi].id);
+}
+
+static void queue_cancel(struct mge_sched *s, int wi, int64_t job, int attempt)
+{
+    struct worker *w = &s->w[wi];
+    for (size_t i = 0; i < w->n_cancel; i++)
+        if (w->cancel[i].job_id == job && w->cancel[i].attempt == attempt)
+            return;
+    if (grow((void **)&w->cancel, &w->cap_cancel, w->n_cancel + 1, sizeof(*w->cancel)) != MGE_OK)
+        return; /* NEEDSWORK: retried by the resend in the next heartbeat */
+    w->cancel[w->n_cancel].job_id = job;
+    w->cancel[w->n_cancel].attempt = attempt;
+    w->n_cancel++;
+    notify(s, wi);
+}
+
+/* Mark attempt (@job, @attempt) decided; cancel its ranks that still run. */
+static void attempt_finish(struct mge_sched *s, int64_t job, int attempt, bool cancel_live)
+{
+    int64_t now = mge_mono_ms();
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        if (r->job_id != job || (attempt > 0 && r->attempt != attempt))
+            continue;
+        r->finished = true;
+        if (cancel_live && !r->exited && r->widx >= 0 && s->w[r->widx].state != W_LOST) {
+            r->cancel_sent = now;
+            queue_cancel(s, r->widx, job, r->attempt);
+        }
+    }
+}
+
+/* Queue (again) the Assign of reservation @r to its worker, unless already queued. */
+static int queue_assign(struct mge_sched *s, struct resv *r)
+{
+    struct worker *w = &s->w[r->widx];
+    struct mge_sched_assign *a;
+    char *spec = NULL, *resume = NULL;
+    int rc;
+    for (size_t i = 0; i < w->n_assign; i++)
+        if (w->assign[i].job_id == r->job_id && w->assign[i].attempt == r->attempt &&
+            w->assign[i].rank == r->rank)
+            return MGE_OK;
+    rc = mge_store_job_spec(s->st, r->job_id, &spec);
+    if (rc != MGE_OK)
+        return rc;
+    if (r->attempt > 1)
+        mge_store_checkpoint_latest(s->st, r->job_id, &resume); /* none: start over */
+    rc = grow((void **)&w->assign, &w->cap_assign, w->n_assign + 1, sizeof(*w->assign));
+    if (rc != MGE_OK) {
+        mge_free(spec);
+        mge_free(resume);
+        return rc;
+    }
+    a = &w->assign[w->n_assign++];
+    a->job_id = r->job_id;
+    a->attempt = r->attempt;
+    a->rank = r->rank;
+    a->world = r->world;
+    a->spec_yaml = spec;
+    a->resume = resume;
+    notify(s, r->widx);
+    return MGE_OK;
+}
+
+static void resv_gc(struct mge_sched *s)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < s->n_r; i++)
+        if (!(s->r[i].finished && (s->r[i].exited || s->r[i].widx < 0)))
+            s->r[k++] = s->r[i];
+    s->n_r = k;
+}
+
+/* Fail attempt @attempt of @job because worker @wi is gone; requeue the job. Lock held. */
+static void job_worker_lost(struct mge_sched *s, int64_t job, int attempt, const char *wname)
+{
+    char reason[256];
+    bool requeued = false;
+    snprintf(reason, sizeof(reason), "worker lost: %s", wname);
+    mge_store_job_requeue(s->st, job, attempt, reason, &requeued);
+    mge_log_warn("job %lld attempt %d: %s (%s)", (long long)job, attempt, reason,
+                 requeued ? "requeued" : "failed");
+    attempt_finish(s, job, attempt, true);
+}
+
+static void worker_set_lost(struct mge_sched *s, int wi)
+{
+    struct worker *w = &s->w[wi];
+    w->state = W_LOST;
+    mge_store_worker_set_state(s->st, w->id, "lost");
+    mge_log_warn("worker '%s' (%s) lost: no heartbeat for %d ms", w->name, w->id,
+                 s->opts.worker_timeout_ms);
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        if (r->widx != wi)
+            continue;
+        if (!r->finished)
+            job_worker_lost(s, r->job_id, r->attempt, w->name);
+        r->widx = -1; /* its slots are gone with the worker */
+        r->exited = true;
+    }
+    for (size_t i = 0; i < w->n_assign; i++) {
+        mge_free(w->assign[i].spec_yaml);
+        mge_free(w->assign[i].resume);
+    }
+    w->n_assign = 0;
+    w->n_cancel = 0;
+    s->dirty = true;
+}
+
+static void check_lost(struct mge_sched *s)
+{
+    int64_t now = mge_mono_ms();
+    for (size_t i = 0; i < s->n_w; i++)
+        if (s->w[i].state != W_LOST && now - s->w[i].last_seen > s->opts.worker_timeout_ms)
+            worker_set_lost(s, (int)i);
+}
+
+/* Try to place @j. Lock held. */
+static void place_one(struct mge_sched *s, const struct mge_job_row *j)
+{
+    struct mge_placement pl[64];
+    int widx[64], n = 0, rc, want = j->workers_max;
+    if (want > 64)
+        want = 64;
+    for (size_t i = 0; i < s->n_w && n < want; i++) {
+        int cpus, gpus;
+        int64_t mem;
+        if (!worker_usable(&s->w[i]))
+            continue;
+        worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
+        if (!fits(&s->w[i], j, cpus, gpus, mem))
+            continue;
+        widx[n] = (int)i;
+        memset(&pl[n], 0, sizeof(pl[n]));
+        pl[n].job_id = j->id;
+        pl[n].attempt = j->attempt;
+        pl[n].rank = n;
+        snprintf(pl[n].worker_id, sizeof(pl[n].worker_id), "%s", s->w[i].id);
+        n++;
+    }
+    if (n < j->workers_min || n == 0)
+        return;
+    if (grow((void **)&s->r, &s->cap_r, s->n_r + (size_t)n, sizeof(*s->r)) != MGE_OK)
+        return;
+    rc = mge_store_job_place(s->st, j->id, j->attempt, pl, n);
+    if (rc != MGE_OK)
+        return;
+    for (int k = 0; k < n; k++) {
+        struct resv *r = &s->r[s->n_r++];
+        memset(r, 0, sizeof(*r));
+        r->job_id = j->id;
+        r->attempt = j->attempt;
+        r->rank = k;
+        r->world = n;
+        r->widx = widx[k];
+        r->cpus = j->cpus;
+        r->gpus = j->gpus;
+        r->memory_mb = j->memory_mb;
+        queue_assign(s, r);
+    }
+    mge_log_info("job %lld attempt %d placed: %d rank(s), rank 0 on '%s'", (long long)j->id,
+                 j->attempt, n, s->w[widx[0]].name);
+}
+
+static void schedule(struct mge_sched *s)
+{
+    struct mge_job_row *rows = NULL;
+    int n = 0;
+    bool any_free = false;
+    for (size_t i = 0; i < s->n_w && !any_free; i++) {
+        int cpus, gpus;
+        int64_t mem;
+        if (!worker_usable(&s->w[i]))
+            continue;
+        worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
+        any_free = cpus > 0 || gpus > 0;
+    }
+    if (!any_free)
+        return;
+    if (mge_store_jobs_queued(s->st, QUEUE_SCAN_MAX, &rows, &n) != MGE_OK)
+        return;
+    for (int i = 0; i < n; i++)
+        place_one(s, &rows[i]);
+    mge_free(rows);
+}
+
+static void *sched_main(void *arg)
+{
+    struct mge_sched *s = arg;
+    int64_t last_periodic = 0;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        int64_t now = mge_mono_ms();
+        struct timespec ts;
+        if (now - last_periodic >= 250) {
+            check_lost(s);
+            resv_gc(s);
+            last_periodic = now;
+            if (now % 1000 < 250)
+                s->dirty = true; /* a slow safety net; kicks do the real work */
+        }
+        if (s->dirty) {
+            s->dirty = false;
+            schedule(s);
+        }
+        if (s->dirty)
+            continue;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struct mge_sched **out)
+{
+    struct mge_sched *s;
+    struct mge_worker_row *wr = NULL;
+    struct mge_placement *pl = NULL;
+    int nw = 0, np = 0, rc;
+
+    *out = NULL;
+    s = mge_calloc(1, sizeof(*s));
+    if (!s)
+        return MGE_NOMEM;
+    s->st = st;
+    s->opts = *opts;
+    if (s->opts.worker_timeout_ms <= 0)
+        s->opts.worker_timeout_ms = 10000;
+    if (s->opts.cancel_grace_ms <= 0)
+        s->opts.cancel_grace_ms = 5000;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+
+    rc = mge_store_workers_load(st, &wr, &nw);
+    if (rc != MGE_OK)
+        goto err_free;
+    rc = grow((void **)&s->w, &s->cap_w, (size_t)nw, sizeof(*s->w));
+    if (rc != MGE_OK)
+        goto err_free;
+    for (int i = 0; i < nw; i++) {
+        struct worker *w = &s->w[s->n_w++];
+        memset(w, 0, sizeof(*w));
+        snprintf(w->id, sizeof(w->id), "%s", wr[i].id);
+        snprintf(w->name, sizeof(w->name), "%s", wr[i].name);
+        snprintf(w->host, sizeof(w->host), "%s", wr[i].host);
+        snprintf(w->version, sizeof(w->version), "%s", wr[i].version);
+        snprintf(w->device, sizeof(w->device), "%s", wr[i].device);
+        w->cpus = wr[i].cpus;
+        w->gpus = wr[i].gpus;
+        w->memory_mb = wr[i].memory_mb;
+        w->state = !strcmp(wr[i].state, "lost")       ? W_LOST
+                   : !strcmp(wr[i].state, "draining") ? W_DRAINING
+                                                      : W_READY;
+        /* A restart gives every known worker a full timeout to come back. */
+        w->last_seen = mge_mono_ms();
+        w->last_seen_wall = wr[i].registered_ms;
+    }
+    rc = mge_store_placements_active(st, &pl, &np);
+    if (rc != MGE_OK)
+        goto err_free;
+    rc = grow((void **)&s->r, &s->cap_r, (size_t)np, sizeof(*s->r));
+    if (rc != MGE_OK)
+        goto err_free;
+    for (int i = 0; i < np; i++) {
+        struct mge_job_row row;
+        struct resv *r;
+        int wi = worker_find(s, pl[i].worker_id);
+        if (mge_store_job_row(st, pl[i].job_id, &row) != MGE_OK)
+            continue;
+        r = &s->r[s->n_r++];
+        memset(r, 0, sizeof(*r));
+        r->job_id = pl[i].job_id;
+        r->attempt = pl[i].attempt;
+        r->rank = pl[i].rank;
+        r->widx = wi;
+        r->cpus = row.cpus;
+        r->gpus = row.gpus;
+        r->memory_mb = row.memory_mb;
+        r->exited = pl[i].exited || wi < 0;
+        r->exit_code = pl[i].exit_code;
+        r->term_signal = pl[i].term_signal;
+    }
+    for (size_t i = 0; i < s->n_r; i++) { /* world size = ranks of the same attempt */
+        int world = 0;
+        for (size_t k = 0; k < s->n_r; k++)
+            world += s->r[k].job_id == s->r[i].job_id && s->r[k].attempt == s->r[i].attempt;
+        s->r[i].world = world;
+    }
+    mge_free(wr);
+    mge_free(pl);
+    wr = NULL;
+    pl = NULL;
+    for (size_t i = 0; i < s->n_r; i++) /* ranks on lost workers: the job is requeued */
+        if (s->r[i].widx >= 0 && s->w[s->r[i].widx].state == W_LOST && !s->r[i].finished)
+            job_worker_lost(s, s->r[i].job_id, s->r[i].attempt, s->w[s->r[i].widx].name);
+    mge_log_info("scheduler: %zu worker(s), %zu placed rank(s) loaded", s->n_w, s->n_r);
+    s->dirty = true;
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        rc = MGE_ERR(MGE_INTERNAL, "cannot start the scheduler thread");
+        goto err_free;
+    }
+    *out = s;
+    return MGE_OK;
+
+err_free:
+    mge_free(wr);
+    mge_free(pl);
+    mge_free(s->w);
+    mge_free(s->r);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    mge_free(s);
+    return rc;
+}
+
+void mge_sched_free(struct mge_sched *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    for (size_t i = 0; i < s->n_w; i++) {
+        for (size_t k = 0; k < s->w[i].n_assign; k++) {
+            mge_free(s->w[i].assign[k].spec_yaml);
+            mge_free(s->w[i].assign[k].resume);
+        }
+        mge_free(s->w[i].assign);
+        mge_free(s->w[i].cancel);
+    }
+    mge_free(s->w);
+    mge_free(s->r);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    mge_free(s);
+}
+
+void mge_sched_kick(struct mge_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->dirty = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info *info,
+                              const struct mge_rank_report *ranks, size_t n, char id_out[40])
+{
+    struct mge_worker_row row;
+    struct worker *w;
+    int wi, rc;
+
+    memset(&row, 0, sizeof(row));
+    snprintf(row.name, sizeof(row.name), "%s", info->name);
+    snprintf(row.host, sizeof(row.host), "%s", info->host ? info->host : "");
+    snprintf(row.version, sizeof(row.version), "%s", info->version ? info->version : "");
+    snprintf(row.device, sizeof(row.device), "%s",
+             info->device && *info->device ? info->device : "cpu");
+    row.cpus = info->cpus;
+    row.gpus = info->gpus;
+    row.memory_mb = info->memory_mb;
+    row.registered_ms = mge_now_ms();
+
+    pthread_mutex_lock(&s->mu);
+    rc = mge_store_worker_upsert(s->st, &row);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    wi = worker_find_name(s, row.name);
+    if (wi < 0) {
+        rc = grow((void **)&s->w, &s->cap_w, s->n_w + 1, sizeof(*s->w));
+        if (rc != MGE_OK)
+            goto out_unlock;
+        wi = (int)s->n_w++;
+        memset(&s->w[wi], 0, sizeof(s->w[wi]));
+    }
+    w = &s->w[wi];
+    snprintf(w->id, sizeof(w->id), "%s", row.id);
+    snprintf(w->name, sizeof(w->name), "%s", row.name);
+    snprintf(w->host, sizeof(w->host), "%s", row.host);
+    snprintf(w->version, sizeof(w->version), "%s", row.version);
+    snprintf(w->device, sizeof(w->device), "%s", row.device);
+    w->cpus = row.cpus;
+    w->gpus = row.gpus;
+    w->memory_mb = row.memory_mb;
+    if (w->state == W_LOST)
+        w->state = W_READY;
+    w->last_seen = mge_mono_ms();
+    w->last_seen_wall = row.registered_ms;
+    /* A fresh worker process: ranks we placed there that it does not report are gone. */
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        bool reported = false;
+        if (r->widx != wi || r->exited)
+            continue;
+        for (size_t k = 0; k < n; k++)
+            if (ranks[k].job_id == r->job_id && ranks[k].attempt == r->attempt &&
+                ranks[k].rank == r->rank)
+                reported = true;
+        if (reported)
+            continue;
+        if (!r->finished)
+            job_worker_lost(s, r->job_id, r->attempt, w->name);
+        r->exited = true;
+    }
+    for (size_t i = 0; i < w->n_assign; i++) {
+        mge_free(w->assign[i].spec_yaml);
+        mge_free(w->assign[i].resume);
+    }
+    w->n_assign = 0;
+    w->n_cancel = 0;
+    memcpy(id_out, w->id, 40);
+    mge_log_info("worker '%s' registered as %s (%d cpus, %lld MiB, %d gpus)", w->name, w->id,
+                 w->cpus, (long long)w->memory_mb, w->gpus);
+    s->dirty = true;
+    pthread_cond_signal(&s->cv);
+out_unlock:
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* Decide attempt (@job, @attempt) after one of its ranks ended. Lock held. */
+static void attempt_check(struct mge_sched *s, struct resv *ended)
+{
+    char reason[512];
+    bool all_ok = true;
+    int64_t job = ended->job_id;
+    int attempt = ended->attempt;
+
+    if (ended->finished)
+        return;
+    if (ended->exit_code != 0 || ended->term_signal != 0) {
+        if (ended->term_signal)
+            snprintf(reason, sizeof(reason), "rank %d killed by signal %d", ended->rank,
+                     ended->term_signal);
+        else
+            snprintf(reason, sizeof(reason), "rank %d exited with code %d%s", ended->rank,
+                     ended->exit_code, ended->exit_code == 2 ? " (bad input)" : "");
+        mge_store_job_set_state(s->st, job, attempt, MGE_JOB_FAILED, reason, NULL);
+        attempt_finish(s, job, attempt, true);
+        return;
+    }
+    for (size_t i = 0; i < s->n_r; i++)
+        if (s->r[i].job_id == job && s->r[i].attempt == attempt &&
+            (!s->r[i].exited || s->r[i].exit_code != 0 || s->r[i].term_signal != 0))
+            all_ok = false;
+    if (all_ok) {
+        mge_store_job_set_state(s->st, job, attempt, MGE_JOB_SUCCEEDED, NULL, NULL);
+        attempt_finish(s, job, attempt, false);
+        mge_log_info("job %lld succeeded", (long long)job);
+    }
+}
+
+int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
+                               const struct mge_rank_report *ranks, size_t n,
+                               struct mge_sched_cmds *out)
+{
+    struct worker *w;
+    int wi, rc = MGE_OK;
+    int64_t now = mge_mono_ms();
+
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&s->mu);
+    wi = worker_find(s, id);
+    if (wi < 0) {
+        rc = MGE_NOENT;
+        goto out_unlock;
+    }
+    w = &s->w[wi];
+    out->grace_ms = s->opts.cancel_grace_ms;
+    if (w->state == W_LOST) {
+        /* Its jobs were requeued; it must register again, which also cancels its leftovers. */
+        rc = MGE_NOENT;
+        goto out_unlock;
+    }
+    w->last_seen = now;
+    w->last_seen_wall = mge_now_ms();
+    out->acks = n ? mge_calloc(n, sizeof(*out->acks)) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        const struct mge_rank_report *rep = &ranks[i];
+        struct resv *r = resv_find(s, rep->job_id, rep->attempt, rep->rank);
+        if (!r || r->widx != wi) {
+            /* A rank we do not know here (cancelled before a restart, superseded attempt). */
+            if (rep->running)
+                queue_cancel(s, wi, rep->job_id, rep->attempt);
+            else if (out->acks)
+                out->acks[out->n_acks++] = (struct mge_sched_exit_ack){rep->job_id, rep->attempt,
+                                                                        rep->rank};
+            continue;
+        }
+        if (rep->running) {
+            if (r->finished && now - r->cancel_sent > CANCEL_RESEND_MS) {
+                r->cancel_sent = now;
+                queue_cancel(s, wi, r->job_id, r->attempt);
+            }
+            continue;
+        }
+        if (!r->exited) {
+            int code = rep->exit_code;
+            if (rep->failure && *rep->failure && code == 0 && rep->term_signal == 0)
+                code = 1;
+            if (mge_store_placement_exit(s->st, r->job_id, r->attempt, r->rank, code,
+                                         rep->term_signal) != MGE_OK)
+                continue; /* not acked: the worker reports it again */
+            r->exited = true;
+            r->exit_code = code;
+            r->term_signal = rep->term_signal;
+            if (rep->failure && *rep->failure && !r->finished) {
+                mge_store_job_set_state(s->st, r->job_id, r->attempt, MGE_JOB_FAILED,
+                                        rep->failure, NULL);
+                attempt_finish(s, r->job_id, r->attempt, true);
+            } else {
+                attempt_check(s, r);
+            }
+            s->dirty = true;
+        }
+        if (out->acks)
+            out->acks[out->n_acks++] = (struct mge_sched_exit_ack){rep->job_id, rep->attempt,
+                                                                    rep->rank};
+    }
+    /* Ranks placed here that the worker does not report: their Assign never arrived. */
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        bool reported = false;
+        if (r->widx != wi || r->exited || r->finished)
+            continue;
+        for (size_t k = 0; k < n && !reported; k++)
+            reported = ranks[k].job_id == r->job_id && ranks[k].attempt == r->attempt &&
+                       ranks[k].rank == r->rank;
+        if (!reported)
+            queue_assign(s, r);
+    }
+    out->assign = w->assign;
+    out->n_assign = w->n_assign;
+    out->cancel = w->cancel;
+    out->n_cancel = w->n_cancel;
+    w->assign = NULL;
+    w->n_assign = w->cap_assign = 0;
+    w->cancel = NULL;
+    w->n_cancel = w->cap_cancel = 0;
+    if (s->dirty)
+        pthread_cond_signal(&s->cv);
+out_unlock:
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+bool mge_sched_worker_known(struct mge_sched *s, const char *id)
+{
+    int wi;
+    bool known;
+    pthread_mutex_lock(&s->mu);
+    wi = worker_find(s, id);
+    known = wi >= 0 && s->w[wi].state != W_LOST;
+    pthread_mutex_unlock(&s->mu);
+    return known;
+}
+
+int mge_sched_job_cancel(struct mge_sched *s, int64_t id)
+{
+    struct mge_job_row row;
+    bool changed = false;
+    int rc;
+    pthread_mutex_lock(&s->mu);
+    rc = mge_store_job_row(s->st, id, &row);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    if (mge_job_state_is_terminal(row.state)) {
+        rc = MGE_STATE;
+        goto out_unlock;
+    }
+    rc = mge_store_job_set_state(s->st, id, 0, MGE_JOB_CANCELLED, "cancelled by user", &changed);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    if (!changed) {
+        rc = MGE_STATE;
+        goto out_unlock;
+    }
+    attempt_finish(s, id, 0, true);
+    s->dirty = true;
+    pthread_cond_signal(&s->cv);
+out_unlock:
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
+{
+    char need[160], buf[400];
+    int total = 0, fit_ever = 0, fit_now = 0, usable = 0;
+    int n = j->workers_min;
+
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->n_w; i++) {
+        int cpus, gpus;
+        int64_t mem;
+        if (s->w[i].state == W_LOST)
+            continue;
+        total++;
+        if (!worker_usable(&s->w[i]))
+            continue;
+        usable++;
+        if (fits(&s->w[i], j, s->w[i].cpus, s->w[i].gpus, s->w[i].memory_mb))
+            fit_ever++;
+        worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
+        if (fits(&s->w[i], j, cpus, gpus, mem))
+            fit_now++;
+    }
+    pthread_mutex_unlock(&s->mu);
+
+    {
+        int off = snprintf(need, sizeof(need), "needs %d %sworker%s with %d CPU%s", n,
+                           j->device == MGE_DEVICE_GPU ? "GPU " : "", n == 1 ? "" : "s", j->cpus,
+                           j->cpus == 1 ? "" : "s");
+        if (j->gpus > 0 && off > 0 && (size_t)off < sizeof(need))
+            off += snprintf(need + off, sizeof(need) - (size_t)off, ", %d GPU%s", j->gpus,
+                            j->gpus == 1 ? "" : "s");
+        if (j->memory_mb > 0 && off > 0 && (size_t)off < sizeof(need))
+            snprintf(need + off, sizeof(need) - (size_t)off, ", %lld MiB",
+                     (long long)j->memory_mb);
+    }
+    if (total == 0)
+        snprintf(buf, sizeof(buf), "%s, no workers are connected", need);
+    else if (usable == 0)
+        snprintf(buf, sizeof(buf), "%s, all %d connected worker%s are draining", need, total,
+                 total == 1 ? "" : "s");
+    else if (fit_ever < n)
+        snprintf(buf, sizeof(buf), "%s, only %d worker%s that large", need, fit_ever,
+                 fit_ever == 1 ? " is" : "s are");
+    else if (fit_now < n)
+        snprintf(buf, sizeof(buf), "%s, %d free", need, fit_now);
+    else
+        snprintf(buf, sizeof(buf), "%s, %d free: waiting for the scheduler", need, fit_now);
+    return mge_strdup(buf);
+}
+
+static json_t *worker_json(struct mge_sched *s, int wi)
+{
+    struct worker *w = &s->w[wi];
+    int cpus, gpus, ranks;
+    int64_t mem;
+    const char *state = worker_state_names[w->state];
+    char seen[40];
+    time_t t = (time_t)(w->last_seen_wall / 1000);
+    struct tm tm;
+    worker_free(s, wi, &cpus, &gpus, &mem, &ranks);
+    if (w->state == W_DRAINING && ranks == 0)
+        state = "drained";
+    gmtime_r(&t, &tm);
+    strftime(seen, sizeof(seen), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:i, s:I, s:i, s:s}, s:{s:i, s:I, s:i},"
+                     " s:i, s:s}",
+                     "id", w->id, "name", w->name, "host", w->host, "state", state, "version",
+                     w->version, "slots", "cpus", w->cpus, "memory_mb", (json_int_t)w->memory_mb,
+                     "gpus", w->gpus, "device", w->device, "free", "cpus", cpus, "memory_mb",
+                     (json_int_t)mem, "gpus", gpus, "running_ranks", ranks, "last_seen", seen);
+}
+
+json_t *mge_sched_workers_json(struct mge_sched *s)
+{
+    json_t *arr = json_array();
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; arr && i < s->n_w; i++)
+        json_array_append_new(arr, worker_json(s, (int)i));
+    pthread_mutex_unlock(&s->mu);
+    return arr;
+}
+
+int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out)
+{
+    int wi, rc = MGE_OK;
+    *out = NULL;
+    pthread_mutex_lock(&s->mu);
+    wi = worker_find(s, id);
+    if (wi < 0)
+        wi = worker_find_name(s, id);
+    if (wi < 0) {
+        rc = MGE_NOENT;
+        goto out_unlock;
+    }
+    if (s->w[wi].state == W_READY) {
+        s->w[wi].state = W_DRAINING;
+        mge_store_worker_set_state(s->st, s->w[wi].id, "draining");
+        mge_log_info("worker '%s' draining", s->w[wi].name);
+    }
+    *out = worker_json(s, wi);
+out_unlock:
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void mge_sched_stats_get(struct mge_sched *s, struct mge_sched_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->n_w; i++) {
+        if (s->w[i].state == W_READY)
+            out->workers_ready++;
+        else if (s->w[i].state == W_DRAINING)
+            out->workers_draining++;
+        else
+            out->workers_lost++;
+    }
+    for (size_t i = 0; i < s->n_r; i++)
+        out->ranks_running += !s->r[i].exited;
+    pthread_mutex_unlock(&s->mu);
+}

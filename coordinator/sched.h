@@ -1,0 +1,129 @@
+/*
+ * sched.h: the worker registry and the gang scheduler of mge-coordinator.
+ *
+ * The registry keeps every worker's slots, liveness and queued commands in memory; the
+ * reservations (which rank of which job attempt runs where) mirror the store's placements
+ * so a restarted coordinator rebuilds them from SQLite. Jobs are placed by priority, then
+ * submission order; a job gets all of its ranks (workers_min..workers_max workers, one
+ * rank each) or none. A worker silent for longer than the timeout is lost: its jobs fail
+ * with "worker lost" and are queued again (a new attempt).
+ *
+ * Thread: every function may be called from any thread (one mutex inside). The scheduler
+ * has its own thread (placement passes, lost-worker checks). Lock order: sched, then store.
+ */
+#ifndef MGE_COORDINATOR_SCHED_H
+#define MGE_COORDINATOR_SCHED_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store.h"
+
+struct mge_sched;
+
+struct mge_sched_opts {
+    int worker_timeout_ms;   /* silence after which a worker is lost (default 10000) */
+    int cancel_grace_ms;     /* SIGTERM -> SIGKILL grace the workers are told (default 5000) */
+    /* Called (with the scheduler's lock held, so it must not call back) when @worker_id has
+     * commands waiting; the RPC layer wakes the worker. May be NULL. */
+    void (*notify)(void *arg, const char *worker_id);
+    void *notify_arg;
+};
+
+struct mge_worker_info {     /* what a worker says about itself; strings borrowed */
+    const char *name, *host, *version, *device;
+    int cpus, gpus;
+    int64_t memory_mb;
+};
+
+struct mge_rank_report {     /* one rank in a register or heartbeat; strings borrowed */
+    int64_t job_id;
+    int attempt, rank;
+    bool running;
+    int exit_code, term_signal;
+    const char *failure;     /* "" or NULL when none */
+};
+
+struct mge_sched_assign {
+    int64_t job_id;
+    int attempt, rank, world;
+    char *spec_yaml;         /* owned */
+    char *resume;            /* owned, NULL for none */
+};
+
+struct mge_sched_cancel {
+    int64_t job_id;
+    int attempt;
+};
+
+struct mge_sched_exit_ack {
+    int64_t job_id;
+    int attempt, rank;
+};
+
+/* Commands for one worker, taken out of its queue by mge_sched_worker_heartbeat(). */
+struct mge_sched_cmds {
+    struct mge_sched_assign *assign;
+    size_t n_assign;
+    struct mge_sched_cancel *cancel;
+    size_t n_cancel;
+    struct mge_sched_exit_ack *acks;
+    size_t n_acks;
+    int grace_ms;
+};
+
+/* Free what @c holds (not @c itself). */
+void mge_sched_cmds_fini(struct mge_sched_cmds *c);
+
+/*
+ * Create the scheduler over @st (borrowed; must outlive it), load workers and active
+ * placements from the store, and start its thread. On MGE_OK the caller frees with
+ * mge_sched_free().
+ */
+int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struct mge_sched **out);
+/* Stop the thread and free; NULL does nothing. */
+void mge_sched_free(struct mge_sched *s);
+
+/* Ask for a placement pass soon (after a submit, an exit, a new worker). */
+void mge_sched_kick(struct mge_sched *s);
+
+/*
+ * A worker (re)registers. @ranks: what it runs now. Ranks it no longer runs that the
+ * coordinator had placed on it are lost (their jobs are requeued). @id_out receives its id.
+ */
+int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info *info,
+                              const struct mge_rank_report *ranks, size_t n, char id_out[40]);
+
+/*
+ * A heartbeat from worker @id with its ranks. Records exits, finishes jobs, and moves the
+ * worker's queued commands into @out (caller finis it, also on error).
+ * MGE_NOENT: unknown worker (it must register).
+ */
+int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
+                               const struct mge_rank_report *ranks, size_t n,
+                               struct mge_sched_cmds *out);
+
+/* Whether @id names a known worker that is not lost (heartbeats from others are refused). */
+bool mge_sched_worker_known(struct mge_sched *s, const char *id);
+
+/* Cancel job @id from any non-terminal state. MGE_NOENT, MGE_STATE (already finished). */
+int mge_sched_job_cancel(struct mge_sched *s, int64_t id);
+
+/* Why queued job @row is not running, as a new string (mge_free), or NULL on OOM. */
+char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *row);
+
+/* Workers as a JSON array (caller owns). */
+json_t *mge_sched_workers_json(struct mge_sched *s);
+
+/* Drain worker @id: no new ranks go there. *@out: the worker as JSON. MGE_NOENT. */
+int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out);
+
+struct mge_sched_stats {
+    int workers_ready, workers_draining, workers_lost;
+    int ranks_running;
+};
+void mge_sched_stats_get(struct mge_sched *s, struct mge_sched_stats *out);
+
+#endif

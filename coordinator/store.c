@@ -1,0 +1,1360 @@
+/* store.c: the coordinator's SQLite store (see store.h): schema migrations, cached statements. */
+#include "store.h"
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/jobspec.h"
+#include "common/log.h"
+
+#define LOGS_PER_JOB_MAX 50000 /* log lines kept per job; older ones are pruned */
+
+/* Versioned migrations: schema version N is reached by applying migrations[0..N-1]. */
+static const char *const migrations[] = {
+    /* 1: initial schema */
+    "CREATE TABLE jobs("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, state INTEGER NOT NULL,"
+    " priority INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 1,"
+    " max_attempts INTEGER NOT NULL DEFAULT 3, workers_min INTEGER NOT NULL,"
+    " workers_max INTEGER NOT NULL, cpus INTEGER NOT NULL, gpus INTEGER NOT NULL,"
+    " memory_mb INTEGER NOT NULL, device INTEGER NOT NULL, total_steps INTEGER NOT NULL,"
+    " spec_yaml TEXT NOT NULL, spec_json TEXT NOT NULL, created_ms INTEGER NOT NULL,"
+    " started_ms INTEGER, finished_ms INTEGER, failure_reason TEXT, result TEXT);"
+    "CREATE INDEX jobs_by_state ON jobs(state, id);"
+    "CREATE INDEX jobs_queue ON jobs(state, priority DESC, id);"
+    "CREATE TABLE events("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, kind TEXT NOT NULL,"
+    " attempt INTEGER, rank INTEGER, seq INTEGER, stream INTEGER, data TEXT NOT NULL,"
+    " time_ms INTEGER NOT NULL, UNIQUE(job_id, attempt, rank, seq));"
+    "CREATE INDEX events_by_job ON events(job_id, kind, id);"
+    "CREATE TABLE metrics("
+    " job_id INTEGER NOT NULL, name TEXT NOT NULL, step INTEGER NOT NULL, value REAL NOT NULL,"
+    " time_ms INTEGER NOT NULL, PRIMARY KEY(job_id, name, step)) WITHOUT ROWID;"
+    "CREATE TABLE placements("
+    " job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,"
+    " worker_id TEXT NOT NULL, exited INTEGER NOT NULL DEFAULT 0, exit_code INTEGER,"
+    " term_signal INTEGER, PRIMARY KEY(job_id, attempt, rank));"
+    "CREATE TABLE workers("
+    " id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, host TEXT NOT NULL, cpus INTEGER NOT NULL,"
+    " gpus INTEGER NOT NULL, memory_mb INTEGER NOT NULL, device TEXT NOT NULL,"
+    " version TEXT NOT NULL, state TEXT NOT NULL, registered_ms INTEGER NOT NULL);"
+    "CREATE TABLE checkpoints("
+    " job_id INTEGER NOT NULL, name TEXT NOT NULL, step INTEGER NOT NULL, size INTEGER NOT NULL,"
+    " path TEXT NOT NULL, worker_id TEXT NOT NULL, time_ms INTEGER NOT NULL,"
+    " PRIMARY KEY(job_id, name));",
+};
+
+enum sql_id {
+    Q_JOB_INSERT,
+    Q_EVENT_STATE,
+    Q_JOB_GET,
+    Q_JOB_ROW,
+    Q_JOB_SPEC,
+    Q_JOB_LIST,
+    Q_JOB_LIST_STATE,
+    Q_JOBS_QUEUED,
+    Q_PLACEMENTS_ACTIVE,
+    Q_JOB_STATE_GET,
+    Q_JOB_STATE_SET,
+    Q_JOB_REQUEUE,
+    Q_PLACE_INSERT,
+    Q_PLACE_EXIT,
+    Q_PLACE_LIST,
+    Q_LINE_INSERT,
+    Q_METRIC_UPSERT,
+    Q_METRIC_MAXSTEP,
+    Q_JOB_RESULT,
+    Q_CKPT_UPSERT,
+    Q_JOB_EXISTS,
+    Q_LOG_COUNT,
+    Q_LOG_PRUNE,
+    Q_EVENTS,
+    Q_LOGS_ALL,
+    Q_LOGS_RANK,
+    Q_METRICS_ALL,
+    Q_METRICS_NAME,
+    Q_METRICS_LATEST,
+    Q_CKPT_LIST,
+    Q_CKPT_PATH,
+    Q_CKPT_LATEST,
+    Q_JOB_COUNTS,
+    Q_WORKER_BY_NAME,
+    Q_WORKER_INSERT,
+    Q_WORKER_UPDATE,
+    Q_WORKER_STATE,
+    Q_WORKERS_ALL,
+    Q_BEGIN,
+    Q_COMMIT,
+    Q_ROLLBACK,
+    Q__COUNT
+};
+
+static const char *const sql_text[Q__COUNT] = {
+    [Q_JOB_INSERT] = "INSERT INTO jobs(name, state, priority, workers_min, workers_max, cpus, gpus,"
+                     " memory_mb, device, total_steps, spec_yaml, spec_json, created_ms)"
+                     " VALUES(?,0,?,?,?,?,?,?,?,?,?,?,?)",
+    [Q_EVENT_STATE] = "INSERT INTO events(job_id, kind, data, time_ms) VALUES(?, 'state', ?, ?)",
+    [Q_JOB_GET] = "SELECT id, name, state, priority, attempt, spec_json, created_ms, started_ms,"
+                  " finished_ms, failure_reason, result, total_steps FROM jobs WHERE id = ?",
+    [Q_JOB_ROW] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
+                  " memory_mb, device FROM jobs WHERE id = ?",
+    [Q_JOB_SPEC] = "SELECT spec_yaml FROM jobs WHERE id = ?",
+    [Q_JOB_LIST] = "SELECT id, name, state, priority, attempt, created_ms, finished_ms,"
+                   " failure_reason FROM jobs WHERE id < ? ORDER BY id DESC LIMIT ?",
+    [Q_JOB_LIST_STATE] = "SELECT id, name, state, priority, attempt, created_ms, finished_ms,"
+                         " failure_reason FROM jobs WHERE state = ? AND id < ?"
+                         " ORDER BY id DESC LIMIT ?",
+    [Q_JOBS_QUEUED] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
+                      " memory_mb, device FROM jobs WHERE state = 0"
+                      " ORDER BY priority DESC, id ASC LIMIT ?",
+    [Q_PLACEMENTS_ACTIVE] = "SELECT p.job_id, p.attempt, p.rank, p.worker_id, p.exited,"
+                            " p.exit_code, p.term_signal FROM placements p JOIN jobs j"
+                            " ON j.id = p.job_id AND j.attempt = p.attempt WHERE j.state = 1",
+    [Q_JOB_STATE_GET] = "SELECT state, attempt, max_attempts FROM jobs WHERE id = ?",
+    [Q_JOB_STATE_SET] = "UPDATE jobs SET state = ?1,"
+                        " started_ms = CASE WHEN ?1 = 1 THEN ?2 ELSE started_ms END,"
+                        " finished_ms = CASE WHEN ?1 >= 2 THEN ?2 ELSE finished_ms END,"
+                        " failure_reason = CASE WHEN ?1 = 2 THEN NULL"
+                        " ELSE COALESCE(?3, failure_reason) END WHERE id = ?4",
+    [Q_JOB_REQUEUE] = "UPDATE jobs SET state = 0, attempt = attempt + 1, failure_reason = ?1,"
+                      " started_ms = NULL WHERE id = ?2",
+    [Q_PLACE_INSERT] = "INSERT OR REPLACE INTO placements(job_id, attempt, rank, worker_id)"
+                       " VALUES(?,?,?,?)",
+    [Q_PLACE_EXIT] = "UPDATE placements SET exited = 1, exit_code = ?, term_signal = ?"
+                     " WHERE job_id = ? AND attempt = ? AND rank = ?",
+    [Q_PLACE_LIST] = "SELECT p.rank, p.worker_id, w.name, p.exited, p.exit_code, p.term_signal"
+                     " FROM placements p LEFT JOIN workers w ON w.id = p.worker_id"
+                     " WHERE p.job_id = ? AND p.attempt = ? ORDER BY p.rank",
+    [Q_LINE_INSERT] = "INSERT OR IGNORE INTO events(job_id, kind, attempt, rank, seq, stream, data,"
+                      " time_ms) VALUES(?,?,?,?,?,?,?,?)",
+    [Q_METRIC_UPSERT] = "INSERT INTO metrics(job_id, name, step, value, time_ms) VALUES(?,?,?,?,?)"
+                        " ON CONFLICT(job_id, name, step) DO UPDATE SET value = excluded.value,"
+                        " time_ms = excluded.time_ms",
+    [Q_METRIC_MAXSTEP] = "SELECT MAX(step) FROM metrics WHERE job_id = ? AND name = 'loss'",
+    [Q_JOB_RESULT] = "UPDATE jobs SET result = ? WHERE id = ?",
+    [Q_CKPT_UPSERT] = "INSERT OR REPLACE INTO checkpoints(job_id, name, step, size, path,"
+                      " worker_id, time_ms) VALUES(?,?,?,?,?,?,?)",
+    [Q_JOB_EXISTS] = "SELECT 1 FROM jobs WHERE id = ?",
+    [Q_LOG_COUNT] = "SELECT COUNT(*) FROM events WHERE job_id = ? AND kind = 'log'",
+    [Q_LOG_PRUNE] = "DELETE FROM events WHERE job_id = ?1 AND kind = 'log' AND id <="
+                    " (SELECT id FROM events WHERE job_id = ?1 AND kind = 'log'"
+                    " ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+    [Q_EVENTS] = "SELECT id, kind, attempt, rank, stream, data, time_ms FROM events"
+                 " WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
+    [Q_LOGS_ALL] = "SELECT * FROM (SELECT id, attempt, rank, seq, stream, data, time_ms FROM events"
+                   " WHERE job_id = ? AND kind = 'log' ORDER BY id DESC LIMIT ?) ORDER BY id",
+    [Q_LOGS_RANK] = "SELECT * FROM (SELECT id, attempt, rank, seq, stream, data, time_ms FROM events"
+                    " WHERE job_id = ? AND kind = 'log' AND rank = ? ORDER BY id DESC LIMIT ?)"
+                    " ORDER BY id",
+    [Q_METRICS_ALL] = "SELECT step, name, value, time_ms FROM metrics WHERE job_id = ?"
+                      " AND step > ? ORDER BY name, step",
+    [Q_METRICS_NAME] = "SELECT step, name, value, time_ms FROM metrics WHERE job_id = ?"
+                       " AND name = ? AND step > ? ORDER BY step",
+    [Q_METRICS_LATEST] = "SELECT m.name, m.step, m.value FROM metrics m JOIN"
+                         " (SELECT name, MAX(step) AS s FROM metrics WHERE job_id = ?1"
+                         " GROUP BY name) l ON l.name = m.name AND l.s = m.step"
+                         " WHERE m.job_id = ?1",
+    [Q_CKPT_LIST] = "SELECT c.name, c.step, c.size, c.worker_id, w.name, c.time_ms FROM checkpoints c"
+                    " LEFT JOIN workers w ON w.id = c.worker_id WHERE c.job_id = ?"
+                    " ORDER BY c.step DESC, c.name",
+    [Q_CKPT_PATH] = "SELECT path FROM checkpoints WHERE job_id = ? AND name = ?",
+    [Q_CKPT_LATEST] = "SELECT path FROM checkpoints WHERE job_id = ? AND name <> 'latest'"
+                      " ORDER BY step DESC LIMIT 1",
+    [Q_JOB_COUNTS] = "SELECT state, COUNT(*) FROM jobs GROUP BY state",
+    [Q_WORKER_BY_NAME] = "SELECT id FROM workers WHERE name = ?",
+    [Q_WORKER_INSERT] = "INSERT INTO workers(id, name, host, cpus, gpus, memory_mb, device, version,"
+                        " state, registered_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
+    [Q_WORKER_UPDATE] = "UPDATE workers SET host = ?, cpus = ?, gpus = ?, memory_mb = ?,"
+                        " device = ?, version = ?, state = CASE WHEN state = 'draining'"
+                        " THEN state ELSE 'ready' END, registered_ms = ? WHERE id = ?",
+    [Q_WORKER_STATE] = "UPDATE workers SET state = ? WHERE id = ?",
+    [Q_WORKERS_ALL] = "SELECT id, name, host, cpus, gpus, memory_mb, device, version, state,"
+                      " registered_ms FROM workers ORDER BY name",
+    [Q_BEGIN] = "BEGIN IMMEDIATE",
+    [Q_COMMIT] = "COMMIT",
+    [Q_ROLLBACK] = "ROLLBACK",
+};
+
+struct mge_store {
+    sqlite3 *db;
+    pthread_mutex_t mu;          /* serialises every use of db and stmts */
+    sqlite3_stmt *stmts[Q__COUNT]; /* prepared lazily, kept for the store's life */
+};
+
+static const char *const state_names[MGE_JOB__NSTATES] = {"queued", "running", "succeeded",
+                                                          "failed", "cancelled"};
+
+const char *mge_job_state_name(enum mge_job_state s)
+{
+    return (int)s >= 0 && s < MGE_JOB__NSTATES ? state_names[s] : NULL;
+}
+
+int mge_job_state_parse(const char *name)
+{
+    for (int i = 0; i < MGE_JOB__NSTATES; i++)
+        if (name && !strcmp(name, state_names[i]))
+            return i;
+    return -1;
+}
+
+bool mge_job_state_is_terminal(enum mge_job_state s) { return s >= MGE_JOB_SUCCEEDED; }
+
+int64_t mge_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t mge_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int err_db(struct mge_store *st, const char *what)
+{
+    return MGE_ERR(MGE_DB, "%s: %s", what, sqlite3_errmsg(st->db));
+}
+
+/* A cached, reset statement for @id; NULL (logged) if it cannot be prepared. Lock held. */
+static sqlite3_stmt *stmt_get(struct mge_store *st, enum sql_id id)
+{
+    sqlite3_stmt *s = st->stmts[id];
+    if (!s) {
+        if (sqlite3_prepare_v3(st->db, sql_text[id], -1, SQLITE_PREPARE_PERSISTENT, &s, NULL) !=
+            SQLITE_OK) {
+            err_db(st, "cannot prepare statement");
+            return NULL;
+        }
+        st->stmts[id] = s;
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    return s;
+}
+
+/* Run a statement that returns no rows. Lock held. */
+static int exec_stmt(struct mge_store *st, sqlite3_stmt *s)
+{
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+        return err_db(st, "statement failed");
+    return MGE_OK;
+}
+
+static int tx(struct mge_store *st, enum sql_id id)
+{
+    sqlite3_stmt *s = stmt_get(st, id);
+    return s ? exec_stmt(st, s) : MGE_DB;
+}
+
+static void bind_text_or_null(sqlite3_stmt *s, int i, const char *t)
+{
+    if (t)
+        sqlite3_bind_text(s, i, t, -1, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_null(s, i);
+}
+
+/* RFC 3339 UTC time of @ms, or JSON null when @ms is NULL in the row. */
+static json_t *json_time(sqlite3_stmt *s, int col)
+{
+    char buf[80];
+    struct tm tm;
+    time_t t;
+    int64_t ms;
+    if (sqlite3_column_type(s, col) == SQLITE_NULL)
+        return json_null();
+    ms = sqlite3_column_int64(s, col);
+    t = (time_t)(ms / 1000);
+    gmtime_r(&t, &tm);
+    snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ms % 1000));
+    return json_string(buf);
+}
+
+static json_t *json_text_or_null(sqlite3_stmt *s, int col)
+{
+    const unsigned char *t = sqlite3_column_text(s, col);
+    return t ? json_string((const char *)t) : json_null();
+}
+
+int mge_store_open(const char *dir, struct mge_store **out)
+{
+    char path[4096];
+    struct mge_store *st;
+    int version = 0, rc = MGE_OK;
+    sqlite3_stmt *s = NULL;
+
+    *out = NULL;
+    if (mkdir(dir, 0700) != 0) {
+        struct stat sb;
+        if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return MGE_ERR(MGE_IO, "cannot create state directory '%s'", dir);
+    }
+    snprintf(path, sizeof(path), "%s/mge.db", dir);
+    st = mge_calloc(1, sizeof(*st));
+    if (!st)
+        return MGE_NOMEM;
+    pthread_mutex_init(&st->mu, NULL);
+    if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                                           SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
+        rc = MGE_ERR(MGE_DB, "cannot open '%s': %s", path, sqlite3_errmsg(st->db));
+        goto err_close;
+    }
+    sqlite3_busy_timeout(st->db, 5000);
+    /* WAL + NORMAL: a commit survives a kill -9 of this process (the WAL is written before
+     * COMMIT returns); only an OS crash can lose the last transactions. */
+    if (sqlite3_exec(st->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+                             "PRAGMA foreign_keys=OFF;", NULL, NULL, NULL) != SQLITE_OK) {
+        rc = err_db(st, "cannot set pragmas");
+        goto err_close;
+    }
+    if (sqlite3_prepare_v2(st->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_step(s) != SQLITE_ROW) {
+        rc = err_db(st, "cannot read schema version");
+        goto err_finalize;
+    }
+    version = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    s = NULL;
+    if (version > (int)(sizeof(migrations) / sizeof(migrations[0]))) {
+        rc = MGE_ERR(MGE_DB, "database '%s' has schema %d, newer than this coordinator", path,
+                     version);
+        goto err_close;
+    }
+    for (int v = version; v < (int)(sizeof(migrations) / sizeof(migrations[0])); v++) {
+        char pragma[64];
+        char *msg = NULL;
+        snprintf(pragma, sizeof(pragma), "PRAGMA user_version=%d;", v + 1);
+        if (sqlite3_exec(st->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK ||
+            sqlite3_exec(st->db, migrations[v], NULL, NULL, &msg) != SQLITE_OK ||
+            sqlite3_exec(st->db, pragma, NULL, NULL, &msg) != SQLITE_OK ||
+            sqlite3_exec(st->db, "COMMIT", NULL, NULL, &msg) != SQLITE_OK) {
+            rc = MGE_ERR(MGE_DB, "migration %d failed: %s", v + 1, msg ? msg : "?");
+            sqlite3_free(msg);
+            sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+            goto err_close;
+        }
+        mge_log_info("store: migrated schema to version %d", v + 1);
+    }
+    *out = st;
+    return MGE_OK;
+
+err_finalize:
+    sqlite3_finalize(s);
+err_close:
+    sqlite3_close(st->db);
+    pthread_mutex_destroy(&st->mu);
+    mge_free(st);
+    return rc;
+}
+
+void mge_store_close(struct mge_store *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < Q__COUNT; i++)
+        sqlite3_finalize(st->stmts[i]);
+    sqlite3_close(st->db);
+    pthread_mutex_destroy(&st->mu);
+    mge_free(st);
+}
+
+/* Append a state event. Lock held. */
+static int event_state(struct mge_store *st, int64_t job_id, enum mge_job_state state,
+                       int attempt, const char *reason, int64_t now)
+{
+    json_t *o = json_pack("{s:s, s:i}", "state", mge_job_state_name(state), "attempt", attempt);
+    char *txt;
+    sqlite3_stmt *s;
+    int rc;
+    if (!o)
+        return MGE_NOMEM;
+    if (reason)
+        json_object_set_new(o, "reason", json_string(reason));
+    txt = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!txt)
+        return MGE_NOMEM;
+    s = stmt_get(st, Q_EVENT_STATE);
+    if (!s) {
+        free(txt);
+        return MGE_DB;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    sqlite3_bind_text(s, 2, txt, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(s, 3, now);
+    rc = exec_stmt(st, s);
+    free(txt);
+    return rc;
+}
+
+int mge_store_job_insert(struct mge_store *st, const struct mge_jobspec *spec,
+                         const char *spec_json, int64_t total_steps, int64_t *out_id)
+{
+    sqlite3_stmt *s;
+    int64_t now = mge_now_ms();
+    int rc;
+
+    pthread_mutex_lock(&st->mu);
+    rc = tx(st, Q_BEGIN);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    s = stmt_get(st, Q_JOB_INSERT);
+    if (!s) {
+        rc = MGE_DB;
+        goto out_rollback;
+    }
+    sqlite3_bind_text(s, 1, spec->name ? spec->name : "", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(s, 2, spec->priority);
+    sqlite3_bind_int(s, 3, spec->resources.workers_min);
+    sqlite3_bind_int(s, 4, spec->resources.workers_max);
+    sqlite3_bind_int(s, 5, spec->resources.cpus);
+    sqlite3_bind_int(s, 6, spec->resources.gpus);
+    sqlite3_bind_int64(s, 7, spec->resources.memory_mb);
+    sqlite3_bind_int(s, 8, (int)spec->resources.device);
+    sqlite3_bind_int64(s, 9, total_steps);
+    sqlite3_bind_text(s, 10, spec->source ? spec->source : "", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, 11, spec_json, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(s, 12, now);
+    rc = exec_stmt(st, s);
+    if (rc != MGE_OK)
+        goto out_rollback;
+    *out_id = sqlite3_last_insert_rowid(st->db);
+    rc = event_state(st, *out_id, MGE_JOB_QUEUED, 1, NULL, now);
+    if (rc != MGE_OK)
+        goto out_rollback;
+    rc = tx(st, Q_COMMIT);
+    if (rc == MGE_OK)
+        goto out_unlock;
+out_rollback:
+    tx(st, Q_ROLLBACK);
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+/* Placement of a job's attempt as a JSON array. Lock held. */
+static json_t *placement_json(struct mge_store *st, int64_t id, int attempt)
+{
+    json_t *arr = json_array();
+    sqlite3_stmt *s = stmt_get(st, Q_PLACE_LIST);
+    if (!s || !arr)
+        return arr;
+    sqlite3_bind_int64(s, 1, id);
+    sqlite3_bind_int(s, 2, attempt);
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        json_t *p = json_pack("{s:i, s:o, s:o, s:b}", "rank", sqlite3_column_int(s, 0),
+                              "worker_id", json_text_or_null(s, 1), "worker",
+                              json_text_or_null(s, 2), "exited", sqlite3_column_int(s, 3));
+        if (p && sqlite3_column_int(s, 3)) {
+            json_object_set_new(p, "exit_code", json_integer(sqlite3_column_int(s, 4)));
+            json_object_set_new(p, "signal", json_integer(sqlite3_column_int(s, 5)));
+        }
+        json_array_append_new(arr, p);
+    }
+    sqlite3_reset(s);
+    return arr;
+}
+
+int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
+{
+    sqlite3_stmt *s;
+    json_t *o = NULL, *spec, *latest, *result = json_null();
+    int rc = MGE_OK, attempt, state;
+    int64_t total, step = 0;
+
+    *out = NULL;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_JOB_GET);
+    if (!s) {
+        rc = MGE_DB;
+        goto out_unlock;
+    }
+    sqlite3_bind_int64(s, 1, id);
+    if (sqlite3_step(s) != SQLITE_ROW) {
+        sqlite3_reset(s);
+        rc = MGE_NOENT;
+        goto out_unlock;
+    }
+    state = sqlite3_column_int(s, 2);
+    attempt = sqlite3_column_int(s, 4);
+    spec = json_loads((const char *)sqlite3_column_text(s, 5), 0, NULL);
+    if (sqlite3_column_type(s, 10) != SQLITE_NULL) {
+        json_t *r = json_loads((const char *)sqlite3_column_text(s, 10), 0, NULL);
+        if (r) {
+            json_decref(result);
+            result = r;
+        }
+    }
+    total = sqlite3_column_int64(s, 11);
+    o = json_pack("{s:I, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "id", (json_int_t)id,
+                  "name", (const char *)sqlite3_column_text(s, 1), "state",
+                  mge_job_state_name(state), "priority", sqlite3_column_int(s, 3), "attempt",
+                  attempt, "spec", spec ? spec : json_null(), "created_at", json_time(s, 6),
+                  "started_at", json_time(s, 7), "finished_at", json_time(s, 8),
+                  "failure_reason", json_text_or_null(s, 9), "result", result);
+    sqlite3_reset(s);
+    if (!o) {
+        rc = MGE_NOMEM;
+        goto out_unlock;
+    }
+    json_object_set_new(o, "placement", placement_json(st, id, attempt));
+    latest = json_object();
+    s = stmt_get(st, Q_METRICS_LATEST);
+    if (s && latest) {
+        sqlite3_bind_int64(s, 1, id);
+        while (sqlite3_step(s) == SQLITE_ROW) {
+            const char *name = (const char *)sqlite3_column_text(s, 0);
+            int64_t st_step = sqlite3_column_int64(s, 1);
+            json_object_set_new(latest, name,
+                                json_pack("{s:I, s:f}", "step", (json_int_t)st_step, "value",
+                                          sqlite3_column_double(s, 2)));
+            if (!strcmp(name, "loss"))
+                step = st_step;
+        }
+        sqlite3_reset(s);
+    }
+    json_object_set_new(o, "latest_metrics", latest ? latest : json_object());
+    json_object_set_new(o, "progress",
+                        json_pack("{s:I, s:I, s:f}", "step", (json_int_t)step, "total_steps",
+                                  (json_int_t)total,
+                                  "fraction", total > 0 ? (double)step / (double)total : 0.0));
+    *out = o;
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+static void row_from_stmt(sqlite3_stmt *s, struct mge_job_row *r)
+{
+    r->id = sqlite3_column_int64(s, 0);
+    r->state = sqlite3_column_int(s, 1);
+    r->priority = sqlite3_column_int(s, 2);
+    r->attempt = sqlite3_column_int(s, 3);
+    r->workers_min = sqlite3_column_int(s, 4);
+    r->workers_max = sqlite3_column_int(s, 5);
+    r->cpus = sqlite3_column_int(s, 6);
+    r->gpus = sqlite3_column_int(s, 7);
+    r->memory_mb = sqlite3_column_int64(s, 8);
+    r->device = sqlite3_column_int(s, 9);
+}
+
+int mge_store_job_row(struct mge_store *st, int64_t id, struct mge_job_row *out)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_NOENT;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_JOB_ROW);
+    if (!s) {
+        rc = MGE_DB;
+    } else {
+        sqlite3_bind_int64(s, 1, id);
+        if (sqlite3_step(s) == SQLITE_ROW) {
+            row_from_stmt(s, out);
+            rc = MGE_OK;
+        }
+        sqlite3_reset(s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_job_spec(struct mge_store *st, int64_t id, char **out)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_NOENT;
+    *out = NULL;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_JOB_SPEC);
+    if (!s) {
+        rc = MGE_DB;
+    } else {
+        sqlite3_bind_int64(s, 1, id);
+        if (sqlite3_step(s) == SQLITE_ROW) {
+            *out = mge_strdup((const char *)sqlite3_column_text(s, 0));
+            rc = *out ? MGE_OK : MGE_NOMEM;
+        }
+        sqlite3_reset(s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_job_list(struct mge_store *st, int state, int64_t before_id, int limit,
+                       json_t **out, int64_t *next)
+{
+    sqlite3_stmt *s;
+    json_t *arr = json_array();
+    int n = 0, i = 1;
+    int64_t last = 0;
+
+    *out = NULL;
+    *next = 0;
+    if (!arr)
+        return MGE_NOMEM;
+    if (before_id <= 0)
+        before_id = INT64_MAX;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, state >= 0 ? Q_JOB_LIST_STATE : Q_JOB_LIST);
+    if (!s) {
+        pthread_mutex_unlock(&st->mu);
+        json_decref(arr);
+        return MGE_DB;
+    }
+    if (state >= 0)
+        sqlite3_bind_int(s, i++, state);
+    sqlite3_bind_int64(s, i++, before_id);
+    sqlite3_bind_int(s, i, limit + 1); /* one more tells whether there is a next page */
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        if (n == limit) {
+            *next = last;
+            break;
+        }
+        last = sqlite3_column_int64(s, 0);
+        json_array_append_new(
+            arr, json_pack("{s:I, s:s, s:s, s:i, s:i, s:o, s:o, s:o}", "id", (json_int_t)last,
+                           "name", (const char *)sqlite3_column_text(s, 1), "state",
+                           mge_job_state_name(sqlite3_column_int(s, 2)), "priority",
+                           sqlite3_column_int(s, 3), "attempt", sqlite3_column_int(s, 4),
+                           "created_at", json_time(s, 5), "finished_at", json_time(s, 6),
+                           "failure_reason", json_text_or_null(s, 7)));
+        n++;
+    }
+    sqlite3_reset(s);
+    pthread_mutex_unlock(&st->mu);
+    *out = arr;
+    return MGE_OK;
+}
+
+int mge_store_jobs_queued(struct mge_store *st, int max, struct mge_job_row **rows, int *n)
+{
+    sqlite3_stmt *s;
+    struct mge_job_row *r = mge_calloc((size_t)max > 0 ? (size_t)max : 1, sizeof(*r));
+    int k = 0;
+    *rows = NULL;
+    *n = 0;
+    if (!r)
+        return MGE_NOMEM;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_JOBS_QUEUED);
+    if (s) {
+        sqlite3_bind_int(s, 1, max);
+        while (k < max && sqlite3_step(s) == SQLITE_ROW)
+            row_from_stmt(s, &r[k++]);
+        sqlite3_reset(s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (!s) {
+        mge_free(r);
+        return MGE_DB;
+    }
+    *rows = r;
+    *n = k;
+    return MGE_OK;
+}
+
+int mge_store_placements_active(struct mge_store *st, struct mge_placement **out, int *n)
+{
+    sqlite3_stmt *s;
+    struct mge_placement *p = NULL;
+    int k = 0, cap = 0, rc = MGE_OK;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_PLACEMENTS_ACTIVE);
+    if (!s) {
+        rc = MGE_DB;
+        goto out_unlock;
+    }
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        if (k == cap) {
+            struct mge_placement *np;
+            cap = cap ? cap * 2 : 16;
+            np = mge_realloc(p, (size_t)cap * sizeof(*p));
+            if (!np) {
+                rc = MGE_NOMEM;
+                break;
+            }
+            p = np;
+        }
+        memset(&p[k], 0, sizeof(p[k]));
+        p[k].job_id = sqlite3_column_int64(s, 0);
+        p[k].attempt = sqlite3_column_int(s, 1);
+        p[k].rank = sqlite3_column_int(s, 2);
+        snprintf(p[k].worker_id, sizeof(p[k].worker_id), "%s", sqlite3_column_text(s, 3));
+        p[k].exited = sqlite3_column_int(s, 4) != 0;
+        p[k].exit_code = sqlite3_column_int(s, 5);
+        p[k].term_signal = sqlite3_column_int(s, 6);
+        k++;
+    }
+    sqlite3_reset(s);
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    if (rc != MGE_OK) {
+        mge_free(p);
+        return rc;
+    }
+    *out = p;
+    *n = k;
+    return MGE_OK;
+}
+
+/* Current state and attempt of a job. Lock held. */
+static int job_state_get(struct mge_store *st, int64_t id, int *state, int *attempt, int *max_att)
+{
+    sqlite3_stmt *s = stmt_get(st, Q_JOB_STATE_GET);
+    int rc = MGE_NOENT;
+    if (!s)
+        return MGE_DB;
+    sqlite3_bind_int64(s, 1, id);
+    if (sqlite3_step(s) == SQLITE_ROW) {
+        *state = sqlite3_column_int(s, 0);
+        *attempt = sqlite3_column_int(s, 1);
+        if (max_att)
+            *max_att = sqlite3_column_int(s, 2);
+        rc = MGE_OK;
+    }
+    sqlite3_reset(s);
+    return rc;
+}
+
+/* Set state and append the event. Lock held, inside a transaction. */
+static int job_state_set(struct mge_store *st, int64_t id, int attempt, enum mge_job_state state,
+                         const char *reason, int64_t now)
+{
+    sqlite3_stmt *s = stmt_get(st, Q_JOB_STATE_SET);
+    int rc;
+    if (!s)
+        return MGE_DB;
+    sqlite3_bind_int(s, 1, (int)state);
+    sqlite3_bind_int64(s, 2, now);
+    bind_text_or_null(s, 3, reason);
+    sqlite3_bind_int64(s, 4, id);
+    rc = exec_stmt(st, s);
+    if (rc == MGE_OK)
+        rc = event_state(st, id, state, attempt, reason, now);
+    return rc;
+}
+
+int mge_store_job_set_state(struct mge_store *st, int64_t id, int attempt, enum mge_job_state state,
+                            const char *reason, bool *changed)
+{
+    int cur, cur_attempt, rc;
+    if (changed)
+        *changed = false;
+    pthread_mutex_lock(&st->mu);
+    rc = tx(st, Q_BEGIN);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    rc = job_state_get(st, id, &cur, &cur_attempt, NULL);
+    if (rc != MGE_OK)
+        goto out_rollback;
+    if (mge_job_state_is_terminal(cur) || (attempt > 0 && attempt != cur_attempt) ||
+        cur == (int)state) {
+        rc = tx(st, Q_COMMIT);
+        goto out_unlock;
+    }
+    rc = job_state_set(st, id, cur_attempt, state, reason, mge_now_ms());
+    if (rc != MGE_OK)
+        goto out_rollback;
+    rc = tx(st, Q_COMMIT);
+    if (rc == MGE_OK && changed)
+        *changed = true;
+    goto out_unlock;
+out_rollback:
+    tx(st, Q_ROLLBACK);
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_job_requeue(struct mge_store *st, int64_t id, int attempt, const char *reason,
+                          bool *requeued)
+{
+    int cur, cur_attempt, max_att, rc;
+    int64_t now = mge_now_ms();
+    sqlite3_stmt *s;
+    *requeued = false;
+    pthread_mutex_lock(&st->mu);
+    rc = tx(st, Q_BEGIN);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    rc = job_state_get(st, id, &cur, &cur_attempt, &max_att);
+    if (rc != MGE_OK)
+        goto out_rollback;
+    if (mge_job_state_is_terminal(cur) || attempt != cur_attempt) {
+        rc = tx(st, Q_COMMIT);
+        goto out_unlock;
+    }
+    if (cur_attempt >= max_att) {
+        rc = job_state_set(st, id, cur_attempt, MGE_JOB_FAILED, reason, now);
+    } else {
+        /* The attempt failed (an event says so and why); the job itself goes back in line. */
+        rc = event_state(st, id, MGE_JOB_FAILED, cur_attempt, reason, now);
+        s = rc == MGE_OK ? stmt_get(st, Q_JOB_REQUEUE) : NULL;
+        if (s) {
+            bind_text_or_null(s, 1, reason);
+            sqlite3_bind_int64(s, 2, id);
+            rc = exec_stmt(st, s);
+        } else if (rc == MGE_OK) {
+            rc = MGE_DB;
+        }
+        if (rc == MGE_OK)
+            rc = event_state(st, id, MGE_JOB_QUEUED, cur_attempt + 1, "requeued", now);
+        *requeued = rc == MGE_OK;
+    }
+    if (rc != MGE_OK)
+        goto out_rollback;
+    rc = tx(st, Q_COMMIT);
+    goto out_unlock;
+out_rollback:
+    *requeued = false;
+    tx(st, Q_ROLLBACK);
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_job_place(struct mge_store *st, int64_t id, int attempt,
+                        const struct mge_placement *pl, int n)
+{
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    rc = tx(st, Q_BEGIN);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    for (int i = 0; i < n && rc == MGE_OK; i++) {
+        sqlite3_stmt *s = stmt_get(st, Q_PLACE_INSERT);
+        if (!s) {
+            rc = MGE_DB;
+            break;
+        }
+        sqlite3_bind_int64(s, 1, id);
+        sqlite3_bind_int(s, 2, attempt);
+        sqlite3_bind_int(s, 3, pl[i].rank);
+        sqlite3_bind_text(s, 4, pl[i].worker_id, -1, SQLITE_TRANSIENT);
+        rc = exec_stmt(st, s);
+    }
+    if (rc == MGE_OK)
+        rc = job_state_set(st, id, attempt, MGE_JOB_RUNNING, NULL, mge_now_ms());
+    if (rc == MGE_OK)
+        rc = tx(st, Q_COMMIT);
+    else
+        tx(st, Q_ROLLBACK);
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_placement_exit(struct mge_store *st, int64_t job_id, int attempt, int rank,
+                             int exit_code, int term_signal)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_DB;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_PLACE_EXIT);
+    if (s) {
+        sqlite3_bind_int(s, 1, exit_code);
+        sqlite3_bind_int(s, 2, term_signal);
+        sqlite3_bind_int64(s, 3, job_id);
+        sqlite3_bind_int(s, 4, attempt);
+        sqlite3_bind_int(s, 5, rank);
+        rc = exec_stmt(st, s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+/* Metrics of one JSON line of rank 0. Lock held, in a transaction. */
+static int ingest_metric(struct mge_store *st, const struct mge_store_line *l)
+{
+    json_t *o = json_loads(l->text, 0, NULL), *v;
+    const char *key;
+    int64_t step = -1;
+    int rc = MGE_OK;
+    sqlite3_stmt *s;
+
+    if (!json_is_object(o))
+        goto out_decref;
+    if (json_object_get(o, "final_loss") || json_object_get(o, "wall_sec")) {
+        /* the summary line ends the run */
+        s = stmt_get(st, Q_JOB_RESULT);
+        if (s) {
+            sqlite3_bind_text(s, 1, l->text, -1, SQLITE_TRANSIENT);
+            sqlite3_bind_int64(s, 2, l->job_id);
+            rc = exec_stmt(st, s);
+        }
+        goto out_decref;
+    }
+    v = json_object_get(o, "step");
+    if (json_is_integer(v)) {
+        step = json_integer_value(v);
+    } else {
+        /* an evaluation line: it belongs to the last step trained */
+        s = stmt_get(st, Q_METRIC_MAXSTEP);
+        if (s) {
+            sqlite3_bind_int64(s, 1, l->job_id);
+            if (sqlite3_step(s) == SQLITE_ROW)
+                step = sqlite3_column_int64(s, 0);
+            sqlite3_reset(s);
+        }
+        if (step < 0)
+            step = 0;
+    }
+    json_object_foreach(o, key, v)
+    {
+        if (!json_is_number(v) || !strcmp(key, "step"))
+            continue;
+        s = stmt_get(st, Q_METRIC_UPSERT);
+        if (!s) {
+            rc = MGE_DB;
+            break;
+        }
+        sqlite3_bind_int64(s, 1, l->job_id);
+        sqlite3_bind_text(s, 2, key, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 3, step);
+        sqlite3_bind_double(s, 4, json_number_value(v));
+        sqlite3_bind_int64(s, 5, l->time_ms);
+        rc = exec_stmt(st, s);
+        if (rc != MGE_OK)
+            break;
+    }
+out_decref:
+    json_decref(o);
+    return rc;
+}
+
+/* A checkpoint notice "NAME STEP SIZE PATH". Lock held, in a transaction. */
+static int ingest_checkpoint(struct mge_store *st, const char *worker_id,
+                             const struct mge_store_line *l)
+{
+    char name[256];
+    long long step, size;
+    int off = 0;
+    sqlite3_stmt *s;
+    if (sscanf(l->text, "%255s %lld %lld %n", name, &step, &size, &off) != 3 || off <= 0)
+        return MGE_OK;
+    s = stmt_get(st, Q_CKPT_UPSERT);
+    if (!s)
+        return MGE_DB;
+    sqlite3_bind_int64(s, 1, l->job_id);
+    sqlite3_bind_text(s, 2, name, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(s, 3, step);
+    sqlite3_bind_int64(s, 4, size);
+    sqlite3_bind_text(s, 5, l->text + off, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, 6, worker_id, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(s, 7, l->time_ms);
+    return exec_stmt(st, s);
+}
+
+int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,
+                           const struct mge_store_line *lines, size_t n)
+{
+    int rc;
+    int64_t last_job = -1, prune_job = -1;
+    bool last_exists = false;
+    size_t logs_in_job = 0;
+
+    if (n == 0)
+        return MGE_OK;
+    pthread_mutex_lock(&st->mu);
+    rc = tx(st, Q_BEGIN);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    for (size_t i = 0; i < n && rc == MGE_OK; i++) {
+        const struct mge_store_line *l = &lines[i];
+        const char *kind = l->stream == 2 ? "metric" : l->stream == 3 ? "checkpoint" : "log";
+        sqlite3_stmt *s;
+        if (l->job_id != last_job) {
+            s = stmt_get(st, Q_JOB_EXISTS);
+            if (!s) {
+                rc = MGE_DB;
+                break;
+            }
+            sqlite3_bind_int64(s, 1, l->job_id);
+            last_exists = sqlite3_step(s) == SQLITE_ROW;
+            sqlite3_reset(s);
+            last_job = l->job_id;
+            logs_in_job = 0;
+        }
+        if (!last_exists)
+            continue;
+        s = stmt_get(st, Q_LINE_INSERT);
+        if (!s) {
+            rc = MGE_DB;
+            break;
+        }
+        sqlite3_bind_int64(s, 1, l->job_id);
+        sqlite3_bind_text(s, 2, kind, -1, SQLITE_STATIC);
+        sqlite3_bind_int(s, 3, l->attempt);
+        sqlite3_bind_int(s, 4, l->rank);
+        sqlite3_bind_int64(s, 5, (sqlite3_int64)l->seq);
+        sqlite3_bind_int(s, 6, l->stream);
+        sqlite3_bind_text(s, 7, l->text ? l->text : "", -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 8, l->time_ms);
+        rc = exec_stmt(st, s);
+        if (rc != MGE_OK || sqlite3_changes(st->db) == 0)
+            continue; /* a duplicate: stored before a restart or a lost ack */
+        if (l->stream == 2 && l->rank == 0)
+            rc = ingest_metric(st, l);
+        else if (l->stream == 3)
+            rc = ingest_checkpoint(st, worker_id, l);
+        else if (l->stream < 2 && ++logs_in_job % 1000 == 0)
+            prune_job = l->job_id;
+    }
+    if (rc == MGE_OK && prune_job > 0) {
+        sqlite3_stmt *s = stmt_get(st, Q_LOG_PRUNE);
+        if (s) {
+            sqlite3_bind_int64(s, 1, prune_job);
+            sqlite3_bind_int(s, 2, LOGS_PER_JOB_MAX);
+            rc = exec_stmt(st, s);
+        }
+    }
+    if (rc == MGE_OK)
+        rc = tx(st, Q_COMMIT);
+    else
+        tx(st, Q_ROLLBACK);
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int limit, json_t **out)
+{
+    sqlite3_stmt *s;
+    json_t *arr = json_array();
+    *out = NULL;
+    if (!arr)
+        return MGE_NOMEM;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_EVENTS);
+    if (!s) {
+        pthread_mutex_unlock(&st->mu);
+        json_decref(arr);
+        return MGE_DB;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    sqlite3_bind_int64(s, 2, after_id);
+    sqlite3_bind_int(s, 3, limit);
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        const char *kind = (const char *)sqlite3_column_text(s, 1);
+        const char *data = (const char *)sqlite3_column_text(s, 5);
+        json_t *d;
+        if (!strcmp(kind, "state") || !strcmp(kind, "metric")) {
+            d = json_loads(data, 0, NULL);
+            if (!json_is_object(d)) {
+                json_decref(d);
+                d = json_pack("{s:s}", "text", data);
+            }
+        } else {
+            d = json_pack("{s:s}", "text", data);
+        }
+        if (!d)
+            continue;
+        if (sqlite3_column_type(s, 3) != SQLITE_NULL) {
+            json_object_set_new(d, "rank", json_integer(sqlite3_column_int(s, 3)));
+            if (!strcmp(kind, "log"))
+                json_object_set_new(d, "stream", json_string(sqlite3_column_int(s, 4) == 1
+                                                                 ? "stderr" : "stdout"));
+        }
+        json_object_set_new(d, "time", json_time(s, 6));
+        json_array_append_new(arr, json_pack("{s:I, s:s, s:o}", "id",
+                                             (json_int_t)sqlite3_column_int64(s, 0), "kind", kind,
+                                             "data", d));
+    }
+    sqlite3_reset(s);
+    pthread_mutex_unlock(&st->mu);
+    *out = arr;
+    return MGE_OK;
+}
+
+int mge_store_logs(struct mge_store *st, int64_t job_id, int rank, int tail, json_t **out)
+{
+    sqlite3_stmt *s;
+    json_t *arr = json_array();
+    *out = NULL;
+    if (!arr)
+        return MGE_NOMEM;
+    if (tail <= 0)
+        tail = 1000;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, rank >= 0 ? Q_LOGS_RANK : Q_LOGS_ALL);
+    if (!s) {
+        pthread_mutex_unlock(&st->mu);
+        json_decref(arr);
+        return MGE_DB;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    if (rank >= 0) {
+        sqlite3_bind_int(s, 2, rank);
+        sqlite3_bind_int(s, 3, tail);
+    } else {
+        sqlite3_bind_int(s, 2, tail);
+    }
+    while (sqlite3_step(s) == SQLITE_ROW)
+        json_array_append_new(
+            arr, json_pack("{s:I, s:i, s:i, s:I, s:s, s:s, s:o}", "id",
+                           (json_int_t)sqlite3_column_int64(s, 0), "attempt",
+                           sqlite3_column_int(s, 1), "rank", sqlite3_column_int(s, 2), "seq",
+                           (json_int_t)sqlite3_column_int64(s, 3), "stream",
+                           sqlite3_column_int(s, 4) == 1 ? "stderr" : "stdout", "text",
+                           (const char *)sqlite3_column_text(s, 5), "time", json_time(s, 6)));
+    sqlite3_reset(s);
+    pthread_mutex_unlock(&st->mu);
+    *out = json_pack("{s:o}", "lines", arr);
+    return *out ? MGE_OK : MGE_NOMEM;
+}
+
+int mge_store_metrics(struct mge_store *st, int64_t job_id, const char *name, int64_t since_step,
+                      json_t **out)
+{
+    sqlite3_stmt *s;
+    json_t *arr = json_array();
+    *out = NULL;
+    if (!arr)
+        return MGE_NOMEM;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, name ? Q_METRICS_NAME : Q_METRICS_ALL);
+    if (!s) {
+        pthread_mutex_unlock(&st->mu);
+        json_decref(arr);
+        return MGE_DB;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    if (name) {
+        sqlite3_bind_text(s, 2, name, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 3, since_step);
+    } else {
+        sqlite3_bind_int64(s, 2, since_step);
+    }
+    while (sqlite3_step(s) == SQLITE_ROW)
+        json_array_append_new(arr, json_pack("{s:I, s:s, s:f, s:o}", "step",
+                                             (json_int_t)sqlite3_column_int64(s, 0), "name",
+                                             (const char *)sqlite3_column_text(s, 1), "value",
+                                             sqlite3_column_double(s, 2), "time",
+                                             json_time(s, 3)));
+    sqlite3_reset(s);
+    pthread_mutex_unlock(&st->mu);
+    *out = json_pack("{s:o}", "metrics", arr);
+    return *out ? MGE_OK : MGE_NOMEM;
+}
+
+int mge_store_checkpoints(struct mge_store *st, int64_t job_id, json_t **out)
+{
+    sqlite3_stmt *s;
+    json_t *arr = json_array();
+    *out = NULL;
+    if (!arr)
+        return MGE_NOMEM;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_CKPT_LIST);
+    if (s) {
+        sqlite3_bind_int64(s, 1, job_id);
+        while (sqlite3_step(s) == SQLITE_ROW)
+            json_array_append_new(
+                arr, json_pack("{s:s, s:I, s:I, s:o, s:o, s:o}", "name",
+                               (const char *)sqlite3_column_text(s, 0), "step",
+                               (json_int_t)sqlite3_column_int64(s, 1), "size",
+                               (json_int_t)sqlite3_column_int64(s, 2), "worker_id",
+                               json_text_or_null(s, 3), "worker", json_text_or_null(s, 4), "time",
+                               json_time(s, 5)));
+        sqlite3_reset(s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (!s) {
+        json_decref(arr);
+        return MGE_DB;
+    }
+    *out = arr;
+    return MGE_OK;
+}
+
+static int path_query(struct mge_store *st, enum sql_id q, int64_t job_id, const char *name,
+                      char **out)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_NOENT;
+    *out = NULL;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, q);
+    if (!s) {
+        rc = MGE_DB;
+    } else {
+        sqlite3_bind_int64(s, 1, job_id);
+        if (name)
+            sqlite3_bind_text(s, 2, name, -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(s) == SQLITE_ROW) {
+            *out = mge_strdup((const char *)sqlite3_column_text(s, 0));
+            rc = *out ? MGE_OK : MGE_NOMEM;
+        }
+        sqlite3_reset(s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_checkpoint_path(struct mge_store *st, int64_t job_id, const char *name, char **out)
+{
+    if (!strcmp(name, "latest"))
+        return path_query(st, Q_CKPT_LATEST, job_id, NULL, out);
+    return path_query(st, Q_CKPT_PATH, job_id, name, out);
+}
+
+int mge_store_checkpoint_latest(struct mge_store *st, int64_t job_id, char **out)
+{
+    return path_query(st, Q_CKPT_LATEST, job_id, NULL, out);
+}
+
+int mge_store_job_counts(struct mge_store *st, int64_t counts[MGE_JOB__NSTATES])
+{
+    sqlite3_stmt *s;
+    memset(counts, 0, sizeof(int64_t) * MGE_JOB__NSTATES);
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_JOB_COUNTS);
+    if (s) {
+        while (sqlite3_step(s) == SQLITE_ROW) {
+            int k = sqlite3_column_int(s, 0);
+            if (k >= 0 && k < MGE_JOB__NSTATES)
+                counts[k] = sqlite3_column_int64(s, 1);
+        }
+        sqlite3_reset(s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return s ? MGE_OK : MGE_DB;
+}
+
+static void random_id(char *buf, size_t n)
+{
+    unsigned char r[8];
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(r, 1, sizeof(r), f) != sizeof(r)) {
+        int64_t t = mge_now_ms() ^ (int64_t)(intptr_t)buf;
+        memcpy(r, &t, sizeof(r));
+    }
+    if (f)
+        fclose(f);
+    snprintf(buf, n, "w-%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3], r[4], r[5],
+             r[6], r[7]);
+}
+
+int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_DB;
+    bool found = false;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_WORKER_BY_NAME);
+    if (!s)
+        goto out_unlock;
+    sqlite3_bind_text(s, 1, w->name, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(s) == SQLITE_ROW) {
+        snprintf(w->id, sizeof(w->id), "%s", sqlite3_column_text(s, 0));
+        found = true;
+    }
+    sqlite3_reset(s);
+    s = stmt_get(st, found ? Q_WORKER_UPDATE : Q_WORKER_INSERT);
+    if (!s)
+        goto out_unlock;
+    if (found) {
+        sqlite3_bind_text(s, 1, w->host, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int(s, 2, w->cpus);
+        sqlite3_bind_int(s, 3, w->gpus);
+        sqlite3_bind_int64(s, 4, w->memory_mb);
+        sqlite3_bind_text(s, 5, w->device, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 6, w->version, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 7, w->registered_ms);
+        sqlite3_bind_text(s, 8, w->id, -1, SQLITE_TRANSIENT);
+    } else {
+        random_id(w->id, sizeof(w->id));
+        sqlite3_bind_text(s, 1, w->id, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 2, w->name, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 3, w->host, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int(s, 4, w->cpus);
+        sqlite3_bind_int(s, 5, w->gpus);
+        sqlite3_bind_int64(s, 6, w->memory_mb);
+        sqlite3_bind_text(s, 7, w->device, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 8, w->version, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 9, "ready", -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 10, w->registered_ms);
+    }
+    rc = exec_stmt(st, s);
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_worker_set_state(struct mge_store *st, const char *id, const char *state)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_DB;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_WORKER_STATE);
+    if (s) {
+        sqlite3_bind_text(s, 1, state, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 2, id, -1, SQLITE_TRANSIENT);
+        rc = exec_stmt(st, s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_workers_load(struct mge_store *st, struct mge_worker_row **out, int *n)
+{
+    sqlite3_stmt *s;
+    struct mge_worker_row *w = NULL;
+    int k = 0, cap = 0, rc = MGE_OK;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_WORKERS_ALL);
+    if (!s) {
+        rc = MGE_DB;
+        goto out_unlock;
+    }
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        if (k == cap) {
+            struct mge_worker_row *nw;
+            cap = cap ? cap * 2 : 16;
+            nw = mge_realloc(w, (size_t)cap * sizeof(*w));
+            if (!nw) {
+                rc = MGE_NOMEM;
+                break;
+            }
+            w = nw;
+        }
+        memset(&w[k], 0, sizeof(w[k]));
+        snprintf(w[k].id, sizeof(w[k].id), "%s", sqlite3_column_text(s, 0));
+        snprintf(w[k].name, sizeof(w[k].name), "%s", sqlite3_column_text(s, 1));
+        snprintf(w[k].host, sizeof(w[k].host), "%s", sqlite3_column_text(s, 2));
+        w[k].cpus = sqlite3_column_int(s, 3);
+        w[k].gpus = sqlite3_column_int(s, 4);
+        w[k].memory_mb = sqlite3_column_int64(s, 5);
+        snprintf(w[k].device, sizeof(w[k].device), "%s", sqlite3_column_text(s, 6));
+        snprintf(w[k].version, sizeof(w[k].version), "%s", sqlite3_column_text(s, 7));
+        snprintf(w[k].state, sizeof(w[k].state), "%s", sqlite3_column_text(s, 8));
+        w[k].registered_ms = sqlite3_column_int64(s, 9);
+        k++;
+    }
+    sqlite3_reset(s);
+out_unlock:
+    pthread_mutex_unlock(&st->mu);
+    if (rc != MGE_OK) {
+        mge_free(w);
+        return rc;
+    }
+    *out = w;
+    *n = k;
+    return MGE_OK;
+}

@@ -1,0 +1,190 @@
+/*
+ * store.h: the coordinator's durable state, one SQLite database (WAL) under --state-dir.
+ * Jobs, job events (state changes, metric lines, log lines: one sequence, so an event's id is
+ * its server-sent-event id), metrics (step, name, value, time), placements (which worker runs
+ * which rank of which attempt, and how it ended), workers and checkpoints.
+ *
+ * Thread: every function may be called from any thread; one mutex serialises the connection.
+ * Every statement is prepared once and cached (no SQL text is ever built from values).
+ * JSON results are jansson objects the caller owns (json_decref).
+ */
+#ifndef MGE_COORDINATOR_STORE_H
+#define MGE_COORDINATOR_STORE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct mge_store;
+struct mge_jobspec;
+
+enum mge_job_state {
+    MGE_JOB_QUEUED,
+    MGE_JOB_RUNNING,
+    MGE_JOB_SUCCEEDED,
+    MGE_JOB_FAILED,
+    MGE_JOB_CANCELLED,
+    MGE_JOB__NSTATES
+};
+
+/* "queued", "running", ...; NULL for a bad value. */
+const char *mge_job_state_name(enum mge_job_state s);
+/* Parse a state name; -1 when unknown. */
+int mge_job_state_parse(const char *name);
+bool mge_job_state_is_terminal(enum mge_job_state s);
+
+/* What the scheduler needs of a job (no spec text). */
+struct mge_job_row {
+    int64_t id;
+    int state;               /* enum mge_job_state */
+    int priority;            /* -100..100, higher first */
+    int attempt;             /* 1, 2, ... incremented on requeue */
+    int workers_min, workers_max;
+    int cpus, gpus;          /* per worker */
+    int64_t memory_mb;       /* per worker, 0 = any */
+    int device;              /* enum mge_device_kind */
+};
+
+/* One placed rank as stored. */
+struct mge_placement {
+    int64_t job_id;
+    int attempt;
+    int rank;
+    char worker_id[40];
+    bool exited;
+    int exit_code;
+    int term_signal;
+};
+
+/* One output line from a worker (see proto/worker.proto Line). Strings are borrowed. */
+struct mge_store_line {
+    int64_t job_id;
+    int attempt;
+    int rank;
+    uint64_t seq;
+    int stream;              /* 0 stdout, 1 stderr, 2 metrics JSON, 3 checkpoint notice */
+    const char *text;
+    int64_t time_ms;
+};
+
+struct mge_worker_row {
+    char id[40];
+    char name[128];
+    char host[128];
+    int cpus, gpus;
+    int64_t memory_mb;
+    char device[8];
+    char version[32];
+    char state[16];          /* ready | draining | lost */
+    int64_t registered_ms;
+};
+
+/* Wall clock in ms since the epoch, and a monotonic clock in ms. */
+int64_t mge_now_ms(void);
+int64_t mge_mono_ms(void);
+
+/*
+ * Open (creating if needed) @dir/mge.db, apply schema migrations, WAL mode.
+ * On MGE_OK *@out is a new store the caller closes with mge_store_close().
+ */
+int mge_store_open(const char *dir, struct mge_store **out);
+/* Close; NULL does nothing. */
+void mge_store_close(struct mge_store *st);
+
+/*
+ * Insert a validated job in state queued (and its first state event).
+ * @spec_json: the spec as JSON text (borrowed). @total_steps: for progress.
+ */
+int mge_store_job_insert(struct mge_store *st, const struct mge_jobspec *spec,
+                         const char *spec_json, int64_t total_steps, int64_t *out_id);
+
+/* The job as the API shows it (without pending_reason, which the scheduler knows). MGE_NOENT. */
+int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out);
+
+/* The scheduler's view of one job. MGE_NOENT. */
+int mge_store_job_row(struct mge_store *st, int64_t id, struct mge_job_row *out);
+
+/* Spec YAML of a job; *@out is mge_malloc'ed, the caller mge_free()s it. */
+int mge_store_job_spec(struct mge_store *st, int64_t id, char **out);
+
+/*
+ * Jobs newest first. @state: -1 for all. @before_id: cursor, 0 for the first page.
+ * *@out: JSON array of summaries; *@next: cursor for the next page, 0 when none.
+ */
+int mge_store_job_list(struct mge_store *st, int state, int64_t before_id, int limit,
+                       json_t **out, int64_t *next);
+
+/*
+ * Queued jobs in scheduling order (priority desc, id asc), at most @max.
+ * *@rows is mge_malloc'ed (caller frees), *@n its length.
+ */
+int mge_store_jobs_queued(struct mge_store *st, int max, struct mge_job_row **rows, int *n);
+
+/* Jobs in state running with their current attempt's placements (for restart). Caller frees. */
+int mge_store_placements_active(struct mge_store *st, struct mge_placement **out, int *n);
+
+/*
+ * Move job @id to @state with @reason (may be NULL) if it is not terminal and, when
+ * @attempt > 0, its attempt is @attempt. *@changed (may be NULL) says whether it moved.
+ * Appends a state event; sets started/finished timestamps.
+ */
+int mge_store_job_set_state(struct mge_store *st, int64_t id, int attempt, enum mge_job_state state,
+                            const char *reason, bool *changed);
+
+/*
+ * Record a failure of attempt @attempt with @reason and queue the job again (attempt + 1),
+ * or fail it for good when it has no attempts left. *@requeued says which.
+ */
+int mge_store_job_requeue(struct mge_store *st, int64_t id, int attempt, const char *reason,
+                          bool *requeued);
+
+/* Place attempt @attempt of job @id: @n placements, state -> running, one transaction. */
+int mge_store_job_place(struct mge_store *st, int64_t id, int attempt,
+                        const struct mge_placement *pl, int n);
+
+/* Record that a placed rank ended. */
+int mge_store_placement_exit(struct mge_store *st, int64_t job_id, int attempt, int rank,
+                             int exit_code, int term_signal);
+
+/*
+ * Store a batch of lines in one transaction, idempotently (UNIQUE(job, attempt, rank, seq)).
+ * Metric lines of rank 0 also become metrics rows; a summary line becomes the job's result;
+ * checkpoint notices become checkpoint rows (@worker_id names the worker).
+ * Lines of unknown jobs are dropped (and still count as stored).
+ */
+int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,
+                           const struct mge_store_line *lines, size_t n);
+
+/*
+ * Events of job @job_id with id > @after_id, oldest first, at most @limit, as a JSON array of
+ * {"id","kind","data"} (data is an object). @kinds: NULL for all, or "log".
+ */
+int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int limit, json_t **out);
+
+/* Log lines of a job: @rank < 0 for all ranks; the last @tail lines (tail <= 0: 1000). */
+int mge_store_logs(struct mge_store *st, int64_t job_id, int rank, int tail, json_t **out);
+
+/* Metrics of a job: @name NULL for all; steps > @since_step. {"metrics": [...]} */
+int mge_store_metrics(struct mge_store *st, int64_t job_id, const char *name, int64_t since_step,
+                      json_t **out);
+
+/* Checkpoints of a job as a JSON array, newest step first. */
+int mge_store_checkpoints(struct mge_store *st, int64_t job_id, json_t **out);
+
+/* Path of checkpoint @name of job @job_id ("latest" = highest step); caller mge_free()s. */
+int mge_store_checkpoint_path(struct mge_store *st, int64_t job_id, const char *name, char **out);
+
+/* Path of the latest checkpoint of a job, or MGE_NOENT. Caller mge_free()s. */
+int mge_store_checkpoint_latest(struct mge_store *st, int64_t job_id, char **out);
+
+/* Count jobs per state into @counts[MGE_JOB__NSTATES]. */
+int mge_store_job_counts(struct mge_store *st, int64_t counts[MGE_JOB__NSTATES]);
+
+/* Workers: insert or update by name; the id is kept for a known name, new otherwise. */
+int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w);
+int mge_store_worker_set_state(struct mge_store *st, const char *id, const char *state);
+/* All workers; *@out mge_malloc'ed, caller frees. */
+int mge_store_workers_load(struct mge_store *st, struct mge_worker_row **out, int *n);
+
+#endif

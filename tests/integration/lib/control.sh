@@ -1,0 +1,116 @@
+# control.sh: helpers for the control-plane integration tests (sourced, not run).
+# Real daemons on loopback: mge-coordinator, mge-worker, mgectl; free ports (port 0 and a
+# ports file); every process started here is killed on exit; waits poll with deadlines.
+BUILD=${1:-build}
+BIN=$BUILD/bin
+HERE=$(cd "$(dirname "$0")" && pwd)
+# The training binary the workers run. STOPGAP until the engine lands; the switch to the
+# real engine is this one line: MGE_TRAIN_BIN=${MGE_TRAIN_BIN:-$(cd "$BUILD/bin" && pwd)/mge-train}
+MGE_TRAIN_BIN=${MGE_TRAIN_BIN:-$HERE/lib/fake-train.sh}
+
+for tool in curl jq; do
+    command -v $tool >/dev/null 2>&1 || { echo "SKIP: $tool not installed"; exit 77; }
+done
+for b in mge-coordinator mge-worker mgectl; do
+    [ -x "$BIN/$b" ] || { echo "SKIP: $BIN/$b not built"; exit 77; }
+done
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/mge-control.XXXXXX")
+PIDS=""
+fails=0
+cleanup() {
+    # TERM first: a worker kills its ranks' process groups when it stops
+    for p in $PIDS; do kill "$p" 2>/dev/null; done
+    sleep 0.3
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    if [ "$fails" -ne 0 ] || [ -n "$KEEP" ]; then
+        echo "--- logs kept in $T"; tail -n 20 "$T"/*.log 2>/dev/null
+    else
+        rm -rf "$T"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+printf 'admin %s\nread %s\n' adm-secret ro-secret > "$T/tokens"
+echo join-secret > "$T/join"
+ADMIN=adm-secret
+RO=ro-secret
+
+ok()   { echo "ok   - $*"; }
+fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
+check() { # description, command...
+    d=$1; shift
+    if "$@" >/dev/null; then ok "$d"; else fail "$d"; fi
+}
+
+# wait_until TIMEOUT_S COMMAND...: poll every 0.1 s
+wait_until() {
+    t=$1; shift
+    end=$(( $(date +%s) + t ))
+    while [ "$(date +%s)" -le "$end" ]; do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# start_coord [extra flags...]: (re)start the coordinator; the first start picks free ports
+start_coord() {
+    listen=${HTTP_ADDR:-127.0.0.1:0}
+    wlisten=${WORKER_URL:-tcp://127.0.0.1:0}
+    rm -f "$T/ports"
+    "$BIN/mge-coordinator" --listen "$listen" --worker-listen "$wlisten" --state-dir "$T/state" \
+        --token-file "$T/tokens" --join-token-file "$T/join" --ports-file "$T/ports" \
+        --worker-timeout "${WORKER_TIMEOUT:-3}" --heartbeat-ms 500 --cancel-grace-ms 1000 \
+        "$@" >>"$T/coordinator.log" 2>&1 &
+    COORD_PID=$!
+    PIDS="$PIDS $COORD_PID"
+    wait_until 10 test -s "$T/ports" || { fail "coordinator did not start"; exit 1; }
+    HTTP_ADDR=$(sed -n 's/^http=//p' "$T/ports")
+    WORKER_URL=$(sed -n 's/^worker=//p' "$T/ports")
+    URL=http://$HTTP_ADDR
+    export MGE_SERVER=$URL MGE_TOKEN=$ADMIN
+}
+
+# start_worker NAME [extra flags...]
+start_worker() {
+    name=$1; shift
+    mkdir -p "$T/w-$name"
+    "$BIN/mge-worker" --coordinator "$WORKER_URL" --join-token-file "$T/join" --name "$name" \
+        --cpus 2 --memory-mb 4096 --work-dir "$T/w-$name" --train-bin "$MGE_TRAIN_BIN" \
+        --heartbeat-ms 500 "$@" >>"$T/worker-$name.log" 2>&1 &
+    eval "WORKER_PID_$name=$!"
+    PIDS="$PIDS $!"
+    wait_until 10 worker_ready "$name" || fail "worker $name did not register"
+}
+
+worker_ready() { api GET /api/v1/workers | jq -e --arg n "$1" '.workers[] | select(.name == $n and .state == "ready")' >/dev/null; }
+
+# api METHOD PATH [curl args...]: body on stdout, status in $T/status
+api() {
+    m=$1; p=$2; shift 2
+    curl -s -o "$T/body" -w '%{http_code}' -X "$m" -H "Authorization: Bearer ${TOKEN:-$ADMIN}" \
+        "$@" "$URL$p" >"$T/status"
+    cat "$T/body"
+}
+status() { cat "$T/status"; }
+
+submit_yaml() { # FILE -> prints job id
+    api POST /api/v1/jobs -H 'Content-Type: application/yaml' --data-binary "@$1" | jq -r .id
+}
+job_state() { api GET "/api/v1/jobs/$1" | jq -r .state; }
+state_is() { [ "$(job_state "$1")" = "$2" ]; }
+
+# loss_steps_exact JOB N: loss metrics are exactly steps 1..N, each once, and decreasing
+loss_steps_exact() {
+    api GET "/api/v1/jobs/$1/metrics?name=loss" | jq -e --argjson n "$2" '
+        [.metrics[].step] as $s
+        | ($s == [range(1; $n + 1)])
+          and ([.metrics[].value] as $v | [range(1; $v | length) | select($v[.] >= $v[. - 1])] | length == 0)' >/dev/null
+}
+
+finish() {
+    if [ "$fails" -eq 0 ]; then echo "all passed"; exit 0; fi
+    echo "$fails failed"; exit 1
+}

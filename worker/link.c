@@ -1,0 +1,429 @@
+/* link.c: mge-worker's NNG link to the coordinator (see link.h). */
+#include "link.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/pubsub0/sub.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "proto/worker.pb-c.h"
+#include "ranks.h"
+
+#define HB_MAX_LINES 2000      /* lines per heartbeat; the rest go in the next one */
+#define HB_MIN_GAP_MS 20       /* at most ~50 heartbeats a second, so output is batched */
+#define RPC_TIMEOUT_MS 3000
+
+struct mge_link {
+    struct mge_link_opts o;
+    struct mge_ranks *rs;
+    nng_socket req, sub;
+    bool sub_open, dialed_sub;
+    nng_dialer sub_dialer;
+    char notify_url[300];
+    char coord_host[200];
+    pthread_t thread, sub_thread;
+    bool sub_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop, kicked;         /* [mu] */
+    char worker_id[40];
+    bool registered;
+    int hb_ms;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void mge_link_kick(void *arg)
+{
+    struct mge_link *l = arg;
+    pthread_mutex_lock(&l->mu);
+    l->kicked = true;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Wait until kicked or @ms passed; false when stopping. */
+static bool link_wait(struct mge_link *l, int64_t ms)
+{
+    struct timespec ts;
+    bool stop;
+    pthread_mutex_lock(&l->mu);
+    if (!l->kicked && !l->stop && ms > 0) {
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += ms / 1000;
+        ts.tv_nsec += (ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+    }
+    l->kicked = false;
+    stop = l->stop;
+    pthread_mutex_unlock(&l->mu);
+    return !stop;
+}
+
+static bool stopping(struct mge_link *l)
+{
+    bool s;
+    pthread_mutex_lock(&l->mu);
+    s = l->stop;
+    pthread_mutex_unlock(&l->mu);
+    return s;
+}
+
+/*
+ * Build the rank reports and up to HB_MAX_LINES lines and pack @msg into *@out
+ * (mge_malloc'ed). Called with rs->mu held, so the borrowed strings stay put.
+ */
+static int pack_locked(struct mge_link *l, Mge__ToCoordinator *msg, Mge__Register *reg,
+                       Mge__Heartbeat *hb, uint8_t **out, size_t *out_len)
+{
+    struct mge_ranks *rs = l->rs;
+    size_t n_lines = 0, k = 0;
+    Mge__RankReport *rr = NULL, **rrp = NULL;
+    Mge__Line *ln = NULL, **lnp = NULL;
+    int rc = MGE_OK;
+
+    if (rs->n) {
+        rr = mge_calloc(rs->n, sizeof(*rr));
+        rrp = mge_calloc(rs->n, sizeof(*rrp));
+        if (!rr || !rrp) {
+            rc = MGE_NOMEM;
+            goto out_free;
+        }
+    }
+    for (size_t i = 0; i < rs->n; i++) {
+        struct mge_rank *r = rs->r[i];
+        mge__rank_report__init(&rr[i]);
+        rr[i].job_id = r->job_id;
+        rr[i].attempt = r->attempt;
+        rr[i].rank = r->rank;
+        rr[i].running = r->state != MGE_RANK_EXITED;
+        rr[i].exit_code = r->exit_code;
+        rr[i].term_signal = r->term_signal;
+        rr[i].failure = r->failure;
+        rr[i].pid = r->pid;
+        rrp[i] = &rr[i];
+        n_lines += r->n_lines;
+    }
+    if (hb && n_lines) {
+        if (n_lines > HB_MAX_LINES)
+            n_lines = HB_MAX_LINES;
+        ln = mge_calloc(n_lines, sizeof(*ln));
+        lnp = mge_calloc(n_lines, sizeof(*lnp));
+        if (!ln || !lnp) {
+            rc = MGE_NOMEM;
+            goto out_free;
+        }
+        for (size_t i = 0; i < rs->n && k < n_lines; i++) {
+            struct mge_rank *r = rs->r[i];
+            for (size_t j = 0; j < r->n_lines && k < n_lines; j++, k++) {
+                mge__line__init(&ln[k]);
+                ln[k].job_id = r->job_id;
+                ln[k].attempt = r->attempt;
+                ln[k].rank = r->rank;
+                ln[k].seq = r->lines[j].seq;
+                ln[k].stream = r->lines[j].stream;
+                ln[k].text = r->lines[j].text;
+                ln[k].time_ms = r->lines[j].time_ms;
+                lnp[k] = &ln[k];
+            }
+        }
+    }
+    /* A rank reported as exited must have all its lines in this message or acked before:
+     * lines come first in rank order, so an exit is only reported with its whole tail. */
+    for (size_t i = 0; i < rs->n; i++) {
+        size_t sent = 0, before = 0;
+        struct mge_rank *r = rs->r[i];
+        for (size_t j = 0; j < i; j++)
+            before += rs->r[j]->n_lines;
+        sent = before >= k ? 0 : k - before;
+        if (sent < r->n_lines)
+            rr[i].running = true; /* its exit goes with the rest of its output */
+    }
+    if (reg) {
+        reg->n_ranks = rs->n;
+        reg->ranks = rrp;
+    } else {
+        hb->n_ranks = rs->n;
+        hb->ranks = rrp;
+        hb->n_lines = k;
+        hb->lines = lnp;
+    }
+    *out_len = mge__to_coordinator__get_packed_size(msg);
+    *out = mge_malloc(*out_len ? *out_len : 1);
+    if (!*out) {
+        rc = MGE_NOMEM;
+        goto out_free;
+    }
+    mge__to_coordinator__pack(msg, *out);
+out_free:
+    mge_free(rr);
+    mge_free(rrp);
+    mge_free(ln);
+    mge_free(lnp);
+    return rc;
+}
+
+static void sub_connect(struct mge_link *l, const char *notify_url)
+{
+    const char *colon = strrchr(notify_url, ':');
+    char url[300];
+    if (!l->sub_open || !colon)
+        return;
+    snprintf(url, sizeof(url), "tcp://%s%s", l->coord_host, colon);
+    if (l->dialed_sub && !strcmp(url, l->notify_url))
+        return;
+    if (l->dialed_sub)
+        nng_dialer_close(l->sub_dialer);
+    l->dialed_sub = nng_dial(l->sub, url, &l->sub_dialer, NNG_FLAG_NONBLOCK) == 0;
+    snprintf(l->notify_url, sizeof(l->notify_url), "%s", url);
+    nng_socket_set(l->sub, NNG_OPT_SUB_SUBSCRIBE, l->worker_id, strlen(l->worker_id));
+}
+
+static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
+{
+    bool wake = false;
+    if (tw->heartbeat_ms > 0)
+        l->hb_ms = tw->heartbeat_ms;
+    for (size_t i = 0; i < tw->n_assign; i++) {
+        Mge__Assign *a = tw->assign[i];
+        mge_ranks_assign(l->rs, a->job_id, a->attempt, a->rank, a->world_size, a->spec_yaml,
+                         a->resume);
+        wake = true;
+    }
+    for (size_t i = 0; i < tw->n_cancel; i++) {
+        mge_ranks_cancel(l->rs, tw->cancel[i]->job_id, tw->cancel[i]->attempt,
+                         tw->cancel[i]->grace_ms);
+        wake = true;
+    }
+    for (size_t i = 0; i < tw->n_acks; i++) {
+        Mge__Ack *a = tw->acks[i];
+        mge_ranks_ack(l->rs, a->job_id, a->attempt, a->rank, a->seq, a->exit_acked);
+        wake = true;
+    }
+    if (wake)
+        mge_ranks_wake(l->rs);
+}
+
+/* One request/reply. MGE_OK when a reply came and was applied. */
+static int exchange(struct mge_link *l)
+{
+    Mge__ToCoordinator msg = MGE__TO_COORDINATOR__INIT;
+    Mge__Register reg = MGE__REGISTER__INIT;
+    Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
+    Mge__Slots slots = MGE__SLOTS__INIT;
+    Mge__ToWorker *tw;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    nng_msg *reply = NULL;
+    int rv, rc;
+
+    if (!l->registered) {
+        slots.cpus = l->o.cpus;
+        slots.gpus = l->o.gpus;
+        slots.memory_mb = l->o.memory_mb;
+        slots.device = l->o.gpus > 0 ? (char *)"gpu" : (char *)"cpu";
+        reg.name = (char *)l->o.name;
+        reg.host = (char *)l->o.host;
+        reg.version = (char *)l->o.version;
+        reg.join_token = (char *)l->o.join_token;
+        reg.slots = &slots;
+        msg.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
+        msg.register_ = &reg;
+    } else {
+        hb.worker_id = l->worker_id;
+        msg.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
+        msg.heartbeat = &hb;
+    }
+    pthread_mutex_lock(&l->rs->mu);
+    rc = pack_locked(l, &msg, l->registered ? NULL : &reg, l->registered ? &hb : NULL, &buf, &len);
+    pthread_mutex_unlock(&l->rs->mu);
+    if (rc != MGE_OK)
+        return rc;
+    rv = nng_send(l->req, buf, len, 0);
+    mge_free(buf);
+    if (rv != 0)
+        return MGE_NET;
+    rv = nng_recvmsg(l->req, &reply, 0);
+    if (rv != 0)
+        return MGE_NET;
+    tw = mge__to_worker__unpack(NULL, nng_msg_len(reply), nng_msg_body(reply));
+    nng_msg_free(reply);
+    if (!tw)
+        return MGE_ERR(MGE_PROTO, "malformed reply from the coordinator");
+    if (tw->error && *tw->error && !tw->reregister) {
+        mge_log_error("coordinator refused us: %s", tw->error);
+        mge__to_worker__free_unpacked(tw, NULL);
+        return MGE_AUTH;
+    }
+    if (tw->reregister) {
+        mge_log_info("coordinator asks us to register again");
+        l->registered = false;
+        mge__to_worker__free_unpacked(tw, NULL);
+        return MGE_OK;
+    }
+    if (!l->registered) {
+        if (!tw->worker_id || !*tw->worker_id) {
+            mge__to_worker__free_unpacked(tw, NULL);
+            return MGE_PROTO;
+        }
+        snprintf(l->worker_id, sizeof(l->worker_id), "%s", tw->worker_id);
+        l->registered = true;
+        mge_log_info("registered with the coordinator as %s", l->worker_id);
+    }
+    if (tw->notify_url && *tw->notify_url)
+        sub_connect(l, tw->notify_url);
+    apply_reply(l, tw);
+    mge__to_worker__free_unpacked(tw, NULL);
+    return MGE_OK;
+}
+
+static void *link_main(void *arg)
+{
+    struct mge_link *l = arg;
+    int64_t last = 0, backoff = 100;
+    bool was_down = false;
+    while (!stopping(l)) {
+        int64_t now = mono_ms();
+        int rc = exchange(l);
+        last = now;
+        if (rc == MGE_OK) {
+            if (was_down)
+                mge_log_info("coordinator reachable again");
+            was_down = false;
+            backoff = 100;
+            /* wait for the interval or something to send, but not less than the gap */
+            if (!link_wait(l, l->hb_ms - (mono_ms() - last)))
+                break;
+            now = mono_ms();
+            if (now - last < HB_MIN_GAP_MS) {
+                struct timespec ts = {0, (long)(HB_MIN_GAP_MS - (now - last)) * 1000000L};
+                nanosleep(&ts, NULL);
+            }
+            continue;
+        }
+        if (!was_down)
+            mge_log_warn("coordinator unreachable (%s); ranks keep running, retrying",
+                         mge_strerror(rc));
+        was_down = true;
+        if (rc == MGE_AUTH)
+            backoff = 5000;
+        {
+            struct timespec ts = {(time_t)(backoff / 1000), (long)(backoff % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+    }
+    return NULL;
+}
+
+static void *sub_main(void *arg)
+{
+    struct mge_link *l = arg;
+    while (!stopping(l)) {
+        void *buf = NULL;
+        size_t sz = 0;
+        if (nng_recv(l->sub, &buf, &sz, NNG_FLAG_ALLOC) == 0) {
+            nng_free(buf, sz);
+            mge_link_kick(l);
+        }
+    }
+    return NULL;
+}
+
+int mge_link_start(const struct mge_link_opts *opts, struct mge_ranks *rs, struct mge_link **out)
+{
+    struct mge_link *l;
+    const char *p;
+    int rv;
+
+    *out = NULL;
+    l = mge_calloc(1, sizeof(*l));
+    if (!l)
+        return MGE_NOMEM;
+    l->o = *opts;
+    l->rs = rs;
+    l->hb_ms = opts->heartbeat_ms > 0 ? opts->heartbeat_ms : 1000;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    snprintf(l->coord_host, sizeof(l->coord_host), "127.0.0.1");
+    p = strstr(opts->coordinator, "://");
+    if (p) {
+        const char *colon = strrchr(p + 3, ':');
+        size_t n = colon ? (size_t)(colon - (p + 3)) : 0;
+        if (n > 0 && n < sizeof(l->coord_host)) {
+            memcpy(l->coord_host, p + 3, n);
+            l->coord_host[n] = '\0';
+        }
+    }
+    if ((rv = nng_req0_open(&l->req)) != 0)
+        goto err_nng;
+    nng_socket_set_ms(l->req, NNG_OPT_RECVTIMEO, RPC_TIMEOUT_MS);
+    nng_socket_set_ms(l->req, NNG_OPT_SENDTIMEO, RPC_TIMEOUT_MS);
+    nng_socket_set_ms(l->req, NNG_OPT_RECONNMINT, 100);
+    nng_socket_set_ms(l->req, NNG_OPT_RECONNMAXT, 2000);
+    nng_socket_set_size(l->req, NNG_OPT_RECVMAXSZ, 64 << 20);
+    if ((rv = nng_dial(l->req, opts->coordinator, NULL, NNG_FLAG_NONBLOCK)) != 0)
+        goto err_close;
+    if (nng_sub0_open(&l->sub) == 0) {
+        l->sub_open = true;
+        nng_socket_set_ms(l->sub, NNG_OPT_RECVTIMEO, 300);
+        nng_socket_set_ms(l->sub, NNG_OPT_RECONNMINT, 100);
+        nng_socket_set_ms(l->sub, NNG_OPT_RECONNMAXT, 2000);
+    }
+    rs->on_output = mge_link_kick;
+    rs->on_output_arg = l;
+    if (pthread_create(&l->thread, NULL, link_main, l) != 0) {
+        rv = NNG_ENOMEM;
+        goto err_close;
+    }
+    if (l->sub_open && pthread_create(&l->sub_thread, NULL, sub_main, l) == 0)
+        l->sub_started = true;
+    *out = l;
+    return MGE_OK;
+
+err_close:
+    nng_close(l->req);
+    if (l->sub_open)
+        nng_close(l->sub);
+err_nng:
+    mge_free(l);
+    return MGE_ERR(MGE_NET, "cannot dial '%s': %s", opts->coordinator, nng_strerror(rv));
+}
+
+void mge_link_stop(struct mge_link *l)
+{
+    if (!l)
+        return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    nng_close(l->req); /* unblocks a pending send/recv */
+    pthread_join(l->thread, NULL);
+    if (l->sub_open) {
+        nng_close(l->sub);
+        if (l->sub_started)
+            pthread_join(l->sub_thread, NULL);
+    }
+    l->rs->on_output = NULL;
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    mge_free(l);
+}

@@ -1,0 +1,206 @@
+/* main.c: mge-worker: flags, slots (CPU, memory, CUDA devices), the libuv loop and the link. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "link.h"
+#include "ranks.h"
+
+#define MGE_VERSION "0.1.0"
+#define MAX_ROOTS 32
+
+static struct mge_link *g_link;
+static struct mge_ranks g_ranks;
+static uv_signal_t g_sigint, g_sigterm;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mge-worker --coordinator tcp://HOST:PORT --join-token-file FILE --name NAME\n"
+               "                  [--cpus N] [--memory-mb N] [--data-root DIR]... [--work-dir DIR]\n"
+               "                  [--train-bin PATH] [--heartbeat-ms MS]\n"
+               "  --data-root DIR   data paths in job specs must lie under one of these (repeatable);\n"
+               "                    with none, jobs that name data files are refused\n"
+               "  --train-bin PATH  the training binary (default: mge-train next to mge-worker)\n"
+               "  --work-dir DIR    job output directories (default ./mge-worker-NAME)\n");
+}
+
+/* CUDA devices through the runtime, when it is installed; 0 otherwise. */
+static int cuda_device_count(void)
+{
+    static const char *const libs[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                                       "libcudart.so.11.0"};
+    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]); i++) {
+        void *h = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
+        int (*get)(int *);
+        int n = 0;
+        if (!h)
+            continue;
+        *(void **)&get = dlsym(h, "cudaGetDeviceCount");
+        if (!get || get(&n) != 0)
+            n = 0;
+        dlclose(h);
+        return n;
+    }
+    return 0;
+}
+
+static void on_signal(uv_signal_t *s, int sig)
+{
+    (void)s;
+    mge_log_info("signal %d: stopping", sig);
+    mge_link_stop(g_link);
+    g_link = NULL;
+    mge_ranks_stop(&g_ranks);
+    uv_close((uv_handle_t *)&g_sigint, NULL);
+    uv_close((uv_handle_t *)&g_sigterm, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    const char *coordinator = NULL, *join_file = NULL, *name = NULL, *work_dir = NULL;
+    const char *train_bin = NULL;
+    char *roots[MAX_ROOTS];
+    int n_roots = 0, cpus = 0, hb_ms = 0, rc;
+    long long memory_mb = 0;
+    char exe[PATH_MAX], train_default[PATH_MAX + 16], work_default[PATH_MAX], work_real[PATH_MAX];
+    char host[256] = "localhost", join[1024] = "";
+    struct mge_ranks_opts ro;
+    struct mge_link_opts lo;
+    uv_loop_t *loop = uv_default_loop();
+    FILE *f;
+
+    mge_log_set_tag("worker");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            printf("mge-worker %s\n", MGE_VERSION);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "mge-worker: '%s' needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--coordinator"))
+            coordinator = v;
+        else if (!strcmp(a, "--join-token-file"))
+            join_file = v;
+        else if (!strcmp(a, "--name"))
+            name = v;
+        else if (!strcmp(a, "--cpus"))
+            cpus = atoi(v);
+        else if (!strcmp(a, "--memory-mb"))
+            memory_mb = atoll(v);
+        else if (!strcmp(a, "--work-dir"))
+            work_dir = v;
+        else if (!strcmp(a, "--train-bin"))
+            train_bin = v;
+        else if (!strcmp(a, "--heartbeat-ms"))
+            hb_ms = atoi(v);
+        else if (!strcmp(a, "--data-root")) {
+            char real[PATH_MAX];
+            if (n_roots == MAX_ROOTS || !realpath(v, real)) {
+                fprintf(stderr, "mge-worker: bad --data-root '%s': %s\n", v,
+                        n_roots == MAX_ROOTS ? "too many" : strerror(errno));
+                return 2;
+            }
+            roots[n_roots++] = mge_strdup(real);
+        } else {
+            fprintf(stderr, "mge-worker: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!coordinator || !join_file || !name) {
+        usage(stderr);
+        return 2;
+    }
+    f = fopen(join_file, "r");
+    if (!f || !fgets(join, sizeof(join), f)) {
+        fprintf(stderr, "mge-worker: cannot read join token '%s'\n", join_file);
+        if (f)
+            fclose(f);
+        return 2;
+    }
+    fclose(f);
+    join[strcspn(join, "\r\n")] = '\0';
+    if (!train_bin) {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+        char *slash;
+        exe[n > 0 ? n : 0] = '\0';
+        slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+        snprintf(train_default, sizeof(train_default), "%s/mge-train", exe);
+        train_bin = train_default;
+    }
+    if (!work_dir) {
+        snprintf(work_default, sizeof(work_default), "mge-worker-%s", name);
+        work_dir = work_default;
+    }
+    if (mkdir(work_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "mge-worker: cannot create '%s': %s\n", work_dir, strerror(errno));
+        return 1;
+    }
+    if (!realpath(work_dir, work_real)) {
+        fprintf(stderr, "mge-worker: bad work dir '%s'\n", work_dir);
+        return 1;
+    }
+    gethostname(host, sizeof(host) - 1);
+    if (cpus <= 0)
+        cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (memory_mb <= 0)
+        memory_mb = (long long)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / (1024 * 1024);
+    signal(SIGPIPE, SIG_IGN);
+
+    memset(&ro, 0, sizeof(ro));
+    ro.train_bin = train_bin;
+    ro.work_dir = work_real;
+    ro.data_roots = roots;
+    ro.n_data_roots = n_roots;
+    rc = mge_ranks_init(&g_ranks, loop, &ro);
+    if (rc != MGE_OK)
+        return 1;
+    memset(&lo, 0, sizeof(lo));
+    lo.coordinator = coordinator;
+    lo.join_token = join;
+    lo.name = name;
+    lo.host = host;
+    lo.version = MGE_VERSION;
+    lo.cpus = cpus;
+    lo.gpus = cuda_device_count();
+    lo.memory_mb = memory_mb;
+    lo.heartbeat_ms = hb_ms;
+    rc = mge_link_start(&lo, &g_ranks, &g_link);
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-worker: cannot reach '%s'\n", coordinator);
+        return 1;
+    }
+    uv_signal_init(loop, &g_sigint);
+    uv_signal_init(loop, &g_sigterm);
+    uv_signal_start(&g_sigint, on_signal, SIGINT);
+    uv_signal_start(&g_sigterm, on_signal, SIGTERM);
+    mge_log_info("mge-worker %s '%s': %d cpus, %lld MiB, %d gpus, %d data root(s), train %s",
+                 MGE_VERSION, name, cpus, memory_mb, lo.gpus, n_roots, train_bin);
+    uv_run(loop, UV_RUN_DEFAULT);
+    mge_link_stop(g_link);
+    mge_ranks_fini(&g_ranks);
+    uv_loop_close(loop);
+    for (int i = 0; i < n_roots; i++)
+        mge_free(roots[i]);
+    return 0;
+}

@@ -1,0 +1,554 @@
+/* ranks.c: spawning, watching and killing mge-train ranks on the libuv loop (see ranks.h). */
+#include "ranks.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/jobspec.h"
+#include "common/log.h"
+
+#define LINE_MAX_BYTES 65536       /* longer lines are split */
+#define LINES_BUFFER_MAX 200000    /* per rank; log lines beyond are dropped (metrics kept) */
+#define CKPT_SCAN_MS 500
+
+extern char **environ;
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void notify_output(struct mge_ranks *rs)
+{
+    if (rs->on_output)
+        rs->on_output(rs->on_output_arg);
+}
+
+/* Append a line to @r's buffer. mu held. */
+static void line_push(struct mge_rank *r, int stream, const char *text, size_t len)
+{
+    struct mge_out_line *l;
+    if (r->n_lines >= LINES_BUFFER_MAX && stream < 2) {
+        r->dropped++;
+        return;
+    }
+    if (r->n_lines == r->cap_lines) {
+        size_t nc = r->cap_lines ? r->cap_lines * 2 : 64;
+        struct mge_out_line *nl = mge_realloc(r->lines, nc * sizeof(*nl));
+        if (!nl) {
+            r->dropped++;
+            return;
+        }
+        r->lines = nl;
+        r->cap_lines = nc;
+    }
+    l = &r->lines[r->n_lines];
+    l->text = mge_strndup(text, len);
+    if (!l->text) {
+        r->dropped++;
+        return;
+    }
+    l->seq = ++r->next_seq;
+    l->stream = stream;
+    l->time_ms = wall_ms();
+    r->n_lines++;
+}
+
+static bool is_json_object(const char *s, size_t len)
+{
+    json_t *o;
+    bool ok;
+    while (len && (*s == ' ' || *s == '\t')) {
+        s++;
+        len--;
+    }
+    if (!len || *s != '{')
+        return false;
+    o = json_loadb(s, len, 0, NULL);
+    ok = json_is_object(o);
+    json_decref(o);
+    return ok;
+}
+
+/* Report checkpoint files of @r's output dir not reported yet ("NAME STEP SIZE PATH"). */
+static void ckpt_scan(struct mge_ranks *rs, struct mge_rank *r)
+{
+    DIR *d = opendir(r->out_dir);
+    struct dirent *de;
+    int64_t seen = r->last_ckpt_step;
+    r->last_ckpt_scan = mono_ms();
+    if (!d)
+        return;
+    while ((de = readdir(d))) {
+        long long step;
+        char path[2048], line[2300];
+        struct stat sb;
+        int n;
+        if (sscanf(de->d_name, "ckpt-%lld.mgeckpt", &step) != 1 || step <= r->last_ckpt_step)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", r->out_dir, de->d_name);
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        n = snprintf(line, sizeof(line), "%s %lld %lld %s", de->d_name, step,
+                     (long long)sb.st_size, path);
+        pthread_mutex_lock(&rs->mu);
+        line_push(r, 3, line, (size_t)n);
+        pthread_mutex_unlock(&rs->mu);
+        if (step > seen)
+            seen = step;
+    }
+    closedir(d);
+    r->last_ckpt_step = seen;
+}
+
+static void on_line(struct mge_rank *r, int stream, const char *s, size_t len)
+{
+    struct mge_ranks *rs = r->owner;
+    int kind = stream == 0 && is_json_object(s, len) ? 2 : stream;
+    pthread_mutex_lock(&rs->mu);
+    line_push(r, kind, s, len);
+    pthread_mutex_unlock(&rs->mu);
+    if (kind == 2 && mono_ms() - r->last_ckpt_scan > CKPT_SCAN_MS)
+        ckpt_scan(rs, r);
+}
+
+static void maybe_finish(struct mge_rank *r);
+
+static void on_close(uv_handle_t *h)
+{
+    struct mge_rank *r = h->data;
+    r->open_handles--;
+    maybe_finish(r);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    buf->base = mge_malloc(suggested);
+    buf->len = buf->base ? suggested : 0;
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    struct mge_rank *r = s->data;
+    int stream = s == (uv_stream_t *)&r->out ? 0 : 1;
+    if (n > 0) {
+        const char *p = buf->base, *end = buf->base + n;
+        while (p < end) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t take = nl ? (size_t)(nl - p) : (size_t)(end - p);
+            char *np = mge_realloc(r->part[stream], r->part_len[stream] + take + 1);
+            if (np) {
+                r->part[stream] = np;
+                memcpy(np + r->part_len[stream], p, take);
+                r->part_len[stream] += take;
+            }
+            if (nl || r->part_len[stream] >= LINE_MAX_BYTES) {
+                size_t len = r->part_len[stream];
+                if (len && r->part[stream][len - 1] == '\r')
+                    len--;
+                on_line(r, stream, r->part[stream] ? r->part[stream] : "", len);
+                r->part_len[stream] = 0;
+            }
+            p += take + (nl ? 1 : 0);
+        }
+        notify_output(r->owner);
+    } else if (n < 0) {
+        if (r->part_len[stream]) {
+            on_line(r, stream, r->part[stream], r->part_len[stream]);
+            r->part_len[stream] = 0;
+            notify_output(r->owner);
+        }
+        uv_read_stop(s);
+        if (!uv_is_closing((uv_handle_t *)s))
+            uv_close((uv_handle_t *)s, on_close);
+    }
+    mge_free(buf->base);
+}
+
+/* The rank has ended when its process is gone and both pipes are closed. */
+static void maybe_finish(struct mge_rank *r)
+{
+    struct mge_ranks *rs = r->owner;
+    if (!r->proc_exited || r->open_handles > 1 || r->closing)
+        return;
+    /* only the kill timer is left */
+    ckpt_scan(rs, r);
+    r->closing = true;
+    uv_close((uv_handle_t *)&r->kill_timer, on_close);
+    pthread_mutex_lock(&rs->mu);
+    r->state = MGE_RANK_EXITED;
+    pthread_mutex_unlock(&rs->mu);
+    mge_log_info("job %lld rank %d: exited (code %d, signal %d)", (long long)r->job_id, r->rank,
+                 r->exit_code, r->term_signal);
+    notify_output(rs);
+}
+
+static void on_exit_cb(uv_process_t *p, int64_t status, int sig)
+{
+    struct mge_rank *r = p->data;
+    struct mge_ranks *rs = r->owner;
+    pthread_mutex_lock(&rs->mu);
+    r->exit_code = (int)status;
+    r->term_signal = sig;
+    pthread_mutex_unlock(&rs->mu);
+    r->proc_exited = true;
+    uv_close((uv_handle_t *)p, on_close);
+    /* a grandchild may hold the pipes open: give them a moment, then close them */
+    uv_timer_stop(&r->kill_timer);
+}
+
+static void on_kill_timer(uv_timer_t *t)
+{
+    struct mge_rank *r = t->data;
+    if (!r->proc_exited) {
+        if (r->pid > 0)
+            kill(-r->pid, SIGKILL);
+        return;
+    }
+}
+
+static void fail_rank(struct mge_ranks *rs, struct mge_rank *r, const char *why)
+{
+    /* mu held */
+    snprintf(r->failure, sizeof(r->failure), "%.250s", why);
+    r->state = MGE_RANK_EXITED;
+    r->exit_code = 2;
+    line_push(r, 1, why, strlen(why));
+    mge_log_warn("job %lld rank %d: %s", (long long)r->job_id, r->rank, why);
+    (void)rs;
+}
+
+static bool under_root(const char *path, const char *root)
+{
+    size_t n = strlen(root);
+    if (n == 1 && root[0] == '/')
+        return true;
+    return !strncmp(path, root, n) && (path[n] == '/' || path[n] == '\0');
+}
+
+bool mge_ranks_data_paths_ok(const struct mge_ranks_opts *opts, const char *spec_yaml, char *why,
+                             size_t why_len)
+{
+    struct mge_jobspec *spec = NULL;
+    struct mge_spec_error err;
+    const char *paths[4];
+    bool ok = true;
+    if (mge_jobspec_parse("<assign>", spec_yaml, strlen(spec_yaml), NULL, 0, &spec, &err) !=
+        MGE_OK) {
+        snprintf(why, why_len, "invalid spec: %s", err.message);
+        return false;
+    }
+    paths[0] = spec->data.train_images;
+    paths[1] = spec->data.train_labels;
+    paths[2] = spec->data.test_images;
+    paths[3] = spec->data.test_labels;
+    for (int i = 0; i < 4 && ok; i++) {
+        char real[PATH_MAX];
+        bool inside = false;
+        if (!paths[i] || !*paths[i])
+            continue;
+        /* realpath() resolves links and ".." without opening the file itself */
+        if (!realpath(paths[i], real)) {
+            snprintf(why, why_len, "data path '%s' is not readable on this worker: %s", paths[i],
+                     strerror(errno));
+            ok = false;
+            break;
+        }
+        for (int k = 0; k < opts->n_data_roots && !inside; k++)
+            inside = under_root(real, opts->data_roots[k]);
+        if (!inside) {
+            snprintf(why, why_len,
+                     "data path '%s' is outside the worker's data roots (--data-root)", paths[i]);
+            ok = false;
+        }
+    }
+    mge_jobspec_free(spec);
+    return ok;
+}
+
+static int mkdirs(const char *path)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof(tmp), "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Start rank @r. mu held. */
+static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
+{
+    uv_process_options_t po;
+    uv_stdio_container_t stdio[3];
+    char why[512], spec_path[1100], envbuf[5][64];
+    char *args[9];
+    char **env = NULL;
+    size_t nenv = 0;
+    int a = 0, rv;
+    FILE *f;
+
+    r->spawned = true;
+    if (r->cancel_requested) {
+        fail_rank(rs, r, "cancelled before start");
+        return;
+    }
+    if (!mge_ranks_data_paths_ok(&rs->opts, r->spec_yaml, why, sizeof(why))) {
+        fail_rank(rs, r, why);
+        return;
+    }
+    snprintf(r->out_dir, sizeof(r->out_dir), "%s/job-%lld/attempt-%d/rank-%d", rs->opts.work_dir,
+             (long long)r->job_id, r->attempt, r->rank);
+    snprintf(spec_path, sizeof(spec_path), "%s/spec.yaml", r->out_dir);
+    if (mkdirs(r->out_dir) != 0 || !(f = fopen(spec_path, "w"))) {
+        snprintf(why, sizeof(why), "cannot create '%.200s': %s", r->out_dir, strerror(errno));
+        fail_rank(rs, r, why);
+        return;
+    }
+    fputs(r->spec_yaml, f);
+    fclose(f);
+
+    args[a++] = (char *)rs->opts.train_bin;
+    args[a++] = spec_path;
+    args[a++] = (char *)"--out";
+    args[a++] = r->out_dir;
+    args[a++] = (char *)"--json";
+    if (r->resume && *r->resume && access(r->resume, R_OK) == 0) {
+        args[a++] = (char *)"--resume";
+        args[a++] = r->resume;
+    }
+    args[a] = NULL;
+
+    while (environ[nenv])
+        nenv++;
+    env = mge_calloc(nenv + 6, sizeof(*env));
+    if (!env) {
+        fail_rank(rs, r, "out of memory");
+        return;
+    }
+    memcpy(env, environ, nenv * sizeof(*env));
+    snprintf(envbuf[0], sizeof(envbuf[0]), "MGE_JOB_ID=%lld", (long long)r->job_id);
+    snprintf(envbuf[1], sizeof(envbuf[1]), "MGE_RANK=%d", r->rank);
+    snprintf(envbuf[2], sizeof(envbuf[2]), "MGE_WORLD_SIZE=%d", r->world);
+    snprintf(envbuf[3], sizeof(envbuf[3]), "MGE_ATTEMPT=%d", r->attempt);
+    for (int i = 0; i < 4; i++)
+        env[nenv++] = envbuf[i];
+
+    uv_pipe_init(rs->loop, &r->out, 0);
+    uv_pipe_init(rs->loop, &r->err, 0);
+    uv_timer_init(rs->loop, &r->kill_timer);
+    r->out.data = r->err.data = r->kill_timer.data = r->proc.data = r;
+    r->open_handles = 4; /* proc, out, err, kill_timer */
+    memset(&po, 0, sizeof(po));
+    stdio[0].flags = UV_IGNORE;
+    stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+    stdio[1].data.stream = (uv_stream_t *)&r->out;
+    stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+    stdio[2].data.stream = (uv_stream_t *)&r->err;
+    po.file = rs->opts.train_bin;
+    po.args = args;
+    po.env = env;
+    po.cwd = r->out_dir;
+    po.stdio = stdio;
+    po.stdio_count = 3;
+    po.exit_cb = on_exit_cb;
+    po.flags = UV_PROCESS_DETACHED; /* setsid(): its own process group, killed as a group */
+    rv = uv_spawn(rs->loop, &r->proc, &po);
+    mge_free(env);
+    if (rv != 0) {
+        snprintf(why, sizeof(why), "cannot start '%s': %s", rs->opts.train_bin, uv_strerror(rv));
+        /* the process handle must be closed even when spawn failed */
+        r->proc_exited = true;
+        uv_close((uv_handle_t *)&r->proc, on_close);
+        uv_close((uv_handle_t *)&r->out, on_close);
+        uv_close((uv_handle_t *)&r->err, on_close);
+        r->exit_code = 127;
+        snprintf(r->failure, sizeof(r->failure), "%.250s", why);
+        line_push(r, 1, why, strlen(why));
+        return; /* maybe_finish marks it exited once the handles are closed */
+    }
+    r->pid = r->proc.pid;
+    r->state = MGE_RANK_RUNNING;
+    uv_read_start((uv_stream_t *)&r->out, on_alloc, on_read);
+    uv_read_start((uv_stream_t *)&r->err, on_alloc, on_read);
+    mge_log_info("job %lld attempt %d rank %d/%d: started pid %d", (long long)r->job_id,
+                 r->attempt, r->rank, r->world, r->pid);
+}
+
+static void rank_free(struct mge_rank *r)
+{
+    for (size_t i = 0; i < r->n_lines; i++)
+        mge_free(r->lines[i].text);
+    mge_free(r->lines);
+    mge_free(r->part[0]);
+    mge_free(r->part[1]);
+    mge_free(r->spec_yaml);
+    mge_free(r->resume);
+    mge_free(r);
+}
+
+static void on_async(uv_async_t *a)
+{
+    struct mge_ranks *rs = a->data;
+    bool changed = false;
+    pthread_mutex_lock(&rs->mu);
+    for (size_t i = 0; i < rs->n; i++) {
+        struct mge_rank *r = rs->r[i];
+        if (!r->spawned && !rs->stopping) {
+            spawn_rank(rs, r);
+            changed = true;
+        }
+        if (r->cancel_requested && r->state == MGE_RANK_RUNNING && !r->killed && r->pid > 0 &&
+            !r->proc_exited) {
+            r->killed = true;
+            kill(-r->pid, SIGTERM);
+            uv_timer_start(&r->kill_timer, on_kill_timer,
+                           (uint64_t)(r->grace_ms > 0 ? r->grace_ms : 5000), 0);
+            mge_log_info("job %lld rank %d: cancelled, SIGTERM to group %d", (long long)r->job_id,
+                         r->rank, r->pid);
+        }
+    }
+    /* forget ranks whose end and output the coordinator has stored */
+    for (size_t i = 0; i < rs->n;) {
+        struct mge_rank *r = rs->r[i];
+        if (r->state == MGE_RANK_EXITED && r->exit_acked && r->n_lines == 0 &&
+            r->open_handles == 0) {
+            rank_free(r);
+            rs->r[i] = rs->r[--rs->n];
+            continue;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&rs->mu);
+    if (changed)
+        notify_output(rs);
+}
+
+int mge_ranks_init(struct mge_ranks *rs, uv_loop_t *loop, const struct mge_ranks_opts *opts)
+{
+    memset(rs, 0, sizeof(*rs));
+    rs->loop = loop;
+    rs->opts = *opts;
+    pthread_mutex_init(&rs->mu, NULL);
+    rs->async.data = rs;
+    if (uv_async_init(loop, &rs->async, on_async) != 0)
+        return MGE_ERR(MGE_INTERNAL, "cannot init the async handle");
+    return MGE_OK;
+}
+
+void mge_ranks_stop(struct mge_ranks *rs)
+{
+    pthread_mutex_lock(&rs->mu);
+    rs->stopping = true;
+    for (size_t i = 0; i < rs->n; i++)
+        if (rs->r[i]->pid > 0 && !rs->r[i]->proc_exited)
+            kill(-rs->r[i]->pid, SIGKILL);
+    pthread_mutex_unlock(&rs->mu);
+    uv_close((uv_handle_t *)&rs->async, NULL);
+}
+
+void mge_ranks_fini(struct mge_ranks *rs)
+{
+    for (size_t i = 0; i < rs->n; i++)
+        rank_free(rs->r[i]);
+    mge_free(rs->r);
+    pthread_mutex_destroy(&rs->mu);
+}
+
+void mge_ranks_wake(struct mge_ranks *rs) { uv_async_send(&rs->async); }
+
+int mge_ranks_assign(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, int world,
+                     const char *spec_yaml, const char *resume)
+{
+    struct mge_rank *r;
+    int rc = MGE_OK;
+    pthread_mutex_lock(&rs->mu);
+    for (size_t i = 0; i < rs->n; i++)
+        if (rs->r[i]->job_id == job_id && rs->r[i]->attempt == attempt && rs->r[i]->rank == rank)
+            goto out_unlock; /* a repeated assign: already ours */
+    if (rs->n == rs->cap) {
+        size_t nc = rs->cap ? rs->cap * 2 : 8;
+        struct mge_rank **nr = mge_realloc(rs->r, nc * sizeof(*nr));
+        if (!nr) {
+            rc = MGE_NOMEM;
+            goto out_unlock;
+        }
+        rs->r = nr;
+        rs->cap = nc;
+    }
+    r = mge_calloc(1, sizeof(*r));
+    if (!r) {
+        rc = MGE_NOMEM;
+        goto out_unlock;
+    }
+    r->job_id = job_id;
+    r->attempt = attempt;
+    r->rank = rank;
+    r->world = world;
+    r->spec_yaml = mge_strdup(spec_yaml ? spec_yaml : "");
+    r->resume = resume && *resume ? mge_strdup(resume) : NULL;
+    r->state = MGE_RANK_STARTING;
+    r->owner = rs;
+    rs->r[rs->n++] = r;
+out_unlock:
+    pthread_mutex_unlock(&rs->mu);
+    return rc;
+}
+
+void mge_ranks_cancel(struct mge_ranks *rs, int64_t job_id, int attempt, int grace_ms)
+{
+    pthread_mutex_lock(&rs->mu);
+    for (size_t i = 0; i < rs->n; i++)
+        if (rs->r[i]->job_id == job_id && (attempt == 0 || rs->r[i]->attempt == attempt)) {
+            rs->r[i]->cancel_requested = true;
+            rs->r[i]->grace_ms = grace_ms;
+        }
+    pthread_mutex_unlock(&rs->mu);
+}
+
+void mge_ranks_ack(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, uint64_t seq,
+                   bool exit_acked)
+{
+    pthread_mutex_lock(&rs->mu);
+    for (size_t i = 0; i < rs->n; i++) {
+        struct mge_rank *r = rs->r[i];
+        size_t k = 0;
+        if (r->job_id != job_id || r->attempt != attempt || r->rank != rank)
+            continue;
+        while (k < r->n_lines && r->lines[k].seq <= seq)
+            mge_free(r->lines[k++].text);
+        if (k) {
+            memmove(r->lines, r->lines + k, (r->n_lines - k) * sizeof(*r->lines));
+            r->n_lines -= k;
+        }
+        if (exit_acked && r->state == MGE_RANK_EXITED)
+            r->exit_acked = true;
+    }
+    pthread_mutex_unlock(&rs->mu);
+}

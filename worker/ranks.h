@@ -1,0 +1,110 @@
+/*
+ * ranks.h: the ranks one mge-worker runs: the shared rank table and the libuv side that
+ * spawns mge-train processes (each in its own process group), reads their output lines,
+ * kills them on cancel (SIGTERM, SIGKILL after a grace period) and records how they ended.
+ *
+ * Threads: the table is shared by the libuv loop thread (spawn, output, exit) and the link
+ * thread (assign, cancel, acks, heartbeat snapshots). Every field marked [mu] is read and
+ * written with mge_ranks.mu held; fields marked [loop] belong to the loop thread only.
+ * The link thread hands work to the loop with mge_ranks_wake() (uv_async_send).
+ */
+#ifndef MGE_WORKER_RANKS_H
+#define MGE_WORKER_RANKS_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+enum mge_rank_state { MGE_RANK_STARTING, MGE_RANK_RUNNING, MGE_RANK_EXITED };
+
+/* One output line waiting for the coordinator's ack. */
+struct mge_out_line {
+    uint64_t seq;            /* 1, 2, ... per rank */
+    int stream;              /* 0 stdout, 1 stderr, 2 metrics JSON, 3 checkpoint notice */
+    char *text;              /* owned */
+    int64_t time_ms;         /* wall clock */
+};
+
+struct mge_rank {
+    /* identity, fixed at creation */
+    int64_t job_id;
+    int attempt, rank, world;
+    char *spec_yaml;         /* owned */
+    char *resume;            /* owned, NULL for none */
+    /* [mu] */
+    enum mge_rank_state state;
+    int pid;
+    int exit_code, term_signal;
+    char failure[256];       /* worker-side reason ("" if none) */
+    bool cancel_requested;
+    int grace_ms;
+    bool exit_acked;         /* the coordinator stored the exit */
+    struct mge_out_line *lines; /* unacked output, oldest first */
+    size_t n_lines, cap_lines;
+    uint64_t next_seq;       /* seq of the next line */
+    uint64_t dropped;        /* log lines dropped because the buffer was full */
+    /* [loop] */
+    bool spawned, killed, proc_exited, closing;
+    int open_handles;        /* uv handles not yet closed */
+    uv_process_t proc;
+    uv_pipe_t out, err;
+    uv_timer_t kill_timer;
+    char *part[2];           /* partial line of stdout, stderr */
+    size_t part_len[2];
+    char out_dir[1024];
+    int64_t last_ckpt_scan;  /* monotonic ms */
+    int64_t last_ckpt_step;  /* highest checkpoint step reported */
+    struct mge_ranks *owner;
+};
+
+struct mge_ranks_opts {
+    const char *train_bin;   /* mge-train (or a stand-in for tests) */
+    const char *work_dir;    /* job directories go under it */
+    char **data_roots;       /* realpath'ed allowed roots; data paths must lie under one */
+    int n_data_roots;
+};
+
+struct mge_ranks {
+    pthread_mutex_t mu;
+    struct mge_rank **r;     /* [mu] */
+    size_t n, cap;           /* [mu] */
+    uv_loop_t *loop;
+    uv_async_t async;        /* wakes the loop: new assigns, cancels, acks */
+    struct mge_ranks_opts opts;
+    /* called (without mu) when there is something new to send: lines or an exit */
+    void (*on_output)(void *arg);
+    void *on_output_arg;
+    bool stopping;           /* [loop] */
+};
+
+/* Set up on @loop (the loop thread). Strings in @opts are borrowed and must outlive @rs. */
+int mge_ranks_init(struct mge_ranks *rs, uv_loop_t *loop, const struct mge_ranks_opts *opts);
+/* Kill every rank (SIGKILL to its group) and close the handles; run the loop after it. */
+void mge_ranks_stop(struct mge_ranks *rs);
+/* Free the table; after the loop has finished. */
+void mge_ranks_fini(struct mge_ranks *rs);
+
+/*
+ * Any thread, mu NOT held. Add a rank to start (ignored when it is already known).
+ * @spec_yaml/@resume are copied.
+ */
+int mge_ranks_assign(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, int world,
+                     const char *spec_yaml, const char *resume);
+/* Cancel the ranks of @job_id (@attempt 0: every attempt). Any thread, mu NOT held. */
+void mge_ranks_cancel(struct mge_ranks *rs, int64_t job_id, int attempt, int grace_ms);
+/* Drop lines up to @seq; record the exit ack. Any thread, mu NOT held. */
+void mge_ranks_ack(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, uint64_t seq,
+                   bool exit_acked);
+/* Wake the loop to act on the table. Any thread. */
+void mge_ranks_wake(struct mge_ranks *rs);
+
+/*
+ * Check the data paths of @spec_yaml against @opts->data_roots without opening anything.
+ * On failure writes the reason into @why and returns false.
+ */
+bool mge_ranks_data_paths_ok(const struct mge_ranks_opts *opts, const char *spec_yaml, char *why,
+                             size_t why_len);
+
+#endif
