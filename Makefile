@@ -131,15 +131,17 @@ endif
 
 # ---- CUDA: compiled and linked when nvcc exists; nothing needs a GPU to build or test ----
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+LIB_CUDA := $(BUILD)/lib/libmgecuda.a
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 ifneq ($(NVCC),)
 ifneq ($(CUDA_SRC),)
 CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC))
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
-	$(Q)$(NVCC) -O2 -std=c++17 -I. -arch=sm_90 -c $< -o $@
-$(BUILD)/lib/libmgecuda.a: $(CUDA_OBJ)
-BINARIES += $(BUILD)/lib/libmgecuda.a
+	$(Q)$(NVCC) -O2 -std=c++17 -I. -arch=sm_90 -Xcompiler -Wall -c $< -o $@
+$(LIB_CUDA): $(CUDA_OBJ)
+BINARIES += $(LIB_CUDA)
 endif
 endif
 cuda:
@@ -149,13 +151,21 @@ binaries: $(BINARIES)
 
 # ---- tests: one Check binary per tests/unit/test_<module>.c ----
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
+ifeq ($(CUDA_OBJ),)
+UNIT_SRC := $(filter-out tests/unit/test_cuda.c,$(UNIT_SRC))
+endif
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 TEST_SUPPORT := $(wildcard tests/unit/support/*.c)
+TEST_LIBS = $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMMON) $(shell pkg-config --libs check) \
+            -lsqlite3 -lnng -lcurl
+$(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(LIB_CUDA) $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(CUDA_LIBS)
 $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMMON) \
-	    $(shell pkg-config --libs check) -lsqlite3 -lnng -lcurl
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS)
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory binaries tests-build

@@ -424,6 +424,13 @@ int mge_train_main(const struct mge_train_opts *o)
         fprintf(stderr, "mge-train: %s\n", serr.message);
         return 2;
     }
+    if (t.spec->resources.device == MGE_DEVICE_GPU) {
+        /* NEEDSWORK: a CUDA ops table for the executor; kernels/cuda has the first kernels */
+        fprintf(stderr, "mge-train: %s: resources.device: gpu is not supported by this engine "
+                        "yet (CPU only); use device: cpu\n", o->spec_path);
+        code = 2;
+        goto out;
+    }
     mge_cpu_set_threads(o->threads);
     if ((rc = mge_data_load(t.spec, 0, &t.train, err, sizeof(err))) != MGE_OK) {
         fprintf(stderr, "mge-train: %s\n", err);
