@@ -186,6 +186,16 @@ static int ad_matmul(struct ad *ad, const struct mge_node *f, int dc)
     return ad_emit_grad(ad, b, &n, 1);
 }
 
+/*
+ * The forward values an activation's gradient reads: GELU its input, the others their output.
+ * Passing only that one lets the other die early (and be overwritten in place).
+ */
+static void ad_act_inputs(int act, int x, int y, struct mge_node *n)
+{
+    n->in[1] = act == MGE_ACT_FN_GELU ? x : -1;
+    n->in[2] = act == MGE_ACT_FN_GELU ? -1 : y;
+}
+
 /* Gradient of act(pre) given dy: a new temporary, or dy itself when there is no activation. */
 static int ad_act_grad(struct ad *ad, int act, int dy, int pre, int y)
 {
@@ -194,8 +204,9 @@ static int ad_act_grad(struct ad *ad, int act, int dy, int pre, int y)
     int t = ad_temp(ad, dy, "dpre");
     if (t < 0)
         return t;
-    struct mge_node n = {.op = MGE_OP_UNARY_GRAD, .in = {dy, pre, y}, .n_in = 3, .out = {t},
+    struct mge_node n = {.op = MGE_OP_UNARY_GRAD, .in = {dy, -1, -1}, .n_in = 3, .out = {t},
                          .n_out = 1};
+    ad_act_inputs(act, pre, y, &n);
     n.a.act.act = act;
     int rc = ad_node(ad, &n);
     return rc < 0 ? rc : t;
@@ -323,9 +334,9 @@ static int ad_forward_node(struct ad *ad, int ni)
     case MGE_OP_BINARY:
         return ad_binary(ad, &f, dy);
     case MGE_OP_UNARY: {
-        struct mge_node n = {.op = MGE_OP_UNARY_GRAD, .in = {dy, f.in[0], f.out[0]}, .n_in = 3,
-                             .n_out = 1};
+        struct mge_node n = {.op = MGE_OP_UNARY_GRAD, .in = {dy, -1, -1}, .n_in = 3, .n_out = 1};
         n.a.act.act = f.a.act.act;
+        ad_act_inputs(f.a.act.act, f.in[0], f.out[0], &n);
         return ad_emit_grad(ad, f.in[0], &n, 1);
     }
     case MGE_OP_SOFTMAX:

@@ -137,6 +137,40 @@ struct mge_plan_stats {
     int n_values, n_nodes;
 };
 
+/* ---- sublinear memory: recompute instead of store ------------------------------------------ */
+
+enum mge_remat {
+    MGE_REMAT_NONE,      /* keep every activation backward reads */
+    MGE_REMAT_LIGHT,     /* recompute cheap ops only (elementwise, activations, pooling, norms) */
+    MGE_REMAT_SUBLINEAR, /* segment the forward pass, keep boundaries (Chen et al.) */
+    MGE_REMAT_AUTO,      /* sublinear only when the plain plan does not fit the budget */
+};
+
+struct mge_remat_plan {
+    enum mge_remat mode;      /* what the plan does (NONE, LIGHT or SUBLINEAR) */
+    size_t activation_bytes;  /* planned activation arena */
+    size_t lower_bound_bytes; /* its lower bound */
+    double recompute_flops;   /* FLOPs of the recomputed forward ops, per step */
+    int recompute_ops;        /* ops recomputed per step */
+};
+
+/*
+ * Between mge_graph_backward() and mge_graph_plan(): choose what backward recomputes.
+ * @budget: bytes the activation arena may use (0: none). NONE/AUTO without a budget keep the
+ * plain graph; LIGHT/SUBLINEAR pick the smallest arena (ties: least recomputation); with a
+ * budget, the plan with the least recomputation that fits. Results are bit-identical to the
+ * plain graph. *@chosen and *@plain (either may be NULL) describe the chosen and plain plans.
+ * Returns MGE_OK; MGE_BUDGET when nothing fits (the graph is unchanged, *@chosen holds the
+ * smallest plan and mge_graph_error_msg() says so); MGE_NOMEM.
+ */
+int mge_graph_sublinear(struct mge_graph *g, enum mge_remat mode, size_t budget,
+                        struct mge_remat_plan *chosen, struct mge_remat_plan *plain);
+/* FLOPs of one run of every op of @g (forward, backward and recomputation). */
+double mge_graph_flops(const struct mge_graph *g);
+
+/* Bytes of the parameter arena (each parameter 64-byte aligned); known before planning. */
+size_t mge_graph_param_bytes(const struct mge_graph *g);
+
 /* Keep @v alive to the end of a run (a value the caller reads afterwards, e.g. the logits). */
 int mge_graph_keep(struct mge_graph *g, int v);
 /* Lifetimes -> offsets in one activation arena. Call after backward (or without it, forward only). */

@@ -131,6 +131,11 @@ size_t mge__value_bytes(const struct mge_graph *g, int v);
 /* Root of the alias chain of @v. */
 int mge__value_root(const struct mge_graph *g, int v);
 
+/* FLOPs of one op (2 per multiply-add; elementwise ops count their outputs). */
+double mge__node_flops(const struct mge_graph *g, const struct mge_node *n);
+/* A copy of @g's IR (not its arenas) in *@out, freed with mge_graph_free(). */
+int mge__graph_clone(const struct mge_graph *g, struct mge_graph **out);
+
 /* One activation for the planner: lifetime [first, last] in node indices, bytes, result offset. */
 struct mge__plan_item {
     int v;

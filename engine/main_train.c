@@ -12,6 +12,7 @@ static void usage(FILE *fp)
             "usage: mge-train SPEC.yaml [--set key.path=value]... [--resume CKPT] [--out DIR]\n"
             "                 [--json] [--threads N]\n"
             "       mge-train --plan SPEC.yaml [--set key.path=value]...\n"
+            "       mge-train --max-batch SPEC.yaml --set memory.budget_mb=N\n"
             "\n"
             "Trains the job SPEC.yaml describes on this machine.\n"
             "  --set k=v     override a spec key (train.epochs=1, model.hidden=[256,256])\n"
@@ -19,7 +20,9 @@ static void usage(FILE *fp)
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
             "  --threads N   kernel threads (default $OMP_NUM_THREADS or all cores)\n"
-            "  --plan        print the memory plan as JSON and exit\n");
+            "  --plan        print the memory plans (chosen, plain, sublinear) as JSON and exit\n"
+            "  --max-batch   print the largest batch that fits memory.budget_mb, with and\n"
+            "                without recomputation, as JSON and exit\n");
 }
 
 int main(int argc, char **argv)
@@ -50,6 +53,8 @@ int main(int argc, char **argv)
             o.json = 1;
         } else if (!strcmp(a, "--plan")) {
             o.plan_only = 1;
+        } else if (!strcmp(a, "--max-batch")) {
+            o.max_batch = 1;
         } else if (a[0] == '-' || o.spec_path) {
             fprintf(stderr, "mge-train: unexpected argument '%s'\n", a);
             usage(stderr);

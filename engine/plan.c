@@ -54,29 +54,87 @@ static int item_by_first(const void *pa, const void *pb)
     return a->v - b->v;
 }
 
+/* Placed items by time block, so finding the items alive with a new one is not O(n). */
+struct time_index {
+    int **lists;   /* per block: indices of placed items overlapping it */
+    int *len, *cap;
+    int nb;
+    int64_t blk;   /* node indices per block */
+};
+
+static void time_index_fini(struct time_index *ti)
+{
+    for (int b = 0; ti->lists && b < ti->nb; b++)
+        mge_free(ti->lists[b]);
+    mge_free(ti->lists);
+    mge_free(ti->len);
+    mge_free(ti->cap);
+}
+
+static int time_index_init(struct time_index *ti, int64_t tmax, int n)
+{
+    memset(ti, 0, sizeof(*ti));
+    int nb = n < 64 ? 1 : n / 16 > 1024 ? 1024 : n / 16;
+    ti->blk = tmax / nb + 1;
+    ti->nb = (int)(tmax / ti->blk) + 1;
+    ti->lists = mge_calloc((size_t)ti->nb, sizeof(*ti->lists));
+    ti->len = mge_calloc((size_t)ti->nb, sizeof(int));
+    ti->cap = mge_calloc((size_t)ti->nb, sizeof(int));
+    if (!ti->lists || !ti->len || !ti->cap) {
+        time_index_fini(ti);
+        return MGE_NOMEM;
+    }
+    return MGE_OK;
+}
+
+static int time_index_add(struct time_index *ti, const struct mge__plan_item *it, int idx)
+{
+    for (int64_t b = it->first / ti->blk; b <= it->last / ti->blk; b++) {
+        if (ti->len[b] == ti->cap[b]) {
+            int cap = ti->cap[b] ? ti->cap[b] * 2 : 16;
+            int *p = mge_realloc(ti->lists[b], sizeof(int) * (size_t)cap);
+            if (!p)
+                return MGE_NOMEM;
+            ti->lists[b] = p;
+            ti->cap[b] = cap;
+        }
+        ti->lists[b][ti->len[b]++] = idx;
+    }
+    return MGE_OK;
+}
+
 /*
  * Place @items in their current order. Each goes into a gap between the already placed items
  * that are alive at the same time: best fit (@two_sided == 0), or (two_sided) the bottom when
  * it is free there, else as high as fits under @target, else the lowest gap. Returns the
  * arena size, or (size_t)-1 on OOM.
  */
-static size_t plan_place(struct mge__plan_item *items, int n, int two_sided, size_t target)
+static size_t plan_place(struct mge__plan_item *items, int n, int two_sided, size_t target,
+                         int64_t tmax)
 {
     size_t arena = 0;
-    struct mge__plan_item **placed = mge_malloc(sizeof(*placed) * (size_t)(n ? n : 1));
+    struct time_index ti;
     struct mge__plan_item **live = mge_malloc(sizeof(*live) * (size_t)(n ? n : 1));
-    if (!placed || !live) {
-        mge_free(placed);
+    int *stamp = mge_malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!live || !stamp || time_index_init(&ti, tmax, n) != MGE_OK) {
         mge_free(live);
+        mge_free(stamp);
         return (size_t)-1;
     }
-    int n_placed = 0;
+    for (int i = 0; i < n; i++)
+        stamp[i] = -1;
     for (int i = 0; i < n; i++) {
         struct mge__plan_item *it = &items[i];
         int n_live = 0;
-        for (int j = 0; j < n_placed; j++)
-            if (placed[j]->first <= it->last && it->first <= placed[j]->last)
-                live[n_live++] = placed[j];
+        for (int64_t b = it->first / ti.blk; b <= it->last / ti.blk; b++)
+            for (int k = 0; k < ti.len[b]; k++) {
+                int j = ti.lists[b][k];
+                if (stamp[j] == i)
+                    continue;
+                stamp[j] = i;
+                if (items[j].first <= it->last && it->first <= items[j].last)
+                    live[n_live++] = &items[j];
+            }
         qsort(live, (size_t)n_live, sizeof(*live), item_by_offset);
         size_t best = (size_t)-1, best_gap = (size_t)-1, lowest = (size_t)-1, high = (size_t)-1;
         size_t at = 0;
@@ -105,41 +163,74 @@ static size_t plan_place(struct mge__plan_item *items, int n, int two_sided, siz
             it->offset = high;
         if (it->offset + it->size > arena)
             arena = it->offset + it->size;
-        placed[n_placed++] = it;
+        if (time_index_add(&ti, it, i) != MGE_OK) {
+            arena = (size_t)-1;
+            break;
+        }
     }
-    mge_free(placed);
+    time_index_fini(&ti);
     mge_free(live);
+    mge_free(stamp);
     return arena;
+}
+
+static int item_by_last_desc(const void *pa, const void *pb)
+{
+    const struct mge__plan_item *a = pa, *b = pb;
+    if (a->last != b->last)
+        return a->last < b->last ? 1 : -1;
+    if (a->size != b->size)
+        return a->size < b->size ? 1 : -1;
+    return a->v - b->v;
+}
+
+static int item_by_area_desc(const void *pa, const void *pb)
+{
+    const struct mge__plan_item *a = pa, *b = pb;
+    double x = (double)a->size * (double)(a->last - a->first + 1);
+    double y = (double)b->size * (double)(b->last - b->first + 1);
+    if (x != y)
+        return x < y ? 1 : -1;
+    return a->v - b->v;
 }
 
 size_t mge__plan_assign(struct mge__plan_item *items, int n)
 {
+    /* three orders, keep the smallest arena: by size (best fit), by time against the lower
+     * bound from both ends (optimal on chains), by size x lifetime (best fit) */
+    static int (*const orders[5])(const void *, const void *) = {
+        item_by_size_desc, item_by_first, item_by_area_desc, item_by_last_desc, item_by_size_desc};
+    static const int two_sided[5] = {0, 1, 0, 1, 1};
     int64_t end = 0;
     for (int i = 0; i < n; i++)
         if (items[i].last > end)
             end = items[i].last;
     size_t lower = mge__plan_lower_bound(items, n, end);
     struct mge__plan_item *alt = mge_malloc(sizeof(*alt) * (size_t)(n ? n : 1));
-    if (lower == (size_t)-1 || !alt) {
-        mge_free(alt);
-        return (size_t)-1;
+    struct mge__plan_item *best = mge_malloc(sizeof(*best) * (size_t)(n ? n : 1));
+    size_t best_arena = (size_t)-1;
+    if (lower == (size_t)-1 || !alt || !best)
+        goto out_free;
+    for (int s = 0; s < 5; s++) {
+        memcpy(alt, items, sizeof(*alt) * (size_t)n);
+        qsort(alt, (size_t)n, sizeof(*alt), orders[s]);
+        size_t a = plan_place(alt, n, two_sided[s], lower, end);
+        if (a == (size_t)-1) {
+            best_arena = (size_t)-1;
+            goto out_free;
+        }
+        if (a < best_arena) {
+            best_arena = a;
+            memcpy(best, alt, sizeof(*best) * (size_t)n);
+        }
+        if (a == lower)
+            break; /* optimal */
     }
-    /* two strategies; keep the smaller arena */
-    qsort(items, (size_t)n, sizeof(*items), item_by_size_desc);
-    size_t a = plan_place(items, n, 0, lower);
-    memcpy(alt, items, sizeof(*alt) * (size_t)n);
-    qsort(alt, (size_t)n, sizeof(*alt), item_by_first);
-    size_t b = plan_place(alt, n, 1, lower);
-    if (a == (size_t)-1 || b == (size_t)-1) {
-        mge_free(alt);
-        return (size_t)-1;
-    }
-    if (b < a) {
-        memcpy(items, alt, sizeof(*items) * (size_t)n);
-        a = b;
-    }
+    memcpy(items, best, sizeof(*items) * (size_t)n);
+out_free:
     mge_free(alt);
-    return a;
+    mge_free(best);
+    return best_arena;
 }
 
 size_t mge__plan_lower_bound(const struct mge__plan_item *items, int n, int64_t end)
@@ -162,6 +253,75 @@ size_t mge__plan_lower_bound(const struct mge__plan_item *items, int n, int64_t 
     return lower;
 }
 
+/* The input an elementwise op may overwrite with its output (-1 if none), for in-place reuse. */
+static int inplace_source(const struct mge_node *n)
+{
+    switch (n->op) {
+    case MGE_OP_UNARY:
+    case MGE_OP_BIAS_ACT:
+    case MGE_OP_DROPOUT:
+        return n->in[0];
+    case MGE_OP_UNARY_GRAD:
+        return n->acc || n->a.act.act == MGE_ACT_NONE ? -1 : n->in[0];
+    case MGE_OP_DROPOUT_GRAD:
+    case MGE_OP_SCALE:
+        return n->acc ? -1 : n->in[0];
+    default:
+        return -1;
+    }
+}
+
+/*
+ * In-place reuse: an elementwise op whose source dies at that op writes over it, so the two
+ * share storage (the output becomes a view of the source). Done before lifetimes.
+ */
+static int plan_inplace(struct mge_graph *g)
+{
+    int64_t *last = mge_malloc(sizeof(int64_t) * (size_t)(g->n_values ? g->n_values : 1));
+    if (!last)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate plan");
+    for (int v = 0; v < g->n_values; v++)
+        last[v] = -1;
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        const struct mge_node *n = &g->nodes[ni];
+        for (int i = 0; i < n->n_in; i++)
+            if (n->in[i] >= 0)
+                last[mge__value_root(g, n->in[i])] = ni;
+        for (int i = 0; i < n->n_out; i++)
+            if (n->out[i] >= 0)
+                last[mge__value_root(g, n->out[i])] = ni;
+    }
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        const struct mge_node *n = &g->nodes[ni];
+        int src = inplace_source(n), out = n->out[0];
+        if (src < 0 || out < 0)
+            continue;
+        int r = mge__value_root(g, src);
+        struct mge_value *o = &g->values[out], *rv = &g->values[r];
+        if (o->kind != MGE_VALUE_ACT || o->alias >= 0 || o->keep || o->producer != ni ||
+            rv->kind != MGE_VALUE_ACT || rv->keep || last[r] != ni ||
+            mge__value_bytes(g, out) != mge__value_bytes(g, r) || o->batched != rv->batched)
+            continue;
+        int other = 0; /* the op must not read the source through another input */
+        for (int i = 0; i < n->n_in; i++)
+            if (n->in[i] >= 0 && n->in[i] != src && mge__value_root(g, n->in[i]) == r)
+                other = 1;
+        for (int i = 1; i < n->n_out; i++)
+            if (n->out[i] >= 0 && mge__value_root(g, n->out[i]) == r)
+                other = 1;
+        if (other)
+            continue;
+        o->alias = r;
+        last[r] = last[out] > ni ? last[out] : ni;
+        for (int k = ni + 1; k < g->n_nodes; k++) /* the merged storage lives as long as out */
+            for (int i = 0; i < g->nodes[k].n_in; i++)
+                if (g->nodes[k].in[i] >= 0 && mge__value_root(g, g->nodes[k].in[i]) == r)
+                    last[r] = k;
+    }
+    mge_free(last);
+    return MGE_OK;
+}
+
 int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
 {
     int rc = MGE_OK;
@@ -171,6 +331,8 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
         return MGE_ERR(MGE_STATE, "graph already planned");
     if (g->n_forward == 0 && g->loss < 0)
         g->n_forward = g->n_nodes;
+    if ((rc = plan_inplace(g)) != MGE_OK)
+        return rc;
 
     /* lifetimes over the execution order */
     for (int v = 0; v < g->n_values; v++)
@@ -324,6 +486,14 @@ int mge_graph_alloc(struct mge_graph *g)
     g->allocated = 1;
     g->batch = g->batch_max > 0 ? g->batch_max : 1;
     return MGE_OK;
+}
+
+size_t mge_graph_param_bytes(const struct mge_graph *g)
+{
+    size_t n = 0;
+    for (int i = 0; i < g->n_params; i++)
+        n += align_up(mge__value_bytes(g, g->params[i]));
+    return n;
 }
 
 float *mge_graph_params(struct mge_graph *g, int64_t *n)

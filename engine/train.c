@@ -19,6 +19,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/ckpt.h"
+#include "engine/engine_int.h"
 #include "engine/optim.h"
 #include "kernels/cpu/cpu.h"
 
@@ -114,6 +115,7 @@ struct trainer {
     struct mge_graph *g;
     struct mge_model model;
     struct mge_plan_stats stats;
+    struct mge_remat_plan remat, remat_plain; /* chosen and plain recompute plans */
     struct mge_optim optim;
     struct mge_sampler sampler;
     struct mge_loader loader;
@@ -244,19 +246,175 @@ static int ckpt_restore(struct trainer *t, const char *path)
     return rc;
 }
 
-/* ---- the run ---- */
+/* ---- graphs, plans, budgets ---- */
 
-static void print_plan(struct trainer *t)
+static enum mge_remat spec_remat(const struct mge_jobspec *spec)
+{
+    switch (spec->memory.sublinear) {
+    case MGE_SUBLINEAR_ON:
+        return MGE_REMAT_SUBLINEAR;
+    case MGE_SUBLINEAR_LIGHT:
+        return MGE_REMAT_LIGHT;
+    case MGE_SUBLINEAR_AUTO:
+        return MGE_REMAT_AUTO;
+    case MGE_SUBLINEAR_OFF:
+        break;
+    }
+    return MGE_REMAT_NONE;
+}
+
+/* Optimiser state buffers the spec's optimiser keeps (each the size of the parameters). */
+static int optim_buffers(const struct mge_jobspec *spec)
+{
+    const struct mge_optim_spec *o = &spec->train.optim;
+    return o->type == MGE_OPTIM_SGD ? (o->momentum > 0.0) : 2;
+}
+
+/* Bytes of the budget left for activations once parameters, gradients and state are in. */
+static size_t activation_budget(const struct mge_jobspec *spec, size_t param_bytes, int *enough)
+{
+    size_t total = (size_t)spec->memory.budget_mb * 1048576u;
+    size_t fixed = param_bytes * (size_t)(2 + optim_buffers(spec));
+    *enough = total == 0 || total > fixed;
+    return total == 0 ? 0 : total > fixed ? total - fixed : 1;
+}
+
+int mge_train_build(const struct mge_jobspec *spec, int64_t batch, int c, int h, int w,
+                    int classes, enum mge_remat mode, struct mge_graph **gp,
+                    struct mge_model *model, struct mge_plan_stats *stats,
+                    struct mge_remat_plan *chosen, struct mge_remat_plan *plain)
+{
+    struct mge_graph *g = NULL;
+    int rc = mge_graph_new(&g), enough;
+    *gp = g;
+    if (rc != MGE_OK)
+        return rc;
+    rc = mge_model_build(g, spec, batch, c, h, w, classes, model);
+    if (rc == MGE_OK)
+        rc = mge_graph_backward(g, model->loss);
+    if (rc != MGE_OK)
+        return rc;
+    size_t budget = activation_budget(spec, mge_graph_param_bytes(g), &enough);
+    if (!enough) {
+        mge__graph_fail(g, MGE_BUDGET,
+                        "memory.budget_mb: %lld MiB does not hold the parameters, gradients and "
+                        "optimiser state (%.1f MiB)",
+                        (long long)spec->memory.budget_mb,
+                        (double)(mge_graph_param_bytes(g) * (size_t)(2 + optim_buffers(spec))) /
+                            1048576.0);
+        return MGE_BUDGET;
+    }
+    rc = mge_graph_sublinear(g, mode, budget, chosen, plain);
+    if (rc == MGE_BUDGET) {
+        size_t need = chosen->activation_bytes +
+                      mge_graph_param_bytes(g) * (size_t)(2 + optim_buffers(spec));
+        char msg[256];
+        snprintf(msg, sizeof(msg), "memory.budget_mb: %lld MiB is too small: %s; the smallest "
+                 "feasible budget is %lld MiB", (long long)spec->memory.budget_mb,
+                 mge_graph_error_msg(g), (long long)((need + 1048575) / 1048576));
+        snprintf(g->errmsg, sizeof(g->errmsg), "%s", msg);
+        g->err = MGE_BUDGET;
+        return rc;
+    }
+    if (rc == MGE_OK)
+        rc = mge_graph_plan(g, stats);
+    return rc;
+}
+
+static void print_remat(const char *name, const struct mge_remat_plan *p, size_t fixed)
+{
+    static const char *const modes[] = {"none", "light", "sublinear", "auto"};
+    printf("\"%s\":{\"mode\":\"%s\",\"peak_bytes\":%zu,\"activation_bytes\":%zu,"
+           "\"lower_bound_bytes\":%zu,\"recompute_flops\":%.0f,\"recompute_ops\":%d}",
+           name, modes[p->mode], fixed + p->activation_bytes, p->activation_bytes,
+           p->lower_bound_bytes, p->recompute_flops, p->recompute_ops);
+}
+
+/* --plan: the chosen plan at the top level, and the plain and sublinear plans side by side. */
+static int print_plan(struct trainer *t)
 {
     const struct mge_plan_stats *s = &t->stats;
     size_t optim_bytes = mge_optim_state_bytes(&t->optim);
-    size_t peak = s->param_bytes + s->grad_bytes + optim_bytes + s->activation_bytes;
+    size_t fixed = s->param_bytes + s->grad_bytes + optim_bytes;
+    size_t peak = fixed + s->activation_bytes;
+    struct mge_graph *g2 = NULL;
+    struct mge_model m2;
+    struct mge_plan_stats st2;
+    struct mge_remat_plan sub, plain;
+    int rc = mge_train_build(t->spec, t->spec->train.batch_size, t->train.c, t->train.h,
+                             t->train.w, t->train.classes, MGE_REMAT_SUBLINEAR, &g2, &m2, &st2,
+                             &sub, &plain);
+    double flops = mge_graph_flops(t->g);
+    mge_graph_free(g2);
+    if (rc != MGE_OK)
+        return rc;
     printf("{\"peak_bytes\":%zu,\"lower_bound_bytes\":%zu,\"param_bytes\":%zu,"
            "\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"activation_bytes\":%zu,"
-           "\"input_bytes\":%zu,\"values\":%d,\"ops\":%d}\n",
+           "\"input_bytes\":%zu,\"values\":%d,\"ops\":%d,\"step_flops\":%.0f,",
            peak, s->lower_bound_bytes, s->param_bytes, s->grad_bytes, optim_bytes,
-           s->activation_bytes, s->input_bytes, s->n_values, s->n_nodes);
+           s->activation_bytes, s->input_bytes, s->n_values, s->n_nodes, flops);
+    print_remat("chosen", &t->remat, fixed);
+    printf(",\"plans\":{");
+    print_remat("plain", &plain, fixed);
+    printf(",");
+    print_remat("sublinear", &sub, fixed);
+    printf("}}\n");
+    return MGE_OK;
 }
+
+/* The largest batch whose plan fits the budget, by bisection. */
+static int64_t max_batch_for(struct trainer *t, enum mge_remat mode)
+{
+    int64_t lo = 0, hi = 1;
+    for (;;) { /* grow until it does not fit */
+        struct mge_graph *g = NULL;
+        struct mge_model m;
+        struct mge_plan_stats st;
+        struct mge_remat_plan p;
+        int rc = mge_train_build(t->spec, hi, t->train.c, t->train.h, t->train.w,
+                                 t->train.classes, mode, &g, &m, &st, &p, NULL);
+        mge_graph_free(g);
+        if (rc != MGE_OK)
+            break;
+        lo = hi;
+        if (hi >= ((int64_t)1 << 24))
+            return lo;
+        hi *= 2;
+    }
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        struct mge_graph *g = NULL;
+        struct mge_model m;
+        struct mge_plan_stats st;
+        struct mge_remat_plan p;
+        int rc = mge_train_build(t->spec, mid, t->train.c, t->train.h, t->train.w,
+                                 t->train.classes, mode, &g, &m, &st, &p, NULL);
+        mge_graph_free(g);
+        if (rc == MGE_OK)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int max_batch(struct trainer *t)
+{
+    if (t->spec->memory.budget_mb <= 0) {
+        fprintf(stderr, "mge-train: --max-batch needs memory.budget_mb (--set memory.budget_mb=N)\n");
+        return MGE_INVAL;
+    }
+    int64_t plain = max_batch_for(t, MGE_REMAT_NONE);
+    int64_t light = max_batch_for(t, MGE_REMAT_LIGHT);
+    int64_t sub = max_batch_for(t, MGE_REMAT_SUBLINEAR);
+    printf("{\"budget_mb\":%lld,\"max_batch_plain\":%lld,\"max_batch_light\":%lld,"
+           "\"max_batch_sublinear\":%lld,\"ratio\":%.3f}\n",
+           (long long)t->spec->memory.budget_mb, (long long)plain, (long long)light,
+           (long long)sub, plain > 0 ? (double)sub / (double)plain : 0.0);
+    return MGE_OK;
+}
+
+/* ---- the run ---- */
 
 static int mkdir_p(const char *path)
 {
@@ -448,17 +606,17 @@ int mge_train_main(const struct mge_train_opts *o)
         t.have_test = 1;
     }
     int64_t batch = t.spec->train.batch_size;
-    if ((rc = mge_graph_new(&t.g)) != MGE_OK)
-        goto out;
-    rc = mge_model_build(t.g, t.spec, batch, t.train.c, t.train.h, t.train.w, t.train.classes,
-                         &t.model);
-    if (rc == MGE_OK)
-        rc = mge_graph_backward(t.g, t.model.loss);
-    if (rc == MGE_OK)
-        rc = mge_graph_plan(t.g, &t.stats);
+    rc = mge_train_build(t.spec, batch, t.train.c, t.train.h, t.train.w, t.train.classes,
+                         spec_remat(t.spec), &t.g, &t.model, &t.stats, &t.remat, &t.remat_plain);
     if (rc != MGE_OK) {
-        fprintf(stderr, "mge-train: %s: model: %s\n", o->spec_path, mge_graph_error_msg(t.g));
+        fprintf(stderr, "mge-train: %s: %s\n", o->spec_path,
+                t.g ? mge_graph_error_msg(t.g) : mge_strerror(rc));
         code = 2;
+        goto out;
+    }
+    if (o->max_batch) {
+        rc = max_batch(&t);
+        code = rc == MGE_OK ? 0 : 2;
         goto out;
     }
     int64_t n_params_f = (int64_t)(t.stats.param_bytes / sizeof(float));
@@ -468,8 +626,8 @@ int mge_train_main(const struct mge_train_opts *o)
         goto out;
     t.optim_ok = 1;
     if (o->plan_only) {
-        print_plan(&t);
-        code = 0;
+        rc = print_plan(&t);
+        code = rc == MGE_OK ? 0 : 2;
         goto out;
     }
     if ((rc = mge_graph_alloc(t.g)) != MGE_OK)

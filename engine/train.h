@@ -19,10 +19,22 @@ struct mge_train_opts {
     int json;                       /* stdout: JSON lines only */
     int threads;                    /* kernel threads; <= 0: $OMP_NUM_THREADS or all cores */
     int plan_only;                  /* --plan: print the memory plan as JSON and stop */
+    int max_batch;                  /* --max-batch: largest batch fitting memory.budget_mb */
 };
 
 /* Run mge-train with @o. Returns the process exit code: 0 ok, 2 bad input, 1 failure. */
 int mge_train_main(const struct mge_train_opts *o);
+
+/*
+ * Build @spec's model for batches of @batch, differentiate it, apply the recompute plan
+ * @mode under the spec's memory.budget_mb, and plan memory. *@gp is the new graph (the caller
+ * frees it, also on error; mge_graph_error_msg() says what failed). MGE_BUDGET when the budget
+ * cannot be met (the message gives the smallest feasible budget).
+ */
+int mge_train_build(const struct mge_jobspec *spec, int64_t batch, int c, int h, int w,
+                    int classes, enum mge_remat mode, struct mge_graph **gp,
+                    struct mge_model *model, struct mge_plan_stats *stats,
+                    struct mge_remat_plan *chosen, struct mge_remat_plan *plain);
 
 /* Load the train or test set a spec names (@test: the test set; MGE_NOENT if it has none). */
 int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *ds, char *err,

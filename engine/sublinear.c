@@ -1,0 +1,481 @@
+/*
+ * sublinear.c: recompute instead of store. A pass between autodiff and the memory planner
+ * decides which forward activations backward may read (the kept set); every other one that
+ * backward needs is recomputed right before its first use, by clones of the forward ops that
+ * made it (recursively, down to kept values). Clones run the same kernels on the same inputs,
+ * so results are bit-identical to the plain graph, dropout included (its mask is a function of
+ * (seed, step, op)).
+ *
+ * Plans: "light" recomputes only cheap ops (elementwise, activations, pooling, normalisation);
+ * "sublinear" splits the forward chain into segments at byte thresholds (Chen et al. 2016)
+ * and keeps only segment boundaries; the threshold is searched, each candidate scored by the
+ * real planner on a copy of the graph (MegEngine's seq_sublinear_memory does the same search).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "engine/engine_int.h"
+
+double mge__node_flops(const struct mge_graph *g, const struct mge_node *n)
+{
+    const struct mge_value *o = n->out[0] >= 0 ? &g->values[n->out[0]] : NULL;
+    double out = 1.0;
+    if (o)
+        for (int i = 0; i < o->ndim; i++)
+            out *= (double)o->shape[i];
+    switch (n->op) {
+    case MGE_OP_MATMUL: {
+        const struct mge_value *a = &g->values[n->in[0]];
+        double k = n->a.mm.ta ? (double)a->shape[0] : (double)a->shape[a->ndim - 1];
+        if (n->a.mm.ta)
+            for (int i = 1; i < a->ndim - 1; i++)
+                k *= (double)a->shape[i];
+        return 2.0 * out * k;
+    }
+    case MGE_OP_LINEAR: {
+        const struct mge_value *w = &g->values[n->in[1]];
+        return 2.0 * out * (double)w->shape[1] + out;
+    }
+    case MGE_OP_CONV2D:
+    case MGE_OP_CONV2D_GRAD: {
+        const struct mge_value *w = &g->values[n->in[n->op == MGE_OP_CONV2D ? 1 : 2]];
+        const struct mge_value *y = &g->values[n->op == MGE_OP_CONV2D ? n->out[0] : n->in[0]];
+        double per = 2.0 * (double)w->shape[1] * (double)w->shape[2] * (double)w->shape[3];
+        double outs = 1.0;
+        for (int i = 0; i < y->ndim; i++)
+            outs *= (double)y->shape[i];
+        int parts = n->op == MGE_OP_CONV2D ? 1 : (n->out[0] >= 0) + (n->out[1] >= 0);
+        return per * outs * (parts ? parts : 1);
+    }
+    default:
+        return out;
+    }
+}
+
+/* Ops cheap enough that light mode recomputes them (a pass over memory, no GEMM). */
+static int op_is_cheap(enum mge_op op)
+{
+    switch (op) {
+    case MGE_OP_BIAS_ACT:
+    case MGE_OP_BINARY:
+    case MGE_OP_UNARY:
+    case MGE_OP_SOFTMAX:
+    case MGE_OP_LOG_SOFTMAX:
+    case MGE_OP_POOL:
+    case MGE_OP_DROPOUT:
+    case MGE_OP_LAYERNORM:
+    case MGE_OP_PERMUTE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int mge__graph_clone(const struct mge_graph *g, struct mge_graph **out)
+{
+    struct mge_graph *c = mge_calloc(1, sizeof(*c));
+    if (!c)
+        return MGE_ERR(MGE_NOMEM, "cannot clone graph");
+    *c = *g;
+    c->values = mge_malloc(sizeof(*c->values) * (size_t)(g->cap_values ? g->cap_values : 1));
+    c->nodes = mge_malloc(sizeof(*c->nodes) * (size_t)(g->cap_nodes ? g->cap_nodes : 1));
+    c->params = mge_malloc(sizeof(int) * (size_t)(g->cap_params ? g->cap_params : 1));
+    c->grads = g->grads ? mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1)) : NULL;
+    c->param_arena = c->grad_arena = NULL;
+    c->act_arena = NULL;
+    c->profile = NULL;
+    c->allocated = 0;
+    if (!c->values || !c->nodes || !c->params || (g->grads && !c->grads)) {
+        mge_graph_free(c);
+        return MGE_ERR(MGE_NOMEM, "cannot clone graph");
+    }
+    memcpy(c->values, g->values, sizeof(*c->values) * (size_t)g->n_values);
+    memcpy(c->nodes, g->nodes, sizeof(*c->nodes) * (size_t)g->n_nodes);
+    memcpy(c->params, g->params, sizeof(int) * (size_t)g->n_params);
+    if (g->grads)
+        memcpy(c->grads, g->grads, sizeof(int) * (size_t)g->n_params);
+    *out = c;
+    return MGE_OK;
+}
+
+/* ---- the rewrite ---- */
+
+struct remat {
+    struct mge_graph *g;
+    const char *keep;      /* per original value: 1 = backward may read it as it is */
+    int n_orig;            /* values before the rewrite */
+    int *clone;            /* per original value: its recomputed clone, or -1 */
+    struct mge_node *out;  /* the new node list */
+    int n_out, cap_out;
+    double flops;          /* recomputed FLOPs */
+    int n_recomputed;      /* recompute ops emitted */
+};
+
+static int is_forward_act(const struct remat *r, int v)
+{
+    const struct mge_value *x = &r->g->values[v];
+    return v < r->n_orig && x->kind == MGE_VALUE_ACT && x->producer >= 0 &&
+           x->producer < r->g->n_forward;
+}
+
+static int remat_push(struct remat *r, const struct mge_node *n)
+{
+    if (r->n_out == r->cap_out) {
+        int cap = r->cap_out ? r->cap_out * 2 : 256;
+        struct mge_node *p = mge_realloc(r->out, sizeof(*p) * (size_t)cap);
+        if (!p)
+            return MGE_NOMEM;
+        r->out = p;
+        r->cap_out = cap;
+    }
+    r->out[r->n_out++] = *n;
+    return MGE_OK;
+}
+
+static int remat_value(struct remat *r, int v);
+
+/* Recompute original value @root (not an alias) and return its clone. */
+static int remat_recompute(struct remat *r, int root)
+{
+    struct mge_graph *g = r->g;
+    struct mge_node n = g->nodes[g->values[root].producer];
+    for (int i = 0; i < n.n_in; i++) {
+        if (n.in[i] < 0)
+            continue;
+        int v = remat_value(r, n.in[i]);
+        if (v < 0)
+            return v;
+        n.in[i] = v;
+    }
+    for (int i = 0; i < n.n_out; i++) {
+        int o = n.out[i];
+        if (o < 0)
+            continue;
+        const struct mge_value x = g->values[o];
+        int c = mge__graph_add_value(g, MGE_VALUE_ACT, x.dtype, x.ndim, x.shape, x.batched,
+                                     "recompute");
+        if (c < 0)
+            return c;
+        g->values[c].producer = -2; /* made by a recompute op, not a forward op */
+        r->clone[o] = c;
+        n.out[i] = c;
+    }
+    n.backward = 1;
+    r->flops += mge__node_flops(g, &n);
+    r->n_recomputed++;
+    if (remat_push(r, &n) != MGE_OK)
+        return -MGE_NOMEM;
+    return r->clone[root];
+}
+
+/* The value backward should read in place of @v: @v itself if kept, else its clone. */
+static int remat_value(struct remat *r, int v)
+{
+    struct mge_graph *g = r->g;
+    if (v >= r->n_orig)
+        return v;
+    int root = mge__value_root(g, v);
+    if (!is_forward_act(r, root) || r->keep[root])
+        return v;
+    int c = r->clone[root] >= 0 ? r->clone[root] : remat_recompute(r, root);
+    if (c < 0 || v == root)
+        return c;
+    /* a view (reshape) of a recomputed value: a view of the clone */
+    if (r->clone[v] >= 0)
+        return r->clone[v];
+    const struct mge_value x = g->values[v];
+    int a = mge__graph_add_value(g, MGE_VALUE_ACT, x.dtype, x.ndim, x.shape, x.batched,
+                                 "recompute_view");
+    if (a < 0)
+        return a;
+    g->values[a].alias = c;
+    r->clone[v] = a;
+    return a;
+}
+
+/*
+ * Rewrite @g so that backward reads only values with keep[v] set (or recomputes them).
+ * @keep has one entry per value of @g. Returns MGE_OK; the recomputed FLOPs and op count in
+ * *@flops and *@ops.
+ */
+static int remat_apply(struct mge_graph *g, const char *keep, double *flops, int *ops)
+{
+    struct remat r = {.g = g, .keep = keep, .n_orig = g->n_values};
+    int rc = MGE_OK;
+    r.clone = mge_malloc(sizeof(int) * (size_t)(g->n_values ? g->n_values : 1));
+    if (!r.clone)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate rewrite");
+    for (int v = 0; v < g->n_values; v++)
+        r.clone[v] = -1;
+    int n_nodes = g->n_nodes;
+    for (int ni = 0; ni < n_nodes && rc == MGE_OK; ni++) {
+        struct mge_node n = g->nodes[ni];
+        if (ni >= g->n_forward) {
+            for (int i = 0; i < n.n_in && rc == MGE_OK; i++) {
+                if (n.in[i] < 0)
+                    continue;
+                int v = remat_value(&r, n.in[i]);
+                if (v < 0)
+                    rc = -v;
+                else
+                    n.in[i] = v;
+            }
+        }
+        if (rc == MGE_OK)
+            rc = remat_push(&r, &n);
+    }
+    if (rc == MGE_OK) {
+        /* the node array is replaced whole: producers point into the new list */
+        mge_free(g->nodes);
+        g->nodes = r.out;
+        g->n_nodes = r.n_out;
+        g->cap_nodes = r.cap_out;
+        r.out = NULL;
+        for (int ni = 0; ni < g->n_nodes; ni++)
+            for (int i = 0; i < g->nodes[ni].n_out; i++)
+                if (g->nodes[ni].out[i] >= 0 && ni >= g->n_forward)
+                    if (g->values[g->nodes[ni].out[i]].producer == -2)
+                        g->values[g->nodes[ni].out[i]].producer = ni;
+        *flops = r.flops;
+        *ops = r.n_recomputed;
+    } else if (rc == MGE_NOMEM) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot rewrite graph for recomputation");
+    }
+    mge_free(r.out);
+    mge_free(r.clone);
+    return rc;
+}
+
+/* ---- choosing what to keep ---- */
+
+struct remat_ctx {
+    const struct mge_graph *g;
+    char *needed;      /* per value: a forward activation that backward reads */
+    char *must_keep;   /* per value: cannot be recomputed (multi-producer, kept outputs) */
+    size_t *bytes;     /* per forward node: bytes of its needed outputs */
+    int last_seg;      /* forward nodes from here on form the last segment (always kept) */
+};
+
+static int ctx_init(struct remat_ctx *c, const struct mge_graph *g)
+{
+    memset(c, 0, sizeof(*c));
+    c->g = g;
+    c->needed = mge_calloc((size_t)g->n_values + 1, 1);
+    c->must_keep = mge_calloc((size_t)g->n_values + 1, 1);
+    c->bytes = mge_calloc((size_t)g->n_forward + 1, sizeof(size_t));
+    int *producers = mge_calloc((size_t)g->n_values + 1, sizeof(int));
+    if (!c->needed || !c->must_keep || !c->bytes || !producers) {
+        mge_free(producers);
+        return MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
+    }
+    for (int ni = 0; ni < g->n_forward; ni++)
+        for (int i = 0; i < g->nodes[ni].n_out; i++)
+            if (g->nodes[ni].out[i] >= 0)
+                producers[g->nodes[ni].out[i]]++;
+    for (int ni = g->n_forward; ni < g->n_nodes; ni++)
+        for (int i = 0; i < g->nodes[ni].n_in; i++) {
+            int v = g->nodes[ni].in[i];
+            if (v < 0)
+                continue;
+            v = mge__value_root(g, v);
+            const struct mge_value *x = &g->values[v];
+            if (x->kind == MGE_VALUE_ACT && x->producer >= 0 && x->producer < g->n_forward)
+                c->needed[v] = 1;
+        }
+    for (int v = 0; v < g->n_values; v++)
+        if (producers[v] > 1 || g->values[v].keep)
+            c->must_keep[v] = 1;
+    mge_free(producers);
+    for (int ni = 0; ni < g->n_forward; ni++)
+        for (int i = 0; i < g->nodes[ni].n_out; i++) {
+            int o = g->nodes[ni].out[i];
+            if (o >= 0 && c->needed[o])
+                c->bytes[ni] += mge__value_bytes(g, o);
+        }
+    return MGE_OK;
+}
+
+static void ctx_fini(struct remat_ctx *c)
+{
+    mge_free(c->needed);
+    mge_free(c->must_keep);
+    mge_free(c->bytes);
+}
+
+/* Chen's greedy segmentation: a checkpoint whenever the running bytes pass @threshold. */
+static void keep_threshold(const struct remat_ctx *c, size_t threshold, char *keep)
+{
+    const struct mge_graph *g = c->g;
+    size_t run = 0, total = 0, tail = 0;
+    memcpy(keep, c->must_keep, (size_t)g->n_values);
+    for (int ni = 0; ni < g->n_forward; ni++)
+        total += c->bytes[ni];
+    for (int ni = 0; ni < g->n_forward; ni++) {
+        run += c->bytes[ni];
+        /* the last segment is read by backward at once: keeping it costs nothing extra */
+        int in_tail = total - tail <= threshold;
+        tail += c->bytes[ni];
+        if (run >= threshold || in_tail) {
+            for (int i = 0; i < g->nodes[ni].n_out; i++)
+                if (g->nodes[ni].out[i] >= 0)
+                    keep[g->nodes[ni].out[i]] = 1;
+            if (run >= threshold)
+                run = 0;
+        }
+    }
+}
+
+static void keep_light(const struct remat_ctx *c, char *keep)
+{
+    const struct mge_graph *g = c->g;
+    memcpy(keep, c->must_keep, (size_t)g->n_values);
+    for (int ni = 0; ni < g->n_forward; ni++) {
+        const struct mge_node *n = &g->nodes[ni];
+        int cheap = op_is_cheap(n->op);
+        /* a cheap op whose inputs are all kept as they are can be redone from them */
+        for (int i = 0; i < n->n_in && cheap; i++) {
+            int v = n->in[i];
+            if (v < 0)
+                continue;
+            v = mge__value_root(g, v);
+            const struct mge_value *x = &g->values[v];
+            if (x->kind == MGE_VALUE_ACT && x->producer >= 0 && x->producer < g->n_forward &&
+                g->nodes[x->producer].op != MGE_OP_LINEAR && op_is_cheap(g->nodes[x->producer].op))
+                cheap = 0; /* chains of cheap ops: keep every other one */
+        }
+        for (int i = 0; i < n->n_out; i++)
+            if (n->out[i] >= 0 && !cheap)
+                keep[n->out[i]] = 1;
+    }
+}
+
+/* Score the keep set: clone, rewrite, plan. */
+static int remat_try(const struct mge_graph *g, const char *keep, struct mge_remat_plan *p)
+{
+    struct mge_graph *c = NULL;
+    struct mge_plan_stats st;
+    int rc = mge__graph_clone(g, &c);
+    if (rc != MGE_OK)
+        return rc;
+    if ((rc = remat_apply(c, keep, &p->recompute_flops, &p->recompute_ops)) == MGE_OK &&
+        (rc = mge_graph_plan(c, &st)) == MGE_OK) {
+        p->activation_bytes = st.activation_bytes;
+        p->lower_bound_bytes = st.lower_bound_bytes;
+    }
+    mge_graph_free(c);
+    return rc;
+}
+
+double mge_graph_flops(const struct mge_graph *g)
+{
+    double f = 0.0;
+    for (int ni = 0; ni < g->n_nodes; ni++)
+        f += mge__node_flops(g, &g->nodes[ni]);
+    return f;
+}
+
+/* Is plan @a better than @b under @budget (0: none; then the smaller activations win)? */
+static int plan_better(const struct mge_remat_plan *a, const struct mge_remat_plan *b,
+                       size_t budget)
+{
+    if (budget == 0)
+        return a->activation_bytes < b->activation_bytes ||
+               (a->activation_bytes == b->activation_bytes &&
+                a->recompute_flops < b->recompute_flops);
+    int af = a->activation_bytes <= budget, bf = b->activation_bytes <= budget;
+    if (af != bf)
+        return af;
+    if (af)
+        return a->recompute_flops < b->recompute_flops ||
+               (a->recompute_flops == b->recompute_flops &&
+                a->activation_bytes < b->activation_bytes);
+    return a->activation_bytes < b->activation_bytes;
+}
+
+int mge_graph_sublinear(struct mge_graph *g, enum mge_remat mode, size_t budget,
+                        struct mge_remat_plan *chosen, struct mge_remat_plan *plain)
+{
+    struct remat_ctx ctx;
+    struct mge_remat_plan best = {0}, p = {0};
+    char *keep = NULL, *best_keep = NULL;
+    int rc;
+
+    memset(&ctx, 0, sizeof(ctx));
+    if (g->err)
+        return g->err;
+    if (g->loss < 0 || g->planned)
+        return MGE_ERR(MGE_STATE, "sublinear: needs a differentiated, unplanned graph");
+    if ((rc = ctx_init(&ctx, g)) != MGE_OK)
+        goto out;
+    keep = mge_malloc((size_t)g->n_values + 1);
+    best_keep = mge_malloc((size_t)g->n_values + 1);
+    if (!keep || !best_keep) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
+        goto out;
+    }
+    /* the plain plan: everything kept */
+    memset(keep, 1, (size_t)g->n_values);
+    if ((rc = remat_try(g, keep, &best)) != MGE_OK)
+        goto out;
+    best.mode = MGE_REMAT_NONE;
+    memcpy(best_keep, keep, (size_t)g->n_values);
+    if (plain)
+        *plain = best;
+    /* auto without a budget, or a plain plan that fits the budget: nothing to gain */
+    int search = mode == MGE_REMAT_LIGHT || mode == MGE_REMAT_SUBLINEAR ||
+                 (mode == MGE_REMAT_AUTO && budget > 0 && best.activation_bytes > budget);
+    if (search) {
+        keep_light(&ctx, keep);
+        if ((rc = remat_try(g, keep, &p)) != MGE_OK)
+            goto out;
+        p.mode = MGE_REMAT_LIGHT;
+        if (plan_better(&p, &best, budget)) {
+            best = p;
+            memcpy(best_keep, keep, (size_t)g->n_values);
+        }
+    }
+    if (search && mode != MGE_REMAT_LIGHT) {
+        size_t total = 0;
+        for (int ni = 0; ni < g->n_forward; ni++)
+            total += ctx.bytes[ni];
+        for (int k = 2; k <= 1024; k = k < 16 ? k + 1 : k + k / 4) {
+            size_t thr = total / (size_t)k;
+            if (thr == 0)
+                break;
+            keep_threshold(&ctx, thr, keep);
+            if ((rc = remat_try(g, keep, &p)) != MGE_OK)
+                goto out;
+            p.mode = MGE_REMAT_SUBLINEAR;
+            if (plan_better(&p, &best, budget)) {
+                best = p;
+                memcpy(best_keep, keep, (size_t)g->n_values);
+            }
+        }
+    }
+    if (chosen)
+        *chosen = best;
+    if (budget > 0 && best.activation_bytes > budget) {
+        rc = MGE_BUDGET;
+        snprintf(g->errmsg, sizeof(g->errmsg),
+                 "activations need at least %zu bytes (%.1f MiB)%s; the budget leaves %zu bytes "
+                 "(%.1f MiB) for them",
+                 best.activation_bytes, (double)best.activation_bytes / 1048576.0,
+                 mode == MGE_REMAT_NONE ? " without recomputation" : " with recomputation",
+                 budget, (double)budget / 1048576.0);
+        goto out;
+    }
+    if (best.mode != MGE_REMAT_NONE) {
+        double f;
+        int ops;
+        if ((rc = remat_apply(g, best_keep, &f, &ops)) != MGE_OK)
+            goto out;
+    }
+    rc = MGE_OK;
+out:
+    ctx_fini(&ctx);
+    mge_free(keep);
+    mge_free(best_keep);
+    return rc;
+}

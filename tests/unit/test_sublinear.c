@@ -1,0 +1,270 @@
+/*
+ * test_sublinear.c: recompute instead of store. Losses and gradients with recomputation are
+ * bit-identical to the plain graph (chains, dropout, convolutions, branches); the sublinear
+ * plan shrinks a chain's activations; budgets choose the least recomputation that fits or fail
+ * clearly; in-place reuse shares storage without changing results.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/rng.h"
+#include "engine/engine.h"
+#include "engine/engine_int.h"
+
+enum net { NET_CHAIN, NET_DROPOUT, NET_CONV, NET_BRANCHES };
+
+struct built {
+    struct mge_graph *g;
+    int x, y, loss;
+    struct mge_plan_stats st;
+    struct mge_remat_plan chosen, plain;
+};
+
+/* A network of @kind for batch 8; returns the rc of the sublinear pass. */
+static int build(enum net kind, int layers, enum mge_remat mode, size_t budget, struct built *b)
+{
+    struct mge_graph *g;
+    char name[32];
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    b->g = g;
+    int64_t ys[1] = {8};
+    int t;
+    if (kind == NET_CONV) {
+        int64_t xs[4] = {8, 2, 12, 12};
+        b->x = t = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+        int c = 2;
+        for (int i = 0; i < layers; i++) {
+            int64_t ws[4] = {4, c, 3, 3}, bs[1] = {4};
+            snprintf(name, sizeof(name), "c%d.w", i);
+            int w = mge_param(g, name, 4, ws, MGE_INIT_UNIFORM_FAN_IN, c * 9);
+            snprintf(name, sizeof(name), "c%d.b", i);
+            int bb = mge_param(g, name, 1, bs, MGE_INIT_UNIFORM_FAN_IN, c * 9);
+            t = mge_relu(g, mge_conv2d(g, t, w, bb, 1, 1));
+            c = 4;
+        }
+        t = mge_flatten(g, mge_maxpool2d(g, t, 2, 2, 0));
+    } else {
+        int64_t xs[2] = {8, 16};
+        b->x = t = mge_input(g, "x", MGE_DTYPE_F32, 2, xs, 1);
+        int64_t in = 16;
+        for (int i = 0; i < layers; i++) {
+            int64_t ws[2] = {32, in}, bs[1] = {32};
+            snprintf(name, sizeof(name), "fc%d.w", i);
+            int w = mge_param(g, name, 2, ws, MGE_INIT_UNIFORM_FAN_IN, in);
+            snprintf(name, sizeof(name), "fc%d.b", i);
+            int bb = mge_param(g, name, 1, bs, MGE_INIT_UNIFORM_FAN_IN, in);
+            int h = mge_linear(g, t, w, bb, MGE_ACT_FN_TANH);
+            if (kind == NET_DROPOUT)
+                h = mge_dropout(g, h, 0.25f);
+            if (kind == NET_BRANCHES && i > 0) /* residual: h + t, and a side branch */
+                h = mge_add(g, h, mge_mul(g, t, mge_sigmoid(g, t)));
+            t = h;
+            in = 32;
+        }
+    }
+    int64_t in = mge_value_shape(g, t)[1], ws[2] = {5, in};
+    int w = mge_param(g, "head.w", 2, ws, MGE_INIT_UNIFORM_FAN_IN, in);
+    int logits = mge_linear(g, t, w, -1, MGE_ACT_NONE);
+    b->y = mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1);
+    b->loss = mge_cross_entropy(g, logits, b->y);
+    ck_assert_msg(mge_graph_error(g) == MGE_OK, "%s", mge_graph_error_msg(g));
+    ck_assert_int_eq(mge_graph_backward(g, b->loss), MGE_OK);
+    int rc = mge_graph_sublinear(g, mode, budget, &b->chosen, &b->plain);
+    if (rc == MGE_OK) {
+        ck_assert_int_eq(mge_graph_plan(g, &b->st), MGE_OK);
+        ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    }
+    return rc;
+}
+
+/* One training step on fixed data; copies the loss and all gradients out. */
+static float step(struct built *b, float **grads, int64_t *ng)
+{
+    static float x[8 * 2 * 12 * 12];
+    static int32_t y[8];
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 77);
+    for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
+        x[i] = mge_rng_float(&rng);
+    for (int i = 0; i < 8; i++)
+        y[i] = (int32_t)mge_rng_below(&rng, 5);
+    mge_graph_init_params(b->g, 5);
+    mge_graph_bind(b->g, b->x, x);
+    mge_graph_bind(b->g, b->y, y);
+    ck_assert_int_eq(mge_graph_run(b->g, MGE_RUN_TRAIN, 3), MGE_OK);
+    float *g = mge_graph_grads(b->g, ng);
+    *grads = mge_malloc(sizeof(float) * (size_t)(*ng ? *ng : 1));
+    memcpy(*grads, g, sizeof(float) * (size_t)*ng);
+    return *(float *)mge_value_data(b->g, b->loss);
+}
+
+START_TEST(test_bit_identical)
+{
+    /* _i: network kind; each compared plain vs sublinear vs light */
+    enum net kind = (enum net)_i;
+    int layers = kind == NET_CONV ? 4 : 12;
+    struct built plain, sub, light;
+    float *g0, *g1, *g2;
+    int64_t n0, n1, n2;
+    ck_assert_int_eq(build(kind, layers, MGE_REMAT_NONE, 0, &plain), MGE_OK);
+    ck_assert_int_eq(build(kind, layers, MGE_REMAT_SUBLINEAR, 0, &sub), MGE_OK);
+    ck_assert_int_eq(build(kind, layers, MGE_REMAT_LIGHT, 0, &light), MGE_OK);
+    float l0 = step(&plain, &g0, &n0), l1 = step(&sub, &g1, &n1), l2 = step(&light, &g2, &n2);
+    ck_assert_mem_eq(&l0, &l1, sizeof(float));
+    ck_assert_mem_eq(&l0, &l2, sizeof(float));
+    ck_assert_int_eq(n0, n1);
+    ck_assert_int_eq(n0, n2);
+    ck_assert_mem_eq(g0, g1, sizeof(float) * (size_t)n0);
+    ck_assert_mem_eq(g0, g2, sizeof(float) * (size_t)n0);
+    if (kind != NET_CONV) /* conv nets this small have their peak in the first layer */
+        ck_assert_msg(sub.chosen.recompute_ops > 0, "sublinear recomputed nothing");
+    ck_assert_uint_le(sub.st.activation_bytes, plain.st.activation_bytes);
+    mge_free(g0);
+    mge_free(g1);
+    mge_free(g2);
+    mge_graph_free(plain.g);
+    mge_graph_free(sub.g);
+    mge_graph_free(light.g);
+}
+END_TEST
+
+START_TEST(test_chain_memory_shrinks)
+{
+    struct built plain, sub;
+    ck_assert_int_eq(build(NET_CHAIN, 64, MGE_REMAT_NONE, 0, &plain), MGE_OK);
+    ck_assert_int_eq(build(NET_CHAIN, 64, MGE_REMAT_SUBLINEAR, 0, &sub), MGE_OK);
+    double ratio = (double)sub.st.activation_bytes / (double)plain.st.activation_bytes;
+    /* sqrt(64) segments: well under a third of the plain activations */
+    ck_assert_msg(ratio < 0.33, "sublinear keeps %.2f of the activations", ratio);
+    ck_assert_uint_eq(sub.chosen.activation_bytes, sub.st.activation_bytes);
+    ck_assert_uint_eq(plain.chosen.recompute_ops, 0);
+    ck_assert(sub.chosen.recompute_flops > 0);
+    ck_assert_uint_eq(sub.plain.activation_bytes, plain.st.activation_bytes);
+    mge_graph_free(plain.g);
+    mge_graph_free(sub.g);
+}
+END_TEST
+
+START_TEST(test_budget_picks_least_recompute)
+{
+    struct built plain, min, mid;
+    ck_assert_int_eq(build(NET_CHAIN, 64, MGE_REMAT_NONE, 0, &plain), MGE_OK);
+    ck_assert_int_eq(build(NET_CHAIN, 64, MGE_REMAT_SUBLINEAR, 0, &min), MGE_OK);
+    size_t budget = (min.st.activation_bytes + plain.st.activation_bytes) / 2;
+    ck_assert_int_eq(build(NET_CHAIN, 64, MGE_REMAT_SUBLINEAR, budget, &mid), MGE_OK);
+    ck_assert_uint_le(mid.st.activation_bytes, budget);
+    /* more room than the minimum: less recomputation than the minimum-memory plan */
+    ck_assert(mid.chosen.recompute_flops < min.chosen.recompute_flops);
+    ck_assert(mid.chosen.recompute_flops > 0);
+    mge_graph_free(plain.g);
+    mge_graph_free(min.g);
+    mge_graph_free(mid.g);
+}
+END_TEST
+
+START_TEST(test_budget_too_small)
+{
+    struct built b;
+    ck_assert_int_eq(build(NET_CHAIN, 32, MGE_REMAT_SUBLINEAR, 4096, &b), MGE_BUDGET);
+    ck_assert_ptr_nonnull(strstr(mge_graph_error_msg(b.g), "activations need at least"));
+    ck_assert_uint_gt(b.chosen.activation_bytes, 4096);
+    mge_graph_free(b.g);
+    /* no recomputation allowed: the plain plan must fit */
+    ck_assert_int_eq(build(NET_CHAIN, 32, MGE_REMAT_NONE, 4096, &b), MGE_BUDGET);
+    ck_assert_ptr_nonnull(strstr(mge_graph_error_msg(b.g), "without recomputation"));
+    mge_graph_free(b.g);
+}
+END_TEST
+
+START_TEST(test_auto_mode)
+{
+    struct built a, plain, tight;
+    ck_assert_int_eq(build(NET_CHAIN, 32, MGE_REMAT_AUTO, 0, &a), MGE_OK);
+    ck_assert_int_eq(a.chosen.mode, MGE_REMAT_NONE); /* no budget: nothing to do */
+    ck_assert_int_eq(build(NET_CHAIN, 32, MGE_REMAT_NONE, 0, &plain), MGE_OK);
+    ck_assert_int_eq(build(NET_CHAIN, 32, MGE_REMAT_AUTO, plain.st.activation_bytes * 2 / 3,
+                           &tight), MGE_OK);
+    ck_assert_int_eq(tight.chosen.mode, MGE_REMAT_SUBLINEAR);
+    ck_assert_uint_lt(tight.st.activation_bytes, plain.st.activation_bytes);
+    mge_graph_free(a.g);
+    mge_graph_free(plain.g);
+    mge_graph_free(tight.g);
+}
+END_TEST
+
+START_TEST(test_inplace_shares_storage)
+{
+    /* relu over the conv output: the conv output dies there, so they share bytes */
+    struct built b;
+    ck_assert_int_eq(build(NET_CONV, 2, MGE_REMAT_NONE, 0, &b), MGE_OK);
+    int found = 0;
+    for (int ni = 0; ni < b.g->n_forward; ni++) {
+        const struct mge_node *n = &b.g->nodes[ni];
+        if (n->op == MGE_OP_UNARY) {
+            ck_assert_ptr_eq(mge_value_data(b.g, n->out[0]), mge_value_data(b.g, n->in[0]));
+            found++;
+        }
+    }
+    ck_assert_int_eq(found, 2);
+    mge_graph_free(b.g);
+}
+END_TEST
+
+START_TEST(test_alloc_failures)
+{
+    for (long n = 0; n < 2000; n++) {
+        struct mge_graph *g = NULL;
+        int64_t xs[2] = {4, 8}, ws[2] = {8, 8}, ys[1] = {4};
+        int rc = mge_graph_new(&g);
+        ck_assert_int_eq(rc, MGE_OK);
+        int t = mge_input(g, "x", MGE_DTYPE_F32, 2, xs, 1);
+        for (int i = 0; i < 8; i++) {
+            char name[16];
+            snprintf(name, sizeof(name), "w%d", i);
+            t = mge_linear(g, t, mge_param(g, name, 2, ws, MGE_INIT_ZERO, 1), -1, MGE_ACT_FN_RELU);
+        }
+        int l = mge_cross_entropy(g, t, mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1));
+        ck_assert_int_eq(mge_graph_backward(g, l), MGE_OK);
+        mge_alloc_fail_after(n);
+        rc = mge_graph_sublinear(g, MGE_REMAT_SUBLINEAR, 0, NULL, NULL);
+        if (rc == MGE_OK)
+            rc = mge_graph_plan(g, NULL);
+        mge_alloc_fail_after(-1);
+        ck_assert(rc == MGE_OK || rc == MGE_NOMEM);
+        mge_graph_free(g);
+        if (rc == MGE_OK)
+            return;
+    }
+    ck_abort_msg("sublinear pass never succeeded with 2000 allocations");
+}
+END_TEST
+
+static Suite *sublinear_suite(void)
+{
+    Suite *s = suite_create("sublinear");
+    TCase *tc = tcase_create("identical");
+    tcase_add_loop_test(tc, test_bit_identical, NET_CHAIN, NET_BRANCHES + 1);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("plans");
+    tcase_add_test(tc, test_chain_memory_shrinks);
+    tcase_add_test(tc, test_budget_picks_least_recompute);
+    tcase_add_test(tc, test_budget_too_small);
+    tcase_add_test(tc, test_auto_mode);
+    tcase_add_test(tc, test_inplace_shares_storage);
+    tcase_add_test(tc, test_alloc_failures);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(sublinear_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
