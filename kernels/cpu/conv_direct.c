@@ -110,8 +110,11 @@ fwd_tile(const int KB, const int QB, const struct geo *g, float *out, const floa
             a[kk][j] = (vf){0} + b0;
     }
     const float *wk = wp + (size_t)(k0 / KB) * g->C * g->R * g->S * KB;
+    /* rows of the zero border add nothing: a data gradient's border is R - 1 - pad rows high */
+    int r0 = g->ph - p > 0 ? g->ph - p : 0;
+    int r1 = g->ph + g->H - p < g->R ? g->ph + g->H - p : g->R;
     for (int c = 0; c < g->C; c++)
-        for (int r = 0; r < g->R; r++) {
+        for (int r = r0; r < r1; r++) {
             const float *row = xp + ((size_t)c * g->Hp + p + r) * g->Wp + q0;
             const float *wr = wk + ((size_t)c * g->R + r) * g->S * KB;
             for (int s = 0; s < g->S; s++) {

@@ -715,9 +715,9 @@ static void check_conv_with(int backend, int N, int C, int H, int W, int K, int 
     int64_t ny = (int64_t)N * K * cv.P * cv.Q;
     /* abs tolerance grows with the number of float terms summed into one dw or dbias */
     double tol = 1e-5 * sqrt((double)N * cv.P * cv.Q) + 1e-5;
-    void *scratch = malloc(mge__conv_scratch_bytes_with(backend, &cv) + 1);
+    void *scratch = malloc(mge__conv_scratch_bytes_with(backend, &cv) + sizeof(float));
     ck_assert_ptr_nonnull(scratch);
-    scratch = (char *)scratch + 1; /* backends must not assume an aligned scratch */
+    scratch = (float *)scratch + 1; /* backends may assume float alignment, no more */
     float *x = rnd_new(nx), *w = rnd_new(nw), *b = rnd_new(K), *y = rnd_new(ny);
     float *want = rnd_new(ny), *dy = rnd_new(ny), *dx = rnd_new(nx), *dw = rnd_new(nw);
     float *db = rnd_new(K), *num = rnd_new(nx > nw ? nx : nw);
@@ -765,7 +765,7 @@ static void check_conv_with(int backend, int N, int C, int H, int W, int K, int 
     ck_assert(memcmp(rw, dw, sizeof(float) * nw) == 0);
     ck_assert(memcmp(rb, db, sizeof(float) * K) == 0);
 
-    free((char *)scratch - 1), free(x), free(w), free(b), free(y), free(want), free(dy);
+    free((float *)scratch - 1), free(x), free(w), free(b), free(y), free(want), free(dy);
     free(dx), free(dw), free(db), free(num), free(bx), free(bw), free(bb), free(ax), free(aw);
     free(ab), free(only), free(rx), free(rw), free(rb);
     mge_cpu_set_threads(old);
