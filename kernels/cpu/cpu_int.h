@@ -33,9 +33,9 @@ void mge__cpu_sgemm_with(int backend, int ta, int tb, int M, int N, int K, float
 /* Conv backends; MGE__CONV_AUTO is the default ($MGE_CONV overrides it, see conv.c). */
 enum mge__conv_backend {
     MGE__CONV_AUTO,
-    MGE__CONV_IM2COL, /* "im2col": per-image im2col + mge_cpu_sgemm; the fallback of the others */
+    MGE__CONV_IM2COL, /* "im2col": per-image im2col + mge_cpu_sgemm; the others' fallback */
     MGE__CONV_DNNL,   /* "dnnl": oneDNN convolution primitives on plain NCHW (conv_dnnl.c) */
-    MGE__CONV_DIRECT, /* "direct": vectorised direct conv, stride 1 (conv_direct.c) */
+    MGE__CONV_DIRECT, /* "direct": vectorised direct conv, stride 1 (conv_direct.c); default */
     MGE__CONV_COUNT
 };
 
