@@ -127,6 +127,10 @@ void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *
                              const float *dout, const float *inp, const float *w, void *scratch,
                              int acc);
 
+/* Name of the conv backend in use ("im2col", "dnnl", "direct"); $MGE_CONV overrides the default.
+ * Read once, at the first conv call. */
+const char *mge_cpu_conv_backend(void);
+
 struct mge_cpu_pool {
     int N, C, H, W;
     int R, S, stride, pad;

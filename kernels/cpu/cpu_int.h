@@ -30,6 +30,50 @@ void mge__cpu_sgemm_with(int backend, int ta, int tb, int M, int N, int K, float
                          const float *A, int lda, const float *B, int ldb, float beta, float *C,
                          int ldc);
 
+/* Conv backends; MGE__CONV_AUTO is the default ($MGE_CONV overrides it, see conv.c). */
+enum mge__conv_backend {
+    MGE__CONV_AUTO,
+    MGE__CONV_IM2COL, /* "im2col": per-image im2col + mge_cpu_sgemm; the others' fallback */
+    MGE__CONV_DNNL,   /* "dnnl": oneDNN convolution primitives on plain NCHW (conv_dnnl.c) */
+    MGE__CONV_DIRECT, /* "direct": vectorised direct conv, stride 1 (conv_direct.c); default */
+    MGE__CONV_COUNT
+};
+
+const char *mge__conv_backend_name(int b);
+/* mge_cpu_conv_* on a chosen backend (benchmarks, tests). A backend that cannot do @cv falls
+ * back to im2col, and the scratch size always has room for that. */
+size_t mge__conv_scratch_bytes_with(int backend, const struct mge_cpu_conv *cv);
+void mge__cpu_conv2d_forward_with(int backend, const struct mge_cpu_conv *cv, float *out,
+                                  const float *inp, const float *w, const float *bias,
+                                  void *scratch);
+void mge__cpu_conv2d_backward_with(int backend, const struct mge_cpu_conv *cv, float *dinp,
+                                   float *dw, float *dbias, const float *dout, const float *inp,
+                                   const float *w, void *scratch, int acc);
+
+/*
+ * conv_dnnl.c. Primitives are made on the first call for a geometry (cv including slots) and
+ * cached. Scratch bytes: 0 when oneDNN cannot do @cv. forward/backward: 0, or -1 with the outputs
+ * left for the caller to compute another way (nothing was added into them). Thread: any; calls on
+ * one geometry are serialised.
+ */
+size_t mge__conv_dnnl_scratch_bytes(const struct mge_cpu_conv *cv);
+int mge__conv_dnnl_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                           const float *w, const float *bias, void *scratch);
+int mge__conv_dnnl_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
+                            const float *dout, const float *inp, const float *w, void *scratch,
+                            int acc);
+
+/*
+ * conv_direct.c: stride 1, S <= 7, pad < R and pad < S only. Scratch bytes: 0 when it cannot do
+ * @cv; forward/backward: 0, or -1 (not this shape) with the outputs untouched.
+ */
+size_t mge__conv_direct_scratch_bytes(const struct mge_cpu_conv *cv);
+int mge__conv_direct_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                             const float *w, const float *bias, void *scratch);
+int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
+                              const float *dout, const float *inp, const float *w, void *scratch,
+                              int acc);
+
 #ifdef __cplusplus
 }
 #endif

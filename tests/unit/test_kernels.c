@@ -647,22 +647,64 @@ static void conv_naive(const struct mge_cpu_conv *cv, float *out, const float *x
                 }
 }
 
+/* dx, dw, db = the backward of conv_naive, accumulated in double (overwrites). */
+static void conv_naive_backward(const struct mge_cpu_conv *cv, float *dx, float *dw, float *db,
+                                const float *dy, const float *x, const float *w)
+{
+    int64_t nx = (int64_t)cv->N * cv->C * cv->H * cv->W,
+            nw = (int64_t)cv->K * cv->C * cv->R * cv->S;
+    double *gx = calloc((size_t)nx, sizeof(double)), *gw = calloc((size_t)nw, sizeof(double));
+    double *gb = calloc((size_t)cv->K, sizeof(double));
+    ck_assert(gx && gw && gb);
+    for (int n = 0; n < cv->N; n++)
+        for (int k = 0; k < cv->K; k++)
+            for (int p = 0; p < cv->P; p++)
+                for (int q = 0; q < cv->Q; q++) {
+                    double d = dy[((n * cv->K + k) * cv->P + p) * cv->Q + q];
+                    gb[k] += d;
+                    for (int c = 0; c < cv->C; c++)
+                        for (int r = 0; r < cv->R; r++)
+                            for (int t = 0; t < cv->S; t++) {
+                                int h = p * cv->stride - cv->pad + r;
+                                int ww = q * cv->stride - cv->pad + t;
+                                if (h < 0 || h >= cv->H || ww < 0 || ww >= cv->W)
+                                    continue;
+                                int xi = ((n * cv->C + c) * cv->H + h) * cv->W + ww;
+                                int wi = ((k * cv->C + c) * cv->R + r) * cv->S + t;
+                                gx[xi] += d * w[wi];
+                                gw[wi] += d * x[xi];
+                            }
+                }
+    for (int64_t i = 0; i < nx; i++)
+        dx[i] = (float)gx[i];
+    for (int64_t i = 0; i < nw; i++)
+        dw[i] = (float)gw[i];
+    for (int k = 0; k < cv->K; k++)
+        db[k] = (float)gb[k];
+    free(gx), free(gw), free(gb);
+}
+
 struct conv_ctx {
     const struct mge_cpu_conv *cv;
     const float *x, *w, *b;
     void *scratch;
     int wrt; /* 0 x, 1 w, 2 b */
+    int backend;
 };
 
 static void conv_fwd(void *v, float *out, const float *p)
 {
     struct conv_ctx *c = v;
-    mge_cpu_conv2d_forward(c->cv, out, c->wrt == 0 ? p : c->x, c->wrt == 1 ? p : c->w,
-                           c->wrt == 2 ? p : c->b, c->scratch);
+    mge__cpu_conv2d_forward_with(c->backend, c->cv, out, c->wrt == 0 ? p : c->x,
+                                 c->wrt == 1 ? p : c->w, c->wrt == 2 ? p : c->b, c->scratch);
 }
 
-static void check_conv(int N, int C, int H, int W, int K, int R, int S, int stride, int pad,
-                       int threads)
+/*
+ * One conv shape on one backend and thread count: forward against conv_naive, backward against
+ * conv_naive_backward (and finite differences when @fd), acc, each output alone, determinism.
+ */
+static void check_conv_with(int backend, int N, int C, int H, int W, int K, int R, int S,
+                            int stride, int pad, int threads, int fd)
 {
     int old = mge_cpu_threads();
     mge_cpu_set_threads(threads);
@@ -671,58 +713,100 @@ static void check_conv(int N, int C, int H, int W, int K, int R, int S, int stri
     ck_assert_int_eq(cv.P, (H + 2 * pad - R) / stride + 1);
     int64_t nx = (int64_t)N * C * H * W, nw = (int64_t)K * C * R * S;
     int64_t ny = (int64_t)N * K * cv.P * cv.Q;
-    void *scratch = malloc(mge_cpu_conv_scratch_bytes(&cv) + 1);
+    /* abs tolerance grows with the number of float terms summed into one dw or dbias */
+    double tol = 1e-5 * sqrt((double)N * cv.P * cv.Q) + 1e-5;
+    void *scratch = malloc(mge__conv_scratch_bytes_with(backend, &cv) + sizeof(float));
     ck_assert_ptr_nonnull(scratch);
+    scratch = (float *)scratch + 1; /* backends may assume float alignment, no more */
     float *x = rnd_new(nx), *w = rnd_new(nw), *b = rnd_new(K), *y = rnd_new(ny);
     float *want = rnd_new(ny), *dy = rnd_new(ny), *dx = rnd_new(nx), *dw = rnd_new(nw);
     float *db = rnd_new(K), *num = rnd_new(nx > nw ? nx : nw);
-    mge_cpu_conv2d_forward(&cv, y, x, w, b, scratch);
+    float *rx = rnd_new(nx), *rw = rnd_new(nw), *rb = rnd_new(K);
+    mge__cpu_conv2d_forward_with(backend, &cv, y, x, w, b, scratch);
     conv_naive(&cv, want, x, w, b);
     assert_close("conv forward", y, want, ny, 1e-4, 1e-5);
-    mge_cpu_conv2d_forward(&cv, y, x, w, NULL, scratch);
+    mge__cpu_conv2d_forward_with(backend, &cv, y, x, w, NULL, scratch);
     conv_naive(&cv, want, x, w, NULL);
     assert_close("conv forward, no bias", y, want, ny, 1e-4, 1e-5);
 
-    mge_cpu_conv2d_backward(&cv, dx, dw, db, dy, x, w, scratch, 0);
-    struct conv_ctx c = {&cv, x, w, b, scratch, 0};
-    fd_grad(conv_fwd, &c, x, nx, ny, dy, num);
-    assert_close("conv dinp vs FD", dx, num, nx, FD_REL, FD_ABS);
-    c.wrt = 1;
-    fd_grad(conv_fwd, &c, w, nw, ny, dy, num);
-    assert_close("conv dw vs FD", dw, num, nw, FD_REL, FD_ABS);
-    c.wrt = 2;
-    fd_grad(conv_fwd, &c, b, K, ny, dy, num);
-    assert_close("conv dbias vs FD", db, num, K, FD_REL, FD_ABS);
+    mge__cpu_conv2d_backward_with(backend, &cv, dx, dw, db, dy, x, w, scratch, 0);
+    conv_naive_backward(&cv, rx, rw, rb, dy, x, w);
+    assert_close("conv dinp", dx, rx, nx, 1e-4, 1e-5 * K * R * S);
+    assert_close("conv dw", dw, rw, nw, 1e-4, tol);
+    assert_close("conv dbias", db, rb, K, 1e-4, tol);
+    if (fd) {
+        struct conv_ctx c = {&cv, x, w, b, scratch, 0, backend};
+        fd_grad(conv_fwd, &c, x, nx, ny, dy, num);
+        assert_close("conv dinp vs FD", dx, num, nx, FD_REL, FD_ABS);
+        c.wrt = 1;
+        fd_grad(conv_fwd, &c, w, nw, ny, dy, num);
+        assert_close("conv dw vs FD", dw, num, nw, FD_REL, FD_ABS);
+        c.wrt = 2;
+        fd_grad(conv_fwd, &c, b, K, ny, dy, num);
+        assert_close("conv dbias vs FD", db, num, K, FD_REL, FD_ABS);
+    }
 
-    /* acc, and each output on its own (the others NULL) */
+    /* acc, each output on its own (the others NULL), and a second run bit-identical */
     float *bx = rnd_new(nx), *bw = rnd_new(nw), *bb = rnd_new(K);
     float *ax = copy_new(bx, nx), *aw = copy_new(bw, nw), *ab = copy_new(bb, K);
-    mge_cpu_conv2d_backward(&cv, ax, aw, ab, dy, x, w, scratch, 1);
+    mge__cpu_conv2d_backward_with(backend, &cv, ax, aw, ab, dy, x, w, scratch, 1);
     assert_acc("conv dinp", ax, bx, dx, nx);
     assert_acc("conv dw", aw, bw, dw, nw);
     assert_acc("conv dbias", ab, bb, db, K);
     float *only = rnd_new(nx > nw ? nx : nw);
-    mge_cpu_conv2d_backward(&cv, only, NULL, NULL, dy, x, w, scratch, 0);
+    mge__cpu_conv2d_backward_with(backend, &cv, only, NULL, NULL, dy, x, w, scratch, 0);
     ck_assert(memcmp(only, dx, sizeof(float) * nx) == 0);
-    mge_cpu_conv2d_backward(&cv, NULL, only, NULL, dy, x, w, scratch, 0);
+    mge__cpu_conv2d_backward_with(backend, &cv, NULL, only, NULL, dy, x, w, scratch, 0);
     ck_assert(memcmp(only, dw, sizeof(float) * nw) == 0);
-    mge_cpu_conv2d_backward(&cv, NULL, NULL, only, dy, x, w, scratch, 0);
+    mge__cpu_conv2d_backward_with(backend, &cv, NULL, NULL, only, dy, x, w, scratch, 0);
     ck_assert(memcmp(only, db, sizeof(float) * K) == 0);
+    mge__cpu_conv2d_backward_with(backend, &cv, rx, rw, rb, dy, x, w, scratch, 0);
+    ck_assert(memcmp(rx, dx, sizeof(float) * nx) == 0);
+    ck_assert(memcmp(rw, dw, sizeof(float) * nw) == 0);
+    ck_assert(memcmp(rb, db, sizeof(float) * K) == 0);
 
-    free(scratch), free(x), free(w), free(b), free(y), free(want), free(dy), free(dx), free(dw);
-    free(db), free(num), free(bx), free(bw), free(bb), free(ax), free(aw), free(ab), free(only);
+    free((float *)scratch - 1), free(x), free(w), free(b), free(y), free(want), free(dy);
+    free(dx), free(dw), free(db), free(num), free(bx), free(bw), free(bb), free(ax), free(aw);
+    free(ab), free(only), free(rx), free(rw), free(rb);
     mge_cpu_set_threads(old);
+}
+
+static const int conv_backends[] = {MGE__CONV_IM2COL, MGE__CONV_DNNL, MGE__CONV_DIRECT};
+#define N_CONV_BACKENDS (int)(sizeof(conv_backends) / sizeof(conv_backends[0]))
+
+static void check_conv(int N, int C, int H, int W, int K, int R, int S, int stride, int pad,
+                       int threads)
+{
+    for (int i = 0; i < N_CONV_BACKENDS; i++)
+        check_conv_with(conv_backends[i], N, C, H, W, K, R, S, stride, pad, threads, 1);
 }
 
 START_TEST(test_conv_stride_pad)
 {
     rng_state = 12;
     for (int t = 1; t <= 2; t++) {
-        check_conv(3, 2, 7, 6, 4, 3, 3, 2, 1, t); /* stride 2, padding 1, odd sizes */
-        check_conv(2, 1, 8, 8, 3, 5, 5, 1, 2, t); /* LeNet conv1-like: 5x5, pad 2 */
-        check_conv(3, 3, 5, 5, 2, 1, 1, 1, 0, t); /* pointwise: no im2col */
-        check_conv(2, 2, 6, 7, 3, 2, 3, 3, 0, t); /* R != S, stride 3 */
+        check_conv(3, 2, 7, 6, 4, 3, 3, 2, 1, t);  /* stride 2, padding 1, odd sizes */
+        check_conv(2, 1, 8, 8, 3, 5, 5, 1, 2, t);  /* LeNet conv1-like: C = 1, 5x5, pad 2 */
+        check_conv(3, 3, 5, 5, 2, 1, 1, 1, 0, t);  /* pointwise: no im2col */
+        check_conv(2, 2, 6, 7, 3, 2, 3, 3, 0, t);  /* R != S, stride 3 */
+        check_conv(1, 2, 5, 37, 5, 3, 3, 1, 1, t); /* N = 1, Q = 37: three vectors per row */
+        check_conv(2, 2, 6, 6, 17, 3, 2, 1, 0, t); /* K = 17: a partial channel block, R != S */
+        check_conv(2, 2, 9, 9, 3, 7, 7, 1, 3, t);  /* widest direct kernel */
+        check_conv(2, 1, 4, 4, 2, 3, 3, 1, 3, t);  /* pad >= R: direct falls back */
+        check_conv(2, 2, 5, 5, 3, 3, 9, 1, 4, t);  /* S > 7: direct falls back */
     }
+}
+END_TEST
+
+START_TEST(test_conv_lenet_batch)
+{
+    /* LeNet-5's convs at batch 128: every backend against the plain reference (no FD: slow) */
+    rng_state = 14;
+    for (int t = 1; t <= 2; t++)
+        for (int i = 0; i < N_CONV_BACKENDS; i++) {
+            check_conv_with(conv_backends[i], 128, 1, 28, 28, 6, 5, 5, 1, 2, t, 0);
+            check_conv_with(conv_backends[i], 128, 6, 14, 14, 16, 5, 5, 1, 0, t, 0);
+        }
 }
 END_TEST
 
@@ -1095,8 +1179,9 @@ static Suite *kernels_suite(void)
     suite_add_tcase(s, tc);
 
     tc = tcase_create("conv");
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_conv_stride_pad);
+    tcase_add_test(tc, test_conv_lenet_batch);
     tcase_add_test(tc, test_conv_init_invalid);
     tcase_add_test(tc, test_conv_lenet_deterministic);
     suite_add_tcase(s, tc);

@@ -1,0 +1,410 @@
+/*
+ * conv_direct.c: direct stride-1 convolution for small channel counts (LeNet-sized), vectorised
+ * over output columns with GCC vector extensions. No im2col matrix: each image is copied into a
+ * zero-bordered buffer and every tap is one unaligned vector load reused across a block of output
+ * channels. dinp is the same kernel run on dout with flipped, transposed weights; dw keeps one
+ * vector accumulator per (channel, tap column) and sums lanes at the end. conv.c calls it and
+ * falls back to im2col for shapes it does not take (stride > 1, S > 7, pad >= R or S).
+ */
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_int.h"
+
+#define V 16 /* lanes per vector */
+typedef float vf __attribute__((vector_size(V * sizeof(float))));
+
+#define KBW 4   /* output channels per dw block */
+#define MAX_S 7 /* widest kernel the dw blocks take (KBW * MAX_S accumulators) */
+
+/* One direct conv: input (C, H, W) padded by ph, pw into (C, Hp, Wp); output (K, P, Q). */
+struct geo {
+    int C, H, W, ph, pw;
+    int K, R, S, P, Q;
+    int Hp, Wp;
+    int QV;     /* vectors per output row: ceil(Q / V) */
+    int KB, Kp; /* output channels per block (weights are packed by it), K rounded up to KB */
+};
+
+static vf ld(const float *p)
+{
+    vf v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static int kb_pick(int K, int QV)
+{
+    static const int cands[] = {16, 8, 6, 4};
+    int best = 4, waste = 1 << 30;
+    for (int i = QV == 1 ? 0 : 1; i < 4; i++) { /* 16 x 2 vectors would spill */
+        int w = (K + cands[i] - 1) / cands[i] * cands[i] - K;
+        if (w < waste)
+            best = cands[i], waste = w;
+    }
+    return best;
+}
+
+static void geo_init(struct geo *g, int C, int H, int W, int ph, int pw, int K, int R, int S)
+{
+    g->C = C, g->H = H, g->W = W, g->ph = ph, g->pw = pw, g->K = K, g->R = R, g->S = S;
+    g->P = H + 2 * ph - R + 1;
+    g->Q = W + 2 * pw - S + 1;
+    g->QV = (g->Q + V - 1) / V;
+    g->Hp = H + 2 * ph;
+    /* loads run to column QV * V + S - 2 (tile tails) and dw reads KBW-padded taps */
+    int need = g->QV * V + S - 1;
+    g->Wp = W + 2 * pw > need ? W + 2 * pw : need;
+    g->KB = kb_pick(K, g->QV);
+    g->Kp = (K + g->KB - 1) / g->KB * g->KB;
+}
+
+static size_t padded_floats(const struct geo *g)
+{
+    return (size_t)g->C * g->Hp * g->Wp;
+}
+
+/* Interior of the padded buffer from one image; the border stays as zeroed once per call. */
+static void pad_copy(const struct geo *g, float *restrict xp, const float *restrict x)
+{
+    for (int c = 0; c < g->C; c++)
+        for (int h = 0; h < g->H; h++)
+            memcpy(xp + ((size_t)c * g->Hp + h + g->ph) * g->Wp + g->pw,
+                   x + ((size_t)c * g->H + h) * g->W, (size_t)g->W * sizeof(float));
+}
+
+/*
+ * Pack weights for the forward kernel: wp[kb][c][r][s][KB] from w[k][c][r][s] (flip: from
+ * w[c][k][R-1-r][S-1-s], the transposed, rotated kernel of the data gradient), zeros for k >= K.
+ */
+static void pack_weights(const struct geo *g, float *restrict wp, const float *restrict w, int flip)
+{
+    int C = g->C, R = g->R, S = g->S, KB = g->KB;
+    for (int k = 0; k < g->Kp; k++)
+        for (int c = 0; c < C; c++)
+            for (int r = 0; r < R; r++)
+                for (int s = 0; s < S; s++) {
+                    float v = 0.0f;
+                    if (k < g->K)
+                        v = flip ? w[(((size_t)c * g->K + k) * R + R - 1 - r) * S + S - 1 - s]
+                                 : w[(((size_t)k * C + c) * R + r) * S + s];
+                    wp[((((size_t)(k / KB) * C + c) * R + r) * S + s) * KB + k % KB] = v;
+                }
+}
+
+/*
+ * Output rows p, columns [q0, q0 + QB * V) of channels [k0, k0 + KB): sum over c, r, s of
+ * xp[c][p + r][q + s] * w[k][c][r][s]. KB and QB are constants at every call, so the
+ * accumulators live in registers once the loops are unrolled.
+ */
+static inline __attribute__((always_inline)) void
+fwd_tile(const int KB, const int QB, const struct geo *g, float *out, const float *xp,
+         const float *wp, const float *bias, int k0, int p, int q0, int acc)
+{
+    vf a[16][2];
+#pragma GCC unroll 16
+    for (int kk = 0; kk < KB; kk++) {
+        float b0 = bias && k0 + kk < g->K ? bias[k0 + kk] : 0.0f;
+#pragma GCC unroll 2
+        for (int j = 0; j < QB; j++)
+            a[kk][j] = (vf){0} + b0;
+    }
+    const float *wk = wp + (size_t)(k0 / KB) * g->C * g->R * g->S * KB;
+    /* rows of the zero border add nothing: a data gradient's border is R - 1 - pad rows high */
+    int r0 = g->ph - p > 0 ? g->ph - p : 0;
+    int r1 = g->ph + g->H - p < g->R ? g->ph + g->H - p : g->R;
+    for (int c = 0; c < g->C; c++)
+        for (int r = r0; r < r1; r++) {
+            const float *row = xp + ((size_t)c * g->Hp + p + r) * g->Wp + q0;
+            const float *wr = wk + ((size_t)c * g->R + r) * g->S * KB;
+            for (int s = 0; s < g->S; s++) {
+                vf x[2];
+#pragma GCC unroll 2
+                for (int j = 0; j < QB; j++)
+                    x[j] = ld(row + s + j * V);
+                const float *wv = wr + (size_t)s * KB;
+#pragma GCC unroll 16
+                for (int kk = 0; kk < KB; kk++)
+#pragma GCC unroll 2
+                    for (int j = 0; j < QB; j++)
+                        a[kk][j] += x[j] * wv[kk];
+            }
+        }
+#pragma GCC unroll 16
+    for (int kk = 0; kk < KB; kk++) {
+        if (k0 + kk >= g->K)
+            break;
+#pragma GCC unroll 2
+        for (int j = 0; j < QB; j++) {
+            int q = q0 + j * V, n = g->Q - q < V ? g->Q - q : V;
+            float *o = out + ((size_t)(k0 + kk) * g->P + p) * g->Q + q;
+            vf v = a[kk][j]; /* a copy: no address of @a escapes, so it stays in registers */
+            if (n == V) {
+                if (acc)
+                    v += ld(o);
+                memcpy(o, &v, sizeof(v));
+                continue;
+            }
+            float t[V];
+            memcpy(t, &v, sizeof(t));
+            for (int i = 0; i < n; i++) /* a loop: memcpy of a variable size is a libc call */
+                o[i] = acc ? o[i] + t[i] : t[i];
+        }
+    }
+}
+
+#define TILE(KB_, QB_)                                                                             \
+    case KB_ * 4 + QB_:                                                                            \
+        fwd_tile(KB_, QB_, g, out, xp, wp, bias, k0, p, q0, acc);                                  \
+        break
+
+/* One image: out (K, P, Q) (+)= conv(xp) + bias (may be NULL). */
+static void fwd_image(const struct geo *g, float *out, const float *xp, const float *wp,
+                      const float *bias, int acc)
+{
+    for (int p = 0; p < g->P; p++)
+        for (int k0 = 0; k0 < g->Kp; k0 += g->KB)
+            for (int q0 = 0; q0 < g->Q; q0 += 2 * V) {
+                int QB = g->Q - q0 > V ? 2 : 1;
+                switch (g->KB * 4 + QB) {
+                    TILE(4, 1);
+                    TILE(4, 2);
+                    TILE(6, 1);
+                    TILE(6, 2);
+                    TILE(8, 1);
+                    TILE(8, 2);
+                    TILE(16, 1);
+                default: /* kb_pick never gives 16 with two vectors */
+                    break;
+                }
+            }
+}
+
+/*
+ * dw block: dwv[k][c][r][s][lane] += sum over p, and q of that lane, of
+ * dyp[k][p][q] * xp[c][p + r][q + s] for k in [k0, k0 + KBW). dyp rows are QV * V wide with zeros
+ * past Q, so the lanes past the output's edge add nothing.
+ */
+static inline __attribute__((always_inline)) void
+dw_block(const int S, const struct geo *g, float *dwv, const float *xp, const float *dyp, int k0)
+{
+    int QW = g->QV * V;
+    for (int c = 0; c < g->C; c++)
+        for (int r = 0; r < g->R; r++) {
+            vf a[KBW][MAX_S];
+#pragma GCC unroll 4
+            for (int kk = 0; kk < KBW; kk++)
+#pragma GCC unroll 7
+                for (int s = 0; s < S; s++)
+                    a[kk][s] = (vf){0};
+            for (int p = 0; p < g->P; p++) {
+                const float *row = xp + ((size_t)c * g->Hp + p + r) * g->Wp;
+                const float *drow = dyp + ((size_t)k0 * g->P + p) * QW;
+                for (int j = 0; j < QW; j += V) {
+                    vf x[MAX_S], d[KBW];
+#pragma GCC unroll 7
+                    for (int s = 0; s < S; s++)
+                        x[s] = ld(row + j + s);
+#pragma GCC unroll 4
+                    for (int kk = 0; kk < KBW; kk++)
+                        d[kk] = ld(drow + (size_t)kk * g->P * QW + j);
+#pragma GCC unroll 4
+                    for (int kk = 0; kk < KBW; kk++)
+#pragma GCC unroll 7
+                        for (int s = 0; s < S; s++)
+                            a[kk][s] += d[kk] * x[s];
+                }
+            }
+            /* lanes are summed once per call, not per image: a horizontal sum costs more
+             * than this whole block on small images */
+            for (int kk = 0; kk < KBW && k0 + kk < g->K; kk++)
+                for (int s = 0; s < S; s++) {
+                    float *o = dwv + ((((size_t)(k0 + kk) * g->C + c) * g->R + r) * S + s) * V;
+                    vf v = a[kk][s] + ld(o);
+                    memcpy(o, &v, sizeof(v));
+                }
+        }
+}
+
+#define DWB(S_)                                                                                    \
+    case S_:                                                                                       \
+        dw_block(S_, g, dwv, xp, dyp, k0);                                                         \
+        break
+
+static void dw_image(const struct geo *g, float *dwv, const float *xp, const float *dyp)
+{
+    for (int k0 = 0; k0 < g->K; k0 += KBW)
+        switch (g->S) {
+            DWB(1);
+            DWB(2);
+            DWB(3);
+            DWB(4);
+            DWB(5);
+            DWB(6);
+            DWB(7);
+        default: /* mge__conv_direct_ok() keeps S <= MAX_S */
+            break;
+        }
+}
+
+/* ---- plans: the two geometries of one conv, and where scratch goes ------------------------ */
+
+struct plan {
+    struct geo f; /* forward and dw: inp padded by pad */
+    struct geo d; /* dinp: dout padded by R-1-pad, S-1-pad, flipped weights */
+    int Kw;       /* K rounded up to KBW (dw's padded dout rows) */
+    int slots;
+    /* float offsets in scratch: shared packed weights; per slot (stride @slot) the padded input,
+     * padded dout for dw, padded dout for dinp, dw (by lane) and dbias partials */
+    size_t wpk, slot0, slot, xp, dyp, dxp, dw, db, total;
+};
+
+static size_t up16(size_t n)
+{
+    return (n + 15) / 16 * 16;
+}
+
+static int plan_init(struct plan *pl, const struct mge_cpu_conv *cv)
+{
+    if (cv->stride != 1 || cv->S > MAX_S || cv->pad > cv->R - 1 || cv->pad > cv->S - 1)
+        return -1;
+    geo_init(&pl->f, cv->C, cv->H, cv->W, cv->pad, cv->pad, cv->K, cv->R, cv->S);
+    geo_init(&pl->d, cv->K, cv->P, cv->Q, cv->R - 1 - cv->pad, cv->S - 1 - cv->pad, cv->C, cv->R,
+             cv->S);
+    if (pl->f.P != cv->P || pl->f.Q != cv->Q || pl->d.P != cv->H || pl->d.Q != cv->W)
+        return -1;
+    pl->Kw = (cv->K + KBW - 1) / KBW * KBW;
+    pl->slots = cv->slots > 0 ? cv->slots : 1;
+    size_t crs = (size_t)cv->C * cv->R * cv->S, krs = (size_t)cv->K * cv->R * cv->S;
+    size_t wf = (size_t)pl->f.Kp * crs, wd = (size_t)pl->d.Kp * krs;
+    pl->wpk = 0;
+    pl->slot0 = up16(wf > wd ? wf : wd);
+    pl->xp = 0;
+    pl->dyp = pl->xp + up16(padded_floats(&pl->f));
+    pl->dxp = pl->dyp + up16((size_t)pl->Kw * cv->P * pl->f.QV * V);
+    pl->dw = pl->dxp + up16(padded_floats(&pl->d));
+    pl->db = pl->dw + (size_t)cv->K * crs * V;
+    pl->slot = pl->db + up16((size_t)cv->K);
+    pl->total = pl->slot0 + (size_t)pl->slots * pl->slot;
+    return 0;
+}
+
+size_t mge__conv_direct_scratch_bytes(const struct mge_cpu_conv *cv)
+{
+    struct plan pl;
+    return plan_init(&pl, cv) == 0 ? pl.total * sizeof(float) + 64 : 0;
+}
+
+static float *aligned(void *scratch)
+{
+    return (float *)(((uintptr_t)scratch + 63) / 64 * 64);
+}
+
+static int threads_for(const struct plan *pl, int N)
+{
+    int t = mge_cpu_threads(), s = pl->slots < N ? pl->slots : N;
+    return t < s ? t : s;
+}
+
+int mge__conv_direct_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                             const float *w, const float *bias, void *scratch)
+{
+    struct plan pl;
+    if (plan_init(&pl, cv) != 0)
+        return -1;
+    float *base = aligned(scratch);
+    const struct geo *g = &pl.f;
+    pack_weights(g, base + pl.wpk, w, 0);
+    size_t CHW = (size_t)cv->C * cv->H * cv->W, KPQ = (size_t)cv->K * cv->P * cv->Q;
+    int nt = threads_for(&pl, cv->N);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *xp = base + pl.slot0 + (size_t)omp_get_thread_num() * pl.slot + pl.xp;
+        memset(xp, 0, padded_floats(g) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int n = 0; n < cv->N; n++) {
+            pad_copy(g, xp, inp + (size_t)n * CHW);
+            fwd_image(g, out + (size_t)n * KPQ, xp, base + pl.wpk, bias, 0);
+        }
+    }
+    return 0;
+}
+
+/*
+ * Each slot sums its images' dw and dbias in image order into its own partial; the partials are
+ * added in slot order, so results depend on the slot count only, never on timing.
+ */
+int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
+                              const float *dout, const float *inp, const float *w, void *scratch,
+                              int acc)
+{
+    struct plan pl;
+    if (plan_init(&pl, cv) != 0)
+        return -1;
+    float *base = aligned(scratch);
+    const struct geo *f = &pl.f, *d = &pl.d;
+    if (dinp)
+        pack_weights(d, base + pl.wpk, w, 1);
+    size_t CHW = (size_t)cv->C * cv->H * cv->W, PQ = (size_t)cv->P * cv->Q;
+    size_t KPQ = (size_t)cv->K * PQ, nw = (size_t)cv->K * cv->C * cv->R * cv->S;
+    int QW = f->QV * V, nt = threads_for(&pl, cv->N);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *sl = base + pl.slot0 + (size_t)omp_get_thread_num() * pl.slot;
+        float *xp = sl + pl.xp, *dyp = sl + pl.dyp, *dxp = sl + pl.dxp;
+        float *dwp = sl + pl.dw, *dbp = sl + pl.db;
+        if (dw) {
+            memset(xp, 0, padded_floats(f) * sizeof(float));
+            memset(dyp, 0, (size_t)pl.Kw * cv->P * QW * sizeof(float));
+            memset(dwp, 0, nw * V * sizeof(float));
+        }
+        if (dinp)
+            memset(dxp, 0, padded_floats(d) * sizeof(float));
+        if (dbias)
+            memset(dbp, 0, (size_t)cv->K * sizeof(float));
+#pragma omp for schedule(static)
+        for (int n = 0; n < cv->N; n++) {
+            const float *dy = dout + (size_t)n * KPQ;
+            if (dbias)
+                for (int k = 0; k < cv->K; k++) {
+                    float s = 0.0f;
+                    for (size_t i = 0; i < PQ; i++)
+                        s += dy[(size_t)k * PQ + i];
+                    dbp[k] += s;
+                }
+            if (dw) {
+                pad_copy(f, xp, inp + (size_t)n * CHW);
+                for (int k = 0; k < cv->K; k++)
+                    for (int p = 0; p < cv->P; p++)
+                        memcpy(dyp + ((size_t)k * cv->P + p) * QW,
+                               dy + (size_t)k * PQ + (size_t)p * cv->Q,
+                               (size_t)cv->Q * sizeof(float));
+                dw_image(f, dwp, xp, dyp);
+            }
+            if (dinp) {
+                pad_copy(d, dxp, dy);
+                fwd_image(d, dinp + (size_t)n * CHW, dxp, base + pl.wpk, NULL, acc);
+            }
+        }
+        /* implicit barrier: all partials complete */
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < nw + (size_t)cv->K; i++) {
+            int is_b = i >= nw;
+            float *dst = is_b ? dbias : dw;
+            size_t j = is_b ? i - nw : i;
+            if (!dst)
+                continue;
+            float s = acc ? dst[j] : 0.0f;
+            for (int u = 0; u < omp_get_num_threads(); u++) {
+                const float *ub = base + pl.slot0 + (size_t)u * pl.slot;
+                if (is_b)
+                    s += ub[pl.db + j];
+                else
+                    for (int l = 0; l < V; l++)
+                        s += ub[pl.dw + j * V + l];
+            }
+            dst[j] = s;
+        }
+    }
+    return 0;
+}

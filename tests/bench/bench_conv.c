@@ -1,0 +1,128 @@
+/* bench_conv.c: ms per call of each conv backend on LeNet-5's convs at batch 128, 1 and 2 threads.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cpu/cpu_int.h"
+
+struct shape {
+    const char *name;
+    int C, H, W, K, R, S, stride, pad;
+    int want_dx; /* LeNet's conv1 reads the data: no dinp wanted */
+};
+
+static const struct shape shapes[] = {
+    {"conv1 1x28x28->6 5x5 p2", 1, 28, 28, 6, 5, 5, 1, 2, 0},
+    {"conv2 6x14x14->16 5x5", 6, 14, 14, 16, 5, 5, 1, 0, 1},
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+struct bufs {
+    float *x, *w, *b, *y, *dy, *dx, *dw, *db;
+    void *scratch;
+};
+
+static void call(int backend, int bwd, const struct mge_cpu_conv *cv, const struct bufs *B,
+                 int want_dx)
+{
+    if (bwd)
+        mge__cpu_conv2d_backward_with(backend, cv, want_dx ? B->dx : NULL, B->dw, B->db, B->dy,
+                                      B->x, B->w, B->scratch, 0);
+    else
+        mge__cpu_conv2d_forward_with(backend, cv, B->y, B->x, B->w, B->b, B->scratch);
+}
+
+/* Median ms per call over 9 samples of about 30 ms each (after one warm-up call). */
+static double measure(int backend, int bwd, const struct mge_cpu_conv *cv, const struct bufs *B,
+                      int want_dx)
+{
+    call(backend, bwd, cv, B, want_dx);
+    int reps = 1;
+    for (;;) {
+        double t0 = now();
+        for (int r = 0; r < reps; r++)
+            call(backend, bwd, cv, B, want_dx);
+        if (now() - t0 > 0.03)
+            break;
+        reps *= 2;
+    }
+    double ms[9];
+    for (int i = 0; i < 9; i++) {
+        double t0 = now();
+        for (int r = 0; r < reps; r++)
+            call(backend, bwd, cv, B, want_dx);
+        ms[i] = (now() - t0) * 1e3 / reps;
+    }
+    qsort(ms, 9, sizeof(ms[0]), cmp_double);
+    return ms[4];
+}
+
+static float *rnd(size_t n)
+{
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)rand() / RAND_MAX - 0.5f;
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    int N = argc > 1 ? atoi(argv[1]) : 128;
+    static const int backends[] = {MGE__CONV_IM2COL, MGE__CONV_DNNL, MGE__CONV_DIRECT};
+    int nb = (int)(sizeof(backends) / sizeof(backends[0]));
+    printf("conv ms per call, batch %d (median of 9); default backend: %s\n", N,
+           mge_cpu_conv_backend());
+    printf("%-26s %-4s %3s", "shape", "pass", "thr");
+    for (int b = 0; b < nb; b++)
+        printf(" %10s", mge__conv_backend_name(backends[b]));
+    printf("\n");
+    double total[2][8] = {{0}};
+    for (int t = 1; t <= 2; t++) {
+        mge_cpu_set_threads(t);
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+            const struct shape *s = &shapes[i];
+            struct mge_cpu_conv cv = {N,    s->C,      s->H,   s->W, s->K, s->R,
+                                      s->S, s->stride, s->pad, 0,    0,    0};
+            if (mge_cpu_conv_init(&cv) != 0)
+                return 1;
+            size_t nx = (size_t)N * s->C * s->H * s->W, nw = (size_t)s->K * s->C * s->R * s->S;
+            size_t ny = (size_t)N * s->K * cv.P * cv.Q, sb = 0;
+            for (int b = 0; b < nb; b++) {
+                size_t z = mge__conv_scratch_bytes_with(backends[b], &cv);
+                sb = z > sb ? z : sb;
+            }
+            struct bufs B = {rnd(nx), rnd(nw), rnd(s->K), rnd(ny),   rnd(ny),
+                             rnd(nx), rnd(nw), rnd(s->K), malloc(sb)};
+            for (int bwd = 0; bwd <= 1; bwd++) {
+                printf("%-26s %-4s %3d", s->name, bwd ? "bwd" : "fwd", t);
+                for (int b = 0; b < nb; b++) {
+                    double ms = measure(backends[b], bwd, &cv, &B, s->want_dx);
+                    total[t - 1][b] += ms;
+                    printf(" %10.3f", ms);
+                }
+                printf("\n");
+            }
+            free(B.x), free(B.w), free(B.b), free(B.y), free(B.dy), free(B.dx), free(B.dw);
+            free(B.db), free(B.scratch);
+        }
+        printf("%-26s %-4s %3d", "LeNet convs per step", "all", t);
+        for (int b = 0; b < nb; b++)
+            printf(" %10.3f", total[t - 1][b]);
+        printf("\n");
+    }
+    return 0;
+}

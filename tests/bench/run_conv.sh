@@ -1,0 +1,19 @@
+#!/bin/sh
+# run_conv.sh: build and run the conv backend benchmark (LeNet shapes); "busy" as $2 adds one
+# spinning process; $3 is the batch size (default 128).
+#   sh tests/bench/run_conv.sh [build] [busy] [batch]
+set -e
+BUILD=${1:-build}
+make --no-print-directory BUILD="$BUILD" "$BUILD/lib/libmgekernels.a"
+cc -std=c11 -D_GNU_SOURCE -O2 -march=native -fopenmp -I. tests/bench/bench_conv.c \
+    "$BUILD/lib/libmgekernels.a" -o "$BUILD/bench_conv" \
+    $(pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -ldnnl -lm
+unset OPENBLAS_CORETYPE
+if [ "$2" = busy ]; then
+    sh -c 'while :; do :; done' &
+    spinner=$!
+    trap 'kill $spinner' EXIT
+    echo "(one busy spinner running)"
+fi
+cat /proc/loadavg
+"$BUILD/bench_conv" ${3:-128}
