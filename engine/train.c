@@ -30,6 +30,34 @@ static double now_sec(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), or -1. */
+static long proc_status_bytes(const char *field)
+{
+    char line[256];
+    long kb = -1;
+    size_t fl = strlen(field);
+    FILE *fp = fopen("/proc/self/status", "r");
+    if (!fp)
+        return -1;
+    while (fgets(line, sizeof(line), fp))
+        if (!strncmp(line, field, fl) && line[fl] == ':') {
+            kb = atol(line + fl + 1);
+            break;
+        }
+    fclose(fp);
+    return kb < 0 ? -1 : kb * 1024L;
+}
+
+/* Restart the RSS high-water mark here (Linux: "5" > /proc/self/clear_refs); 0 if it worked. */
+static int rss_peak_reset(void)
+{
+    FILE *fp = fopen("/proc/self/clear_refs", "w");
+    if (!fp)
+        return -1;
+    int ok = fputs("5", fp) >= 0;
+    return (fclose(fp) == 0 && ok) ? 0 : -1;
+}
+
 static long peak_rss_bytes(void)
 {
     struct rusage ru;
@@ -116,6 +144,7 @@ struct trainer {
     struct mge_model model;
     struct mge_plan_stats stats;
     struct mge_remat_plan remat, remat_plain; /* chosen and plain recompute plans */
+    long rss_base;              /* RSS before the engine allocated (high-water mark reset), or 0 */
     struct mge_optim optim;
     struct mge_sampler sampler;
     struct mge_loader loader;
@@ -527,8 +556,14 @@ static int train_loop(struct trainer *t)
     double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
     size_t peak = t->stats.param_bytes + t->stats.grad_bytes + mge_optim_state_bytes(&t->optim) +
                   t->stats.activation_bytes;
+    size_t loader_bytes = (size_t)t->loader.nbuf * (size_t)t->loader.local_max *
+                          ((size_t)t->train.dim * sizeof(float) + sizeof(int32_t));
+    long hwm = proc_status_bytes("VmHWM");
+    long measured = t->rss_base > 0 && hwm > 0 ? hwm - t->rss_base : -1;
     if (o->json) {
-        printf("{\"summary\":true,\"steps\":%lld,\"epochs\":%lld,\"final_loss\":%.9g,",
+        printf("{\"summary\":true,\"engine_planned_bytes\":%zu,\"engine_measured_bytes\":%ld,",
+               peak + loader_bytes, measured);
+        printf("\"steps\":%lld,\"epochs\":%lld,\"final_loss\":%.9g,",
                (long long)t->step, (long long)t->epoch, t->last_loss);
         if (t->have_test)
             printf("\"test_accuracy\":%.6f,\"test_loss\":%.6f,", t->test_acc, t->test_loss);
@@ -621,6 +656,9 @@ int mge_train_main(const struct mge_train_opts *o)
     }
     int64_t n_params_f = (int64_t)(t.stats.param_bytes / sizeof(float));
     t.total_steps = mge_jobspec_total_steps(t.spec, t.train.n);
+    /* from here on, what the process adds is the engine's planned memory (and the loader's) */
+    if (!o->plan_only && !o->max_batch && rss_peak_reset() == 0)
+        t.rss_base = proc_status_bytes("VmRSS");
     if ((rc = mge_optim_init(&t.optim, &t.spec->train.optim, &t.spec->train.sched,
                              t.total_steps, n_params_f)) != MGE_OK)
         goto out;

@@ -4,7 +4,9 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/../.." || exit 1
 echo "== engine: mge-train vs PyTorch"
 /usr/bin/python3 tests/bench/engine.py "$BUILD" "${MGE_BENCH_THREADS:-2}" "${MGE_BENCH_ROUNDS:-2}"
-for b in tests/bench/control.sh tests/bench/comm.sh tests/bench/sublinear.sh; do
+echo "== sublinear: mge vs PyTorch checkpoint_sequential"
+/usr/bin/python3 tests/bench/sublinear.py "$BUILD" "${MGE_BENCH_THREADS:-2}"
+for b in tests/bench/control.sh tests/bench/comm.sh; do
     [ -f "$b" ] || continue
     echo "== $(basename "$b" .sh)"
     sh "$b" "$BUILD"
