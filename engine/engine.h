@@ -194,6 +194,20 @@ enum mge_run {
  */
 int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step);
 
+/*
+ * Gradient-ready hook (data parallelism): during MGE_RUN_TRAIN runs, after each backward op
+ * that completes more of the gradient arena, @fn(@ctx, ready) is called with the number of
+ * leading bytes of the arena (mge_graph_grads) that hold final gradients for this step; the
+ * last call of a run has ready == the arena's size. Gradients are laid out in the order
+ * backward finishes them, so packs are contiguous prefixes of the arena and the first packs
+ * are ready while backward still runs. @fn runs on the calling thread and must be quick (hand
+ * the work to a communication thread). NULL @fn removes the hook.
+ */
+void mge_graph_set_grad_hook(struct mge_graph *g, void (*fn)(void *ctx, size_t ready_bytes),
+                             void *ctx);
+/* Byte offset and size of parameter @param's gradient in the gradient arena (after planning). */
+int mge_graph_grad_span(const struct mge_graph *g, int param, size_t *offset, size_t *bytes);
+
 /* Time every op of later runs (on != 0) or stop; MGE_NOMEM if the table cannot be made. */
 int mge_graph_profile(struct mge_graph *g, int on);
 /* Print per-op mean times over @runs runs to @fp. */

@@ -114,6 +114,9 @@ struct mge_graph {
     int training;                /* current run trains */
     uint64_t seed;               /* dropout base seed */
     double *profile;             /* per node: seconds spent, when profiling (else NULL) */
+    size_t *grad_ready;          /* per node: gradient-arena prefix final after it (planned) */
+    void (*ready_fn)(void *ctx, size_t ready_bytes); /* gradient-ready hook, or NULL */
+    void *ready_ctx;
 };
 
 /* Sticky error: record the first failure and return -code. */

@@ -44,6 +44,7 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
     g->step = step;
     int end = train ? g->n_nodes : g->n_forward;
     const struct mge_ops_table *ops = &mge__cpu_ops;
+    size_t reported = 0;
     for (int ni = 0; ni < end; ni++) {
         const struct mge_node *n = &g->nodes[ni];
         struct timespec t0, t1;
@@ -52,12 +53,25 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
         int rc = ops->fn[n->op](g, n);
         if (rc != MGE_OK)
             return MGE_ERR(rc, "op %d (%s) failed", ni, mge__op_name(n->op));
+        if (train && g->ready_fn && g->grad_ready && g->grad_ready[ni] > reported) {
+            reported = g->grad_ready[ni];
+            g->ready_fn(g->ready_ctx, reported);
+        }
         if (g->profile) {
             clock_gettime(CLOCK_MONOTONIC, &t1);
             g->profile[ni] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         }
     }
+    if (train && g->ready_fn && reported < g->grad_bytes)
+        g->ready_fn(g->ready_ctx, g->grad_bytes);
     return MGE_OK;
+}
+
+void mge_graph_set_grad_hook(struct mge_graph *g, void (*fn)(void *ctx, size_t ready_bytes),
+                             void *ctx)
+{
+    g->ready_fn = fn;
+    g->ready_ctx = ctx;
 }
 
 int mge_graph_profile(struct mge_graph *g, int on)

@@ -62,6 +62,7 @@ void mge_graph_free(struct mge_graph *g)
     mge_free(g->params);
     mge_free(g->grads);
     mge_free(g->profile);
+    mge_free(g->grad_ready);
     mge_free(g);
 }
 

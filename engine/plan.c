@@ -253,6 +253,70 @@ size_t mge__plan_lower_bound(const struct mge__plan_item *items, int n, int64_t 
     return lower;
 }
 
+/*
+ * For each node, the prefix of the gradient arena whose gradients are final once it ran:
+ * gradients sorted by offset, each final after its last write.
+ */
+static int plan_grad_ready(struct mge_graph *g)
+{
+    if (!g->grads)
+        return MGE_OK;
+    int64_t *last = mge_malloc(sizeof(int64_t) * (size_t)(g->n_params ? g->n_params : 1));
+    int *order = mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1));
+    g->grad_ready = mge_calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof(size_t));
+    if (!last || !order || !g->grad_ready) {
+        mge_free(last);
+        mge_free(order);
+        return MGE_ERR(MGE_NOMEM, "cannot allocate plan");
+    }
+    int n = 0;
+    for (int i = 0; i < g->n_params; i++) {
+        last[i] = -1;
+        if (g->grads[i] >= 0)
+            order[n++] = i;
+    }
+    for (int ni = 0; ni < g->n_nodes; ni++)
+        for (int k = 0; k < g->nodes[ni].n_out; k++) {
+            int o = g->nodes[ni].out[k];
+            if (o < 0)
+                continue;
+            o = mge__value_root(g, o);
+            if (g->values[o].kind == MGE_VALUE_GRAD)
+                last[g->values[o].param_index] = ni;
+        }
+    /* insertion sort by offset: parameter counts are small */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && g->values[g->grads[order[j]]].offset <
+                                     g->values[g->grads[order[j - 1]]].offset; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    int at = 0;
+    size_t ready = 0;
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        while (at < n && last[order[at]] <= ni) {
+            const struct mge_value *gv = &g->values[g->grads[order[at]]];
+            ready = gv->offset + align_up(mge__value_bytes(g, g->grads[order[at]]));
+            at++;
+        }
+        g->grad_ready[ni] = ready;
+    }
+    mge_free(last);
+    mge_free(order);
+    return MGE_OK;
+}
+
+int mge_graph_grad_span(const struct mge_graph *g, int param, size_t *offset, size_t *bytes)
+{
+    int gv = mge_graph_grad(g, param);
+    if (gv < 0 || !g->planned)
+        return MGE_ERR(MGE_INVAL, "parameter %d has no planned gradient", param);
+    *offset = g->values[gv].offset;
+    *bytes = mge__value_bytes(g, gv);
+    return MGE_OK;
+}
+
 /* The input an elementwise op may overwrite with its output (-1 if none), for in-place reuse. */
 static int inplace_source(const struct mge_node *n)
 {
@@ -427,6 +491,8 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
         g->values[items[i].v].offset = items[i].offset;
     g->act_bytes = arena;
     g->lower_bound = lower;
+    if ((rc = plan_grad_ready(g)) != MGE_OK)
+        goto out_free;
     g->planned = 1;
     if (stats) {
         stats->param_bytes = g->param_bytes;

@@ -405,6 +405,79 @@ START_TEST(test_build_alloc_failures)
 }
 END_TEST
 
+struct hook_rec {
+    struct mge_graph *g;
+    size_t ready[64];
+    float *snap[64]; /* the arena's ready prefix as it was at each call */
+    int n;
+};
+
+static void record_ready(void *ctx, size_t ready)
+{
+    struct hook_rec *r = ctx;
+    ck_assert_int_lt(r->n, 64);
+    r->ready[r->n] = ready;
+    r->snap[r->n] = mge_malloc(ready ? ready : 1);
+    memcpy(r->snap[r->n], mge_graph_grads(r->g, NULL), ready);
+    r->n++;
+}
+
+START_TEST(test_grad_ready_hook)
+{
+    /* gradients are announced in final form, front to back, while backward still runs */
+    struct mge_graph *g;
+    struct hook_rec rec = {0};
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    int64_t xs[2] = {8, 16}, ys[1] = {8};
+    int x = mge_input(g, "x", MGE_DTYPE_F32, 2, xs, 1), t = x;
+    for (int i = 0; i < 6; i++) {
+        char name[16];
+        int64_t ws[2] = {16, 16}, bs[1] = {16};
+        snprintf(name, sizeof(name), "w%d", i);
+        int w = mge_param(g, name, 2, ws, MGE_INIT_UNIFORM_FAN_IN, 16);
+        snprintf(name, sizeof(name), "b%d", i);
+        t = mge_linear(g, t, w, mge_param(g, name, 1, bs, MGE_INIT_UNIFORM_FAN_IN, 16),
+                       MGE_ACT_FN_RELU);
+    }
+    int y = mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1);
+    int l = mge_cross_entropy(g, t, y);
+    ck_assert_int_eq(mge_graph_backward(g, l), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, 3);
+    float xd[8 * 16];
+    int32_t yd[8] = {1, 2, 3, 4, 5, 6, 7, 0};
+    for (int i = 0; i < 8 * 16; i++)
+        xd[i] = (float)(i % 7) / 7.0f;
+    mge_graph_bind(g, x, xd);
+    mge_graph_bind(g, y, yd);
+    rec.g = g;
+    mge_graph_set_grad_hook(g, record_ready, &rec);
+    ck_assert_int_eq(mge_graph_run(g, MGE_RUN_TRAIN, 0), MGE_OK);
+    int64_t ng;
+    const float *grads = mge_graph_grads(g, &ng);
+    ck_assert_int_gt(rec.n, 3);
+    ck_assert_uint_eq(rec.ready[rec.n - 1], (size_t)ng * sizeof(float));
+    for (int i = 0; i < rec.n; i++) {
+        if (i > 0)
+            ck_assert_uint_gt(rec.ready[i], rec.ready[i - 1]);
+        ck_assert_mem_eq(rec.snap[i], grads, rec.ready[i]);
+        mge_free(rec.snap[i]);
+    }
+    /* the last layer's gradient (first in the arena) was announced before backward ended */
+    size_t off, bytes;
+    ck_assert_int_eq(mge_graph_grad_span(g, mge_graph_param(g, 10), &off, &bytes), MGE_OK);
+    ck_assert_uint_eq(off, 0);
+    ck_assert_uint_ge(rec.ready[0], bytes);
+    ck_assert_uint_lt(rec.ready[0], (size_t)ng * sizeof(float));
+    /* inference runs do not call it */
+    rec.n = 0;
+    ck_assert_int_eq(mge_graph_run(g, MGE_RUN_INFER, 0), MGE_OK);
+    ck_assert_int_eq(rec.n, 0);
+    mge_graph_free(g);
+}
+END_TEST
+
 /* ---- planner ---- */
 
 static void check_no_overlap(const struct mge__plan_item *it, int n, size_t arena)
@@ -603,6 +676,7 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_batch_smaller_than_planned);
     tcase_add_test(tc, test_build_errors);
     tcase_add_test(tc, test_build_alloc_failures);
+    tcase_add_test(tc, test_grad_ready_hook);
     suite_add_tcase(s, tc);
     tc = tcase_create("planner");
     tcase_add_test(tc, test_plan_chain_is_optimal);
