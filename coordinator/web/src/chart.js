@@ -51,9 +51,17 @@ export class MetricChart {
 
     push(step, value) {
         const n = this.xs.length;
-        if (n && step <= this.xs[n - 1]) return; // a repeat after a reconnect
-        this.xs.push(step);
-        this.ys.push(value);
+        if (!n || step > this.xs[n - 1]) {
+            this.xs.push(step);
+            this.ys.push(value);
+        } else {
+            // late (held by a worker while the coordinator was away) or a repeat
+            let lo = 0, hi = n;
+            while (lo < hi) { const mid = (lo + hi) >> 1; if (this.xs[mid] < step) lo = mid + 1; else hi = mid; }
+            if (this.xs[lo] === step) return;
+            this.xs.splice(lo, 0, step);
+            this.ys.splice(lo, 0, value);
+        }
         if (!this.pending) {
             this.pending = true;
             requestAnimationFrame(() => {

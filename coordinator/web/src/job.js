@@ -150,6 +150,10 @@ export function jobPage(main, params, id) {
                 if (name === 'loss') stats.received(id, d.step, d.time);
                 charts[name].push(d.step, d[name]);
             }
+            if (job) {
+                job.latest_metrics ||= {};
+                for (const [k, v] of Object.entries(d)) if (typeof v === 'number' && k !== 'step' && k !== 'rank') job.latest_metrics[k] = { step: d.step, value: v };
+            }
             if (job && job.progress && d.loss !== undefined) {
                 job.progress.step = d.step;
                 job.progress.fraction = job.progress.total_steps ? d.step / job.progress.total_steps : 0;
