@@ -3,6 +3,7 @@
 #   make demo       deps + build + main job   make bench    benchmarks (side by side with PyTorch/MPI)
 #   make fuzz       long fuzz runs            make SANITIZE=address,undefined test
 #   make V=1        show commands             CI=true / DEVELOPER=1: warnings are errors
+#   make web        the dashboard into build/web (npm ci from coordinator/web/package-lock.json)
 
 BUILD   ?= build
 CC      ?= cc
@@ -40,8 +41,8 @@ else
 Q = @
 endif
 
-.PHONY: all deps demo test test-unit test-integration test-fuzz bench fuzz format clean cuda
-all: binaries
+.PHONY: all deps demo test test-unit test-integration test-fuzz bench fuzz format clean cuda web
+all: binaries web
 
 # keep generated headers and test objects (make would delete them as intermediates)
 .SECONDARY:
@@ -153,6 +154,14 @@ cuda:
 
 binaries: $(BINARIES)
 
+# ---- the web dashboard: coordinator/web/ -> $(BUILD)/web/ (npm ci from the lock file, esbuild);
+# without node/npm it prints a note and the rest of the build is unaffected ----
+WEB_SRC := $(wildcard coordinator/web/src/*) coordinator/web/build.mjs coordinator/web/build.sh \
+           coordinator/web/package-lock.json
+web: $(BUILD)/web/index.html
+$(BUILD)/web/index.html: $(WEB_SRC)
+	$(Q)sh coordinator/web/build.sh $(BUILD)/web
+
 # ---- tests: one Check binary per tests/unit/test_<module>.c ----
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 ifeq ($(CUDA_OBJ),)
@@ -172,7 +181,7 @@ $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS)
 
 test: deps
-	$(Q)$(MAKE) --no-print-directory binaries tests-build
+	$(Q)$(MAKE) --no-print-directory binaries web tests-build
 	$(Q)sh tests/run-tests.sh $(BUILD)
 
 tests-build: $(UNIT_BIN)

@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "common/log.h"
+#include "common/lttb.h"
 #include "auth.h"
 #include "rpc.h"
 #include "sched.h"
@@ -45,6 +46,7 @@ enum route {
     R_JOB_CKPT_GET,
     R_WORKERS,
     R_WORKER_DRAIN,
+    R_WEB,
     R_OTHER,
     R__COUNT
 };
@@ -52,7 +54,7 @@ static const char *const route_names[R__COUNT] = {
     "/healthz", "/metrics", "POST /jobs", "GET /jobs", "GET /jobs/{id}", "POST /jobs/{id}/cancel",
     "GET /jobs/{id}/metrics", "GET /jobs/{id}/logs", "GET /jobs/{id}/events",
     "GET /jobs/{id}/checkpoints", "GET /jobs/{id}/checkpoints/{name}", "GET /workers",
-    "POST /workers/{id}/drain", "other"};
+    "POST /workers/{id}/drain", "GET /web", "other"};
 static const double buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
 #define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
 
@@ -67,6 +69,7 @@ struct mge_http {
     struct mge_sched *sched;
     const struct mge_auth *auth;
     struct mge_rpc *rpc;
+    char *web_root;               /* dashboard files; NULL: not served */
     int port;
     pthread_mutex_t mu;           /* guards stats and the SSE waiters */
     uint64_t count[R__COUNT];
@@ -384,18 +387,88 @@ static bool job_exists(struct mge_http *h, int64_t id)
     return mge_store_job_row(h->st, id, &row) == MGE_OK;
 }
 
+/*
+ * Downsample each name's run of @arr (sorted by name, then step) to at most @max_points
+ * points with LTTB over (step, value). Returns a new array, or NULL when out of memory.
+ */
+static json_t *metrics_downsample(json_t *arr, size_t max_points)
+{
+    size_t n = json_array_size(arr), i = 0, cap = 0;
+    double *x = NULL, *y = NULL;
+    size_t *idx = NULL;
+    json_t *out = json_array();
+
+    while (out && i < n) {
+        const char *name = json_string_value(json_object_get(json_array_get(arr, i), "name"));
+        size_t j = i, len, k;
+        while (j < n) {
+            const char *nj = json_string_value(json_object_get(json_array_get(arr, j), "name"));
+            if (!name || !nj || strcmp(name, nj) != 0)
+                break;
+            j++;
+        }
+        if (j == i)
+            j = i + 1; /* a row without a name: keep it alone */
+        len = j - i;
+        if (len > cap) {
+            mge_free(x);
+            mge_free(y);
+            mge_free(idx);
+            cap = len;
+            x = mge_malloc(cap * sizeof(*x));
+            y = mge_malloc(cap * sizeof(*y));
+            idx = mge_malloc(cap * sizeof(*idx));
+            if (!x || !y || !idx) {
+                json_decref(out);
+                out = NULL;
+                break;
+            }
+        }
+        for (size_t r = 0; r < len; r++) {
+            json_t *m = json_array_get(arr, i + r);
+            x[r] = (double)json_integer_value(json_object_get(m, "step"));
+            y[r] = json_number_value(json_object_get(m, "value"));
+        }
+        k = mge_lttb(x, y, len, max_points, idx);
+        for (size_t r = 0; r < k; r++)
+            json_array_append(out, json_array_get(arr, i + idx[r]));
+        i = j;
+    }
+    mge_free(x);
+    mge_free(y);
+    mge_free(idx);
+    return out;
+}
+
 static enum MHD_Result job_metrics(struct mge_http *h, struct MHD_Connection *c, int64_t id)
 {
     const char *name = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "name");
     const char *since = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "since_step");
-    int64_t since_step = -1;
+    const char *maxp = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "max_points");
+    int64_t since_step = -1, max_points = 0, last_event = 0;
     json_t *o;
     if (since && !parse_i64(since, &since_step))
         return send_problem(c, 400, "bad-request", "Bad since_step", "an integer step");
+    if (maxp && (!parse_i64(maxp, &max_points) || max_points < 3 || max_points > 1000000))
+        return send_problem(c, 400, "bad-request", "Bad max_points", "max_points is 3..1000000");
     if (!job_exists(h, id))
         return send_problem(c, 404, "not-found", "No such job", NULL);
+    /* read the event id first: a stream resumed from it repeats, never misses, a point */
+    if (mge_store_events_last_id(h->st, id, &last_event) != MGE_OK)
+        return send_problem(c, 500, "internal", "Cannot read events", NULL);
     if (mge_store_metrics(h->st, id, name && *name ? name : NULL, since_step, &o) != MGE_OK)
         return send_problem(c, 500, "internal", "Cannot read metrics", NULL);
+    if (max_points > 0) {
+        json_t *all = json_object_get(o, "metrics");
+        json_t *ds = metrics_downsample(all, (size_t)max_points);
+        if (!ds) {
+            json_decref(o);
+            return send_problem(c, 500, "internal", "Out of memory", NULL);
+        }
+        json_object_set_new(o, "total", json_integer((json_int_t)json_array_size(all)));
+        json_object_set_new(o, "metrics", ds);
+    }
+    json_object_set_new(o, "last_event_id", json_integer((json_int_t)last_event));
     return send_json(c, 200, o, NULL);
 }
 
@@ -695,6 +768,118 @@ static enum MHD_Result prom_metrics(struct mge_http *h, struct MHD_Connection *c
     return ret;
 }
 
+/* ---- the dashboard: static files under the web root ---- */
+
+static const char *web_content_type(const char *path)
+{
+    static const struct {
+        const char *ext, *type;
+    } types[] = {
+        {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
+        {".css", "text/css; charset=utf-8"},   {".json", "application/json"},
+        {".svg", "image/svg+xml"},             {".png", "image/png"},
+        {".ico", "image/x-icon"},              {".txt", "text/plain; charset=utf-8"},
+        {".map", "application/json"},
+    };
+    const char *dot = strrchr(path, '.');
+    for (size_t i = 0; dot && i < sizeof(types) / sizeof(types[0]); i++)
+        if (!strcmp(dot, types[i].ext))
+            return types[i].type;
+    return "application/octet-stream";
+}
+
+/* A request path we serve: [A-Za-z0-9._-/] only, no empty, "." or ".." segment, no dotfile. */
+static bool web_path_ok(const char *p)
+{
+    const char *seg = p;
+    if (!*p || strlen(p) > 200)
+        return false;
+    for (const char *q = p;; q++) {
+        if (*q == '/' || *q == '\0') {
+            if (q == seg || *seg == '.')
+                return false;
+            if (!*q)
+                return true;
+            seg = q + 1;
+        } else if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+                     (*q >= '0' && *q <= '9') || *q == '.' || *q == '_' || *q == '-')) {
+            return false;
+        }
+    }
+}
+
+/* Open @root/@rel (+ @suffix) read-only if it is a regular file; -1 otherwise. */
+static int web_open(const char *root, const char *rel, const char *suffix, struct stat *sb)
+{
+    char path[4096];
+    int fd, n = snprintf(path, sizeof(path), "%s/%s%s", root, rel, suffix);
+    if (n < 0 || (size_t)n >= sizeof(path))
+        return -1;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/*
+ * Serve a dashboard file. No token is needed: the files are public and hold no data; the
+ * page asks for the token and sends it only to /api/v1 in a header. A precompressed
+ * FILE.gz next to FILE is sent when the client accepts gzip.
+ */
+static enum MHD_Result web_file(struct mge_http *h, struct MHD_Connection *c, const char *url)
+{
+    const char *rel = url[0] == '/' ? url + 1 : url;
+    const char *ae = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_ACCEPT_ENCODING);
+    struct MHD_Response *r;
+    struct stat sb;
+    bool gz = false;
+    enum MHD_Result ret;
+    int fd = -1;
+
+    if (!*rel)
+        rel = "index.html";
+    if (!h->web_root) {
+        static const char msg[] = "mge-coordinator: the dashboard is not built or not found;\n"
+                                  "run 'make web' or start with --web-root DIR\n";
+        return send_text(c, 404, "text/plain; charset=utf-8", msg, sizeof(msg) - 1);
+    }
+    if (!web_path_ok(rel))
+        return send_problem(c, 404, "not-found", "No such route", NULL);
+    if (ae && strstr(ae, "gzip")) {
+        fd = web_open(h->web_root, rel, ".gz", &sb);
+        gz = fd >= 0;
+    }
+    if (fd < 0)
+        fd = web_open(h->web_root, rel, "", &sb);
+    if (fd < 0)
+        return send_problem(c, 404, "not-found", "No such route", NULL);
+    r = MHD_create_response_from_fd((uint64_t)sb.st_size, fd); /* owns fd from here */
+    if (!r) {
+        close(fd);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, web_content_type(rel));
+    if (gz)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_ENCODING, "gzip");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "X-Frame-Options", "DENY");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'self'; script-src 'self'; style-src 'self' "
+                            "'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self'; "
+                            "object-src 'none'; base-uri 'none'; frame-ancestors 'none'");
+    ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* ---- dispatch ---- */
 
 static enum mge_role request_role(struct mge_http *h, struct MHD_Connection *c)
@@ -749,8 +934,11 @@ static enum MHD_Result dispatch(struct mge_http *h, struct MHD_Connection *c, co
         return get ? send_text(c, 200, "application/json", "{\"status\":\"ok\"}", 15)
                    : method_not_allowed(c);
     }
-    if (strcmp(url, "/metrics") != 0 && strncmp(url, "/api/v1/", 8) != 0)
-        return send_problem(c, 404, "not-found", "No such route", url);
+    if (strcmp(url, "/metrics") != 0 && strncmp(url, "/api/v1/", 8) != 0 &&
+        strcmp(url, "/api/v1") != 0) {
+        rq->route = R_WEB;
+        return get ? web_file(h, c, url) : send_problem(c, 404, "not-found", "No such route", url);
+    }
     role = request_role(h, c);
     if (role == MGE_ROLE_NONE)
         return send_problem(c, 401, "unauthorized", "Missing or unknown bearer token",
@@ -913,6 +1101,19 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
     h->sched = sched;
     h->auth = auth;
     h->rpc = rpc;
+    if (opts->web_root) {
+        struct stat sb;
+        if (stat(opts->web_root, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            h->web_root = mge_strdup(opts->web_root);
+            if (!h->web_root) {
+                mge_free(h);
+                return MGE_NOMEM;
+            }
+        } else {
+            mge_log_warn("dashboard not served: '%s' is not a directory (make web)",
+                         opts->web_root);
+        }
+    }
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
@@ -925,6 +1126,7 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
     if (!h->d) {
         pthread_mutex_destroy(&h->mu);
         pthread_cond_destroy(&h->cv);
+        mge_free(h->web_root);
         mge_free(h);
         return MGE_ERR(MGE_NET, "cannot listen on %s:%d", opts->host, opts->port);
     }
@@ -932,10 +1134,12 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
     h->port = info ? info->port : opts->port;
     if (pthread_create(&h->waker, NULL, sse_waker, h) != 0) {
         MHD_stop_daemon(h->d);
+        mge_free(h->web_root);
         mge_free(h);
         return MGE_ERR(MGE_INTERNAL, "cannot start the event thread");
     }
-    mge_log_info("http api on %s:%d (%u threads)", opts->host, h->port, threads);
+    mge_log_info("http api on %s:%d (%u threads)%s%s", opts->host, h->port, threads,
+                 h->web_root ? ", dashboard from " : "", h->web_root ? h->web_root : "");
     *out = h;
     return MGE_OK;
 }
@@ -966,5 +1170,6 @@ void mge_http_stop(struct mge_http *h)
     MHD_stop_daemon(h->d);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
+    mge_free(h->web_root);
     mge_free(h);
 }

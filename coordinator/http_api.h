@@ -1,6 +1,7 @@
 /*
  * http_api.h: the REST API of mge-coordinator on libmicrohttpd (thread pool + epoll),
- * under /api/v1, plus /healthz and /metrics (Prometheus). docs/api/openapi.yaml is the
+ * under /api/v1, plus /healthz and /metrics (Prometheus); every other GET is a file of the
+ * web dashboard (coordinator/web/, built into $(BUILD)/web) under the web root. docs/api/openapi.yaml is the
  * reference of every route. Errors are application/problem+json bodies.
  * Server-sent events (/jobs/{id}/events) use suspended connections, so no pool thread ever
  * blocks waiting for events; an event's id is its row id in the store (exact resume).
@@ -24,6 +25,7 @@ struct mge_http_opts {
     const char *host;        /* "127.0.0.1" */
     int port;                /* 0: the kernel picks; see mge_http_port() */
     int threads;             /* pool size (default 4) */
+    const char *web_root;    /* dashboard files served at / (NULL or missing: not served) */
 };
 
 /*

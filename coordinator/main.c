@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -19,6 +20,7 @@
 
 struct config {
     char *listen, *worker_listen, *state_dir, *token_file, *join_token_file, *ports_file;
+    char *web_root;
     int worker_timeout_s, heartbeat_ms, http_threads, cancel_grace_ms;
 };
 
@@ -38,6 +40,8 @@ static void usage(FILE *f)
             "  --cancel-grace-ms MS          SIGTERM to SIGKILL grace for ranks (default 5000)\n"
             "  --http-threads N              HTTP thread pool size (default 4)\n"
             "  --ports-file FILE             write the bound addresses there once listening\n"
+            "  --web-root DIR                dashboard files served at / (default: ../web next\n"
+            "                                to this binary, i.e. build/web in a build tree)\n"
             "  --version, --help\n");
 }
 
@@ -58,6 +62,8 @@ static bool config_set(struct config *c, const char *key, const char *val)
         s = &c->join_token_file;
     else if (!strcmp(key, "ports-file"))
         s = &c->ports_file;
+    else if (!strcmp(key, "web-root"))
+        s = &c->web_root;
     else if (!strcmp(key, "worker-timeout"))
         i = &c->worker_timeout_s;
     else if (!strcmp(key, "heartbeat-ms"))
@@ -116,6 +122,24 @@ static int config_file(struct config *c, const char *path)
     }
     fclose(f);
     return 0;
+}
+
+/* The default web root: DIR/../web for the binary DIR/mge-coordinator; NULL if unknown. */
+static char *default_web_root(void)
+{
+    char exe[4096], *slash, *out;
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return NULL;
+    exe[n] = '\0';
+    slash = strrchr(exe, '/');
+    if (!slash)
+        return NULL;
+    *slash = '\0';
+    out = mge_malloc(strlen(exe) + 8);
+    if (out)
+        sprintf(out, "%s/../web", exe);
+    return out;
 }
 
 int main(int argc, char **argv)
@@ -222,6 +246,9 @@ int main(int argc, char **argv)
     ho.host = host;
     ho.port = port;
     ho.threads = c.http_threads;
+    if (!c.web_root)
+        c.web_root = default_web_root();
+    ho.web_root = c.web_root;
     rc = mge_http_start(&ho, st, sched, auth, rpc, &http);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-coordinator: cannot listen on %s:%d\n", host, port);
@@ -257,5 +284,6 @@ out:
     mge_free(c.token_file);
     mge_free(c.join_token_file);
     mge_free(c.ports_file);
+    mge_free(c.web_root);
     return exit_code;
 }

@@ -76,6 +76,7 @@ enum sql_id {
     Q_LOG_COUNT,
     Q_LOG_PRUNE,
     Q_EVENTS,
+    Q_EVENTS_LAST,
     Q_LOGS_ALL,
     Q_LOGS_RANK,
     Q_METRICS_ALL,
@@ -148,6 +149,7 @@ static const char *const sql_text[Q__COUNT] = {
                     " ORDER BY id DESC LIMIT 1 OFFSET ?2)",
     [Q_EVENTS] = "SELECT id, kind, attempt, rank, stream, data, time_ms FROM events"
                  " WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
+    [Q_EVENTS_LAST] = "SELECT COALESCE(MAX(id), 0) FROM events WHERE job_id = ?",
     [Q_LOGS_ALL] = "SELECT * FROM (SELECT id, attempt, rank, seq, stream, data, time_ms FROM events"
                    " WHERE job_id = ? AND kind = 'log' ORDER BY id DESC LIMIT ?) ORDER BY id",
     [Q_LOGS_RANK] = "SELECT * FROM (SELECT id, attempt, rank, seq, stream, data, time_ms FROM events"
@@ -1078,6 +1080,22 @@ int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int
     pthread_mutex_unlock(&st->mu);
     *out = arr;
     return MGE_OK;
+}
+
+int mge_store_events_last_id(struct mge_store *st, int64_t job_id, int64_t *out)
+{
+    sqlite3_stmt *s;
+    *out = 0;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_EVENTS_LAST);
+    if (s) {
+        sqlite3_bind_int64(s, 1, job_id);
+        if (sqlite3_step(s) == SQLITE_ROW)
+            *out = sqlite3_column_int64(s, 0);
+        sqlite3_reset(s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return s ? MGE_OK : MGE_DB;
 }
 
 int mge_store_logs(struct mge_store *st, int64_t job_id, int rank, int tail, json_t **out)

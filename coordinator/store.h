@@ -162,6 +162,9 @@ int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,
  */
 int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int limit, json_t **out);
 
+/* The id of the newest event of job @job_id (0 if none), for resuming a stream from "now". */
+int mge_store_events_last_id(struct mge_store *st, int64_t job_id, int64_t *out);
+
 /* Log lines of a job: @rank < 0 for all ranks; the last @tail lines (tail <= 0: 1000). */
 int mge_store_logs(struct mge_store *st, int64_t job_id, int rank, int tail, json_t **out);
 
