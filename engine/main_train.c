@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "engine/train.h"
@@ -25,9 +26,26 @@ static void usage(FILE *fp)
             "                without recomputation, as JSON and exit\n");
 }
 
+/*
+ * libgomp reads its wait policy when it loads, before main. Its default spins ~300k
+ * iterations at every barrier; on a busy machine a spinning thread holds a core the other
+ * thread needs and a 4 ms step took 34-104 ms (median) at load 5, against 7-8 ms with a spin
+ * count of 10k (tests/bench numbers in docs/benchmarks.md). Unless the user chose a policy,
+ * run again with that spin count; the process keeps its pid, so mpirun and workers see no change.
+ */
+static void omp_policy_reexec(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("MGE_OMP_REEXEC"))
+        return;
+    if (setenv("GOMP_SPINCOUNT", "10000", 1) != 0 || setenv("MGE_OMP_REEXEC", "1", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv); /* returns only on failure: carry on as we are */
+}
+
 int main(int argc, char **argv)
 {
     struct mge_train_opts o = {0};
+    omp_policy_reexec(argv);
     const char **sets = mge_calloc((size_t)argc, sizeof(*sets));
     int code;
     if (!sets)
