@@ -23,16 +23,16 @@ struct ad {
 static int ad_new_grad(struct ad *ad, int v)
 {
     struct mge_graph *g = ad->g;
-    const struct mge_value *x = &g->values[v];
+    const struct mge_value x = g->values[v]; /* a copy: adding a value may move the array */
     char name[64];
-    enum mge_value_kind kind = x->kind == MGE_VALUE_PARAM ? MGE_VALUE_GRAD : MGE_VALUE_ACT;
-    snprintf(name, sizeof(name), "d%.60s", x->name);
-    int d = mge__graph_add_value(g, kind, MGE_DTYPE_F32, x->ndim, x->shape, x->batched, name);
+    enum mge_value_kind kind = x.kind == MGE_VALUE_PARAM ? MGE_VALUE_GRAD : MGE_VALUE_ACT;
+    snprintf(name, sizeof(name), "d%.60s", x.name);
+    int d = mge__graph_add_value(g, kind, MGE_DTYPE_F32, x.ndim, x.shape, x.batched, name);
     if (d < 0)
         return d;
     if (kind == MGE_VALUE_GRAD) {
-        g->values[d].param_index = x->param_index;
-        g->grads[x->param_index] = d;
+        g->values[d].param_index = x.param_index;
+        g->grads[x.param_index] = d;
     }
     return d;
 }

@@ -109,6 +109,14 @@ int mge__graph_add_value(struct mge_graph *g, enum mge_value_kind kind, enum mge
         if (shape[i] <= 0)
             return mge__graph_fail(g, MGE_INVAL, "'%s': dim %d is %lld", name, i,
                                    (long long)shape[i]);
+    /* @shape and @name may point into g->values, which growing can move: copy them first */
+    int64_t dims[MGE_MAX_DIMS];
+    char vname[64];
+    for (int i = 0; i < ndim; i++)
+        dims[i] = shape[i];
+    snprintf(vname, sizeof(vname), "%s", name);
+    shape = dims;
+    name = vname;
     if (graph_grow((void **)&g->values, &g->cap_values, g->n_values + 1, sizeof(*g->values)))
         return mge__graph_fail(g, MGE_NOMEM, "out of memory adding '%s'", name);
     struct mge_value *v = &g->values[g->n_values];
@@ -326,11 +334,11 @@ int mge_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act)
     for (int i = 0; i < X->ndim; i++)
         shape[i] = X->shape[i];
     shape[X->ndim - 1] = W->shape[0];
-    int req = rg(g, x) || rg(g, w) || rg(g, b);
-    int out = new_act(g, "linear", X->ndim, shape, X->batched, req);
+    int req = rg(g, x) || rg(g, w) || rg(g, b), ndim = X->ndim, batched = X->batched;
+    int out = new_act(g, "linear", ndim, shape, batched, req); /* X may move from here on */
     int pre = -1;
     if (out >= 0 && act == MGE_ACT_FN_GELU)
-        pre = new_act(g, "linear_pre", X->ndim, shape, X->batched, 0);
+        pre = new_act(g, "linear_pre", ndim, shape, batched, 0);
     if (out < 0 || (act == MGE_ACT_FN_GELU && pre < 0))
         return -g->err;
     struct mge_node n = {.op = MGE_OP_LINEAR, .in = {x, w, b}, .n_in = 3, .out = {out, pre},
@@ -425,9 +433,10 @@ int mge_cross_entropy(struct mge_graph *g, int logits, int labels)
         return mge__graph_fail(g, MGE_INVAL,
                                "cross_entropy: logits '%s' must be (B, V) and labels '%s' int32 (B)",
                                L->name, Y->name);
-    int64_t one = 1;
-    int loss = new_act(g, "loss", 0, &one, 0, rg(g, logits));
-    int probs = new_act(g, "probs", 2, L->shape, L->batched, 0);
+    int64_t one = 1, ls[2] = {L->shape[0], L->shape[1]};
+    int lb = L->batched;
+    int loss = new_act(g, "loss", 0, &one, 0, rg(g, logits)); /* L may move from here on */
+    int probs = new_act(g, "probs", 2, ls, lb, 0);
     if (loss < 0 || probs < 0)
         return -g->err;
     struct mge_node n = {.op = MGE_OP_XENT, .in = {logits, labels}, .n_in = 2, .out = {loss, probs},
@@ -708,14 +717,13 @@ int mge_layernorm(struct mge_graph *g, int x, int w, int b, float eps)
         g->values[b].shape[0] != C)
         return mge__graph_fail(g, MGE_INVAL, "layernorm: weight and bias must be (%lld)",
                                (long long)C);
-    int out = new_act(g, "layernorm", X->ndim, X->shape, X->batched,
-                      rg(g, x) || rg(g, w) || rg(g, b));
     int64_t rows[MGE_MAX_DIMS];
-    int nr = X->ndim - 1 > 0 ? X->ndim - 1 : 1;
+    int nr = X->ndim - 1 > 0 ? X->ndim - 1 : 1, xb = X->batched;
     for (int i = 0; i < nr; i++)
         rows[i] = X->ndim > 1 ? X->shape[i] : 1;
-    int mean = new_act(g, "ln_mean", nr, rows, X->batched, 0);
-    int rstd = new_act(g, "ln_rstd", nr, rows, X->batched, 0);
+    int out = new_act(g, "layernorm", X->ndim, X->shape, xb, rg(g, x) || rg(g, w) || rg(g, b));
+    int mean = new_act(g, "ln_mean", nr, rows, xb, 0); /* X may have moved: use copies */
+    int rstd = new_act(g, "ln_rstd", nr, rows, xb, 0);
     if (out < 0 || mean < 0 || rstd < 0)
         return -g->err;
     struct mge_node n = {.op = MGE_OP_LAYERNORM, .in = {x, w, b}, .n_in = 3,
