@@ -103,8 +103,10 @@ static void ckpt_scan(struct mge_ranks *rs, struct mge_rank *r)
         long long step;
         char path[2048], line[2300];
         struct stat sb;
-        int n;
-        if (sscanf(de->d_name, "ckpt-%lld.mgeckpt", &step) != 1 || step <= r->last_ckpt_step)
+        int n, end = 0;
+        /* the whole name: mge-train writes "ckpt-<step>.mgeckpt.tmp.*" first, then renames */
+        if (sscanf(de->d_name, "ckpt-%lld.mgeckpt%n", &step, &end) != 1 || !end ||
+            de->d_name[end] != '\0' || step <= r->last_ckpt_step)
             continue;
         snprintf(path, sizeof(path), "%s/%s", r->out_dir, de->d_name);
         if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
