@@ -382,8 +382,10 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
         resume_from = r->resume;
     } else if (r->resume && *r->resume) {
         /* the checkpoint lies on a node this one cannot see: say so in the job's log */
-        snprintf(why, sizeof(why), "mge-worker: checkpoint '%.300s' is not readable here (%s): "
-                 "starting from the beginning", r->resume, strerror(errno));
+        snprintf(why, sizeof(why),
+                 "mge-worker: checkpoint '%.300s' is not readable here (%s): "
+                 "starting from the beginning",
+                 r->resume, strerror(errno));
         line_push(r, 1, why, strlen(why));
         mge_log_warn("job %lld rank %d: %s", (long long)r->job_id, r->rank, why);
     }
@@ -445,9 +447,11 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     r->pid = r->proc.pid;
     r->state = MGE_RANK_RUNNING;
     /* say in the job's log how the rank was started: mge-train --json prints no text */
-    rv = snprintf(why, sizeof(why), "mge-worker: rank %d/%d attempt %d: started %s as pid %d, "
-                  "%d threads%s%.300s", r->rank, r->world, r->attempt, rs->opts.train_bin, r->pid,
-                  cpus, resume_from ? ", resuming from " : "", resume_from ? resume_from : "");
+    rv = snprintf(why, sizeof(why),
+                  "mge-worker: rank %d/%d attempt %d: started %s as pid %d, "
+                  "%d threads%s%.300s",
+                  r->rank, r->world, r->attempt, rs->opts.train_bin, r->pid, cpus,
+                  resume_from ? ", resuming from " : "", resume_from ? resume_from : "");
     line_push(r, 1, why, rv > 0 ? strlen(why) : 0);
     uv_read_start((uv_stream_t *)&r->out, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&r->err, on_alloc, on_read);

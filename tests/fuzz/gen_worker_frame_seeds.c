@@ -6,7 +6,8 @@
  * when worker.proto changes:
  *   cc -std=c11 -D_GNU_SOURCE -I. -Ibuild/gen tests/fuzz/gen_worker_frame_seeds.c \
  *      build/gen/proto/worker.pb-c.c -lprotobuf-c -o build/gen_worker_frame_seeds
- *   mkdir -p tests/fuzz/corpus/worker_frame && build/gen_worker_frame_seeds tests/fuzz/corpus/worker_frame
+ *   mkdir -p tests/fuzz/corpus/worker_frame
+ *   build/gen_worker_frame_seeds tests/fuzz/corpus/worker_frame
  */
 #include <stdbool.h>
 #include <stdio.h>
