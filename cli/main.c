@@ -242,6 +242,21 @@ static bool on_follow_event(void *arg, const char *kind, int64_t id, json_t *d)
         json_t *s = json_object_get(d, "step");
         if (!json_is_integer(s) || json_integer_value(json_object_get(d, "rank")) != 0)
             return true;
+        if (json_is_number(json_object_get(d, "test_accuracy"))) {
+            /* an evaluation line of mge-train: one text line, above the bar */
+            bar_clear(f);
+            printf("eval step %lld epoch %lld: test accuracy %.2f%% test loss %.6f\n",
+                   (long long)json_integer_value(s),
+                   (long long)json_integer_value(json_object_get(d, "epoch")),
+                   100.0 * json_number_value(json_object_get(d, "test_accuracy")),
+                   json_number_value(json_object_get(d, "test_loss")));
+            fflush(stdout);
+            if (f->tty && f->step)
+                bar_draw(f);
+            return true;
+        }
+        if (!json_is_number(json_object_get(d, "loss")))
+            return true;
         f->step = json_integer_value(s);
         f->loss = json_number_value(json_object_get(d, "loss"));
         f->sps = json_number_value(json_object_get(d, "samples_per_sec"));

@@ -879,18 +879,27 @@ int mge_store_placement_exit(struct mge_store *st, int64_t job_id, int attempt, 
     return rc;
 }
 
-/* Metrics of one JSON line of rank 0. Lock held, in a transaction. */
+/*
+ * Metrics of one JSON line of rank 0. mge-train --json prints three kinds:
+ *   {"step":N,"loss":..,"samples_per_sec":..,"lr":..,"epoch":E}         a training step
+ *   {"epoch":E,"step":N,"test_accuracy":..,"test_loss":..}              an evaluation
+ *   {"summary":true,"steps":..,"final_loss":..,...}                     the end of the run
+ * Every number of a step or evaluation line is stored as the metric of that name at step N;
+ * an evaluation's "epoch" counts finished epochs, so the step line's (the running epoch)
+ * is kept. Lock held, in a transaction.
+ */
 static int ingest_metric(struct mge_store *st, const struct mge_store_line *l)
 {
     json_t *o = json_loads(l->text, 0, NULL), *v;
     const char *key;
     int64_t step = -1;
+    bool eval;
     int rc = MGE_OK;
     sqlite3_stmt *s;
 
     if (!json_is_object(o))
         goto out_decref;
-    if (json_object_get(o, "final_loss") || json_object_get(o, "wall_sec")) {
+    if (json_is_true(json_object_get(o, "summary")) || json_object_get(o, "final_loss")) {
         /* the summary line ends the run */
         s = stmt_get(st, Q_JOB_RESULT);
         if (s) {
@@ -915,9 +924,10 @@ static int ingest_metric(struct mge_store *st, const struct mge_store_line *l)
         if (step < 0)
             step = 0;
     }
+    eval = !json_object_get(o, "loss");
     json_object_foreach(o, key, v)
     {
-        if (!json_is_number(v) || !strcmp(key, "step"))
+        if (!json_is_number(v) || !strcmp(key, "step") || (eval && !strcmp(key, "epoch")))
             continue;
         s = stmt_get(st, Q_METRIC_UPSERT);
         if (!s) {

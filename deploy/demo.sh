@@ -25,8 +25,23 @@ fi
 ADMIN=$(sed -n 's/^admin //p' "$D/tokens")
 
 PIDS=""
+# cancel_open_jobs WHY: cancel this demo cluster's queued and running jobs, so that a job cut
+# off by Ctrl-C is not requeued (and does not hold a worker) the next time the demo starts.
+# At stop it is best effort: Ctrl-C in a terminal reaches the coordinator too, so the
+# start of the next run does it again.
+cancel_open_jobs() {
+    [ -n "$DEMO_URL" ] || return 0 # only ever the demo's own coordinator
+    for st in running queued; do
+        for id in $("$BIN/mgectl" --server "$DEMO_URL" --token "$ADMIN" list --state "$st" \
+            --limit 1000 2>/dev/null | awk 'NR > 1 { print $1 }'); do
+            echo "demo: cancelling job $id ($1)"
+            "$BIN/mgectl" --server "$DEMO_URL" --token "$ADMIN" cancel "$id" >/dev/null 2>&1
+        done
+    done
+}
 stop() {
     trap - EXIT INT TERM
+    cancel_open_jobs "the demo is stopping"
     for p in $PIDS; do kill "$p" 2>/dev/null; done
     for p in $PIDS; do wait "$p" 2>/dev/null; done
     echo "demo: stopped (logs and state in $D)"
@@ -46,6 +61,7 @@ while [ ! -s "$D/ports" ]; do
     sleep 0.1
 done
 HTTP=$(sed -n 's/^http=//p' "$D/ports")
+DEMO_URL=http://$HTTP
 WORKER_URL=$(sed -n 's/^worker=//p' "$D/ports")
 ROOTS=""
 [ -d /usr/share/datasets ] && ROOTS="--data-root /usr/share/datasets"
@@ -62,6 +78,7 @@ until [ "$("$BIN/mgectl" workers -o json 2>/dev/null | grep -o '"state": "ready"
     [ $i -gt 100 ] && { echo "demo: workers did not register" >&2; exit 1; }
     sleep 0.1
 done
+cancel_open_jobs "left from an earlier demo run"
 echo "demo: coordinator on http://$HTTP (API token in $D/tokens)"
 echo "demo: the dashboard will be at http://$HTTP/ ; try: MGE_SERVER=http://$HTTP MGE_TOKEN=$ADMIN $BIN/mgectl list"
 "$BIN/mgectl" workers

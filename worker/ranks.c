@@ -103,8 +103,10 @@ static void ckpt_scan(struct mge_ranks *rs, struct mge_rank *r)
         long long step;
         char path[2048], line[2300];
         struct stat sb;
-        int n;
-        if (sscanf(de->d_name, "ckpt-%lld.mgeckpt", &step) != 1 || step <= r->last_ckpt_step)
+        int n, end = 0;
+        /* the whole name: mge-train writes "ckpt-<step>.mgeckpt.tmp.*" first, then renames */
+        if (sscanf(de->d_name, "ckpt-%lld.mgeckpt%n", &step, &end) != 1 || !end ||
+            de->d_name[end] != '\0' || step <= r->last_ckpt_step)
             continue;
         snprintf(path, sizeof(path), "%s/%s", r->out_dir, de->d_name);
         if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
@@ -197,6 +199,15 @@ static void maybe_finish(struct mge_rank *r)
     r->closing = true;
     uv_close((uv_handle_t *)&r->kill_timer, on_close);
     pthread_mutex_lock(&rs->mu);
+    if (r->pid > 0) {
+        char line[128];
+        int n = r->term_signal
+                    ? snprintf(line, sizeof(line), "mge-worker: rank %d: killed by signal %d",
+                               r->rank, r->term_signal)
+                    : snprintf(line, sizeof(line), "mge-worker: rank %d: exited with code %d",
+                               r->rank, r->exit_code);
+        line_push(r, 1, line, (size_t)n);
+    }
     r->state = MGE_RANK_EXITED;
     pthread_mutex_unlock(&rs->mu);
     mge_log_info("job %lld rank %d: exited (code %d, signal %d)", (long long)r->job_id, r->rank,
@@ -247,23 +258,16 @@ static bool under_root(const char *path, const char *root)
     return !strncmp(path, root, n) && (path[n] == '/' || path[n] == '\0');
 }
 
-bool mge_ranks_data_paths_ok(const struct mge_ranks_opts *opts, const char *spec_yaml, char *why,
-                             size_t why_len)
+/* The data-roots check of mge_ranks_data_paths_ok() on a parsed spec. */
+static bool data_paths_check(const struct mge_ranks_opts *opts, const struct mge_jobspec *spec,
+                             char *why, size_t why_len)
 {
-    struct mge_jobspec *spec = NULL;
-    struct mge_spec_error err;
     const char *paths[4];
-    bool ok = true;
-    if (mge_jobspec_parse("<assign>", spec_yaml, strlen(spec_yaml), NULL, 0, &spec, &err) !=
-        MGE_OK) {
-        snprintf(why, why_len, "invalid spec: %s", err.message);
-        return false;
-    }
     paths[0] = spec->data.train_images;
     paths[1] = spec->data.train_labels;
     paths[2] = spec->data.test_images;
     paths[3] = spec->data.test_labels;
-    for (int i = 0; i < 4 && ok; i++) {
+    for (int i = 0; i < 4; i++) {
         char real[PATH_MAX];
         bool inside = false;
         if (!paths[i] || !*paths[i])
@@ -272,17 +276,36 @@ bool mge_ranks_data_paths_ok(const struct mge_ranks_opts *opts, const char *spec
         if (!realpath(paths[i], real)) {
             snprintf(why, why_len, "data path '%s' is not readable on this worker: %s", paths[i],
                      strerror(errno));
-            ok = false;
-            break;
+            return false;
         }
         for (int k = 0; k < opts->n_data_roots && !inside; k++)
             inside = under_root(real, opts->data_roots[k]);
         if (!inside) {
             snprintf(why, why_len,
                      "data path '%s' is outside the worker's data roots (--data-root)", paths[i]);
-            ok = false;
+            return false;
         }
     }
+    return true;
+}
+
+static int spec_parse(const char *spec_yaml, struct mge_jobspec **out, char *why, size_t why_len)
+{
+    struct mge_spec_error err;
+    int rc = mge_jobspec_parse("<assign>", spec_yaml, strlen(spec_yaml), NULL, 0, out, &err);
+    if (rc != MGE_OK)
+        snprintf(why, why_len, "invalid spec: %.400s", err.message);
+    return rc;
+}
+
+bool mge_ranks_data_paths_ok(const struct mge_ranks_opts *opts, const char *spec_yaml, char *why,
+                             size_t why_len)
+{
+    struct mge_jobspec *spec = NULL;
+    bool ok;
+    if (spec_parse(spec_yaml, &spec, why, why_len) != MGE_OK)
+        return false;
+    ok = data_paths_check(opts, spec, why, why_len);
     mge_jobspec_free(spec);
     return ok;
 }
@@ -307,11 +330,14 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
 {
     uv_process_options_t po;
     uv_stdio_container_t stdio[3];
-    char why[512], spec_path[1100], envbuf[5][64];
-    char *args[9];
+    struct mge_jobspec *spec = NULL;
+    char why[512], spec_path[1100], envbuf[5][64], threads[16];
+    char *args[12];
+    const char *resume_from = NULL;
     char **env = NULL;
     size_t nenv = 0;
-    int a = 0, rv;
+    int a = 0, rv, cpus;
+    bool paths_ok;
     FILE *f;
 
     r->spawned = true;
@@ -319,7 +345,14 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
         fail_rank(rs, r, "cancelled before start");
         return;
     }
-    if (!mge_ranks_data_paths_ok(&rs->opts, r->spec_yaml, why, sizeof(why))) {
+    if (spec_parse(r->spec_yaml, &spec, why, sizeof(why)) != MGE_OK) {
+        fail_rank(rs, r, why);
+        return;
+    }
+    paths_ok = data_paths_check(&rs->opts, spec, why, sizeof(why));
+    cpus = spec->resources.cpus > 0 ? spec->resources.cpus : 1;
+    mge_jobspec_free(spec);
+    if (!paths_ok) {
         fail_rank(rs, r, why);
         return;
     }
@@ -339,9 +372,22 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     args[a++] = (char *)"--out";
     args[a++] = r->out_dir;
     args[a++] = (char *)"--json";
+    /* the rank gets the cores the scheduler reserved for it, not every core of the node */
+    snprintf(threads, sizeof(threads), "%d", cpus);
+    args[a++] = (char *)"--threads";
+    args[a++] = threads;
     if (r->resume && *r->resume && access(r->resume, R_OK) == 0) {
         args[a++] = (char *)"--resume";
         args[a++] = r->resume;
+        resume_from = r->resume;
+    } else if (r->resume && *r->resume) {
+        /* the checkpoint lies on a node this one cannot see: say so in the job's log */
+        snprintf(why, sizeof(why),
+                 "mge-worker: checkpoint '%.300s' is not readable here (%s): "
+                 "starting from the beginning",
+                 r->resume, strerror(errno));
+        line_push(r, 1, why, strlen(why));
+        mge_log_warn("job %lld rank %d: %s", (long long)r->job_id, r->rank, why);
     }
     args[a] = NULL;
 
@@ -352,12 +398,17 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
         fail_rank(rs, r, "out of memory");
         return;
     }
-    memcpy(env, environ, nenv * sizeof(*env));
+    /* OpenMP and BLAS threads follow OMP_NUM_THREADS: ours replaces the worker's own */
+    nenv = 0;
+    for (char **e = environ; *e; e++)
+        if (strncmp(*e, "OMP_NUM_THREADS=", 16) != 0)
+            env[nenv++] = *e;
     snprintf(envbuf[0], sizeof(envbuf[0]), "MGE_JOB_ID=%lld", (long long)r->job_id);
     snprintf(envbuf[1], sizeof(envbuf[1]), "MGE_RANK=%d", r->rank);
     snprintf(envbuf[2], sizeof(envbuf[2]), "MGE_WORLD_SIZE=%d", r->world);
     snprintf(envbuf[3], sizeof(envbuf[3]), "MGE_ATTEMPT=%d", r->attempt);
-    for (int i = 0; i < 4; i++)
+    snprintf(envbuf[4], sizeof(envbuf[4]), "OMP_NUM_THREADS=%d", cpus);
+    for (int i = 0; i < 5; i++)
         env[nenv++] = envbuf[i];
 
     uv_pipe_init(rs->loop, &r->out, 0);
@@ -395,6 +446,13 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     }
     r->pid = r->proc.pid;
     r->state = MGE_RANK_RUNNING;
+    /* say in the job's log how the rank was started: mge-train --json prints no text */
+    rv = snprintf(why, sizeof(why),
+                  "mge-worker: rank %d/%d attempt %d: started %s as pid %d, "
+                  "%d threads%s%.300s",
+                  r->rank, r->world, r->attempt, rs->opts.train_bin, r->pid, cpus,
+                  resume_from ? ", resuming from " : "", resume_from ? resume_from : "");
+    line_push(r, 1, why, rv > 0 ? strlen(why) : 0);
     uv_read_start((uv_stream_t *)&r->out, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&r->err, on_alloc, on_read);
     mge_log_info("job %lld attempt %d rank %d/%d: started pid %d", (long long)r->job_id,

@@ -4,7 +4,8 @@
 #   2. submit-to-rank-spawn latency p50                 goal <= 50 ms
 #   3. GET /jobs p99 with 10,000 jobs stored            goal <= 50 ms
 #   4. coordinator CPU with 1,000 simulated workers at 1 Hz   goal <= 20% of one core
-# The simulated workers come from mge-loadgen, a load generator: they only heartbeat.
+# The simulated workers come from mge-loadgen, a load generator: they only heartbeat. The
+# worker of benchmark 2 is a real mge-worker running the real mge-train.
 BUILD=${1:-build}
 BIN=$BUILD/bin
 T=$(mktemp -d "${TMPDIR:-/tmp}/mge-bench.XXXXXX")
@@ -16,8 +17,6 @@ cc -std=c11 -D_GNU_SOURCE -O2 -I. -I"$BUILD/gen" tests/bench/mge-loadgen.c \
     "$BUILD/lib/libmgeproto.a" -lnng -lprotobuf-c -lcurl -lpthread -o "$T/mge-loadgen" || exit 1
 printf 'admin bench\n' >"$T/tokens"
 echo join >"$T/join"
-printf '#!/bin/sh\ndate +%%s%%N > started\n' >"$T/stub-train"
-chmod +x "$T/stub-train"
 
 start_coord() { # state dir
     rm -f "$T/ports"
@@ -42,10 +41,16 @@ stop_coord
 start_coord "$T/s2"
 mkdir -p "$T/wd"
 "$BIN/mge-worker" --coordinator "$WURL" --join-token-file "$T/join" --name bench-w \
-    --cpus 2 --work-dir "$T/wd" --train-bin "$T/stub-train" >>"$T/worker.log" 2>&1 &
+    --cpus 2 --work-dir "$T/wd" >>"$T/worker.log" 2>&1 &
 PIDS="$PIDS $!"
-sleep 1
+i=0; until grep -qs 'registered with the coordinator' "$T/worker.log" || [ $i -ge 100 ]; do
+    sleep 0.1; i=$((i + 1))
+done
 "$T/mge-loadgen" latency "$URL" bench 40 "$T/wd"
+# the ranks are the real mge-train: each one that trained to the end left its checkpoint
+i=0; while [ "$(ls "$T"/wd/job-*/attempt-1/rank-0/latest.mgeckpt 2>/dev/null | wc -l)" -lt 40 ] &&
+    [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+echo "latency_jobs_trained $(ls "$T"/wd/job-*/attempt-1/rank-0/latest.mgeckpt 2>/dev/null | wc -l) of 40 (mge-train, 10 steps each)"
 stop_coord
 
 start_coord "$T/s3"

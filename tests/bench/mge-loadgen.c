@@ -6,8 +6,9 @@
  *   mge-loadgen submit URL TOKEN N CONNS      N job submissions over CONNS keep-alive
  *                                             connections; prints submissions/s
  *   mge-loadgen list URL TOKEN N              N x GET /api/v1/jobs; prints p50/p99 ms
- *   mge-loadgen latency URL TOKEN N WORKDIR   submit-to-rank-spawn latency (the worker runs
- *                                             a stub that writes the time it started)
+ *   mge-loadgen latency URL TOKEN N WORKDIR   submit-to-rank-spawn latency: until the rank's
+ *                                             spec.yaml appears under WORKDIR (the worker
+ *                                             writes it just before it starts mge-train)
  *   mge-loadgen workers WORKER_URL JOIN N SECONDS   N simulated workers heartbeating at 1 Hz
  */
 #include <curl/curl.h>
@@ -22,7 +23,12 @@
 
 #include "proto/worker.pb-c.h"
 
-static const char SPEC[] = "name: bench\ntrain: {steps: 10, batch_size: 32}\n";
+/* a full spec that the real mge-train runs in a fraction of a second */
+static const char SPEC[] =
+    "name: bench\n"
+    "model: {type: mlp, hidden: [32]}\n"
+    "data: {format: synthetic, train_size: 256, test_size: 0, input_dim: 784, classes: 10}\n"
+    "train: {steps: 10, batch_size: 32, optimizer: {type: sgd, lr: 0.05}}\n";
 
 static double now_s(void)
 {
@@ -154,30 +160,23 @@ static int do_latency(const char *url, const char *token, int n, const char *wor
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, SPEC);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     for (int i = 0; i < n; i++) {
-        struct timespec ts;
         double sent, deadline;
         long long id;
         char path[1024];
         b.len = 0;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        sent = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+        sent = now_s();
         if (curl_easy_perform(c) != CURLE_OK || sscanf(b.buf, "{\"id\":%lld", &id) != 1)
             continue;
-        snprintf(path, sizeof(path), "%s/job-%lld/attempt-1/rank-0/started", workdir, id);
+        snprintf(path, sizeof(path), "%s/job-%lld/attempt-1/rank-0/spec.yaml", workdir, id);
         deadline = now_s() + 10;
         while (now_s() < deadline) {
-            FILE *f = fopen(path, "r");
-            long long ns = 0;
-            if (f && fscanf(f, "%lld", &ns) == 1 && ns > 0) {
-                fclose(f);
-                lat[got++] = ((double)ns / 1e9 - sent) * 1000;
+            if (access(path, F_OK) == 0) { /* polled every 0.2 ms: that close to the spawn */
+                lat[got++] = (now_s() - sent) * 1000;
                 break;
             }
-            if (f)
-                fclose(f);
-            usleep(500);
+            usleep(200);
         }
-        usleep(50000); /* let the stub exit and the slot free up */
+        usleep(300000); /* let mge-train finish and the slot free up */
     }
     if (got) {
         qsort(lat, (size_t)got, sizeof(*lat), cmp_d);

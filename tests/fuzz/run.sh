@@ -23,6 +23,16 @@ libs_jobspec='-lyaml -ljansson -lz -lm -lpthread'
 deps_ckpt='common/*.c engine/ckpt.c $BUILD/gen/proto/checkpoint.pb-c.c'
 libs_ckpt='-lprotobuf-c -lyaml -ljansson -lz -lm -lpthread'
 
+# the control plane: REST bodies and worker frames go through the coordinator's own code
+# (seeds: corpus/http_body/ by hand, corpus/worker_frame/ from gen_worker_frame_seeds.c)
+deps_control='coordinator/http_api.c coordinator/store.c coordinator/sched.c coordinator/rpc.c
+coordinator/auth.c common/*.c $BUILD/gen/proto/worker.pb-c.c'
+libs_control='-lmicrohttpd -lsqlite3 -lnng -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread'
+deps_http_body=$deps_control
+libs_http_body=$libs_control
+deps_worker_frame=$deps_control
+libs_worker_frame=$libs_control
+
 # ---------------------------------------------------------------------------------------------
 BUILD=${1:-build}
 MODE=${2:-short}

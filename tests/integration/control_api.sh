@@ -4,18 +4,25 @@
 . "$(dirname "$0")/lib/control.sh"
 
 start_coord
+# real idx files inside the data root (copied: a link out of the root would be refused);
+# FIFOs outside it, so a rank that opened one would hang instead of failing
+FM=/usr/share/datasets/fashion-mnist
 mkdir -p "$T/data/inside" "$T/outside"
-echo x > "$T/data/inside/train.idx"
-echo x > "$T/outside/train.idx"
+cp "$FM/t10k-images-idx3-ubyte.gz" "$FM/t10k-labels-idx1-ubyte.gz" "$T/data/inside/" ||
+    fail "copy the t10k files of $FM (deploy/install-deps.sh installs dataset-fashion-mnist)"
+mkfifo "$T/outside/images.gz" "$T/outside/labels.gz"
+ln -s "$T/outside/images.gz" "$T/data/link-images.gz"
 start_worker w1 --data-root "$T/data"
 
-cat > "$T/ok.yaml" <<'Y'
+cat > "$T/ok.yaml" <<Y
 name: happy
-data: {format: synthetic, train_size: 512, input_dim: 784, classes: 10}
-model: {type: mlp, hidden: [32]}
+$QUICK_MODEL
+$QUICK_DATA
 train:
   steps: 50
   batch_size: 32
+  $QUICK_OPT
+  checkpoint_every: 10
 Y
 
 # --- auth
@@ -31,7 +38,9 @@ curl -s -o /dev/null -w '%{http_code}' "$URL/healthz" >"$T/status"
 check "/healthz needs no token" [ "$(status)" = 200 ]
 
 # --- bad requests
-printf 'name: bad\ntrain:\n  steps: 10\n  stpes: 3\n' > "$T/bad.yaml"
+# a full spec but for one misspelt key
+printf 'name: bad\ntrain:\n  steps: 10\n  stpes: 3\n  batch_size: 32\n  %s\n%s\n%s\n' \
+    "$QUICK_OPT" "$QUICK_MODEL" "$QUICK_DATA" > "$T/bad.yaml"
 api POST /api/v1/jobs -H 'Content-Type: application/yaml' --data-binary "@$T/bad.yaml" >"$T/p.json"
 check "422 for a bad spec" [ "$(status)" = 422 ]
 check "the problem names the key and its line" \
@@ -46,29 +55,40 @@ api POST /api/v1/jobs -H 'Content-Type: application/yaml' --data-binary "@$T/big
 check "413 for a body over 1 MiB" [ "$(status)" = 413 ]
 api GET /api/v1/jobs/999999 >/dev/null
 check "404 for an unknown job" [ "$(status)" = 404 ]
-api POST /api/v1/jobs -H 'Content-Type: application/json' --data-binary '{"name": "j", "train": {"steps": 5}' >/dev/null
+api POST /api/v1/jobs -H 'Content-Type: application/json' --data-binary '{"name": "j", "train": {"steps": 5}}x' >/dev/null
 check "400 for malformed JSON" [ "$(status)" = 400 ]
 
 # --- happy path: mgectl submit -f follows the job to the end
 "$BIN/mgectl" submit "$T/ok.yaml" -f >"$T/follow.out" 2>"$T/follow.err"; rc=$?
 check "mgectl submit -f exits 0 for a job that succeeds" [ "$rc" = 0 ]
 JOB=$(sed -n 's/^job \([0-9]*\) submitted.*/\1/p' "$T/follow.out")
-check "plain progress lines when piped" grep -q '^step 50/50 loss' "$T/follow.out"
+check "plain progress lines when piped, one per step" \
+    sh -c "grep -q '^step 50/50 loss' '$T/follow.out' && [ \$(grep -c '^step ' '$T/follow.out') = 50 ]"
+check "... and the evaluations" grep -q '^eval step 50 epoch 3: test accuracy' "$T/follow.out"
 check "the job went queued -> running -> succeeded" \
     sh -c "api() { :; }; grep -q 'queued' '$T/follow.err' && grep -q 'running' '$T/follow.err' && grep -q 'succeeded' '$T/follow.err'"
 check "job state is succeeded" state_is "$JOB" succeeded
-check "50 loss metrics stored, steps 1..50 once each, decreasing" loss_steps_exact "$JOB" 50
+check "50 loss metrics stored, steps 1..50 once each, loss falling" loss_steps_exact "$JOB" 50
 api GET "/api/v1/jobs/$JOB" >"$T/job.json"
 check "job shows placement, progress, latest metrics and the result" jq -e '
     .placement[0].worker == "w1" and .progress.step == 50 and .progress.total_steps == 50
     and (.latest_metrics.loss.value < 1) and .result.steps == 50 and .pending_reason == null
     and .started_at and .finished_at' "$T/job.json"
 api GET "/api/v1/jobs/$JOB/logs?rank=0&tail=10" >"$T/logs.json"
-check "logs carry the rank's stderr" jq -e '.lines | map(.text) | any(test("fake-train: rank 0/1"))' "$T/logs.json"
+check "logs say how the worker started the rank and how it ended" jq -e '.lines | map(.text)
+    | any(test("^mge-worker: rank 0/1 attempt 1: started .*/mge-train as pid [0-9]+, 1 threads$"))
+      and .[-1] == "mge-worker: rank 0: exited with code 0"' "$T/logs.json"
+check "the evaluation is stored as metrics" jq -e '.latest_metrics.test_accuracy.value > 0.5 and .latest_metrics.test_loss.step == 50' "$T/job.json"
 api GET "/api/v1/jobs/$JOB/checkpoints" >"$T/ck.json"
-check "checkpoints are indexed" jq -e '.checkpoints | length >= 5 and .[0].step == 50' "$T/ck.json"
+check "checkpoints are indexed, by their final names" jq -e '[.checkpoints[].step] == [50, 40, 30, 20, 10]
+    and ([.checkpoints[].name] == ["ckpt-000050.mgeckpt", "ckpt-000040.mgeckpt", "ckpt-000030.mgeckpt",
+                                   "ckpt-000020.mgeckpt", "ckpt-000010.mgeckpt"])' "$T/ck.json"
 "$BIN/mgectl" checkpoint download "$JOB" -o "$T/dl.mgeckpt" >/dev/null
-check "mgectl checkpoint download fetches the latest one" grep -q '^step 50' "$T/dl.mgeckpt"
+check "mgectl checkpoint download fetches the latest one" \
+    cmp "$T/dl.mgeckpt" "$T/w-w1/job-$JOB/attempt-1/rank-0/ckpt-000050.mgeckpt"
+check "... and mge-train can resume from it" sh -c \
+    "'$BIN/mge-train' '$T/ok.yaml' --set train.steps=55 --resume '$T/dl.mgeckpt' --out '$T/resumed' --json --threads 1 2>&1 |
+     head -n 1 | grep -q '^{\"step\":51,'"
 "$BIN/mgectl" list >"$T/list.out"
 check "mgectl list shows the job" grep -q "^$JOB *happy *succeeded" "$T/list.out"
 "$BIN/mgectl" get "$JOB" -o yaml >"$T/get.yaml"
@@ -89,11 +109,13 @@ check "the event stream of a finished job ends, with state, metric and log event
 check "Last-Event-ID resumes exactly after that event" \
     [ "$(grep -c '^id: ' "$T/sse.rest")" = $((n_all - 10)) ]
 
-# --- cancel while running
-sed 's/steps: 50/steps: 100000/; s/name: happy/name: long/' "$T/ok.yaml" > "$T/long.yaml"
+# --- cancel while running (a job of many minutes)
+printf 'name: long\n%s\n%s\ntrain: {steps: 100000, batch_size: 128, %s}\n' \
+    "$LONG_MODEL" "$LONG_DATA" "$LONG_OPT" > "$T/long.yaml"
 JOB2=$(submit_yaml "$T/long.yaml")
 check "a long job starts running" wait_until 20 state_is "$JOB2" running
-wait_until 10 sh -c "[ \$(curl -s -H 'Authorization: Bearer $RO' '$URL/api/v1/jobs/$JOB2' | jq '.progress.step') -gt 3 ]"
+check "... and trains" wait_until 20 step_at_least "$JOB2" 4
+check "the rank runs with the job's one CPU (--threads 1, OMP_NUM_THREADS=1)" rank_threads_are "$JOB2" 1
 "$BIN/mgectl" cancel "$JOB2" >/dev/null
 check "cancel answers and the job is cancelled" state_is "$JOB2" cancelled
 check "the worker frees the slot after killing the rank" \
@@ -102,23 +124,49 @@ api POST "/api/v1/jobs/$JOB2/cancel" >/dev/null
 check "cancelling a finished job is 409" [ "$(status)" = 409 ]
 
 # --- data paths must lie under the worker's data roots
-cat > "$T/outside.yaml" <<Y
-name: outside
-data: {format: idx, train_images: $T/outside/train.idx, train_labels: $T/outside/train.idx}
-train: {steps: 5, batch_size: 32}
-Y
+idx_spec() { # NAME IMAGES LABELS
+    printf 'name: %s\n%s\ndata: {format: idx, train_images: %s, train_labels: %s}\n' \
+        "$1" "$QUICK_MODEL" "$2" "$3"
+    printf 'train: {steps: 5, batch_size: 32, %s}\n' "$QUICK_OPT"
+}
+reason_is_roots() {
+    api GET "/api/v1/jobs/$1" | jq -e '.failure_reason | test("data path .* is outside the worker.s data roots")'
+}
+failed_outside_roots() { state_is "$1" failed && reason_is_roots "$1"; }
+idx_spec outside "$T/outside/images.gz" "$T/outside/labels.gz" > "$T/outside.yaml"
 JOB3=$(submit_yaml "$T/outside.yaml")
-check "a spec with a data path outside the roots fails" wait_until 20 state_is "$JOB3" failed
-check "... with a clear reason" sh -c "curl -s -H 'Authorization: Bearer $RO' '$URL/api/v1/jobs/$JOB3' | jq -e '.failure_reason | test(\"outside the worker.s data roots\")' >/dev/null"
-sed "s#$T/outside#$T/data/inside#g; s/name: outside/name: inside/" "$T/outside.yaml" > "$T/inside.yaml"
+check "a spec with a data path outside the roots fails, with a clear reason" \
+    wait_until 20 failed_outside_roots "$JOB3"
+check "... and no rank was started (the FIFO was never opened)" [ ! -e "$T/w-w1/job-$JOB3" ]
+idx_spec link "$T/data/link-images.gz" "$T/data/inside/t10k-labels-idx1-ubyte.gz" > "$T/link.yaml"
+JOB3L=$(submit_yaml "$T/link.yaml")
+check "a link inside the roots that points outside them is refused too" \
+    wait_until 20 failed_outside_roots "$JOB3L"
+idx_spec inside "$T/data/inside/t10k-images-idx3-ubyte.gz" "$T/data/inside/t10k-labels-idx1-ubyte.gz" \
+    > "$T/inside.yaml"
 JOB4=$(submit_yaml "$T/inside.yaml")
-check "the same spec with paths inside the roots runs" wait_until 20 state_is "$JOB4" succeeded
+check "the same spec with paths inside the roots runs" wait_until 30 state_is "$JOB4" succeeded
+check "... and trains on the real idx files for 5 steps" \
+    sh -c "curl -s -H 'Authorization: Bearer $RO' '$URL/api/v1/jobs/$JOB4' | jq -e '.result.steps == 5 and .progress.step == 5' >/dev/null"
+
+# --- a rank that fails: mge-train's stderr reaches the job's log and the job fails
+printf 'not an idx file\n' > "$T/data/garbage.gz"
+idx_spec garbage "$T/data/garbage.gz" "$T/data/inside/t10k-labels-idx1-ubyte.gz" > "$T/garbage.yaml"
+JOB6=$(submit_yaml "$T/garbage.yaml")
+check "a job whose data mge-train cannot read fails" wait_until 20 state_is "$JOB6" failed
+api GET "/api/v1/jobs/$JOB6" >"$T/job6.json"
+check "... with the exit code as its reason" jq -e '.failure_reason | test("code [1-9]")' "$T/job6.json"
+api GET "/api/v1/jobs/$JOB6/logs" >"$T/logs6.json"
+check "... and mge-train's stderr in its log" \
+    jq -e '.lines | any(.stream == "stderr" and (.text | test("^mge-train: .*garbage.gz")))' "$T/logs6.json"
 
 # --- pending reason, priority order, /metrics
-cat > "$T/huge.yaml" <<'Y'
+cat > "$T/huge.yaml" <<Y
 name: huge
+$QUICK_MODEL
+$QUICK_DATA
 resources: {workers: 2, cpus: 4}
-train: {steps: 5}
+train: {steps: 5, batch_size: 32, $QUICK_OPT}
 Y
 JOB5=$(submit_yaml "$T/huge.yaml")
 check "a job that cannot be placed says why" sh -c "curl -s -H 'Authorization: Bearer $RO' '$URL/api/v1/jobs/$JOB5' | jq -e '.state == \"queued\" and (.pending_reason | test(\"needs 2 workers with 4 CPUs\"))' >/dev/null"

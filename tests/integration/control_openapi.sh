@@ -21,15 +21,21 @@ rec() {
 A="Authorization: Bearer $ADMIN"
 R="Authorization: Bearer $RO"
 Y='Content-Type: application/yaml'
-printf 'name: oa\ntrain: {steps: 20, batch_size: 32}\n' >"$T/ok.yaml"
-printf 'name: oa\ntrain: {steps: 20, bogus: 1}\n' >"$T/bad.yaml"
+printf 'name: oa\n%s\n%s\ntrain: {steps: 20, batch_size: 32, %s, checkpoint_every: 10}\n' \
+    "$QUICK_MODEL" "$QUICK_DATA" "$QUICK_OPT" >"$T/ok.yaml"
+printf 'name: oa\n%s\n%s\ntrain: {steps: 20, batch_size: 32, %s, bogus: 1}\n' \
+    "$QUICK_MODEL" "$QUICK_DATA" "$QUICK_OPT" >"$T/bad.yaml"
+OK_JSON='{"name": "oa", "model": {"type": "mlp", "hidden": [32]},
+  "data": {"format": "synthetic", "train_size": 512, "input_dim": 784, "classes": 10},
+  "train": {"steps": 20, "batch_size": 32, "optimizer": {"type": "sgd", "lr": 0.05}}}'
 
 rec GET /healthz /healthz
 rec GET /metrics /metrics -H "$R"
 rec GET /metrics /metrics
 rec POST /api/v1/jobs /api/v1/jobs -H "$A" -H "$Y" --data-binary "@$T/ok.yaml"
 JOB=$(jq -r .id "$T/r$n")
-rec POST /api/v1/jobs /api/v1/jobs -H "$A" -H 'Content-Type: application/json' --data-binary '{"name":"oa","train":{"steps":20}}'
+rec POST /api/v1/jobs /api/v1/jobs -H "$A" -H 'Content-Type: application/json' --data-binary "$OK_JSON"
+JOB_J=$(jq -r .id "$T/r$n")
 rec POST /api/v1/jobs /api/v1/jobs -H "$A" -H "$Y" --data-binary "@$T/bad.yaml"
 rec POST /api/v1/jobs /api/v1/jobs -H "$A" -H 'Content-Type: text/plain' --data-binary x
 rec POST /api/v1/jobs /api/v1/jobs -H "$A" -H 'Content-Type: application/json' --data-binary '{'
@@ -37,7 +43,8 @@ rec POST /api/v1/jobs /api/v1/jobs -H "$R" -H "$Y" --data-binary "@$T/ok.yaml"
 rec POST /api/v1/jobs /api/v1/jobs -H "$Y" --data-binary "@$T/ok.yaml"
 head -c 1100000 /dev/zero | tr '\0' a >"$T/big"
 rec POST /api/v1/jobs /api/v1/jobs -H "$A" -H "$Y" --data-binary "@$T/big"
-wait_until 20 state_is "$JOB" succeeded
+check "the YAML job trains to the end" wait_until 20 state_is "$JOB" succeeded
+check "the JSON job trains to the end" wait_until 20 state_is "$JOB_J" succeeded
 rec GET /api/v1/jobs "/api/v1/jobs?limit=1" -H "$R"
 rec GET /api/v1/jobs "/api/v1/jobs?state=succeeded" -H "$R"
 rec GET /api/v1/jobs "/api/v1/jobs?state=nope" -H "$R"
@@ -67,9 +74,11 @@ rec POST '/api/v1/jobs/{id}/cancel' "/api/v1/jobs/$JOB/cancel" -H "$A"
 rec POST '/api/v1/jobs/{id}/cancel' /api/v1/jobs/424242/cancel -H "$A"
 rec POST '/api/v1/jobs/{id}/cancel' "/api/v1/jobs/$JOB/cancel" -H "$R"
 rec POST '/api/v1/jobs/{id}/cancel' "/api/v1/jobs/$JOB/cancel"
-printf 'name: oa2\ntrain: {steps: 100000}\n' >"$T/long.yaml"
+printf 'name: oa2\n%s\n%s\ntrain: {steps: 100000, batch_size: 128, %s}\n' \
+    "$LONG_MODEL" "$LONG_DATA" "$LONG_OPT" >"$T/long.yaml"
 rec POST /api/v1/jobs /api/v1/jobs -H "$A" -H "$Y" --data-binary "@$T/long.yaml"
 JOB2=$(jq -r .id "$T/r$n")
+check "the long job is accepted" [ "$JOB2" -gt 0 ]
 rec POST '/api/v1/jobs/{id}/cancel' "/api/v1/jobs/$JOB2/cancel" -H "$A"
 rec GET /api/v1/workers /api/v1/workers -H "$R"
 rec GET /api/v1/workers /api/v1/workers

@@ -4,16 +4,14 @@
 BUILD=${1:-build}
 BIN=$BUILD/bin
 HERE=$(cd "$(dirname "$0")" && pwd)
-# The training binary the workers run. STOPGAP until the engine lands; the switch to the
-# real engine is this one line: MGE_TRAIN_BIN=${MGE_TRAIN_BIN:-$(cd "$BUILD/bin" && pwd)/mge-train}
-MGE_TRAIN_BIN=${MGE_TRAIN_BIN:-$HERE/lib/fake-train.sh}
-
 for tool in curl jq; do
     command -v $tool >/dev/null 2>&1 || { echo "SKIP: $tool not installed"; exit 77; }
 done
-for b in mge-coordinator mge-worker mgectl; do
+for b in mge-coordinator mge-worker mgectl mge-train; do
     [ -x "$BIN/$b" ] || { echo "SKIP: $BIN/$b not built"; exit 77; }
 done
+# The training binary the workers run: the real engine (MGE_TRAIN_BIN overrides it).
+MGE_TRAIN_BIN=${MGE_TRAIN_BIN:-$(cd "$BIN" && pwd)/mge-train}
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/mge-control.XXXXXX")
 PIDS=""
@@ -23,6 +21,9 @@ cleanup() {
     for p in $PIDS; do kill "$p" 2>/dev/null; done
     sleep 0.3
     for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    # ranks a worker killed with -9 left behind (each has its own process group; they die of
+    # SIGPIPE on their next line, but do not wait for that): found by this run's work dirs
+    for p in $(rank_cmdlines "$T/w-" | cut -d' ' -f1); do kill -9 "$p" 2>/dev/null; done
     if [ "$fails" -ne 0 ] || [ -n "$KEEP" ]; then
         echo "--- logs kept in $T"; tail -n 20 "$T"/*.log 2>/dev/null
     else
@@ -102,13 +103,52 @@ submit_yaml() { # FILE -> prints job id
 job_state() { api GET "/api/v1/jobs/$1" | jq -r .state; }
 state_is() { [ "$(job_state "$1")" = "$2" ]; }
 
-# loss_steps_exact JOB N: loss metrics are exactly steps 1..N, each once, and decreasing
+# loss_steps_exact JOB N: loss metrics are exactly steps 1..N, each once, and the model
+# learned: SGD's per-step loss is noisy, so compare the means of the first and last tenth
 loss_steps_exact() {
     api GET "/api/v1/jobs/$1/metrics?name=loss" | jq -e --argjson n "$2" '
-        [.metrics[].step] as $s
-        | ($s == [range(1; $n + 1)])
-          and ([.metrics[].value] as $v | [range(1; $v | length) | select($v[.] >= $v[. - 1])] | length == 0)' >/dev/null
+        [.metrics[].step] as $s | [.metrics[].value] as $v
+        | (([$n / 10 | floor, 1] | max) as $k
+           | ($v[:$k] | add / length) as $first | ($v[-$k:] | add / length) as $last
+           | $last < $first / 2)
+          and ($s == [range(1; $n + 1)])' >/dev/null
 }
+
+# job_step JOB: the last step the job reported (0 before the first)
+job_step() { api GET "/api/v1/jobs/$1" | jq -r '.progress.step // 0'; }
+step_at_least() { [ "$(job_step "$1")" -ge "$2" ]; }
+n_checkpoints() { api GET "/api/v1/jobs/$1/checkpoints" | jq '[.checkpoints[] | select(.name != "latest")] | length'; }
+has_checkpoint() { [ "$(n_checkpoints "$1")" -ge 1 ]; }
+
+# rank_cmdlines PATTERN: "PID COMMAND LINE" of the mge-train processes whose command line
+# (NULs as spaces) contains PATTERN. A rank of worker wa: "--out $T/w-wa/" (its --resume
+# path may name another worker's directory).
+rank_cmdlines() {
+    for d in /proc/[0-9]*; do
+        [ "$(cat "$d/comm" 2>/dev/null)" = mge-train ] || continue
+        cmd=$(tr '\0' ' ' 2>/dev/null <"$d/cmdline")
+        case $cmd in *"$1"*) echo "${d#/proc/} $cmd" ;; esac
+    done
+}
+ranks_alive() { [ -n "$(rank_cmdlines "$1")" ]; }
+
+# rank_threads_are JOB N: the live rank of JOB was started with --threads N and
+# OMP_NUM_THREADS=N (the job's resources.cpus)
+rank_threads_are() {
+    line=$(rank_cmdlines "--out $T/w-" | grep -F "/job-$1/attempt-" | head -n 1)
+    case $line in *" --threads $2 "*) ;; *) return 1 ;; esac
+    tr '\0' '\n' 2>/dev/null <"/proc/${line%% *}/environ" | grep -qx "OMP_NUM_THREADS=$2"
+}
+
+# Specs the real mge-train accepts. QUICK_* trains in well under a second; LONG_* is a
+# 784-1024-1024-10 MLP at batch 128, about 5-25 ms a step on one core (compute bound, so
+# its pace varies little between machines): give it steps for the seconds a test needs.
+QUICK_DATA='data: {format: synthetic, train_size: 512, test_size: 128, input_dim: 784, classes: 10}'
+QUICK_MODEL='model: {type: mlp, hidden: [32]}'
+QUICK_OPT='optimizer: {type: sgd, lr: 0.05, momentum: 0.9}'
+LONG_DATA='data: {format: synthetic, train_size: 4096, test_size: 512, input_dim: 784, classes: 10}'
+LONG_MODEL='model: {type: mlp, hidden: [1024, 1024]}'
+LONG_OPT='optimizer: {type: sgd, lr: 0.01, momentum: 0.9}'
 
 finish() {
     if [ "$fails" -eq 0 ]; then echo "all passed"; exit 0; fi

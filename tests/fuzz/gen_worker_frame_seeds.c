@@ -1,0 +1,122 @@
+/*
+ * gen_worker_frame_seeds.c: writes the seed corpus of fuzz_worker_frame (valid packed
+ * ToCoordinator frames: Register, Heartbeat) into a directory. The fuzz harness registers
+ * a worker of its own and puts its id into heartbeats whose worker_id is "@", so these seeds
+ * reach the line ingestion and the scheduler; its store holds job 1. Build and run by hand
+ * when worker.proto changes:
+ *   cc -std=c11 -D_GNU_SOURCE -I. -Ibuild/gen tests/fuzz/gen_worker_frame_seeds.c \
+ *      build/gen/proto/worker.pb-c.c -lprotobuf-c -o build/gen_worker_frame_seeds
+ *   mkdir -p tests/fuzz/corpus/worker_frame
+ *   build/gen_worker_frame_seeds tests/fuzz/corpus/worker_frame
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/worker.pb-c.h"
+
+static int put(const char *dir, const char *name, const Mge__ToCoordinator *m)
+{
+    char path[512];
+    size_t n = mge__to_coordinator__get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    FILE *f;
+    int rc = 0;
+    if (!buf)
+        return 1;
+    mge__to_coordinator__pack(m, buf);
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    f = fopen(path, "wb");
+    if (!f || fwrite(buf, 1, n, f) != n) {
+        fprintf(stderr, "gen_worker_frame_seeds: cannot write '%s'\n", path);
+        rc = 1;
+    }
+    if (f && fclose(f) != 0)
+        rc = 1;
+    free(buf);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    /* the lines mge-train --json and the worker really produce, one per stream */
+    static const struct {
+        int stream;
+        const char *text;
+    } texts[] = {
+        {1, "mge-worker: rank 0/1 attempt 1: started /usr/local/bin/mge-train as pid 4242, "
+            "1 threads"},
+        {2, "{\"step\":1,\"loss\":2.356803,\"samples_per_sec\":670.6,\"lr\":0.05,\"epoch\":0}"},
+        {2, "{\"step\":2,\"loss\":2.286274,\"samples_per_sec\":1337.3,\"lr\":0.05,\"epoch\":0}"},
+        {2, "{\"epoch\":1,\"step\":2,\"test_accuracy\":0.902900,\"test_loss\":0.493211}"},
+        {3, "ckpt-000002.mgeckpt 2 204063 /var/lib/mge/w/job-1/attempt-1/rank-0/"
+            "ckpt-000002.mgeckpt"},
+        {2, "{\"summary\":true,\"steps\":2,\"epochs\":1,\"final_loss\":2.286274,"
+            "\"test_accuracy\":0.902900,\"test_loss\":0.493211,\"samples_per_sec\":1337.3,"
+            "\"peak_bytes\":319104,\"wall_sec\":0.149,\"steps_run\":2}"},
+        {0, "plain stdout text"},
+        {1, "mge-worker: rank 0: exited with code 0"},
+    };
+    enum { N_LINES = sizeof(texts) / sizeof(texts[0]) };
+    Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
+    Mge__Register reg = MGE__REGISTER__INIT;
+    Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
+    Mge__Slots slots = MGE__SLOTS__INIT;
+    Mge__RankReport run = MGE__RANK_REPORT__INIT, done = MGE__RANK_REPORT__INIT;
+    Mge__RankReport *runp[1] = {&run}, *donep[1] = {&done};
+    Mge__Line lines[N_LINES], *linep[N_LINES];
+    int rc = 0;
+
+    if (argc != 2) {
+        fprintf(stderr, "usage: gen_worker_frame_seeds DIR\n");
+        return 2;
+    }
+    slots.cpus = 2;
+    slots.memory_mb = 4096;
+    slots.device = (char *)"cpu";
+    run.job_id = done.job_id = 1;
+    run.attempt = done.attempt = 1;
+    run.running = true;
+    run.pid = 4242;
+
+    reg.name = (char *)"w1";
+    reg.host = (char *)"node-1";
+    reg.slots = &slots;
+    reg.version = (char *)"0.1.0";
+    reg.join_token = (char *)"fuzz";
+    m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
+    m.register_ = &reg;
+    rc |= put(argv[1], "register", &m);
+    reg.n_ranks = 1; /* a worker that comes back with a rank running */
+    reg.ranks = runp;
+    rc |= put(argv[1], "register-with-rank", &m);
+    reg.join_token = (char *)"wrong";
+    rc |= put(argv[1], "register-bad-token", &m);
+
+    for (int i = 0; i < N_LINES; i++) {
+        mge__line__init(&lines[i]);
+        lines[i].job_id = 1;
+        lines[i].attempt = 1;
+        lines[i].seq = (uint64_t)i + 1;
+        lines[i].stream = texts[i].stream;
+        lines[i].text = (char *)texts[i].text;
+        lines[i].time_ms = 1795000000000 + i;
+        linep[i] = &lines[i];
+    }
+    hb.worker_id = (char *)"@";
+    m.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
+    m.heartbeat = &hb;
+    rc |= put(argv[1], "heartbeat-idle", &m);
+    hb.n_ranks = 1;
+    hb.ranks = runp;
+    hb.n_lines = N_LINES - 1;
+    hb.lines = linep;
+    rc |= put(argv[1], "heartbeat-lines", &m);
+    hb.ranks = donep;
+    hb.n_lines = N_LINES;
+    rc |= put(argv[1], "heartbeat-exit", &m);
+    hb.worker_id = (char *)"nobody";
+    rc |= put(argv[1], "heartbeat-unknown-worker", &m);
+    return rc;
+}
