@@ -37,9 +37,15 @@ static void omp_policy_reexec(char **argv)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("MGE_OMP_REEXEC"))
         return;
+    /* the resolved path, not /proc/self/exe: the process name (comm) stays "mge-train" */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0 || n >= (ssize_t)sizeof(self) - 1)
+        return;
+    self[n] = '\0';
     if (setenv("GOMP_SPINCOUNT", "10000", 1) != 0 || setenv("MGE_OMP_REEXEC", "1", 1) != 0)
         return;
-    execv("/proc/self/exe", argv); /* returns only on failure: carry on as we are */
+    execv(self, argv); /* returns only on failure: carry on as we are */
 }
 
 int main(int argc, char **argv)

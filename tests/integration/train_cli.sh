@@ -55,6 +55,34 @@ l1=$(json "$T/straight.out" final_loss); l2=$(json "$T/resumed.out" final_loss)
 a1=$(json "$T/straight.out" test_accuracy); a2=$(json "$T/resumed.out" test_accuracy)
 [ "$a1" = "$a2" ] && ok "test accuracy equal after resume ($a1)" || bad "accuracy $a1 != $a2"
 
+echo "-- sublinear memory: recomputation leaves every loss bit-identical"
+same_loss() { # name, spec, steps, extra sets...
+    name=$1; spec=$2; steps=$3; shift 3
+    prev=""
+    for mode in false true light; do
+        "$BIN/mge-train" "$spec" --json --out "$T/sub-$mode" --set train.steps=$steps \
+            --set train.checkpoint_every=0 --set memory.sublinear=$mode "$@" > "$T/sub-$mode.out" 2>&1
+        l=$(json "$T/sub-$mode.out" final_loss)
+        if [ -n "$prev" ] && [ "$l" != "$prev" ]; then bad "$name: sublinear=$mode loss $l != $prev"; return; fi
+        prev=$l
+    done
+    [ -n "$prev" ] && ok "$name: loss $prev with recomputation off, on and light" || bad "$name: no loss"
+}
+same_loss mlp "$ROOT/examples/fmnist-mlp.yaml" 40
+same_loss lenet "$ROOT/examples/fmnist-lenet.yaml" 20
+same_loss deep-mlp "$ROOT/examples/deep-mlp.yaml" 3 --set model.layers=24 --set model.width=256
+"$BIN/mge-train" --plan "$ROOT/examples/deep-mlp.yaml" --set memory.sublinear=true > "$T/dplan.json" 2>&1
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["plans"]; sys.exit(0 if p["sublinear"]["activation_bytes"] <= 0.25 * p["plain"]["activation_bytes"] and d["chosen"]["mode"] == "sublinear" else 1)' "$T/dplan.json" \
+    && ok "deep-mlp (128 layers): sublinear plan keeps <= 25% of the plain activations" || bad "deep-mlp sublinear plan: $(cat "$T/dplan.json")"
+"$BIN/mge-train" --max-batch "$ROOT/examples/deep-mlp.yaml" --set memory.budget_mb=2048 > "$T/maxb.json" 2>&1
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["ratio"] >= 4 else 1)' "$T/maxb.json" \
+    && ok "deep-mlp: >= 4x larger batch in 2 GiB with sublinear ($(cat "$T/maxb.json"))" || bad "max batch: $(cat "$T/maxb.json")"
+expect_budget() {
+    "$BIN/mge-train" "$ROOT/examples/deep-mlp.yaml" --set memory.budget_mb=1600 --set memory.sublinear=false > "$T/b.out" 2> "$T/b.err"; rc=$?
+    [ $rc -eq 2 ] && grep -q "smallest feasible budget is" "$T/b.err" && ok "budget too small: exit 2, '$(head -c 160 "$T/b.err")'" || bad "budget: exit $rc, $(cat "$T/b.err")"
+}
+expect_budget
+
 echo "-- bad input: exit 2 and a message naming file, key and line"
 expect2() { # name, needle, command...
     name=$1; needle=$2; shift 2

@@ -731,7 +731,7 @@ START_TEST(test_jobspec_load_examples)
             ck_assert_int_eq(s->train.batch_size, 128);
             ck_assert_double_eq(s->train.optim.lr, 0.05);
             ck_assert_double_eq(s->train.optim.momentum, 0.9);
-            ck_assert_uint_eq(s->train.seed, 42);
+            ck_assert_uint_eq(s->train.seed, 12);
         } else if (i == 1) {
             ck_assert_int_eq(s->model.type, MGE_MODEL_LENET);
             ck_assert_int_eq(s->train.epochs, 2);
