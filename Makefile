@@ -84,6 +84,8 @@ $(BUILD)/obj/%.o: %.c | $(PROTO_H)
 # the direct conv's vector loops are written as a * b + c: let them become FMAs (-std=c11 turns
 # contraction off); results stay deterministic, only the rounding differs from separate ops
 $(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -ffp-contract=fast
+# kernels: full auto-vectorisation (GCC 12's -O2 only vectorises with its very-cheap model)
+$(BUILD)/obj/kernels/cpu/%.o: OPT += -O3
 
 # generated code is not ours: build it without our warning set
 $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c $(PROTO_H)

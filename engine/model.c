@@ -45,7 +45,18 @@ static int conv_layer(struct mge_graph *g, const char *name, int x, int cin, int
     int64_t ws[4] = {cout, cin, k, k}, bs[1] = {cout};
     int w = mge_param(g, wn, 4, ws, MGE_INIT_UNIFORM_FAN_IN, (int64_t)cin * k * k);
     int b = mge_param(g, bn, 1, bs, MGE_INIT_UNIFORM_FAN_IN, (int64_t)cin * k * k);
-    return mge_relu(g, mge_conv2d(g, x, w, b, 1, pad));
+    return mge_conv2d(g, x, w, b, 1, pad);
+}
+
+/*
+ * conv -> relu -> 2x2 max pool, computed as conv -> pool -> relu: max pooling and relu commute
+ * exactly (values, and gradients: the same element gets it, or none when the window's maximum
+ * is <= 0), and relu then touches a quarter of the elements.
+ */
+static int conv_relu_pool(struct mge_graph *g, const char *name, int x, int cin, int cout, int k,
+                          int pad)
+{
+    return mge_relu(g, mge_maxpool2d(g, conv_layer(g, name, x, cin, cout, k, pad), 2, 2, 0));
 }
 
 int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t batch, int c,
@@ -60,10 +71,8 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
         int64_t xs[4] = {batch, c, h, w};
         x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
         /* LeNet-5: conv5(6, pad 2) pool2 conv5(16) pool2 fc120 fc84 fc10 */
-        t = conv_layer(g, "conv1", x, c, 6, 5, 2);
-        t = mge_maxpool2d(g, t, 2, 2, 0);
-        t = conv_layer(g, "conv2", t, 6, 16, 5, 0);
-        t = mge_maxpool2d(g, t, 2, 2, 0);
+        t = conv_relu_pool(g, "conv1", x, c, 6, 5, 2);
+        t = conv_relu_pool(g, "conv2", t, 6, 16, 5, 0);
         t = mge_flatten(g, t);
         int64_t flat = t >= 0 ? mge_value_shape(g, t)[1] : 1;
         t = linear_layer(g, "fc1", t, flat, 120, MGE_ACT_FN_RELU, ms->dropout);

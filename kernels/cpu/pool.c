@@ -38,10 +38,81 @@ static int argmax_window(const struct mge_cpu_pool *pl, const float *x, int p, i
     return best;
 }
 
+/*
+ * The common 2x2, stride 2, no padding window (LeNet, most CNNs): straight-line code the
+ * compiler vectorises. Same comparisons in the same order as argmax_window, so results and
+ * tie-breaking (the first maximum) are identical to the general path.
+ */
+static int pool_is_2x2(const struct mge_cpu_pool *pl)
+{
+    return pl->R == 2 && pl->S == 2 && pl->stride == 2 && pl->pad == 0 && pl->P * 2 <= pl->H &&
+           pl->Q * 2 <= pl->W;
+}
+
+static void maxpool2x2_forward(const struct mge_cpu_pool *pl, float *out, const float *inp)
+{
+    int64_t planes = (int64_t)pl->N * pl->C, HW = (int64_t)pl->H * pl->W;
+    int64_t PQ = (int64_t)pl->P * pl->Q;
+    int W = pl->W, P = pl->P, Q = pl->Q;
+#pragma omp parallel for schedule(static) if (planes * HW > 4 * MGE__PAR_MIN)
+    for (int64_t i = 0; i < planes; i++) {
+        const float *x = inp + i * HW;
+        float *y = out + i * PQ;
+        for (int p = 0; p < P; p++) {
+            const float *r0 = x + 2 * p * W, *r1 = r0 + W;
+            for (int q = 0; q < Q; q++) {
+                float m = r0[2 * q];
+                m = r0[2 * q + 1] > m ? r0[2 * q + 1] : m;
+                m = r1[2 * q] > m ? r1[2 * q] : m;
+                m = r1[2 * q + 1] > m ? r1[2 * q + 1] : m;
+                y[p * Q + q] = m;
+            }
+        }
+    }
+}
+
+static void maxpool2x2_backward(const struct mge_cpu_pool *pl, float *dinp, const float *dout,
+                                const float *inp, int acc)
+{
+    int64_t planes = (int64_t)pl->N * pl->C, HW = (int64_t)pl->H * pl->W;
+    int64_t PQ = (int64_t)pl->P * pl->Q;
+    int W = pl->W, P = pl->P, Q = pl->Q;
+#pragma omp parallel for schedule(static) if (planes * HW > 4 * MGE__PAR_MIN)
+    for (int64_t i = 0; i < planes; i++) {
+        const float *x = inp + i * HW, *dy = dout + i * PQ;
+        float *dx = dinp + i * HW;
+        if (!acc)
+            memset(dx, 0, (size_t)HW * sizeof(float));
+        for (int p = 0; p < P; p++) {
+            const float *r0 = x + 2 * p * W, *r1 = r0 + W;
+            float *d0 = dx + 2 * p * W, *d1 = d0 + W;
+            for (int q = 0; q < Q; q++) {
+                float m = r0[2 * q];
+                float *at = &d0[2 * q];
+                if (r0[2 * q + 1] > m) {
+                    m = r0[2 * q + 1];
+                    at = &d0[2 * q + 1];
+                }
+                if (r1[2 * q] > m) {
+                    m = r1[2 * q];
+                    at = &d1[2 * q];
+                }
+                if (r1[2 * q + 1] > m)
+                    at = &d1[2 * q + 1];
+                *at += dy[p * Q + q];
+            }
+        }
+    }
+}
+
 void mge_cpu_maxpool_forward(const struct mge_cpu_pool *pl, float *out, const float *inp)
 {
     int64_t planes = (int64_t)pl->N * pl->C, HW = (int64_t)pl->H * pl->W;
     int64_t PQ = (int64_t)pl->P * pl->Q;
+    if (pool_is_2x2(pl)) {
+        maxpool2x2_forward(pl, out, inp);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (planes * HW > MGE__PAR_MIN)
     for (int64_t i = 0; i < planes; i++) {
         const float *x = inp + i * HW;
@@ -57,6 +128,10 @@ void mge_cpu_maxpool_backward(const struct mge_cpu_pool *pl, float *dinp, const 
 {
     int64_t planes = (int64_t)pl->N * pl->C, HW = (int64_t)pl->H * pl->W;
     int64_t PQ = (int64_t)pl->P * pl->Q;
+    if (pool_is_2x2(pl)) {
+        maxpool2x2_backward(pl, dinp, dout, inp, acc);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (planes * HW > MGE__PAR_MIN)
     for (int64_t i = 0; i < planes; i++) {
         const float *x = inp + i * HW, *dy = dout + i * PQ;
