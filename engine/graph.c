@@ -45,6 +45,7 @@ int mge_graph_new(struct mge_graph **out)
     if (!g)
         return MGE_ERR(MGE_NOMEM, "cannot allocate graph");
     g->loss = -1;
+    g->loss_scale = 1.0f;
     g->batch = -1;
     *out = g;
     return MGE_OK;
