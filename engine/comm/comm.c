@@ -163,8 +163,10 @@ static void *comm_thread(void *arg)
         int rc = failed ? failed : run_op(c, &op);
         tm.end = mge_comm_now();
         pthread_mutex_lock(&c->mu);
-        if (rc != MGE_OK && !c->err)
+        if (rc != MGE_OK && !c->err) {
             c->err = rc;
+            c->err_at = t;
+        }
         c->timing[t % MGE__COMM_RING] = tm;
         c->completed = t;
         pthread_cond_broadcast(&c->done);
@@ -258,9 +260,9 @@ static int enqueue(struct mge_comm *c, const struct mge__comm_op *op, uint64_t *
 static int wait_ticket(struct mge_comm *c, uint64_t ticket, struct mge_comm_timing *timing)
 {
     pthread_mutex_lock(&c->mu);
-    while (c->completed < ticket && !(c->err && c->completed == c->issued))
+    while (c->completed < ticket)
         pthread_cond_wait(&c->done, &c->mu);
-    int rc = c->err;
+    int rc = c->err && ticket >= c->err_at ? c->err : MGE_OK;
     if (timing && c->issued - ticket < MGE__COMM_RING - 1)
         *timing = c->timing[ticket % MGE__COMM_RING];
     pthread_mutex_unlock(&c->mu);
@@ -323,8 +325,10 @@ int mge_comm_allreduce_start(struct mge_comm *c, void *buf, size_t count, enum m
     *ticket = t;
     if (c->ops->allreduce_start) {
         int rc = c->ops->allreduce_start(c, buf, count, dt, t);
-        if (rc != MGE_OK)
+        if (rc != MGE_OK) {
             c->err = rc;
+            c->err_at = t;
+        }
         return rc;
     }
     /* no thread and no async form (local): it runs now */
@@ -333,8 +337,10 @@ int mge_comm_allreduce_start(struct mge_comm *c, void *buf, size_t count, enum m
     tm.end = mge_comm_now();
     c->timing[t % MGE__COMM_RING] = tm;
     c->completed = t;
-    if (rc != MGE_OK)
+    if (rc != MGE_OK) {
         c->err = rc;
+        c->err_at = t;
+    }
     return rc;
 }
 
@@ -348,5 +354,5 @@ int mge_comm_wait(struct mge_comm *c, uint64_t ticket, struct mge_comm_timing *t
         return c->ops->wait(c, ticket, timing);
     if (timing && c->issued - ticket < MGE__COMM_RING - 1)
         *timing = c->timing[ticket % MGE__COMM_RING];
-    return c->err;
+    return c->err && ticket >= c->err_at ? c->err : MGE_OK;
 }

@@ -62,6 +62,7 @@ struct mge_comm {
     uint64_t issued;    /* tickets handed out; ticket t is the t-th collective (from 1) */
     uint64_t completed; /* collectives finished (tickets 1..completed) */
     int err;            /* first failure; every later collective fails with it */
+    uint64_t err_at;    /* the ticket that failed first */
     int stop;
     struct mge_comm_timing timing[MGE__COMM_RING]; /* by ticket % MGE__COMM_RING */
 };

@@ -109,12 +109,15 @@ static int nccl_wait(struct mge_comm *c, uint64_t ticket, struct mge_comm_timing
 {
     struct nccl_state *s = c->impl;
     size_t k = ticket % MGE__COMM_RING;
-    if (c->err)
+    if (c->err && ticket >= c->err_at)
         return c->err;
     /* an event reused by a later ticket is also later on the stream: waiting on it is safe */
     cudaError_t e = cudaEventSynchronize(s->ev_end[k]);
-    if (e != cudaSuccess)
-        return c->err = cuda_fail(e, "cudaEventSynchronize");
+    if (e != cudaSuccess) {
+        c->err = cuda_fail(e, "cudaEventSynchronize");
+        c->err_at = ticket;
+        return c->err;
+    }
     if (timing && c->issued - ticket < MGE__COMM_RING - 1) {
         float ms0 = 0.0f, ms1 = 0.0f;
         cudaEventElapsedTime(&ms0, s->base, s->ev_start[k]);
