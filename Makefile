@@ -51,7 +51,7 @@ else
 Q = @
 endif
 
-.PHONY: all deps demo test test-unit test-integration test-fuzz bench fuzz format clean cuda
+.PHONY: all deps demo test test-unit test-integration test-fuzz bench bench-tools fuzz format clean cuda
 all: binaries
 
 # keep generated headers and test objects (make would delete them as intermediates)
@@ -206,8 +206,20 @@ fuzz: deps
 	$(Q)FUZZ_SECONDS=$${FUZZ_SECONDS:-300} sh tests/fuzz/run.sh $(BUILD) long
 
 # ---- benchmarks ----
+BENCH_TOOLS :=
+ifneq ($(HAVE_MPI),)
+# gradient all-reduce three ways (raw MPI, per tensor, mge packs): tests/bench/comm.sh
+$(BUILD)/obj/tests/bench/mge-commbench.o: ALL_CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/bench/mge-commbench: $(call obj,tests/bench/mge-commbench.c) $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON)
+BENCH_TOOLS += $(BUILD)/bench/mge-commbench
+endif
+bench-tools: $(BENCH_TOOLS)
+
 bench: deps
-	$(Q)$(MAKE) --no-print-directory binaries
+	$(Q)$(MAKE) --no-print-directory binaries bench-tools
 	$(Q)sh tests/bench/run.sh $(BUILD)
 
 demo: deps

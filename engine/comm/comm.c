@@ -187,7 +187,8 @@ int mge__comm_new(struct mge_comm **out, const struct mge__comm_ops *ops, enum m
     c->rank = rank;
     c->size = size;
     c->impl = impl;
-    if (ops->threaded) {
+    /* one rank has nothing to overlap: its collectives are no-ops and run inline */
+    if (ops->threaded && size > 1) {
         if (pthread_mutex_init(&c->mu, NULL) != 0)
             goto err_free;
         if (pthread_cond_init(&c->work, NULL) != 0)

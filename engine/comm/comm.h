@@ -13,7 +13,8 @@
  *
  * Threads: a communicator is used by one thread (the training loop). Backends whose library
  * calls block (mpi) own a communication thread that alone calls the library after init
- * (MPI_THREAD_SERIALIZED), so an all-reduce overlaps whatever the caller does meanwhile.
+ * (MPI_THREAD_SERIALIZED), so an all-reduce overlaps whatever the caller does meanwhile. With
+ * one rank there is nothing to overlap and collectives run inline (no thread).
  */
 #ifndef MGE_ENGINE_COMM_H
 #define MGE_ENGINE_COMM_H

@@ -20,7 +20,7 @@
  */
 struct mge__comm_ops {
     const char *name;
-    int threaded; /* run every collective on comm.c's communication thread */
+    int threaded; /* run every collective on comm.c's communication thread (size > 1) */
     int (*allreduce)(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt);
     int (*broadcast)(struct mge_comm *c, void *buf, size_t bytes, int root);
     int (*allgather)(struct mge_comm *c, const void *send, size_t bytes, void *recv);
