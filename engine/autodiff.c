@@ -30,6 +30,7 @@ static int ad_new_grad(struct ad *ad, int v)
     int d = mge__graph_add_value(g, kind, MGE_DTYPE_F32, x->ndim, x->shape, x->batched, name);
     if (d < 0)
         return d;
+    x = &g->values[v]; /* adding a value may have moved the table */
     if (kind == MGE_VALUE_GRAD) {
         g->values[d].param_index = x->param_index;
         g->grads[x->param_index] = d;

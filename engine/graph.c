@@ -106,10 +106,15 @@ int mge__graph_add_value(struct mge_graph *g, enum mge_value_kind kind, enum mge
     if (ndim < 0 || ndim > MGE_MAX_DIMS)
         return mge__graph_fail(g, MGE_INVAL, "'%s': %d dims (at most %d)", name, ndim,
                                MGE_MAX_DIMS);
-    for (int i = 0; i < ndim; i++)
+    int64_t dims[MGE_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) {
         if (shape[i] <= 0)
             return mge__graph_fail(g, MGE_INVAL, "'%s': dim %d is %lld", name, i,
                                    (long long)shape[i]);
+        dims[i] = shape[i];
+    }
+    /* @shape may point into g->values (another value's shape), which growing frees */
+    shape = dims;
     if (graph_grow((void **)&g->values, &g->cap_values, g->n_values + 1, sizeof(*g->values)))
         return mge__graph_fail(g, MGE_NOMEM, "out of memory adding '%s'", name);
     struct mge_value *v = &g->values[g->n_values];

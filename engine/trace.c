@@ -14,8 +14,10 @@ int mge_trace_open(struct mge_trace *tr, const char *path, int pid, double origi
     tr->pid = pid;
     tr->origin = origin;
     fprintf(tr->fp, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    fprintf(tr->fp, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-            "\"args\":{\"name\":\"rank %d\"}}", pid, pid);
+    fprintf(tr->fp,
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+            "\"args\":{\"name\":\"rank %d\"}}",
+            pid, pid);
     return MGE_OK;
 }
 
@@ -23,8 +25,10 @@ void mge_trace_track(struct mge_trace *tr, int tid, const char *name)
 {
     if (!tr->fp)
         return;
-    fprintf(tr->fp, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-            "\"args\":{\"name\":\"%s\"}}", tr->pid, tid, name);
+    fprintf(tr->fp,
+            ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+            "\"args\":{\"name\":\"%s\"}}",
+            tr->pid, tid, name);
 }
 
 void mge_trace_event(struct mge_trace *tr, int tid, const char *name, const char *cat, double t0,
@@ -32,9 +36,11 @@ void mge_trace_event(struct mge_trace *tr, int tid, const char *name, const char
 {
     if (!tr->fp)
         return;
-    fprintf(tr->fp, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
-            "\"ts\":%.3f,\"dur\":%.3f,\"args\":{%s}}", name, cat, tr->pid, tid,
-            1e6 * (t0 - tr->origin), 1e6 * (t1 > t0 ? t1 - t0 : 0.0), args ? args : "");
+    fprintf(tr->fp,
+            ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
+            "\"ts\":%.3f,\"dur\":%.3f,\"args\":{%s}}",
+            name, cat, tr->pid, tid, 1e6 * (t0 - tr->origin), 1e6 * (t1 > t0 ? t1 - t0 : 0.0),
+            args ? args : "");
     tr->n_events++;
 }
 

@@ -124,9 +124,18 @@ int mge_comm_open(struct mge_comm **out, enum mge_backend b, const struct mge_co
     return MGE_INVAL;
 }
 
-int mge_comm_rank(const struct mge_comm *c) { return c->rank; }
-int mge_comm_size(const struct mge_comm *c) { return c->size; }
-enum mge_backend mge_comm_backend(const struct mge_comm *c) { return c->backend; }
+int mge_comm_rank(const struct mge_comm *c)
+{
+    return c->rank;
+}
+int mge_comm_size(const struct mge_comm *c)
+{
+    return c->size;
+}
+enum mge_backend mge_comm_backend(const struct mge_comm *c)
+{
+    return c->backend;
+}
 
 /* ---- the communication thread ---- */
 
@@ -294,8 +303,8 @@ int mge_comm_allreduce(struct mge_comm *c, void *buf, size_t count, enum mge_com
 
 int mge_comm_broadcast(struct mge_comm *c, void *buf, size_t bytes, int root)
 {
-    struct mge__comm_op op = {.kind = MGE__COMM_BROADCAST, .buf = buf, .count = bytes,
-                              .root = root};
+    struct mge__comm_op op = {
+        .kind = MGE__COMM_BROADCAST, .buf = buf, .count = bytes, .root = root};
     if (root < 0 || root >= c->size)
         return MGE_ERR(MGE_INVAL, "broadcast root %d outside 0..%d", root, c->size - 1);
     return run_blocking(c, &op);
@@ -303,8 +312,8 @@ int mge_comm_broadcast(struct mge_comm *c, void *buf, size_t bytes, int root)
 
 int mge_comm_allgather(struct mge_comm *c, const void *send, size_t bytes, void *recv)
 {
-    struct mge__comm_op op = {.kind = MGE__COMM_ALLGATHER, .buf = recv, .send = send,
-                              .count = bytes};
+    struct mge__comm_op op = {
+        .kind = MGE__COMM_ALLGATHER, .buf = recv, .send = send, .count = bytes};
     return run_blocking(c, &op);
 }
 

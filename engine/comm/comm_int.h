@@ -33,15 +33,19 @@ struct mge__comm_ops {
     void (*close)(struct mge_comm *c);           /* finalize; frees c->impl */
 };
 
-enum mge__comm_kind { MGE__COMM_ALLREDUCE, MGE__COMM_BROADCAST, MGE__COMM_ALLGATHER,
-                      MGE__COMM_BARRIER };
+enum mge__comm_kind {
+    MGE__COMM_ALLREDUCE,
+    MGE__COMM_BROADCAST,
+    MGE__COMM_ALLGATHER,
+    MGE__COMM_BARRIER
+};
 
 /* One queued collective. */
 struct mge__comm_op {
     enum mge__comm_kind kind;
-    void *buf;         /* allreduce, broadcast: in place; allgather: recv */
-    const void *send;  /* allgather */
-    size_t count;      /* allreduce: elements; broadcast, allgather: bytes */
+    void *buf;        /* allreduce, broadcast: in place; allgather: recv */
+    const void *send; /* allgather */
+    size_t count;     /* allreduce: elements; broadcast, allgather: bytes */
     enum mge_comm_dtype dt;
     int root;
 };

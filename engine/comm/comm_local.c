@@ -34,7 +34,10 @@ static int local_barrier(struct mge_comm *c)
     return MGE_OK;
 }
 
-static void local_close(struct mge_comm *c) { (void)c; }
+static void local_close(struct mge_comm *c)
+{
+    (void)c;
+}
 
 static const struct mge__comm_ops local_ops = {
     .name = "local",
@@ -49,8 +52,10 @@ int mge__comm_local_open(struct mge_comm **out, const struct mge_comm_env *env, 
                          size_t errlen)
 {
     if (env->size > 1) {
-        snprintf(err, errlen, "distributed.backend: local runs one rank, but this is rank %d of "
-                 "%d; use auto or mpi", env->rank, env->size);
+        snprintf(err, errlen,
+                 "distributed.backend: local runs one rank, but this is rank %d of "
+                 "%d; use auto or mpi",
+                 env->rank, env->size);
         *out = NULL;
         return MGE_UNSUPPORTED;
     }

@@ -140,8 +140,10 @@ int mge__comm_mpi_open(struct mge_comm **out, const struct mge_comm_env *env, ch
         return MGE_COMM;
     }
     if (provided < MPI_THREAD_SERIALIZED) {
-        snprintf(err, errlen, "this MPI provides thread level %d, mge needs "
-                 "MPI_THREAD_SERIALIZED (%d)", provided, MPI_THREAD_SERIALIZED);
+        snprintf(err, errlen,
+                 "this MPI provides thread level %d, mge needs "
+                 "MPI_THREAD_SERIALIZED (%d)",
+                 provided, MPI_THREAD_SERIALIZED);
         rc = MGE_COMM;
         goto err_finalize;
     }

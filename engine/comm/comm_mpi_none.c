@@ -11,7 +11,8 @@ int mge__comm_mpi_open(struct mge_comm **out, const struct mge_comm_env *env, ch
 {
     (void)env;
     *out = NULL;
-    snprintf(err, errlen, "distributed.backend: mpi is not built into this mge-train (no Open "
+    snprintf(err, errlen,
+             "distributed.backend: mpi is not built into this mge-train (no Open "
              "MPI development files at build time: install libopenmpi-dev and rebuild)");
     return MGE_UNSUPPORTED;
 }

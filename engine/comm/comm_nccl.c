@@ -85,13 +85,13 @@ static int nccl_allgather(struct mge_comm *c, const void *send, size_t bytes, vo
 static int nccl_barrier(struct mge_comm *c)
 {
     struct nccl_state *s = c->impl;
-    ncclResult_t r = ncclAllReduce(s->scratch, s->scratch, 1, ncclInt32, ncclSum, s->comm,
-                                   s->stream);
+    ncclResult_t r =
+        ncclAllReduce(s->scratch, s->scratch, 1, ncclInt32, ncclSum, s->comm, s->stream);
     return r == ncclSuccess ? sync_stream(s) : nccl_fail(r, "ncclAllReduce (barrier)");
 }
 
-static int nccl_allreduce_start(struct mge_comm *c, void *buf, size_t count,
-                                enum mge_comm_dtype dt, uint64_t ticket)
+static int nccl_allreduce_start(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt,
+                                uint64_t ticket)
 {
     struct nccl_state *s = c->impl;
     size_t k = ticket % MGE__COMM_RING;
@@ -205,8 +205,10 @@ int mge__comm_nccl_open(struct mge_comm **out, const struct mge_comm_env *env, c
     struct nccl_state *s;
     *out = NULL;
     if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess || ndev == 0) {
-        snprintf(err, errlen, "distributed.backend: nccl needs a CUDA device, and this machine "
-                 "has none (cudaGetDeviceCount: %d, %s)", ndev, cudaGetErrorString(e));
+        snprintf(err, errlen,
+                 "distributed.backend: nccl needs a CUDA device, and this machine "
+                 "has none (cudaGetDeviceCount: %d, %s)",
+                 ndev, cudaGetErrorString(e));
         return MGE_DEVICE;
     }
     if (!(s = mge_calloc(1, sizeof(*s)))) {

@@ -38,8 +38,8 @@ int mge_comm_packs_new(struct mge_comm_packs **out, struct mge_comm *c, float *a
         return MGE_ERR(MGE_NOMEM, "cannot allocate packs");
     for (int i = 0; i < n_cuts; i++)
         if (cuts[i] > arena_bytes || cuts[i] % sizeof(float)) {
-            rc = MGE_ERR(MGE_INVAL, "pack cut %zu outside the %zu-byte arena", cuts[i],
-                         arena_bytes);
+            rc =
+                MGE_ERR(MGE_INVAL, "pack cut %zu outside the %zu-byte arena", cuts[i], arena_bytes);
             goto out_free;
         }
     memcpy(cut, cuts, sizeof(size_t) * (size_t)n_cuts);
@@ -78,7 +78,10 @@ void mge_comm_packs_free(struct mge_comm_packs *p)
     mge_free(p);
 }
 
-int mge_comm_packs_count(const struct mge_comm_packs *p) { return p->n; }
+int mge_comm_packs_count(const struct mge_comm_packs *p)
+{
+    return p->n;
+}
 
 const struct mge_comm_pack *mge_comm_packs_get(const struct mge_comm_packs *p, int i)
 {
@@ -104,13 +107,16 @@ void mge_comm_packs_ready(struct mge_comm_packs *p, size_t ready_bytes)
         if (k->first + k->count > ready)
             break;
         k->ready_at = mge_comm_now();
-        p->err = mge_comm_allreduce_start(p->c, p->arena + k->first, k->count, MGE_COMM_F32,
-                                          &k->ticket);
+        p->err =
+            mge_comm_allreduce_start(p->c, p->arena + k->first, k->count, MGE_COMM_F32, &k->ticket);
         p->next++;
     }
 }
 
-void mge_comm_packs_ready_hook(void *p, size_t ready_bytes) { mge_comm_packs_ready(p, ready_bytes); }
+void mge_comm_packs_ready_hook(void *p, size_t ready_bytes)
+{
+    mge_comm_packs_ready(p, ready_bytes);
+}
 
 int mge_comm_packs_wait(struct mge_comm_packs *p, int i)
 {

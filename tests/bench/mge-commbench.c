@@ -157,10 +157,9 @@ int main(int argc, char **argv)
                "\"raw_ms\":%.3f,\"per_tensor_ms\":%.3f,\"packed_ms\":%.3f,"
                "\"raw_gbps\":%.2f,\"per_tensor_gbps\":%.2f,\"packed_gbps\":%.2f,"
                "\"packed_vs_raw\":%.3f,\"packed_vs_per_tensor\":%.3f}\n",
-               spec->name, size, bytes, nt, mge_comm_packs_count(packs),
-               spec->distributed.pack_mb, reps, 1e3 * raw, 1e3 * tensor, 1e3 * packed,
-               bus / raw / 1e9, bus / tensor / 1e9, bus / packed / 1e9, raw / packed,
-               tensor / packed);
+               spec->name, size, bytes, nt, mge_comm_packs_count(packs), spec->distributed.pack_mb,
+               reps, 1e3 * raw, 1e3 * tensor, 1e3 * packed, bus / raw / 1e9, bus / tensor / 1e9,
+               bus / packed / 1e9, raw / packed, tensor / packed);
     }
     free(t_raw);
     free(t_tensor);

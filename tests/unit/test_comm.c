@@ -16,10 +16,19 @@
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_int.h"
 
-static const char *const env_vars[] = {
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "MGE_RANK",
-    "MGE_WORLD_SIZE", "MGE_LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMIX_RANK",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+static const char *const env_vars[] = {"OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "MGE_RANK",
+                                       "MGE_WORLD_SIZE",
+                                       "MGE_LOCAL_RANK",
+                                       "PMI_RANK",
+                                       "PMI_SIZE",
+                                       "MPI_LOCALRANKID",
+                                       "PMIX_RANK",
+                                       "SLURM_PROCID",
+                                       "SLURM_NTASKS",
+                                       "SLURM_LOCALID"};
 
 static void setup(void)
 {
@@ -140,8 +149,7 @@ START_TEST(test_local_refuses_ranks)
     setenv("OMPI_COMM_WORLD_RANK", "1", 1);
     setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
     mge_comm_env_read(&env);
-    ck_assert_int_eq(mge_comm_open(&c, MGE_BACKEND_LOCAL, &env, err, sizeof(err)),
-                     MGE_UNSUPPORTED);
+    ck_assert_int_eq(mge_comm_open(&c, MGE_BACKEND_LOCAL, &env, err, sizeof(err)), MGE_UNSUPPORTED);
     ck_assert_ptr_null(c);
     ck_assert_msg(strstr(err, "local runs one rank, but this is rank 1 of 2"), "%s", err);
     ck_assert_int_eq(mge_comm_open(&c, MGE_BACKEND_AUTO, &env, err, sizeof(err)), MGE_INVAL);
@@ -164,10 +172,10 @@ END_TEST
 /* ---- the communication thread, over a fake two-rank backend ---- */
 
 struct fake {
-    int calls;      /* collectives run */
-    int fail_at;    /* this call fails (1-based), 0: never */
-    int order[64];  /* kind of each call */
-    long delay_ns;  /* each all-reduce takes this long */
+    int calls;     /* collectives run */
+    int fail_at;   /* this call fails (1-based), 0: never */
+    int order[64]; /* kind of each call */
+    long delay_ns; /* each all-reduce takes this long */
 };
 
 static int fake_step(struct mge_comm *c, enum mge__comm_kind kind)
@@ -203,8 +211,14 @@ static int fake_allgather(struct mge_comm *c, const void *send, size_t bytes, vo
     return fake_step(c, MGE__COMM_ALLGATHER);
 }
 
-static int fake_barrier(struct mge_comm *c) { return fake_step(c, MGE__COMM_BARRIER); }
-static void fake_close(struct mge_comm *c) { (void)c; }
+static int fake_barrier(struct mge_comm *c)
+{
+    return fake_step(c, MGE__COMM_BARRIER);
+}
+static void fake_close(struct mge_comm *c)
+{
+    (void)c;
+}
 
 static const struct mge__comm_ops fake_ops = {
     .name = "fake",
@@ -297,8 +311,7 @@ START_TEST(test_packs_plan)
     size_t cuts[] = {2400, 0, 40, 440, 1400};
     ck_assert_int_eq(mge__comm_new(&c, &fake_ops, MGE_BACKEND_MPI, 0, 2, &f), MGE_OK);
     /* first pack >= 400 bytes, later ones >= 1000 */
-    ck_assert_int_eq(mge_comm_packs_new(&p, c, arena, sizeof(arena), cuts, 5, 400, 1000),
-                     MGE_OK);
+    ck_assert_int_eq(mge_comm_packs_new(&p, c, arena, sizeof(arena), cuts, 5, 400, 1000), MGE_OK);
     ck_assert_int_eq(mge_comm_packs_count(p), 3);
     const struct mge_comm_pack *k0 = mge_comm_packs_get(p, 0), *k1 = mge_comm_packs_get(p, 1),
                                *k2 = mge_comm_packs_get(p, 2);
@@ -313,8 +326,7 @@ START_TEST(test_packs_plan)
     ck_assert_int_eq(mge_comm_packs_count(p), 1);
     mge_comm_packs_free(p);
     size_t badcut = 4001;
-    ck_assert_int_eq(mge_comm_packs_new(&p, c, arena, sizeof(arena), &badcut, 1, 4, 4),
-                     MGE_INVAL);
+    ck_assert_int_eq(mge_comm_packs_new(&p, c, arena, sizeof(arena), &badcut, 1, 4, 4), MGE_INVAL);
     ck_assert_ptr_null(p);
     mge_alloc_fail_after(1);
     ck_assert_int_eq(mge_comm_packs_new(&p, c, arena, sizeof(arena), cuts, 5, 4, 4), MGE_NOMEM);
@@ -335,19 +347,18 @@ START_TEST(test_packs_ready)
     for (int i = 0; i < 1000; i++)
         arena[i] = (float)i;
     ck_assert_int_eq(mge__comm_new(&c, &fake_ops, MGE_BACKEND_MPI, 0, 2, &f), MGE_OK);
-    ck_assert_int_eq(mge_comm_packs_new(&p, c, arena, sizeof(arena), cuts, 4, 400, 1000),
-                     MGE_OK);
+    ck_assert_int_eq(mge_comm_packs_new(&p, c, arena, sizeof(arena), cuts, 4, 400, 1000), MGE_OK);
     for (int step = 0; step < 2; step++) {
         mge_comm_packs_begin(p);
         ck_assert_int_eq(mge_comm_packs_wait(p, 0), MGE_STATE); /* not started */
-        mge_comm_packs_ready_hook(p, 40);   /* inside pack 0: nothing starts */
+        mge_comm_packs_ready_hook(p, 40);                       /* inside pack 0: nothing starts */
         ck_assert(mge_comm_packs_get(p, 0)->ticket == 0);
         mge_comm_packs_ready_hook(p, 1400); /* pack 0 starts, pack 1 not yet */
         ck_assert(mge_comm_packs_get(p, 0)->ticket != 0);
         ck_assert(mge_comm_packs_get(p, 1)->ticket == 0);
         ck_assert_int_eq(mge_comm_packs_wait(p, 0), MGE_OK);
         ck_assert(arena[109] == 109.0f * (float)(2 << step)); /* pack 0 summed */
-        mge_comm_packs_ready(p, sizeof(arena)); /* the rest */
+        mge_comm_packs_ready(p, sizeof(arena));               /* the rest */
         for (int i = 0; i < mge_comm_packs_count(p); i++) {
             ck_assert_int_eq(mge_comm_packs_wait(p, i), MGE_OK);
             const struct mge_comm_pack *k = mge_comm_packs_get(p, i);

@@ -71,8 +71,8 @@ START_TEST(test_nccl_broadcast_allgather)
     ck_assert_int_eq(cudaMalloc((void **)&d, sizeof(int64_t) * (size_t)(size + 1)), cudaSuccess);
     ck_assert_int_eq(cudaMemcpy(d, &mine, sizeof(mine), cudaMemcpyHostToDevice), cudaSuccess);
     ck_assert_int_eq(mge_comm_allgather(comm, d, sizeof(int64_t), d + 1), MGE_OK);
-    ck_assert_int_eq(cudaMemcpy(all, d + 1, sizeof(int64_t) * (size_t)size,
-                                cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(all, d + 1, sizeof(int64_t) * (size_t)size, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
     for (int r = 0; r < size; r++)
         ck_assert_int_eq(all[r], 100 + r);
     ck_assert_int_eq(mge_comm_broadcast(comm, d, sizeof(int64_t), 0), MGE_OK);
