@@ -154,31 +154,46 @@ static int run_op(struct mge_comm *c, const struct mge__comm_op *op)
     return MGE_INTERNAL;
 }
 
+/*
+ * Run the oldest queued collective. Called with c->mu held, nothing running, and work queued;
+ * returns with c->mu held. Whoever calls it (the communication thread, or the training thread
+ * waiting for that very collective) is the only thread in the library meanwhile (running),
+ * which is all MPI_THREAD_SERIALIZED asks; the mutex orders the calls.
+ */
+static void run_next_locked(struct mge_comm *c)
+{
+    uint64_t t = c->completed + 1;
+    struct mge__comm_op op = c->queue[t % MGE__COMM_RING];
+    int failed = c->err;
+    c->running = 1;
+    pthread_mutex_unlock(&c->mu);
+    struct mge_comm_timing tm = {mge_comm_now(), 0.0};
+    int rc = failed ? failed : run_op(c, &op);
+    tm.end = mge_comm_now();
+    pthread_mutex_lock(&c->mu);
+    if (rc != MGE_OK && !c->err) {
+        c->err = rc;
+        c->err_at = t;
+    }
+    c->timing[t % MGE__COMM_RING] = tm;
+    c->completed = t;
+    c->running = 0;
+    pthread_cond_broadcast(&c->done);
+    if (c->completed < c->issued)
+        pthread_cond_signal(&c->work);
+}
+
 static void *comm_thread(void *arg)
 {
     struct mge_comm *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
         /* idle waits block here, never spin: backward keeps the core */
-        while (!c->stop && c->completed == c->issued)
+        while (!c->stop && (c->running || c->completed == c->issued))
             pthread_cond_wait(&c->work, &c->mu);
-        if (c->completed == c->issued)
-            break;
-        uint64_t t = c->completed + 1;
-        struct mge__comm_op op = c->queue[t % MGE__COMM_RING];
-        int failed = c->err;
-        pthread_mutex_unlock(&c->mu);
-        struct mge_comm_timing tm = {mge_comm_now(), 0.0};
-        int rc = failed ? failed : run_op(c, &op);
-        tm.end = mge_comm_now();
-        pthread_mutex_lock(&c->mu);
-        if (rc != MGE_OK && !c->err) {
-            c->err = rc;
-            c->err_at = t;
-        }
-        c->timing[t % MGE__COMM_RING] = tm;
-        c->completed = t;
-        pthread_cond_broadcast(&c->done);
+        if (c->running || c->completed == c->issued)
+            break; /* stop, and nothing left */
+        run_next_locked(c);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -270,8 +285,17 @@ static int enqueue(struct mge_comm *c, const struct mge__comm_op *op, uint64_t *
 static int wait_ticket(struct mge_comm *c, uint64_t ticket, struct mge_comm_timing *timing)
 {
     pthread_mutex_lock(&c->mu);
-    while (c->completed < ticket)
-        pthread_cond_wait(&c->done, &c->mu);
+    /*
+     * The waiter runs queued collectives itself when the communication thread is not in one
+     * (it has not woken up yet): waiting is all it would do, and a thread's wake-up on a busy
+     * machine costs more than a small all-reduce.
+     */
+    while (c->completed < ticket) {
+        if (!c->running)
+            run_next_locked(c);
+        else
+            pthread_cond_wait(&c->done, &c->mu);
+    }
     int rc = c->err && ticket >= c->err_at ? c->err : MGE_OK;
     if (timing && c->issued - ticket < MGE__COMM_RING - 1)
         *timing = c->timing[ticket % MGE__COMM_RING];

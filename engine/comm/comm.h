@@ -12,8 +12,9 @@
  * after them. Buffers are host memory for local and mpi, device memory for nccl.
  *
  * Threads: a communicator is used by one thread (the training loop). Backends whose library
- * calls block (mpi) own a communication thread that alone calls the library after init
- * (MPI_THREAD_SERIALIZED), so an all-reduce overlaps whatever the caller does meanwhile. With
+ * calls block (mpi) own a communication thread that runs the collectives one at a time after
+ * init (MPI_THREAD_SERIALIZED; a caller waiting for a collective the thread has not picked up
+ * yet runs it itself), so an all-reduce overlaps whatever the caller does meanwhile. With
  * one rank there is nothing to overlap and collectives run inline (no thread).
  */
 #ifndef MGE_ENGINE_COMM_H

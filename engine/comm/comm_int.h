@@ -60,7 +60,7 @@ struct mge_comm {
     int thread_ok;
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t work; /* queued > started, or stop */
+    pthread_cond_t work; /* work queued and nothing running, or stop */
     pthread_cond_t done; /* completed advanced, or room in the queue */
     struct mge__comm_op queue[MGE__COMM_RING];
     uint64_t issued;    /* tickets handed out; ticket t is the t-th collective (from 1) */
@@ -68,6 +68,7 @@ struct mge_comm {
     int err;            /* first failure; every later collective fails with it */
     uint64_t err_at;    /* the ticket that failed first */
     int stop;
+    int running;        /* a thread is inside the backend (at most one: SERIALIZED) */
     struct mge_comm_timing timing[MGE__COMM_RING]; /* by ticket % MGE__COMM_RING */
 };
 

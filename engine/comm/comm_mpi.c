@@ -2,9 +2,11 @@
  * comm_mpi.c: the Open MPI backend (CPU ranks, host memory). Compiled only when Open MPI's
  * development files exist (else comm_mpi_none.c); the Makefile adds `pkg-config ompi-c`.
  *
- * Threading: MPI_THREAD_SERIALIZED. After MPI_Init_thread on the main thread, every collective
- * runs on comm.c's communication thread, one at a time, and MPI_Finalize runs on the main
- * thread after that thread is joined. That is all SERIALIZED promises, and it is enough:
+ * Threading: MPI_THREAD_SERIALIZED. After MPI_Init_thread on the main thread, collectives run
+ * one at a time, on comm.c's communication thread (or on the training thread when it waits for
+ * a collective the communication thread has not picked up yet), ordered by comm.c's mutex;
+ * MPI_Finalize runs on the main thread after that thread is joined. That is all SERIALIZED
+ * promises, and it is enough:
  * MULTIPLE would make Open MPI take locks on every call for concurrency we never use, and
  * FUNNELED would forbid the communication thread, which is what lets a pack's all-reduce run
  * while backward computes the next gradients.
