@@ -24,6 +24,17 @@ LIBS_PROTO  := -lprotobuf-c
 LIBS_COMMON := -lyaml -ljansson -lz -lm -lpthread
 LIBS_DAEMON := -lmicrohttpd -lsqlite3 -lnng -luv -lcurl
 
+# Open MPI (the mpi backend) and NCCL (the nccl backend) are optional: without them the
+# backend is a stub that says so. System headers go in with -isystem (not our warnings).
+MPI_CFLAGS  := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags ompi-c 2>/dev/null))
+MPI_LIBS    := $(shell pkg-config --libs ompi-c 2>/dev/null)
+HAVE_MPI    := $(if $(MPI_LIBS),1,)
+HAVE_NCCL   := $(if $(NVCC),$(if $(wildcard $(CUDA_HOME)/include/nccl.h),1,),)
+ifneq ($(HAVE_NCCL),)
+NCCL_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart
+endif
+LIBS_COMM   := $(MPI_LIBS) $(NCCL_LIBS)
+
 ifneq ($(filter true 1,$(CI)),)
 DEVELOPER = 1
 endif
@@ -41,7 +52,7 @@ else
 Q = @
 endif
 
-.PHONY: all deps demo test test-unit test-integration test-fuzz bench fuzz format clean cuda web
+.PHONY: all deps demo test test-unit test-integration test-fuzz bench bench-tools fuzz format clean cuda web
 all: binaries web
 
 # keep generated headers and test objects (make would delete them as intermediates)
@@ -64,7 +75,12 @@ $(BUILD)/gen/proto/%.pb-c.c $(BUILD)/gen/proto/%.pb-c.h: proto/%.proto
 COMMON_SRC  := $(wildcard common/*.c)
 KERNEL_SRC  := $(sort $(wildcard kernels/*.c kernels/cpu/*.c))
 ENGINE_MAIN := engine/main_train.c engine/main_infer.c
-ENGINE_SRC  := $(filter-out $(ENGINE_MAIN),$(wildcard engine/*.c engine/*/*.c))
+# engine/comm: each backend that needs a library has a stub twin; exactly one of each is built
+COMM_ALT    := engine/comm/comm_mpi.c engine/comm/comm_mpi_none.c \
+               engine/comm/comm_nccl.c engine/comm/comm_nccl_none.c
+ENGINE_SRC  := $(filter-out $(ENGINE_MAIN) $(COMM_ALT),$(wildcard engine/*.c engine/*/*.c)) \
+               $(if $(HAVE_MPI),engine/comm/comm_mpi.c,engine/comm/comm_mpi_none.c) \
+               $(if $(HAVE_NCCL),engine/comm/comm_nccl.c,engine/comm/comm_nccl_none.c)
 COORD_SRC   := $(wildcard coordinator/*.c)
 WORKER_SRC  := $(wildcard worker/*.c)
 CLI_SRC     := $(wildcard cli/*.c)
@@ -86,6 +102,10 @@ $(BUILD)/obj/%.o: %.c | $(PROTO_H)
 $(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -ffp-contract=fast
 # kernels: full auto-vectorisation (GCC 12's -O2 only vectorises with its very-cheap model)
 $(BUILD)/obj/kernels/cpu/%.o: OPT += -O3
+
+$(BUILD)/obj/engine/comm/comm_mpi.o: ALL_CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/obj/engine/comm/comm_nccl.o $(BUILD)/obj/tests/unit/test_comm_nccl.o: \
+    ALL_CFLAGS += -isystem $(CUDA_HOME)/include
 
 # generated code is not ours: build it without our warning set
 $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c $(PROTO_H)
@@ -110,7 +130,7 @@ $(BIN)/mge-infer: $(call obj,engine/main_infer.c) $(ENGINE_LIBS)
 $(BIN)/mge-train $(BIN)/mge-infer:
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMMON)
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON)
 
 BINARIES := $(BIN)/mge-train $(BIN)/mge-infer
 
@@ -169,9 +189,12 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 ifeq ($(CUDA_OBJ),)
 UNIT_SRC := $(filter-out tests/unit/test_cuda.c,$(UNIT_SRC))
 endif
+ifeq ($(HAVE_NCCL),)
+UNIT_SRC := $(filter-out tests/unit/test_comm_nccl.c,$(UNIT_SRC))
+endif
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 TEST_SUPPORT := $(wildcard tests/unit/support/*.c)
-TEST_LIBS = $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMMON) $(shell pkg-config --libs check) \
+TEST_LIBS = $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON) $(shell pkg-config --libs check) \
             -lsqlite3 -lnng -lcurl
 $(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(LIB_CUDA) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
@@ -194,8 +217,20 @@ fuzz: deps
 	$(Q)FUZZ_SECONDS=$${FUZZ_SECONDS:-300} sh tests/fuzz/run.sh $(BUILD) long
 
 # ---- benchmarks ----
+BENCH_TOOLS :=
+ifneq ($(HAVE_MPI),)
+# gradient all-reduce three ways (raw MPI, per tensor, mge packs): tests/bench/comm.sh
+$(BUILD)/obj/tests/bench/mge-commbench.o: ALL_CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/bench/mge-commbench: $(call obj,tests/bench/mge-commbench.c) $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON)
+BENCH_TOOLS += $(BUILD)/bench/mge-commbench
+endif
+bench-tools: $(BENCH_TOOLS)
+
 bench: deps
-	$(Q)$(MAKE) --no-print-directory binaries
+	$(Q)$(MAKE) --no-print-directory binaries bench-tools
 	$(Q)sh tests/bench/run.sh $(BUILD)
 
 demo: deps

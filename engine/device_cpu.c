@@ -313,12 +313,20 @@ static uint64_t dropout_seed(const struct mge_graph *g, const struct mge_node *n
     return g->seed ^ n->a.drop.salt ^ ((uint64_t)g->step * 0xD1B54A32D192ED03ull);
 }
 
+/* Index of the first element of @v's mask: rows before this run's in the global batch. */
+static int64_t dropout_first(const struct mge_graph *g, int v)
+{
+    if (!g->values[v].batched || g->row_offset == 0 || g->batch <= 0)
+        return 0;
+    return g->row_offset * (mge__value_numel_now(g, v) / g->batch);
+}
+
 static int cpu_dropout(struct mge_graph *g, const struct mge_node *n)
 {
     int64_t len = mge__value_numel_now(g, n->in[0]);
     if (g->training && n->a.drop.p > 0.0f)
         mge_cpu_dropout_forward(F(g, n->out[0]), F(g, n->in[0]), len, n->a.drop.p,
-                                dropout_seed(g, n));
+                                dropout_seed(g, n), dropout_first(g, n->in[0]));
     else
         memcpy(F(g, n->out[0]), F(g, n->in[0]), sizeof(float) * (size_t)len);
     return MGE_OK;
@@ -327,7 +335,8 @@ static int cpu_dropout(struct mge_graph *g, const struct mge_node *n)
 static int cpu_dropout_grad(struct mge_graph *g, const struct mge_node *n)
 {
     mge_cpu_dropout_backward(F(g, n->out[0]), F(g, n->in[0]), mge__value_numel_now(g, n->in[0]),
-                             n->a.drop.p, dropout_seed(g, n), n->acc);
+                             n->a.drop.p, dropout_seed(g, n), dropout_first(g, n->in[0]),
+                             n->acc);
     return MGE_OK;
 }
 
@@ -379,12 +388,13 @@ static int cpu_scale(struct mge_graph *g, const struct mge_node *n)
     return MGE_OK;
 }
 
+/* The backward seed: d(loss)/d(loss), times the loss scale (data parallelism's local_n/global_n). */
 static int cpu_ones(struct mge_graph *g, const struct mge_node *n)
 {
     int64_t len = mge__value_numel_now(g, n->out[0]);
     float *p = F(g, n->out[0]);
     for (int64_t i = 0; i < len; i++)
-        p[i] = 1.0f;
+        p[i] = g->loss_scale;
     return MGE_OK;
 }
 

@@ -208,6 +208,29 @@ void mge_graph_set_grad_hook(struct mge_graph *g, void (*fn)(void *ctx, size_t r
 /* Byte offset and size of parameter @param's gradient in the gradient arena (after planning). */
 int mge_graph_grad_span(const struct mge_graph *g, int param, size_t *offset, size_t *bytes);
 
+/*
+ * Op timing hook (traces): after each op of later runs, @fn(@ctx, node, t0, t1) with the op's
+ * CLOCK_MONOTONIC start and end in seconds. Same thread and rules as the gradient-ready hook.
+ */
+void mge_graph_set_op_hook(struct mge_graph *g,
+                           void (*fn)(void *ctx, int node, double t0, double t1), void *ctx);
+/* Nodes of the graph (forward, backward and recomputation ops, in execution order). */
+int mge_graph_n_nodes(const struct mge_graph *g);
+/* Op name of @node ("matmul", ...) and whether it is a backward op; NULL if no such node. */
+const char *mge_graph_node_op(const struct mge_graph *g, int node, int *backward);
+
+/*
+ * Multiply every gradient of later MGE_RUN_TRAIN runs by @scale (default 1) by seeding backward
+ * with d(loss) = @scale. Data parallelism: a rank holding n of a global batch of N rows sets
+ * n/N, so summing the ranks' gradients gives the gradient of the global mean loss.
+ */
+void mge_graph_set_loss_scale(struct mge_graph *g, float scale);
+/*
+ * The rows of later runs are rows [@rows, @rows + batch) of a larger global batch (default 0).
+ * Dropout masks follow global rows, so data-parallel ranks draw the masks one process would.
+ */
+void mge_graph_set_row_offset(struct mge_graph *g, int64_t rows);
+
 /* Time every op of later runs (on != 0) or stop; MGE_NOMEM if the table cannot be made. */
 int mge_graph_profile(struct mge_graph *g, int on);
 /* Print per-op mean times over @runs runs to @fp. */

@@ -117,6 +117,10 @@ struct mge_graph {
     size_t *grad_ready;          /* per node: gradient-arena prefix final after it (planned) */
     void (*ready_fn)(void *ctx, size_t ready_bytes); /* gradient-ready hook, or NULL */
     void *ready_ctx;
+    void (*op_fn)(void *ctx, int node, double t0, double t1); /* op timing hook, or NULL */
+    void *op_ctx;
+    float loss_scale;            /* backward seed dloss (1 unless set) */
+    int64_t row_offset;          /* rows of the global batch before this run's (dropout masks) */
 };
 
 /* Sticky error: record the first failure and return -code. */

@@ -48,18 +48,23 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
     for (int ni = 0; ni < end; ni++) {
         const struct mge_node *n = &g->nodes[ni];
         struct timespec t0, t1;
-        if (g->profile)
+        if (g->profile || g->op_fn)
             clock_gettime(CLOCK_MONOTONIC, &t0);
         int rc = ops->fn[n->op](g, n);
         if (rc != MGE_OK)
             return MGE_ERR(rc, "op %d (%s) failed", ni, mge__op_name(n->op));
+        if (g->profile || g->op_fn) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if (g->profile)
+                g->profile[ni] += (double)(t1.tv_sec - t0.tv_sec) +
+                                  1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        }
+        if (g->op_fn)
+            g->op_fn(g->op_ctx, ni, (double)t0.tv_sec + 1e-9 * (double)t0.tv_nsec,
+                     (double)t1.tv_sec + 1e-9 * (double)t1.tv_nsec);
         if (train && g->ready_fn && g->grad_ready && g->grad_ready[ni] > reported) {
             reported = g->grad_ready[ni];
             g->ready_fn(g->ready_ctx, reported);
-        }
-        if (g->profile) {
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            g->profile[ni] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         }
     }
     if (train && g->ready_fn && reported < g->grad_bytes)
@@ -73,6 +78,28 @@ void mge_graph_set_grad_hook(struct mge_graph *g, void (*fn)(void *ctx, size_t r
     g->ready_fn = fn;
     g->ready_ctx = ctx;
 }
+
+void mge_graph_set_op_hook(struct mge_graph *g,
+                           void (*fn)(void *ctx, int node, double t0, double t1), void *ctx)
+{
+    g->op_fn = fn;
+    g->op_ctx = ctx;
+}
+
+const char *mge_graph_node_op(const struct mge_graph *g, int node, int *backward)
+{
+    if (node < 0 || node >= g->n_nodes)
+        return NULL;
+    if (backward)
+        *backward = g->nodes[node].backward;
+    return mge__op_name(g->nodes[node].op);
+}
+
+int mge_graph_n_nodes(const struct mge_graph *g) { return g->n_nodes; }
+
+void mge_graph_set_loss_scale(struct mge_graph *g, float scale) { g->loss_scale = scale; }
+
+void mge_graph_set_row_offset(struct mge_graph *g, int64_t rows) { g->row_offset = rows; }
 
 int mge_graph_profile(struct mge_graph *g, int on)
 {

@@ -45,6 +45,7 @@ int mge_graph_new(struct mge_graph **out)
     if (!g)
         return MGE_ERR(MGE_NOMEM, "cannot allocate graph");
     g->loss = -1;
+    g->loss_scale = 1.0f;
     g->batch = -1;
     *out = g;
     return MGE_OK;
@@ -105,15 +106,15 @@ int mge__graph_add_value(struct mge_graph *g, enum mge_value_kind kind, enum mge
     if (ndim < 0 || ndim > MGE_MAX_DIMS)
         return mge__graph_fail(g, MGE_INVAL, "'%s': %d dims (at most %d)", name, ndim,
                                MGE_MAX_DIMS);
-    for (int i = 0; i < ndim; i++)
+    int64_t dims[MGE_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) {
         if (shape[i] <= 0)
             return mge__graph_fail(g, MGE_INVAL, "'%s': dim %d is %lld", name, i,
                                    (long long)shape[i]);
-    /* @shape and @name may point into g->values, which growing can move: copy them first */
-    int64_t dims[MGE_MAX_DIMS];
-    char vname[64];
-    for (int i = 0; i < ndim; i++)
         dims[i] = shape[i];
+    }
+    /* @shape and @name may point into g->values, which growing can move: copies first */
+    char vname[64];
     snprintf(vname, sizeof(vname), "%s", name);
     shape = dims;
     name = vname;

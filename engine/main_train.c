@@ -11,7 +11,7 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
             "usage: mge-train SPEC.yaml [--set key.path=value]... [--resume CKPT] [--out DIR]\n"
-            "                 [--json] [--threads N]\n"
+            "                 [--json] [--threads N] [--profile TRACE.json]\n"
             "       mge-train --plan SPEC.yaml [--set key.path=value]...\n"
             "       mge-train --max-batch SPEC.yaml --set memory.budget_mb=N\n"
             "\n"
@@ -21,6 +21,12 @@ static void usage(FILE *fp)
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
             "  --threads N   kernel threads (default $OMP_NUM_THREADS or all cores)\n"
+            "  --profile F   write a Chrome trace (chrome://tracing, Perfetto) of the first\n"
+            "                200 steps to F: ops, optimiser, each pack's all-reduce; rank r > 0\n"
+            "                of a multi-rank job writes F.r\n"
+            "\n"
+            "Data parallel: mpirun -np N mge-train SPEC.yaml (or srun) trains on N ranks; each\n"
+            "takes its share of every global batch (docs/distributed.md).\n"
             "  --plan        print the memory plans (chosen, plain, sublinear) as JSON and exit\n"
             "  --max-batch   print the largest batch that fits memory.budget_mb, with and\n"
             "                without recomputation, as JSON and exit\n");
@@ -73,6 +79,8 @@ int main(int argc, char **argv)
             o.out_dir = argv[++i];
         } else if (!strcmp(a, "--threads") && has_val) {
             o.threads = atoi(argv[++i]);
+        } else if (!strcmp(a, "--profile") && has_val) {
+            o.profile_path = argv[++i];
         } else if (!strcmp(a, "--json")) {
             o.json = 1;
         } else if (!strcmp(a, "--plan")) {

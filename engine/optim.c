@@ -63,18 +63,29 @@ double mge_optim_lr(const struct mge_optim *o, int64_t step)
     return lr;
 }
 
-void mge_optim_step(struct mge_optim *o, float *params, const float *grads, int64_t step)
+void mge_optim_step_begin(struct mge_optim *o) { o->t++; }
+
+void mge_optim_step_range(struct mge_optim *o, float *params, const float *grads, int64_t step,
+                          int64_t first, int64_t count)
 {
     float lr = (float)mge_optim_lr(o, step);
     const struct mge_optim_spec *s = &o->spec;
-    o->t++;
+    float *m = o->m ? o->m + first : NULL, *v = o->v ? o->v + first : NULL;
+    if (count <= 0)
+        return;
     if (s->type == MGE_OPTIM_SGD)
-        mge_cpu_sgd_update(params, grads, o->m, o->n, lr, (float)s->momentum,
+        mge_cpu_sgd_update(params + first, grads + first, m, count, lr, (float)s->momentum,
                            (float)s->weight_decay, s->nesterov);
     else
-        mge_cpu_adam_update(params, grads, o->m, o->v, o->n, lr, (float)s->beta1,
+        mge_cpu_adam_update(params + first, grads + first, m, v, count, lr, (float)s->beta1,
                             (float)s->beta2, (float)s->eps, (float)s->weight_decay,
                             s->type == MGE_OPTIM_ADAMW, o->t);
+}
+
+void mge_optim_step(struct mge_optim *o, float *params, const float *grads, int64_t step)
+{
+    mge_optim_step_begin(o);
+    mge_optim_step_range(o, params, grads, step, 0, o->n);
 }
 
 int mge_optim_n_states(const struct mge_optim *o) { return (o->m != NULL) + (o->v != NULL); }

@@ -27,6 +27,15 @@ void mge_optim_fini(struct mge_optim *o);
 double mge_optim_lr(const struct mge_optim *o, int64_t step);
 /* Apply one update at 0-based @step: params -= f(grads). */
 void mge_optim_step(struct mge_optim *o, float *params, const float *grads, int64_t step);
+/*
+ * The same update in pieces, so that each pack of gradients is applied as soon as its
+ * all-reduce is done: mge_optim_step_begin() once per step, then mge_optim_step_range() over
+ * ranges [first, first + count) of the arena that together cover it once. Element for element
+ * the result equals mge_optim_step()'s (every update is elementwise).
+ */
+void mge_optim_step_begin(struct mge_optim *o);
+void mge_optim_step_range(struct mge_optim *o, float *params, const float *grads, int64_t step,
+                          int64_t first, int64_t count);
 /* Number of state buffers (0, 1 or 2) and the i-th one's name ("m", "v") and data. */
 int mge_optim_n_states(const struct mge_optim *o);
 float *mge_optim_state(struct mge_optim *o, int i, const char **name);

@@ -19,8 +19,10 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/ckpt.h"
+#include "engine/comm/comm.h"
 #include "engine/engine_int.h"
 #include "engine/optim.h"
+#include "engine/trace.h"
 #include "kernels/cpu/cpu.h"
 
 static double now_sec(void)
@@ -152,7 +154,18 @@ struct trainer {
     int64_t step, epoch, pos, total_steps;
     double last_loss, test_acc, test_loss;
     char out_dir[1024];
+    /* data parallelism (dist: a backend other than local; the local path is unchanged) */
+    struct mge_comm_env env;
+    struct mge_comm *comm;
+    struct mge_comm_packs *packs;
+    int rank, world, dist;
+    struct mge_trace trace; /* --profile */
+    int64_t trace_until;    /* steps below this are traced */
+    int tracing;            /* the current step is traced */
 };
+
+#define TRACE_STEPS 200
+enum { TRACK_COMPUTE = 1, TRACK_COMM = 2 };
 
 static int optim_ckpt_type(enum mge_optim_type t)
 {
@@ -481,6 +494,185 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* ---- data parallelism ---- */
+
+/* Op timing hook: every op of a traced step on the compute track. */
+static void trace_op(void *ctx, int node, double t0, double t1)
+{
+    struct trainer *t = ctx;
+    int bwd = 0;
+    if (!t->tracing)
+        return;
+    const char *op = mge_graph_node_op(t->g, node, &bwd);
+    char args[64];
+    snprintf(args, sizeof(args), "\"node\":%d", node);
+    mge_trace_event(&t->trace, TRACK_COMPUTE, op, bwd ? "backward" : "forward", t0, t1, args);
+}
+
+static int trace_open(struct trainer *t)
+{
+    char path[1200];
+    if (t->world > 1 && t->rank > 0)
+        snprintf(path, sizeof(path), "%s.%d", t->opts->profile_path, t->rank);
+    else
+        snprintf(path, sizeof(path), "%s", t->opts->profile_path);
+    int rc = mge_trace_open(&t->trace, path, t->rank, now_sec());
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-train: --profile: cannot create '%s': %s\n", path, strerror(errno));
+        return rc;
+    }
+    mge_trace_track(&t->trace, TRACK_COMPUTE, "compute (forward, backward, optimiser)");
+    mge_trace_track(&t->trace, TRACK_COMM, "comm (all-reduce per pack)");
+    t->trace_until = t->step + TRACE_STEPS;
+    mge_graph_set_op_hook(t->g, trace_op, t);
+    return MGE_OK;
+}
+
+/* Rank 0's parameters, optimiser state and position go to every rank (fresh start or resume). */
+static int dist_sync_state(struct trainer *t)
+{
+    int64_t n;
+    float *params = mge_graph_params(t->g, &n);
+    int64_t meta[4] = {t->step, t->epoch, t->pos, t->optim.t};
+    double metad[2] = {t->last_loss, t->test_acc};
+    const char *sname;
+    int rc = mge_comm_broadcast(t->comm, params, sizeof(float) * (size_t)n, 0);
+    for (int i = 0; i < mge_optim_n_states(&t->optim) && rc == MGE_OK; i++)
+        rc = mge_comm_broadcast(t->comm, mge_optim_state(&t->optim, i, &sname),
+                                sizeof(float) * (size_t)t->optim.n, 0);
+    if (rc == MGE_OK)
+        rc = mge_comm_broadcast(t->comm, meta, sizeof(meta), 0);
+    if (rc == MGE_OK)
+        rc = mge_comm_broadcast(t->comm, metad, sizeof(metad), 0);
+    if (rc != MGE_OK)
+        return rc;
+    t->step = meta[0];
+    t->epoch = meta[1];
+    t->pos = meta[2];
+    t->optim.t = meta[3];
+    t->last_loss = metad[0];
+    t->test_acc = metad[1];
+    return MGE_OK;
+}
+
+/* Packs over the gradient arena, cut at gradient boundaries; their all-reduces start from the
+ * gradient-ready hook. The first pack is small (1 MiB at most) so communication starts early. */
+static int dist_packs_init(struct trainer *t)
+{
+    int np = mge_graph_n_params(t->g), n_cuts = 0;
+    size_t *cuts = mge_malloc(sizeof(size_t) * (size_t)(np + 1));
+    size_t pack = (size_t)(t->spec->distributed.pack_mb * 1048576.0);
+    size_t first = pack < ((size_t)1 << 20) ? pack : (size_t)1 << 20;
+    int64_t n_grads;
+    float *grads = mge_graph_grads(t->g, &n_grads);
+    if (!cuts)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate packs");
+    for (int i = 0; i < np; i++) {
+        size_t off, bytes;
+        if (mge_graph_grad(t->g, mge_graph_param(t->g, i)) >= 0 &&
+            mge_graph_grad_span(t->g, mge_graph_param(t->g, i), &off, &bytes) == MGE_OK)
+            cuts[n_cuts++] = off;
+    }
+    pack = pack < sizeof(float) ? sizeof(float) : pack;
+    int rc = mge_comm_packs_new(&t->packs, t->comm, grads, sizeof(float) * (size_t)n_grads, cuts,
+                                n_cuts, first, pack);
+    mge_free(cuts);
+    if (rc == MGE_OK)
+        mge_graph_set_grad_hook(t->g, mge_comm_packs_ready_hook, t->packs);
+    return rc;
+}
+
+/* First row of rank @r's shard of a global batch of @b rows (the sampler's rule, data.h). */
+static int64_t shard_start(int64_t b, int r, int world)
+{
+    return (int64_t)r * (b / world) + (r < b % world ? r : b % world);
+}
+
+/* What one data-parallel step measured (seconds). */
+struct dist_stats {
+    double compute; /* forward + backward, from the bound batch to the last gradient */
+    double comm;    /* all collectives of the step, as they ran on the communication thread */
+    double hidden;  /* the part of comm that ran while backward still computed */
+    double wait;    /* the training thread blocked on collectives */
+};
+
+static double overlap(double a0, double a1, double b0, double b1)
+{
+    double lo = a0 > b0 ? a0 : b0, hi = a1 < b1 ? a1 : b1;
+    return hi > lo ? hi - lo : 0.0;
+}
+
+/*
+ * One data-parallel step: forward and backward on this rank's rows with the loss scaled by
+ * n_local / global_n (so the sum over ranks is the gradient of the global mean loss), packs
+ * all-reduced as backward finishes them, each pack's slice updated as soon as its sum is in.
+ * *@loss is the global mean loss.
+ */
+static int dist_step(struct trainer *t, const struct mge_batch *b, const float *loss_val,
+                     double *loss, struct dist_stats *st)
+{
+    int64_t n_grads;
+    float *params = mge_graph_params(t->g, NULL);
+    float *grads = mge_graph_grads(t->g, &n_grads);
+    double t0 = now_sec(), t_bwd, w0, lsum[1];
+    struct mge_comm_timing lt = {0, 0};
+    uint64_t lticket;
+    int rc;
+    memset(st, 0, sizeof(*st));
+    mge_comm_packs_begin(t->packs);
+    if (b->n > 0) {
+        mge_graph_bind(t->g, t->model.x, b->x);
+        mge_graph_bind(t->g, t->model.y, b->y);
+        mge_graph_set_batch(t->g, b->n);
+        mge_graph_set_loss_scale(t->g, (float)((double)b->n / (double)b->global_n));
+        mge_graph_set_row_offset(t->g, shard_start(b->global_n, t->rank, t->world));
+        if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
+            return rc;
+    } else { /* no rows for this rank in a short batch: it adds zeros, but it must take part */
+        memset(grads, 0, sizeof(float) * (size_t)n_grads);
+        mge_comm_packs_ready(t->packs, sizeof(float) * (size_t)n_grads);
+    }
+    t_bwd = now_sec();
+    st->compute = t_bwd - t0;
+    lsum[0] = b->n > 0 ? (double)*loss_val * (double)b->n : 0.0;
+    if ((rc = mge_comm_allreduce_start(t->comm, lsum, 1, MGE_COMM_F64, &lticket)) != MGE_OK)
+        return rc;
+    mge_optim_step_begin(&t->optim);
+    for (int i = 0; i < mge_comm_packs_count(t->packs); i++) {
+        w0 = now_sec();
+        if ((rc = mge_comm_packs_wait(t->packs, i)) != MGE_OK)
+            return rc;
+        double w1 = now_sec();
+        st->wait += w1 - w0;
+        const struct mge_comm_pack *k = mge_comm_packs_get(t->packs, i);
+        mge_optim_step_range(&t->optim, params, grads, t->step, (int64_t)k->first,
+                             (int64_t)k->count);
+        st->comm += k->timing.end - k->timing.start;
+        st->hidden += overlap(k->timing.start, k->timing.end, t0, t_bwd);
+        if (t->tracing) {
+            char name[48], args[96];
+            snprintf(name, sizeof(name), "allreduce pack %d", i);
+            snprintf(args, sizeof(args), "\"bytes\":%zu,\"ready_ms\":%.3f", 4 * k->count,
+                     1e3 * (k->ready_at - t->trace.origin));
+            mge_trace_event(&t->trace, TRACK_COMM, name, "comm", k->timing.start, k->timing.end,
+                            args);
+            if (w1 - w0 > 1e-6)
+                mge_trace_event(&t->trace, TRACK_COMPUTE, "wait", "comm", w0, w1, NULL);
+            mge_trace_event(&t->trace, TRACK_COMPUTE, "optimizer", "optimizer", w1, now_sec(),
+                            NULL);
+        }
+    }
+    w0 = now_sec();
+    if ((rc = mge_comm_wait(t->comm, lticket, &lt)) != MGE_OK)
+        return rc;
+    st->wait += now_sec() - w0;
+    st->comm += lt.end - lt.start;
+    if (t->tracing)
+        mge_trace_event(&t->trace, TRACK_COMM, "allreduce loss", "comm", lt.start, lt.end, NULL);
+    *loss = lsum[0] / (double)b->global_n;
+    return MGE_OK;
+}
+
 static int train_loop(struct trainer *t)
 {
     const struct mge_jobspec *spec = t->spec;
@@ -488,11 +680,21 @@ static int train_loop(struct trainer *t)
     int64_t ce = spec->train.checkpoint_every, le = spec->train.log_every > 0 ? spec->train.log_every : 1;
     double train_sec = 0.0, wall0 = now_sec();
     int64_t samples = 0, first_step = t->step, n_times = 0;
-    int rc = MGE_OK;
+    int rc = MGE_OK, lead = t->rank == 0;
     /* per-step times: the median is what a noisy shared machine cannot spoil */
-    double *times = mge_malloc(sizeof(double) * (size_t)(t->total_steps - t->step + 1));
-    if (!times)
+    size_t n_slots = (size_t)(t->total_steps - t->step + 1);
+    double *times = mge_malloc(sizeof(double) * n_slots);
+    double *compute_t = t->dist ? mge_malloc(sizeof(double) * n_slots) : NULL;
+    double *comm_t = t->dist ? mge_malloc(sizeof(double) * n_slots) : NULL;
+    double *wait_t = t->dist ? mge_malloc(sizeof(double) * n_slots) : NULL;
+    double comm_sum = 0.0, hidden_sum = 0.0;
+    if (!times || (t->dist && (!compute_t || !comm_t || !wait_t))) {
+        mge_free(times);
+        mge_free(compute_t);
+        mge_free(comm_t);
+        mge_free(wait_t);
         return MGE_ERR(MGE_NOMEM, "cannot allocate step timers");
+    }
     int64_t n_params;
     float *params = mge_graph_params(t->g, &n_params);
     float *grads = mge_graph_grads(t->g, NULL);
@@ -503,20 +705,44 @@ static int train_loop(struct trainer *t)
 
     while (t->step < t->total_steps) {
         struct mge_batch *b;
+        struct dist_stats ds = {0, 0, 0, 0};
         double t0 = now_sec();
         if ((rc = mge_loader_next(&t->loader, &b)) != MGE_OK)
             goto out_free;
-        mge_graph_bind(t->g, t->model.x, b->x);
-        mge_graph_bind(t->g, t->model.y, b->y);
-        mge_graph_set_batch(t->g, b->n);
-        if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
-            goto out_free;
-        mge_optim_step(&t->optim, params, grads, t->step);
+        t->tracing = t->step < t->trace_until;
+        if (t->dist) {
+            if ((rc = dist_step(t, b, loss, &t->last_loss, &ds)) != MGE_OK)
+                goto out_free;
+            compute_t[n_times] = ds.compute;
+            comm_t[n_times] = ds.comm;
+            wait_t[n_times] = ds.wait;
+            comm_sum += ds.comm;
+            hidden_sum += ds.hidden;
+        } else {
+            mge_graph_bind(t->g, t->model.x, b->x);
+            mge_graph_bind(t->g, t->model.y, b->y);
+            mge_graph_set_batch(t->g, b->n);
+            if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
+                goto out_free;
+            if (t->tracing) {
+                double o0 = now_sec();
+                mge_optim_step(&t->optim, params, grads, t->step);
+                mge_trace_event(&t->trace, TRACK_COMPUTE, "optimizer", "optimizer", o0,
+                                now_sec(), NULL);
+            } else {
+                mge_optim_step(&t->optim, params, grads, t->step);
+            }
+            t->last_loss = *loss;
+        }
         times[n_times] = now_sec() - t0;
+        if (t->tracing) {
+            char name[32];
+            snprintf(name, sizeof(name), "step %lld", (long long)t->step);
+            mge_trace_event(&t->trace, 0, name, "step", t0, t0 + times[n_times], NULL);
+        }
         train_sec += times[n_times++];
-        samples += b->n;
+        samples += t->dist ? b->global_n : b->n;
         t->step++;
-        t->last_loss = *loss;
         if (!isfinite(t->last_loss)) {
             fprintf(stderr, "mge-train: loss is %f at step %lld: diverged\n", t->last_loss,
                     (long long)t->step);
@@ -525,10 +751,16 @@ static int train_loop(struct trainer *t)
         }
         t->epoch = b->epoch_end ? b->epoch + 1 : b->epoch;
         t->pos = b->epoch_end ? 0 : b->pos_after;
-        if (t->step % le == 0 || t->step == t->total_steps) {
+        if (lead && (t->step % le == 0 || t->step == t->total_steps)) {
             double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
             double lr = mge_optim_lr(&t->optim, t->step - 1);
-            if (o->json)
+            if (o->json && t->dist)
+                printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
+                       "\"epoch\":%lld,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
+                       "\"comm_hidden_ms\":%.3f,\"comm_wait_ms\":%.3f}\n",
+                       (long long)t->step, t->last_loss, sps, lr, (long long)b->epoch,
+                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.hidden, 1e3 * ds.wait);
+            else if (o->json)
                 printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
                        "\"epoch\":%lld}\n",
                        (long long)t->step, t->last_loss, sps, lr, (long long)b->epoch);
@@ -536,16 +768,21 @@ static int train_loop(struct trainer *t)
                 printf("step %lld/%lld  loss %.4f  %.0f samples/s\n", (long long)t->step,
                        (long long)t->total_steps, t->last_loss, sps);
         }
+        /* rank 0 alone evaluates and writes checkpoints (have_test is 0 elsewhere) */
         if (b->epoch_end && t->have_test && spec->train.eval_every_epoch &&
             (rc = evaluate_epoch(t, o->json)) != MGE_OK)
             goto out_free;
-        if (ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
+        if (lead && ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
             (rc = ckpt_save(t)) != MGE_OK)
             goto out_free;
     }
+    if (t->trace.fp && (rc = mge_trace_close(&t->trace)) != MGE_OK)
+        goto out_free;
     /* a run that ends mid-epoch still reports the model it leaves */
     if (t->have_test && (t->pos != 0 || !spec->train.eval_every_epoch) &&
         (rc = evaluate_epoch(t, o->json)) != MGE_OK)
+        goto out_free;
+    if (!lead)
         goto out_free;
     if ((rc = ckpt_save(t)) != MGE_OK)
         goto out_free;
@@ -563,6 +800,19 @@ static int train_loop(struct trainer *t)
     if (o->json) {
         printf("{\"summary\":true,\"engine_planned_bytes\":%zu,\"engine_measured_bytes\":%ld,",
                peak + loader_bytes, measured);
+        if (t->dist) {
+            qsort(compute_t, (size_t)n_times, sizeof(double), cmp_double);
+            qsort(comm_t, (size_t)n_times, sizeof(double), cmp_double);
+            qsort(wait_t, (size_t)n_times, sizeof(double), cmp_double);
+            printf("\"backend\":\"%s\",\"ranks\":%d,\"packs\":%d,\"median_compute_ms\":%.4f,"
+                   "\"median_comm_ms\":%.4f,\"median_comm_wait_ms\":%.4f,"
+                   "\"comm_hidden_fraction\":%.4f,",
+                   mge_comm_backend_name(mge_comm_backend(t->comm)), t->world,
+                   mge_comm_packs_count(t->packs), n_times ? 1e3 * compute_t[n_times / 2] : 0.0,
+                   n_times ? 1e3 * comm_t[n_times / 2] : 0.0,
+                   n_times ? 1e3 * wait_t[n_times / 2] : 0.0,
+                   comm_sum > 0 ? hidden_sum / comm_sum : 0.0);
+        }
         printf("\"steps\":%lld,\"epochs\":%lld,\"final_loss\":%.9g,",
                (long long)t->step, (long long)t->epoch, t->last_loss);
         if (t->have_test)
@@ -583,12 +833,17 @@ static int train_loop(struct trainer *t)
     }
     fflush(stdout);
 out_free:
+    mge_trace_close(&t->trace);
     mge_free(times);
+    mge_free(compute_t);
+    mge_free(comm_t);
+    mge_free(wait_t);
     return rc;
 }
 
 static void trainer_fini(struct trainer *t)
 {
+    mge_comm_packs_free(t->packs);
     if (t->loader_ok)
         mge_loader_fini(&t->loader);
     if (t->sampler_ok)
@@ -625,6 +880,32 @@ int mge_train_main(const struct mge_train_opts *o)
         goto out;
     }
     mge_cpu_set_threads(o->threads);
+    /*
+     * The communicator comes first, so that from here on a failure of any rank ends the job
+     * (mge_comm_abort) instead of leaving the others in their next collective. Without a
+     * launcher and with backend auto this is the local backend: no MPI at all.
+     */
+    t.world = 1;
+    if (!o->plan_only && !o->max_batch) {
+        mge_comm_env_read(&t.env);
+        enum mge_backend be = mge_comm_backend_resolve(t.spec->distributed.backend,
+                                                       t.spec->resources.device, &t.env);
+        if ((rc = mge_comm_open(&t.comm, be, &t.env, err, sizeof(err))) != MGE_OK) {
+            fprintf(stderr, "mge-train: %s: %s\n", o->spec_path, err);
+            code = 2;
+            goto out;
+        }
+        t.rank = mge_comm_rank(t.comm);
+        t.world = mge_comm_size(t.comm);
+        t.dist = be != MGE_BACKEND_LOCAL;
+        if (t.world > t.spec->train.batch_size) {
+            fprintf(stderr, "mge-train: %s: %d ranks for a global batch of %d: every rank needs "
+                    "at least one sample (train.batch_size >= ranks)\n", o->spec_path, t.world,
+                    t.spec->train.batch_size);
+            code = 2;
+            goto out;
+        }
+    }
     if ((rc = mge_data_load(t.spec, 0, &t.train, err, sizeof(err))) != MGE_OK) {
         fprintf(stderr, "mge-train: %s\n", err);
         code = 2;
@@ -632,7 +913,7 @@ int mge_train_main(const struct mge_train_opts *o)
     }
     int want_test = t.spec->data.format == MGE_DATA_SYNTHETIC ? t.spec->data.test_size > 0
                                                                 : t.spec->data.test_images != NULL;
-    if (want_test) {
+    if (want_test && t.rank == 0) { /* rank 0 alone evaluates */
         if ((rc = mge_data_load(t.spec, 1, &t.test, err, sizeof(err))) != MGE_OK) {
             fprintf(stderr, "mge-train: %s\n", err);
             code = 2;
@@ -675,15 +956,23 @@ int mge_train_main(const struct mge_train_opts *o)
         snprintf(t.out_dir, sizeof(t.out_dir), "%s", o->out_dir);
     else
         snprintf(t.out_dir, sizeof(t.out_dir), "mge-out/%s", t.spec->name);
-    if (mkdir_p(t.out_dir) != 0) {
+    if (t.rank == 0 && mkdir_p(t.out_dir) != 0) {
         fprintf(stderr, "mge-train: cannot create '%s': %s\n", t.out_dir, strerror(errno));
         goto out;
     }
-    if (o->resume && (rc = ckpt_restore(&t, o->resume)) != MGE_OK) {
+    if (t.rank == 0 && o->resume && (rc = ckpt_restore(&t, o->resume)) != MGE_OK) {
         code = 2;
         goto out;
     }
-    if ((rc = mge_sampler_init(&t.sampler, t.train.n, batch, 0, 1, t.spec->train.seed)) != MGE_OK)
+    /* every rank starts from rank 0's state (its parameters, or the checkpoint it read) */
+    if (t.dist && ((rc = dist_sync_state(&t)) != MGE_OK || (rc = dist_packs_init(&t)) != MGE_OK))
+        goto out;
+    if (o->profile_path && (rc = trace_open(&t)) != MGE_OK) {
+        code = 2;
+        goto out;
+    }
+    if ((rc = mge_sampler_init(&t.sampler, t.train.n, batch, t.rank, t.world,
+                               t.spec->train.seed)) != MGE_OK)
         goto out;
     t.sampler_ok = 1;
     mge_sampler_seek(&t.sampler, t.epoch, t.pos);
@@ -691,16 +980,27 @@ int mge_train_main(const struct mge_train_opts *o)
                               t.spec->data.prefetch > 0 ? t.spec->data.prefetch : 2)) != MGE_OK)
         goto out;
     t.loader_ok = 1;
-    if (!o->json)
+    if (!o->json && t.rank == 0) {
         printf("%s: %s, %lld parameters, %lld steps, batch %lld, %d threads, gemm %s\n",
                t.spec->name, mge_model_type_name(t.spec->model.type), (long long)n_params_f,
                (long long)t.total_steps, (long long)batch, mge_cpu_threads(),
                mge_cpu_sgemm_backend());
+        if (t.dist)
+            printf("data parallel: %d ranks (%s), %d packs of gradients\n", t.world,
+                   mge_comm_backend_name(mge_comm_backend(t.comm)),
+                   mge_comm_packs_count(t.packs));
+    }
     rc = train_loop(&t);
     code = rc == MGE_OK ? 0 : 1;
 out:
     if (rc != MGE_OK && code == 1)
         fprintf(stderr, "mge-train: failed: %s\n", mge_strerror(rc));
+    if (code != 0 && t.world > 1) {
+        fprintf(stderr, "mge-train: rank %d of %d failed: ending the job\n", t.rank, t.world);
+        fflush(stderr);
+        mge_comm_abort(t.comm, code);
+    }
+    mge_comm_close(t.comm);
     trainer_fini(&t);
     return code;
 }

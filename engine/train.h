@@ -20,6 +20,7 @@ struct mge_train_opts {
     int threads;                    /* kernel threads; <= 0: $OMP_NUM_THREADS or all cores */
     int plan_only;                  /* --plan: print the memory plan as JSON and stop */
     int max_batch;                  /* --max-batch: largest batch fitting memory.budget_mb */
+    const char *profile_path;       /* --profile: Chrome trace of the first steps, or NULL */
 };
 
 /* Run mge-train with @o. Returns the process exit code: 0 ok, 2 bad input, 1 failure. */

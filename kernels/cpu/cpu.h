@@ -161,13 +161,16 @@ void mge_cpu_embedding_backward(float *dtable, const float *dout, const int32_t 
                                 int64_t V, int64_t C, int acc);
 /*
  * Inverted dropout with a counter-based mask: element i is kept iff
- * mge_cpu_dropout_keep(seed, i, p); kept elements are scaled by 1/(1-p). The mask is a pure
- * function of (seed, i), so backward (and recomputation) regenerates it and nothing is stored.
+ * mge_cpu_dropout_keep(seed, first + i, p); kept elements are scaled by 1/(1-p). The mask is a
+ * pure function of (seed, index), so backward (and recomputation) regenerates it and nothing is
+ * stored. @first: index of element 0 in a larger tensor (a data-parallel rank's rows of the
+ * global batch), so a shard draws the same mask as the whole would; 0 otherwise.
  */
 int mge_cpu_dropout_keep(uint64_t seed, int64_t i, float p);
-void mge_cpu_dropout_forward(float *out, const float *inp, int64_t n, float p, uint64_t seed);
+void mge_cpu_dropout_forward(float *out, const float *inp, int64_t n, float p, uint64_t seed,
+                             int64_t first);
 void mge_cpu_dropout_backward(float *dinp, const float *dout, int64_t n, float p, uint64_t seed,
-                              int acc);
+                              int64_t first, int acc);
 
 /* ---- optimisers (in place over one contiguous parameter arena) ------------------------------ */
 /* SGD: g' = g + wd*p; v = mu*v + g'; p -= lr * (nesterov ? g' + mu*v : v). mu == 0: no v used. */

@@ -127,21 +127,22 @@ int mge_cpu_dropout_keep(uint64_t seed, int64_t i, float p)
     return u >= p;
 }
 
-void mge_cpu_dropout_forward(float *out, const float *inp, int64_t n, float p, uint64_t seed)
+void mge_cpu_dropout_forward(float *out, const float *inp, int64_t n, float p, uint64_t seed,
+                             int64_t first)
 {
     float k = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 #pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)
     for (int64_t i = 0; i < n; i++)
-        out[i] = mge_cpu_dropout_keep(seed, i, p) ? inp[i] * k : 0.0f;
+        out[i] = mge_cpu_dropout_keep(seed, first + i, p) ? inp[i] * k : 0.0f;
 }
 
 void mge_cpu_dropout_backward(float *dinp, const float *dout, int64_t n, float p, uint64_t seed,
-                              int acc)
+                              int64_t first, int acc)
 {
     float k = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 #pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
-        float g = mge_cpu_dropout_keep(seed, i, p) ? dout[i] * k : 0.0f;
+        float g = mge_cpu_dropout_keep(seed, first + i, p) ? dout[i] * k : 0.0f;
         dinp[i] = acc ? dinp[i] + g : g;
     }
 }

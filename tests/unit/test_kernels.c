@@ -1112,8 +1112,8 @@ START_TEST(test_dropout)
     ck_assert(x && y && y2 && dx);
     for (int64_t i = 0; i < n; i++)
         x[i] = 1.0f + (float)(i % 7);
-    mge_cpu_dropout_forward(y, x, n, p, 42);
-    mge_cpu_dropout_forward(y2, x, n, p, 42);
+    mge_cpu_dropout_forward(y, x, n, p, 42, 0);
+    mge_cpu_dropout_forward(y2, x, n, p, 42, 0);
     ck_assert(memcmp(y, y2, sizeof(float) * n) == 0); /* same seed: same mask */
     int64_t kept = 0, same_as_other_seed = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -1128,14 +1128,18 @@ START_TEST(test_dropout)
     /* backward regenerates the mask: the gradient of sum(y) is the keep/(1-p) mask */
     for (int64_t i = 0; i < n; i++)
         y2[i] = 1.0f;
-    mge_cpu_dropout_backward(dx, y2, n, p, 42, 0);
+    mge_cpu_dropout_backward(dx, y2, n, p, 42, 0, 0);
     for (int64_t i = 0; i < n; i++)
         ck_assert(dx[i] == (mge_cpu_dropout_keep(42, i, p) ? 1.0f / (1.0f - p) : 0.0f));
-    mge_cpu_dropout_backward(dx, y2, n, p, 42, 1);
+    mge_cpu_dropout_backward(dx, y2, n, p, 42, 0, 1);
     for (int64_t i = 0; i < n; i++)
         ck_assert(dx[i] == (mge_cpu_dropout_keep(42, i, p) ? 2.0f / (1.0f - p) : 0.0f));
+    /* a shard starting at element 1234 draws the whole tensor's mask there (data parallel) */
+    mge_cpu_dropout_forward(y, x, n, p, 42, 0);
+    mge_cpu_dropout_forward(y2, x + 1234, n - 1234, p, 42, 1234);
+    ck_assert(memcmp(y + 1234, y2, sizeof(float) * (size_t)(n - 1234)) == 0);
     /* p = 0 keeps everything unscaled */
-    mge_cpu_dropout_forward(y, x, n, 0.0f, 7);
+    mge_cpu_dropout_forward(y, x, n, 0.0f, 7, 0);
     ck_assert(memcmp(y, x, sizeof(float) * n) == 0);
     free(x), free(y), free(y2), free(dx);
 }

@@ -1,0 +1,120 @@
+#!/bin/sh
+# train_mpi.sh: static data parallelism with mpirun on one machine: 1, 2 and 4 ranks train the
+# same spec, seed and global batch to the same losses (1e-5 relative after 200 steps) with
+# uneven shards, a rank with no rows, dropout and Adam; rank 0 alone reports; resume with
+# another world size; --profile traces every rank; a failing rank ends the job promptly.
+# Exit 77 (skip) when Open MPI's mpirun is not installed.
+BUILD=${1:-build}
+BIN=$(cd "$BUILD/bin" && pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0; passes=0
+ok() { passes=$((passes + 1)); echo "  ok: $*"; }
+bad() { fails=$((fails + 1)); echo "  FAIL: $*"; }
+
+MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
+if [ -z "$MPIRUN" ]; then
+    echo "skip: mpirun (Open MPI) is not installed"; exit 77
+fi
+# 2 cores: every rank one kernel thread, no pinning (two ranks pinned to core 0 crawl)
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { # ranks, args...
+    n=$1; shift
+    timeout 120 "$MPIRUN" --oversubscribe --bind-to none -np "$n" "$@"
+}
+
+# 1003 samples in batches of 50: the last batch of each epoch has 3 rows, so with 4 ranks
+# one rank gets none; 50 / 4 is uneven too. Dropout masks must follow the global rows.
+cat > "$T/sgd.yaml" <<'Y'
+name: dp-sgd
+model: {type: mlp, hidden: [64, 32], dropout: 0.1}
+data: {format: synthetic, input_dim: 100, classes: 20, train_size: 1003, test_size: 200}
+train:
+  steps: 200
+  batch_size: 50
+  optimizer: {type: sgd, lr: 0.01, momentum: 0.9}
+  seed: 7
+Y
+cat > "$T/adam.yaml" <<'Y'
+name: dp-adam
+model: {type: mlp, hidden: [48], activation: tanh}
+data: {format: synthetic, input_dim: 64, classes: 10, train_size: 997, test_size: 0}
+train:
+  steps: 200
+  batch_size: 37
+  optimizer: {type: adam, lr: 0.001, weight_decay: 0.01}
+  seed: 11
+  eval: false
+Y
+
+# compare A B: max relative difference of the per-step losses and of the final loss
+compare() {
+    python3 - "$1" "$2" <<'P'
+import json, sys
+def load(f):
+    lines = [json.loads(l) for l in open(f)]
+    return [l["loss"] for l in lines if "step" in l and "loss" in l], lines[-1]["final_loss"]
+a, fa = load(sys.argv[1]); b, fb = load(sys.argv[2])
+assert len(a) == len(b) == 200, (len(a), len(b))
+m = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+print("%.3g %.3g %.9g %.9g" % (abs(fa - fb) / abs(fb), m, fa, fb))
+P
+}
+within() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)' "$1" "$2"; }
+
+for spec in sgd adam; do
+    echo "-- $spec: 1, 2 and 4 ranks against one process"
+    "$BIN/mge-train" "$T/$spec.yaml" --json --out "$T/$spec.0" > "$T/$spec.0.out" 2>"$T/err" \
+        || { bad "$spec plain run exited $?"; cat "$T/err"; }
+    for n in 1 2 4; do
+        set -- --set distributed.pack_mb=0.004 # several packs even for this small model
+        [ "$n" = 1 ] && set -- --set distributed.backend=mpi # auto would pick local
+        mpi "$n" "$BIN/mge-train" "$T/$spec.yaml" --json --out "$T/$spec.$n" "$@" \
+            > "$T/$spec.$n.out" 2>"$T/err" || { bad "$spec $n ranks exited $?"; cat "$T/err"; continue; }
+        r=$(compare "$T/$spec.$n.out" "$T/$spec.0.out") || { bad "$spec $n ranks: cannot compare"; continue; }
+        set -- $r
+        if within "$1" 1e-5 && within "$2" 1e-5; then
+            ok "$spec $n ranks: final loss $3 vs $4 (rel $1), max per-step rel diff $2"
+        else
+            bad "$spec $n ranks: final loss $3 vs $4 (rel $1), max per-step rel diff $2 > 1e-5"
+        fi
+        steps=$(grep -c '^{"step":' "$T/$spec.$n.out")
+        [ "$steps" = 200 ] && ok "$spec $n ranks: rank 0 alone printed the 200 step lines" \
+            || bad "$spec $n ranks: $steps step lines (200 expected)"
+        grep -q "\"ranks\":$n," "$T/$spec.$n.out" && ok "$spec $n ranks: summary says ranks $n" || bad "$spec $n ranks: no ranks in summary"
+    done
+done
+[ "$(ls "$T/sgd.4" | grep -c mgeckpt)" -ge 1 ] && ok "rank 0 wrote the checkpoint" || bad "no checkpoint from 4 ranks"
+
+echo "-- resume a 2-rank checkpoint with 4 ranks"
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" --set train.steps=100 --json --out "$T/half" > "$T/half.out" 2>"$T/err" || bad "half run exited $?"
+mpi 4 "$BIN/mge-train" "$T/sgd.yaml" --resume "$T/half/latest.mgeckpt" --json --out "$T/res" > "$T/res.out" 2>"$T/err" \
+    || { bad "resumed run exited $?"; cat "$T/err"; }
+r=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["final_loss"], json.loads(open(sys.argv[2]).read().splitlines()[-1])["final_loss"])' "$T/res.out" "$T/sgd.0.out")
+set -- $r
+rel=$(python3 -c 'import sys; a,b=map(float,sys.argv[1:]); print(abs(a-b)/abs(b))' "$1" "$2")
+within "$rel" 1e-5 && ok "2 ranks to step 100 then 4 ranks to 200: final loss $1 vs $2 (rel $rel)" || bad "resume: $1 vs $2 (rel $rel)"
+
+echo "-- --profile: a Chrome trace per rank, all-reduces on the comm track"
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" --set train.steps=20 --set distributed.pack_mb=0.004 --json --out "$T/prof" --profile "$T/trace.json" > /dev/null 2>"$T/err" \
+    || { bad "profiled run exited $?"; cat "$T/err"; }
+python3 - "$T/trace.json" "$T/trace.json.1" <<'P' && ok "trace.json and trace.json.1 parse; forward, backward ops and pack all-reduces present" || bad "bad trace"
+import json, sys
+for f in sys.argv[1:]:
+    ev = json.load(open(f))["traceEvents"]
+    cats = {e.get("cat") for e in ev}
+    assert {"forward", "backward", "comm", "optimizer"} <= cats, cats
+    assert any(e["name"].startswith("allreduce pack") and e["tid"] == 2 for e in ev)
+P
+
+echo "-- errors: exit non-zero promptly"
+start=$(date +%s)
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" --resume "$T/nothere.mgeckpt" --json --out "$T/fail" > /dev/null 2>"$T/err"; rc=$?
+took=$(( $(date +%s) - start ))
+[ $rc -ne 0 ] && [ $took -lt 30 ] && ok "rank 0 cannot read the checkpoint: job exit $rc after ${took}s" || bad "failing rank: exit $rc after ${took}s"
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" --set distributed.backend=local > /dev/null 2>"$T/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "local runs one rank" "$T/err" && ok "backend local under 2 ranks: exit $rc, '$(grep -m1 'local runs' "$T/err")'" || bad "backend local with 2 ranks: exit $rc: $(cat "$T/err")"
+
+echo "train_mpi: $passes passed, $fails failed"
+[ $fails -eq 0 ]
