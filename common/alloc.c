@@ -1,6 +1,7 @@
 /* alloc.c: malloc wrappers through which every mge allocation goes, so tests can make them fail. */
 #include "alloc.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,3 +66,9 @@ void *mge_malloc_aligned(size_t n)
 }
 
 void mge_free_aligned(void *p) { free(p); }
+
+void mge_alloc_keep_memory(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}

@@ -24,6 +24,14 @@ void *mge_malloc_aligned(size_t n);
 void mge_free_aligned(void *p);
 
 /*
+ * Keep freed memory in the process instead of returning it to the kernel (glibc: a fixed
+ * 32 MiB mmap threshold, no trimming below 1 GiB). Libraries that allocate scratch per call
+ * (oneDNN's GEMM packing, MPI's buffers) then reuse warm pages; on VMs where a first touch
+ * costs ~17 us per page this made backward GEMMs 10x slower. Call once at start-up.
+ */
+void mge_alloc_keep_memory(void);
+
+/*
  * Test hook: after @n more successful allocations, every allocation fails
  * (n < 0 turns the hook off). Not thread-safe; tests only.
  */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/err.h"
 #include "engine/ckpt.h"
 #include "engine/train.h"
@@ -99,6 +100,7 @@ int main(int argc, char **argv)
 {
     const char *path = NULL;
     int test = 1, json = 0, threads = 0;
+    mge_alloc_keep_memory();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc) {
             const char *d = argv[++i];

@@ -58,6 +58,7 @@ int main(int argc, char **argv)
 {
     struct mge_train_opts o = {0};
     omp_policy_reexec(argv);
+    mge_alloc_keep_memory();
     const char **sets = mge_calloc((size_t)argc, sizeof(*sets));
     int code;
     if (!sets)

@@ -1,6 +1,7 @@
 /* gemm.c: CPU row-major SGEMM over oneDNN, OpenBLAS or plain loops, and the thread count. */
 #include <dnnl.h>
 #include <omp.h>
+#include <xmmintrin.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,17 @@ void mge_cpu_set_threads(int n)
     g_threads = n;
     omp_set_num_threads(n); /* oneDNN (OpenMP build) follows this too */
     openblas_set_num_threads(n);
+    mge_cpu_flush_denormals(!(getenv("MGE_DENORMALS") && !strcmp(getenv("MGE_DENORMALS"), "keep")));
+}
+
+void mge_cpu_flush_denormals(int on)
+{
+    /* MXCSR bits: FTZ (15) flushes denormal results, DAZ (6) reads denormal inputs as zero.
+     * Set in every OpenMP thread (the pool persists) and in the caller's thread. */
+    unsigned bits = 0x8040;
+#pragma omp parallel
+    _mm_setcsr(on ? (_mm_getcsr() | bits) : (_mm_getcsr() & ~bits));
+    _mm_setcsr(on ? (_mm_getcsr() | bits) : (_mm_getcsr() & ~bits));
 }
 
 int mge_cpu_threads(void)
