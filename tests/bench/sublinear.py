@@ -77,7 +77,7 @@ def main():
             seg = int(round(math.sqrt(layers)))
             tp, ts = torch_run(layers, 0), torch_run(layers, seg)
             for name, r in (("torch", tp), ("torch ckpt", ts)):
-                print("  %-7d %-10s %10.1fMi %8.1f%% %10.1f %8.2fx   (RSS growth in a step; %d segments)" % (
+                print("  %-7d %-10s %10.1fMi %8.1f%% %10.1f %8.2fx   (saved for backward; %d segments)" % (
                     layers, name, r["activation_bytes"] / 2**20,
                     100.0 * r["activation_bytes"] / tp["activation_bytes"], r["median_step_ms"],
                     r["median_step_ms"] / tp["median_step_ms"], r["segments"]))

@@ -2,8 +2,9 @@
 """torch_deep.py: PyTorch side of the sublinear benchmark: an L-layer Linear(W)+ReLU chain,
 batch B, SGD momentum, plain or with torch.utils.checkpoint.checkpoint_sequential(SEG).
 
-Activation memory is the process's RSS high-water mark during one step minus the RSS before
-it (Linux clear_refs), after a warm-up step so parameters, gradients and optimiser state exist.
+Activation memory is what autograd keeps for backward at the end of the forward pass: the
+bytes of the distinct tensors packed by torch.autograd.graph.saved_tensors_hooks (with
+checkpointing, the segment inputs; the recomputed segment inside backward is not counted).
 Usage: torch_deep.py LAYERS WIDTH BATCH STEPS THREADS SEGMENTS(0 = plain)
 """
 import json
@@ -35,23 +36,29 @@ def main():
     params = list(body.parameters()) + list(head.parameters())
     opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
     x = torch.rand(batch, width)
+    if seg:  # reentrant checkpointing drops the first segment's gradients otherwise
+        x.requires_grad_(True)
     y = torch.randint(0, 10, (batch,))
     lossf = nn.CrossEntropyLoss()
     times, peaks = [], []
     for s in range(steps + 1):
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = status("VmRSS")
+        saved = {}
+
+        def pack(t):
+            saved[t.data_ptr()] = t.numel() * t.element_size()
+            return t
+
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        h = checkpoint_sequential(body, seg, x) if seg else body(x)
-        loss = lossf(head(h), y)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            h = checkpoint_sequential(body, seg, x) if seg else body(x)
+            loss = lossf(head(h), y)
         loss.backward()
         opt.step()
         dt = time.perf_counter() - t0
         if s > 0:  # step 0 allocates gradients and optimiser state
             times.append(dt)
-            peaks.append(status("VmHWM") - base)
+            peaks.append(sum(saved.values()))
     times.sort()
     peaks.sort()
     print(json.dumps({"layers": layers, "segments": seg, "median_step_ms": 1e3 * times[len(times) // 2],
