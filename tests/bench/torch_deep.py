@@ -27,6 +27,7 @@ def status(field):
 def main():
     layers, width, batch, steps, threads, seg = map(int, sys.argv[1:7])
     torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)  # as mge does: deep chains reach denormal gradients
     torch.manual_seed(0)
     mods = []
     for _ in range(layers):

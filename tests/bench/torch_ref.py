@@ -45,6 +45,7 @@ def main():
     kind, epochs, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     max_steps = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)  # as mge does: deep chains reach denormal gradients
     torch.manual_seed(int(os.environ.get("SEED", "42")))
     xtr = torch.from_numpy(idx(D + "train-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
     ytr = torch.from_numpy(idx(D + "train-labels-idx1-ubyte.gz").astype(np.int64))
