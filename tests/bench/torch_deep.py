@@ -3,7 +3,7 @@
 batch B, SGD momentum, plain or with torch.utils.checkpoint.checkpoint_sequential(SEG).
 
 Activation memory is what autograd keeps for backward at the end of the forward pass: the
-bytes of the distinct tensors packed by torch.autograd.graph.saved_tensors_hooks (with
+bytes of the distinct non-parameter tensors packed by torch.autograd.graph.saved_tensors_hooks (with
 checkpointing, the segment inputs; the recomputed segment inside backward is not counted).
 Usage: torch_deep.py LAYERS WIDTH BATCH STEPS THREADS SEGMENTS(0 = plain)
 """
@@ -42,11 +42,13 @@ def main():
     y = torch.randint(0, 10, (batch,))
     lossf = nn.CrossEntropyLoss()
     times, peaks = [], []
+    param_ptrs = {p.data_ptr() for p in params}
     for s in range(steps + 1):
         saved = {}
 
         def pack(t):
-            saved[t.data_ptr()] = t.numel() * t.element_size()
+            if t.data_ptr() not in param_ptrs:  # weights are not activations
+                saved[t.data_ptr()] = t.numel() * t.element_size()
             return t
 
         t0 = time.perf_counter()
