@@ -122,7 +122,9 @@ async function main() {
     check(/name/.test(err.text) && err.text.includes('<script>alert(1)</script>') && err.scripts === 0, 'the name rule holds and the hostile name shows as text, not markup');
     await shot('01-submit-error');
 
-    await page.fill('#spec', spec('e2e-a', 10000));
+    // job A must still run after the coordinator restart below and end within a minute:
+    // a heavier model than the others (about 1 ms a step on one core)
+    await page.fill('#spec', spec('e2e-a', 10000).replace('hidden: [64, 64]', 'hidden: [256, 256]'));
     await page.click('#submit');
     const linkA = await page.waitForSelector('#submit-result a', { timeout: 5000 });
     const idA = Number((await linkA.textContent()).replace(/\D/g, ''));
