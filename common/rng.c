@@ -1,14 +1,6 @@
 /* rng.c: xoshiro256** (Blackman and Vigna) and splitmix64. */
 #include "rng.h"
 
-uint64_t mge_splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 void mge_rng_seed(struct mge_rng *r, uint64_t seed)
 {
     uint64_t x = seed;

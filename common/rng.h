@@ -19,8 +19,19 @@ uint64_t mge_rng_next(struct mge_rng *r);
 float mge_rng_float(struct mge_rng *r);
 /* Uniform in [0, n) without modulo bias; n >= 1. */
 uint64_t mge_rng_below(struct mge_rng *r, uint64_t n);
-/* One splitmix64 step: a good 64-bit hash of @x. */
-uint64_t mge_splitmix64(uint64_t x);
+/* splitmix64's finaliser: a bijective 64-bit mix (Stafford's variant 13). */
+static inline uint64_t mge_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* One splitmix64 step: a good 64-bit hash of @x (inline: dropout calls it per element). */
+static inline uint64_t mge_splitmix64(uint64_t x)
+{
+    return mge_mix64(x + 0x9E3779B97F4A7C15ull);
+}
 
 #ifdef __cplusplus
 }

@@ -5,29 +5,23 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/rng.h"
 
 #define LOADER_MAX_PREFETCH 64
 #define SYNTH_MAX_BYTES ((int64_t)1 << 40)
 
 /* ---- splitmix64: a counter-based stream, so any (key, counter) is reachable directly ---- */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 static uint64_t splitmix64_next(uint64_t *state)
 {
     *state += 0x9e3779b97f4a7c15ULL;
-    return mix64(*state);
+    return mge_mix64(*state);
 }
 
 /* Key of a stream from two words; distinct (a, b) give unrelated streams. */
 static uint64_t stream_key(uint64_t a, uint64_t b)
 {
-    return mix64(mix64(a ^ 0x6a09e667f3bcc909ULL) + b * 0x9e3779b97f4a7c15ULL +
+    return mge_mix64(mge_mix64(a ^ 0x6a09e667f3bcc909ULL) + b * 0x9e3779b97f4a7c15ULL +
                  0x3c6ef372fe94f82bULL);
 }
 

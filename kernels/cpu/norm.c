@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/rng.h"
 #include "kernels/cpu/cpu_int.h"
 
 void mge_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -112,18 +113,10 @@ void mge_cpu_embedding_backward(float *dtable, const float *dout, const int32_t 
     }
 }
 
-static inline uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 /* u in [0, 1) from the top 24 bits of splitmix64(seed ^ i); kept iff u >= p. */
 int mge_cpu_dropout_keep(uint64_t seed, int64_t i, float p)
 {
-    float u = (float)(splitmix64(seed ^ (uint64_t)i) >> 40) * (1.0f / 16777216.0f);
+    float u = (float)(mge_splitmix64(seed ^ (uint64_t)i) >> 40) * (1.0f / 16777216.0f);
     return u >= p;
 }
 
