@@ -70,8 +70,7 @@ void mge_cpu_binary_forward(int op, float *out, const float *a, const int64_t *a
  */
 void mge_cpu_sum_to(float *out, const int64_t *ostride, const float *inp, const int64_t *shape,
                     int ndim, int acc);
-/* dA/dB of a broadcasting mul/div need the other operand: dst (+)= dout * other (mul) etc.
- * Full elementwise helpers over contiguous n: */
+/* Contiguous helpers (the engine builds mul/div gradients from binary_forward and sum_to). */
 void mge_cpu_scale(float *out, const float *inp, float s, int64_t n);   /* out = s * inp */
 void mge_cpu_axpy(float *y, const float *x, float a, int64_t n);        /* y += a * x */
 
@@ -162,8 +161,7 @@ void mge_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *
 /* out[n, :] = table[ids[n], :] (C floats); ids outside [0, V) are the caller's bug. */
 void mge_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
                                int64_t C);
-/* dtable[ids[n], :] (+)= dout[n, :] (dtable must be zeroed first when acc == 0 is not wanted:
- * with acc == 0 the whole table is cleared first). */
+/* dtable[ids[n], :] += dout[n, :]; with acc == 0 the whole table (V x C) is cleared first. */
 void mge_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n,
                                 int64_t V, int64_t C, int acc);
 /*
