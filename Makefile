@@ -148,6 +148,11 @@ $(BIN)/mge-worker: $(call obj,$(WORKER_SRC)) $(LIB_PROTO) $(LIB_COMMON)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_DAEMON) $(LIBS_PROTO) $(LIBS_COMMON)
 BINARIES += $(BIN)/mge-worker
 endif
+$(BIN)/mge-launch: $(call obj,$(wildcard worker/agent/*.c)) $(LIB_PROTO) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ -lnng $(LIBS_PROTO) $(LIBS_COMMON)
+BINARIES += $(BIN)/mge-launch
 ifneq ($(CLI_SRC),)
 $(BIN)/mgectl: $(call obj,$(CLI_SRC)) $(LIB_COMMON)
 	@mkdir -p $(dir $@)

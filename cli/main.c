@@ -485,6 +485,25 @@ static int cmd_get(int argc, char **argv)
             printf("  pending:   %s\n", str(o, "pending_reason"));
         if (json_is_string(json_object_get(o, "failure_reason")))
             printf("  failure:   %s\n", str(o, "failure_reason"));
+        if (json_array_size(json_object_get(o, "placement"))) {
+            json_t *pl;
+            size_t i;
+            printf("  placement: incarnation %lld, %zu rank%s\n",
+                   (long long)json_integer_value(json_object_get(o, "incarnation")),
+                   json_array_size(json_object_get(o, "placement")),
+                   json_array_size(json_object_get(o, "placement")) == 1 ? "" : "s");
+            json_array_foreach(json_object_get(o, "placement"), i, pl)
+            {
+                printf("    rank %-3lld worker %-16s host %s",
+                       (long long)json_integer_value(json_object_get(pl, "rank")),
+                       str(pl, "worker"), str(pl, "host"));
+                if (json_is_true(json_object_get(pl, "exited")))
+                    printf("  (ended: code %lld, signal %lld)",
+                           (long long)json_integer_value(json_object_get(pl, "exit_code")),
+                           (long long)json_integer_value(json_object_get(pl, "signal")));
+                printf("\n");
+            }
+        }
         printf("  progress:  step %lld/%lld\n",
                (long long)json_integer_value(json_object_get(p, "step")),
                (long long)json_integer_value(json_object_get(p, "total_steps")));

@@ -1722,6 +1722,13 @@ int mge_jobspec_load(const char *path, const char *const *overrides, int n_overr
     strfmt(c.err->file, sizeof(c.err->file), "%s", c.file);
     if (!path || !out)
         return fail_code(&c, MGE_INVAL, 0, 0, -1, "no spec path");
+    if (!strncmp(path, "env:", 4)) {
+        const char *text = getenv(path + 4);
+        if (!text)
+            return fail_code(&c, MGE_NOENT, 0, 0, -1, "environment variable %s is not set",
+                             path + 4);
+        return mge_jobspec_parse(path, text, strlen(text), overrides, n_overrides, out, err);
+    }
     fp = fopen(path, "rb");
     if (!fp)
         return fail_code(&c, errno == ENOENT ? MGE_NOENT : MGE_IO, 0, 0, -1, "cannot open: %s",

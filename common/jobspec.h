@@ -137,7 +137,11 @@ struct mge_spec_error {
 int mge_jobspec_parse(const char *name, const char *text, size_t len, const char *const *overrides,
                       int n_overrides, struct mge_jobspec **out, struct mge_spec_error *err);
 
-/* As mge_jobspec_parse(), reading @path (MGE_NOENT/MGE_IO with @err filled if unreadable). */
+/*
+ * As mge_jobspec_parse(), reading @path (MGE_NOENT/MGE_IO with @err filled if unreadable).
+ * "env:NAME" reads the YAML from environment variable NAME instead (how a worker hands the
+ * spec to the ranks of a multi-node job, where no file path is valid on every node).
+ */
 int mge_jobspec_load(const char *path, const char *const *overrides, int n_overrides,
                      struct mge_jobspec **out, struct mge_spec_error *err);
 

@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/url.h"
 #include "auth.h"
 #include "proto/worker.pb-c.h"
 #include "sched.h"
@@ -49,8 +50,6 @@ int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mg
     char host[200] = "127.0.0.1";
     char url[256];
     int rv, port = 0, rc;
-    const char *p;
-
     *out = NULL;
     r = mge_calloc(1, sizeof(*r));
     if (!r)
@@ -70,15 +69,7 @@ int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mg
         goto err_close_rep;
     }
     /* The notify socket listens on the same host, on a port of the kernel's choosing. */
-    p = strstr(opts->listen_url, "://");
-    if (p) {
-        const char *colon = strrchr(p + 3, ':');
-        size_t n = colon ? (size_t)(colon - (p + 3)) : strlen(p + 3);
-        if (n > 0 && n < sizeof(host)) {
-            memcpy(host, p + 3, n);
-            host[n] = '\0';
-        }
-    }
+    mge_url_host(opts->listen_url, host, sizeof(host));
     snprintf(url, sizeof(url), "tcp://%s:0", host);
     if ((rv = nng_pub0_open(&r->pub)) != 0) {
         rc = err_from_nng(rv, "cannot open pub socket", url);
@@ -168,6 +159,7 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, uint8_t **repl
     info.name = reg->name;
     info.host = reg->host;
     info.version = reg->version;
+    info.launch_url = reg->launch_url;
     if (reg->slots) {
         info.cpus = reg->slots->cpus;
         info.gpus = reg->slots->gpus;
@@ -197,6 +189,8 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
     struct mge_rank_report *reps = NULL;
     struct mge_sched_cmds cmds;
     Mge__Assign *as = NULL, **asp = NULL;
+    Mge__Peer *pe = NULL, **pep = NULL;
+    size_t n_pe = 0;
     Mge__Cancel *cs = NULL, **csp = NULL;
     Mge__Ack *ak = NULL, **akp = NULL;
     size_t n_ak = 0, cap_ak;
@@ -291,12 +285,17 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
         akp[k] = &ak[k];
 
     if (cmds.n_assign) {
+        for (size_t i = 0; i < cmds.n_assign; i++)
+            n_pe += cmds.assign[i].n_peers;
         as = mge_calloc(cmds.n_assign, sizeof(*as));
         asp = mge_calloc(cmds.n_assign, sizeof(*asp));
-        if (!as || !asp) {
+        pe = n_pe ? mge_calloc(n_pe, sizeof(*pe)) : NULL;
+        pep = n_pe ? mge_calloc(n_pe, sizeof(*pep)) : NULL;
+        if (!as || !asp || (n_pe && (!pe || !pep))) {
             rc = MGE_NOMEM;
             goto out_free;
         }
+        n_pe = 0;
         for (size_t i = 0; i < cmds.n_assign; i++) {
             mge__assign__init(&as[i]);
             as[i].job_id = cmds.assign[i].job_id;
@@ -305,6 +304,17 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
             as[i].world_size = cmds.assign[i].world;
             as[i].spec_yaml = cmds.assign[i].spec_yaml;
             as[i].resume = cmds.assign[i].resume ? cmds.assign[i].resume : (char *)"";
+            as[i].launch_token = cmds.assign[i].launch_token;
+            as[i].peers = cmds.assign[i].n_peers ? pep + n_pe : NULL;
+            as[i].n_peers = cmds.assign[i].n_peers;
+            for (size_t k = 0; k < cmds.assign[i].n_peers; k++, n_pe++) {
+                const struct mge_sched_peer *sp = &cmds.assign[i].peers[k];
+                mge__peer__init(&pe[n_pe]);
+                pe[n_pe].rank = sp->rank;
+                pe[n_pe].name = (char *)sp->name;
+                pe[n_pe].launch_url = (char *)sp->launch_url;
+                pep[n_pe] = &pe[n_pe];
+            }
             asp[i] = &as[i];
         }
     }
@@ -337,6 +347,8 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
 out_free:
     mge_free(as);
     mge_free(asp);
+    mge_free(pe);
+    mge_free(pep);
     mge_free(cs);
     mge_free(csp);
     mge_free(ak);

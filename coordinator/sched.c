@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "common/alloc.h"
@@ -21,6 +22,7 @@ static const char *const worker_state_names[] = {"ready", "draining", "lost"};
 
 struct worker {
     char id[40], name[128], host[128], version[32], device[8];
+    char launch_url[300];         /* "" when it cannot take multi-rank jobs */
     int cpus, gpus;
     int64_t memory_mb;
     enum worker_state state;
@@ -43,6 +45,9 @@ struct resv {
     int exit_code, term_signal;
     bool finished;                /* the attempt is decided: succeeded, failed or cancelled */
     int64_t cancel_sent;          /* monotonic ms of the last cancel, 0 if none */
+    char token[40];               /* the attempt's launch token (world > 1) */
+    bool failing;                 /* a rank of this gang ended badly: the rest are torn down */
+    char fail_reason[256];        /* why, when failing */
 };
 
 struct mge_sched {
@@ -75,12 +80,17 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return MGE_OK;
 }
 
+static void assign_fini(struct mge_sched_assign *a)
+{
+    mge_free(a->spec_yaml);
+    mge_free(a->resume);
+    mge_free(a->peers);
+}
+
 void mge_sched_cmds_fini(struct mge_sched_cmds *c)
 {
-    for (size_t i = 0; i < c->n_assign; i++) {
-        mge_free(c->assign[i].spec_yaml);
-        mge_free(c->assign[i].resume);
-    }
+    for (size_t i = 0; i < c->n_assign; i++)
+        assign_fini(&c->assign[i]);
     mge_free(c->assign);
     mge_free(c->cancel);
     mge_free(c->acks);
@@ -200,15 +210,58 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
         mge_free(resume);
         return rc;
     }
-    a = &w->assign[w->n_assign++];
+    a = &w->assign[w->n_assign];
+    memset(a, 0, sizeof(*a));
+    if (r->world > 1 && r->rank == 0) {
+        /* rank 0's worker runs mpirun: it needs every rank's worker, in rank order */
+        a->peers = mge_calloc((size_t)r->world, sizeof(*a->peers));
+        if (!a->peers) {
+            mge_free(spec);
+            mge_free(resume);
+            return MGE_NOMEM;
+        }
+        a->n_peers = (size_t)r->world;
+        for (size_t i = 0; i < s->n_r; i++) {
+            const struct resv *o = &s->r[i];
+            if (o->job_id != r->job_id || o->attempt != r->attempt || o->rank < 0 ||
+                o->rank >= r->world || o->widx < 0)
+                continue;
+            a->peers[o->rank].rank = o->rank;
+            snprintf(a->peers[o->rank].name, sizeof(a->peers[o->rank].name), "%s",
+                     s->w[o->widx].name);
+            snprintf(a->peers[o->rank].launch_url, sizeof(a->peers[o->rank].launch_url), "%s",
+                     s->w[o->widx].launch_url);
+        }
+    }
+    w->n_assign++;
     a->job_id = r->job_id;
     a->attempt = r->attempt;
     a->rank = r->rank;
     a->world = r->world;
     a->spec_yaml = spec;
     a->resume = resume;
+    snprintf(a->launch_token, sizeof(a->launch_token), "%s", r->token);
     notify(s, r->widx);
     return MGE_OK;
+}
+
+/* A fresh launch token for a gang: 128 random bits as hex. */
+static void token_new(char out[40])
+{
+    unsigned char b[16] = {0};
+    size_t got = 0;
+    while (got < sizeof(b)) { /* Linux >= 3.17; blocks only before the pool is seeded */
+        ssize_t n = getrandom(b + got, sizeof(b) - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            mge_log_error("getrandom: %s: launch token is weak", strerror(errno));
+            break;
+        }
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof(b); i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 
 static void resv_gc(struct mge_sched *s)
@@ -248,10 +301,8 @@ static void worker_set_lost(struct mge_sched *s, int wi)
         r->widx = -1; /* its slots are gone with the worker */
         r->exited = true;
     }
-    for (size_t i = 0; i < w->n_assign; i++) {
-        mge_free(w->assign[i].spec_yaml);
-        mge_free(w->assign[i].resume);
-    }
+    for (size_t i = 0; i < w->n_assign; i++)
+        assign_fini(&w->assign[i]);
     w->n_assign = 0;
     w->n_cancel = 0;
     s->dirty = true;
@@ -269,6 +320,7 @@ static void check_lost(struct mge_sched *s)
 static void place_one(struct mge_sched *s, const struct mge_job_row *j)
 {
     struct mge_placement pl[64];
+    char token[40];
     int widx[64], n = 0, rc, want = j->workers_max;
     if (want > 64)
         want = 64;
@@ -276,6 +328,9 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
         int cpus, gpus;
         int64_t mem;
         if (!worker_usable(&s->w[i]))
+            continue;
+        /* a gang's ranks are started through the workers' launch sockets */
+        if (want > 1 && !s->w[i].launch_url[0])
             continue;
         worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
         if (!fits(&s->w[i], j, cpus, gpus, mem))
@@ -295,9 +350,12 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
     rc = mge_store_job_place(s->st, j->id, j->attempt, pl, n);
     if (rc != MGE_OK)
         return;
+    token_new(token);
     for (int k = 0; k < n; k++) {
         struct resv *r = &s->r[s->n_r++];
         memset(r, 0, sizeof(*r));
+        if (n > 1)
+            memcpy(r->token, token, sizeof(r->token));
         r->job_id = j->id;
         r->attempt = j->attempt;
         r->rank = k;
@@ -306,10 +364,12 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
         r->cpus = j->cpus;
         r->gpus = j->gpus;
         r->memory_mb = j->memory_mb;
-        queue_assign(s, r);
     }
-    mge_log_info("job %lld attempt %d placed: %d rank(s), rank 0 on '%s'", (long long)j->id,
-                 j->attempt, n, s->w[widx[0]].name);
+    /* all reservations first: rank 0's Assign lists every rank's worker */
+    for (size_t i = s->n_r - (size_t)n; i < s->n_r; i++)
+        queue_assign(s, &s->r[i]);
+    mge_log_info("job %lld attempt %d placed: %d rank(s), rank 0 on '%s'%s", (long long)j->id,
+                 j->attempt, n, s->w[widx[0]].name, n > 1 ? " (one mpirun)" : "");
 }
 
 static void schedule(struct mge_sched *s)
@@ -367,6 +427,8 @@ static void *sched_main(void *arg)
     return NULL;
 }
 
+static void attempt_check(struct mge_sched *s, struct resv *ended);
+
 int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struct mge_sched **out)
 {
     struct mge_sched *s;
@@ -401,6 +463,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         snprintf(w->host, sizeof(w->host), "%s", wr[i].host);
         snprintf(w->version, sizeof(w->version), "%s", wr[i].version);
         snprintf(w->device, sizeof(w->device), "%s", wr[i].device);
+        snprintf(w->launch_url, sizeof(w->launch_url), "%s", wr[i].launch_url);
         w->cpus = wr[i].cpus;
         w->gpus = wr[i].gpus;
         w->memory_mb = wr[i].memory_mb;
@@ -449,6 +512,21 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
     for (size_t i = 0; i < s->n_r; i++) /* ranks on lost workers: the job is requeued */
         if (s->r[i].widx >= 0 && s->w[s->r[i].widx].state == W_LOST && !s->r[i].finished)
             job_worker_lost(s, s->r[i].job_id, s->r[i].attempt, s->w[s->r[i].widx].name);
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        /* Tokens live in memory only: a gang's ranks not yet launched get a fresh one with
+         * their Assign again (NEEDSWORK: one already started by the old token's mpirun is
+         * refused, and the attempt fails when mpirun gives up on it). */
+        if (r->world > 1 && !r->token[0]) {
+            token_new(r->token);
+            for (size_t k = i + 1; k < s->n_r; k++)
+                if (s->r[k].job_id == r->job_id && s->r[k].attempt == r->attempt)
+                    memcpy(s->r[k].token, r->token, sizeof(r->token));
+        }
+        /* an exit stored before the restart whose verdict was not: decide it now */
+        if (r->exited && !r->finished && (r->exit_code != 0 || r->term_signal != 0))
+            attempt_check(s, r);
+    }
     mge_log_info("scheduler: %zu worker(s), %zu placed rank(s) loaded", s->n_w, s->n_r);
     s->dirty = true;
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
@@ -479,10 +557,8 @@ void mge_sched_free(struct mge_sched *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     for (size_t i = 0; i < s->n_w; i++) {
-        for (size_t k = 0; k < s->w[i].n_assign; k++) {
-            mge_free(s->w[i].assign[k].spec_yaml);
-            mge_free(s->w[i].assign[k].resume);
-        }
+        for (size_t k = 0; k < s->w[i].n_assign; k++)
+            assign_fini(&s->w[i].assign[k]);
         mge_free(s->w[i].assign);
         mge_free(s->w[i].cancel);
     }
@@ -514,6 +590,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     snprintf(row.version, sizeof(row.version), "%s", info->version ? info->version : "");
     snprintf(row.device, sizeof(row.device), "%s",
              info->device && *info->device ? info->device : "cpu");
+    snprintf(row.launch_url, sizeof(row.launch_url), "%s", info->launch_url ? info->launch_url : "");
     row.cpus = info->cpus;
     row.gpus = info->gpus;
     row.memory_mb = info->memory_mb;
@@ -537,6 +614,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     snprintf(w->host, sizeof(w->host), "%s", row.host);
     snprintf(w->version, sizeof(w->version), "%s", row.version);
     snprintf(w->device, sizeof(w->device), "%s", row.device);
+    snprintf(w->launch_url, sizeof(w->launch_url), "%s", row.launch_url);
     w->cpus = row.cpus;
     w->gpus = row.gpus;
     w->memory_mb = row.memory_mb;
@@ -560,10 +638,8 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
             job_worker_lost(s, r->job_id, r->attempt, w->name);
         r->exited = true;
     }
-    for (size_t i = 0; i < w->n_assign; i++) {
-        mge_free(w->assign[i].spec_yaml);
-        mge_free(w->assign[i].resume);
-    }
+    for (size_t i = 0; i < w->n_assign; i++)
+        assign_fini(&w->assign[i]);
     w->n_assign = 0;
     w->n_cancel = 0;
     memcpy(id_out, w->id, 40);
@@ -576,6 +652,49 @@ out_unlock:
     return rc;
 }
 
+/*
+ * A rank of gang (@job, @attempt) ended badly (@reason): tear the others down now (Open MPI
+ * cannot go on without it) and decide once every rank is accounted for. Until then a lost
+ * worker of the gang requeues it (worker_set_lost): the failure was the node's. Lock held.
+ */
+static void gang_failing(struct mge_sched *s, int64_t job, int attempt, const char *reason)
+{
+    int64_t now = mge_mono_ms();
+    bool all_exited = true, first = true;
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->job_id == job && r->attempt == attempt && r->failing)
+            first = false;
+    }
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        if (r->job_id != job || r->attempt != attempt || r->finished)
+            continue;
+        if (first) {
+            r->failing = true;
+            snprintf(r->fail_reason, sizeof(r->fail_reason), "%s", reason);
+            if (!r->exited && r->widx >= 0 && s->w[r->widx].state != W_LOST) {
+                r->cancel_sent = now;
+                queue_cancel(s, r->widx, job, attempt);
+            }
+        }
+        if (!r->exited)
+            all_exited = false;
+    }
+    if (first)
+        mge_log_warn("job %lld attempt %d: %s: ending its other ranks", (long long)job, attempt,
+                     reason);
+    if (!all_exited)
+        return;
+    for (size_t i = 0; i < s->n_r; i++) /* the first reason is the cause; the rest followed */
+        if (s->r[i].job_id == job && s->r[i].attempt == attempt && s->r[i].failing) {
+            reason = s->r[i].fail_reason;
+            break;
+        }
+    mge_store_job_set_state(s->st, job, attempt, MGE_JOB_FAILED, reason, NULL);
+    attempt_finish(s, job, attempt, false);
+}
+
 /* Decide attempt (@job, @attempt) after one of its ranks ended. Lock held. */
 static void attempt_check(struct mge_sched *s, struct resv *ended)
 {
@@ -586,6 +705,10 @@ static void attempt_check(struct mge_sched *s, struct resv *ended)
 
     if (ended->finished)
         return;
+    if (ended->failing) { /* a rank of a gang being torn down: count it */
+        gang_failing(s, job, attempt, ended->fail_reason);
+        return;
+    }
     if (ended->exit_code != 0 || ended->term_signal != 0) {
         if (ended->term_signal)
             snprintf(reason, sizeof(reason), "rank %d killed by signal %d", ended->rank,
@@ -593,6 +716,10 @@ static void attempt_check(struct mge_sched *s, struct resv *ended)
         else
             snprintf(reason, sizeof(reason), "rank %d exited with code %d%s", ended->rank,
                      ended->exit_code, ended->exit_code == 2 ? " (bad input)" : "");
+        if (ended->world > 1) {
+            gang_failing(s, job, attempt, reason);
+            return;
+        }
         mge_store_job_set_state(s->st, job, attempt, MGE_JOB_FAILED, reason, NULL);
         attempt_finish(s, job, attempt, true);
         return;
@@ -646,7 +773,7 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
             continue;
         }
         if (rep->running) {
-            if (r->finished && now - r->cancel_sent > CANCEL_RESEND_MS) {
+            if ((r->finished || r->failing) && now - r->cancel_sent > CANCEL_RESEND_MS) {
                 r->cancel_sent = now;
                 queue_cancel(s, wi, r->job_id, r->attempt);
             }
@@ -662,7 +789,9 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
             r->exited = true;
             r->exit_code = code;
             r->term_signal = rep->term_signal;
-            if (rep->failure && *rep->failure && !r->finished) {
+            if (rep->failure && *rep->failure && !r->finished && r->world > 1) {
+                gang_failing(s, r->job_id, r->attempt, r->failing ? r->fail_reason : rep->failure);
+            } else if (rep->failure && *rep->failure && !r->finished) {
                 mge_store_job_set_state(s->st, r->job_id, r->attempt, MGE_JOB_FAILED,
                                         rep->failure, NULL);
                 attempt_finish(s, r->job_id, r->attempt, true);

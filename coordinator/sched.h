@@ -8,6 +8,13 @@
  * rank each) or none. A worker silent for longer than the timeout is lost: its jobs fail
  * with "worker lost" and are queued again (a new attempt).
  *
+ * A multi-rank attempt (a gang) runs as one mpirun started by rank 0's worker (its Assign
+ * names every rank's worker), which starts the other ranks through their workers' launch
+ * sockets (worker/launch.h), authenticated by a random token per attempt. Open MPI cannot
+ * survive the loss of a rank, so when any rank of a gang ends badly the others are cancelled
+ * at once, and the attempt is decided when every rank is accounted for: requeued if one of
+ * its workers was lost meanwhile, failed otherwise.
+ *
  * Thread: every function may be called from any thread (one mutex inside). The scheduler
  * has its own thread (placement passes, lost-worker checks). Lock order: sched, then store.
  */
@@ -34,6 +41,7 @@ struct mge_sched_opts {
 
 struct mge_worker_info {     /* what a worker says about itself; strings borrowed */
     const char *name, *host, *version, *device;
+    const char *launch_url;  /* its launch socket for multi-worker jobs; NULL or "" if none */
     int cpus, gpus;
     int64_t memory_mb;
 };
@@ -46,11 +54,21 @@ struct mge_rank_report {     /* one rank in a register or heartbeat; strings bor
     const char *failure;     /* "" or NULL when none */
 };
 
+/* A worker of a multi-rank attempt, as rank 0's worker gets it (worker.proto Peer). */
+struct mge_sched_peer {
+    int rank;
+    char name[128];
+    char launch_url[300];
+};
+
 struct mge_sched_assign {
     int64_t job_id;
     int attempt, rank, world;
     char *spec_yaml;         /* owned */
     char *resume;            /* owned, NULL for none */
+    char launch_token[40];   /* world > 1: the attempt's secret; "" otherwise */
+    struct mge_sched_peer *peers; /* owned; rank 0 of world > 1: every rank's worker */
+    size_t n_peers;
 };
 
 struct mge_sched_cancel {

@@ -49,6 +49,8 @@ static const char *const migrations[] = {
     " job_id INTEGER NOT NULL, name TEXT NOT NULL, step INTEGER NOT NULL, size INTEGER NOT NULL,"
     " path TEXT NOT NULL, worker_id TEXT NOT NULL, time_ms INTEGER NOT NULL,"
     " PRIMARY KEY(job_id, name));",
+    /* 2: where mge-launch reaches a worker (multi-worker jobs) */
+    "ALTER TABLE workers ADD COLUMN launch_url TEXT NOT NULL DEFAULT '';",
 };
 
 enum sql_id {
@@ -130,7 +132,8 @@ static const char *const sql_text[Q__COUNT] = {
                        " VALUES(?,?,?,?)",
     [Q_PLACE_EXIT] = "UPDATE placements SET exited = 1, exit_code = ?, term_signal = ?"
                      " WHERE job_id = ? AND attempt = ? AND rank = ?",
-    [Q_PLACE_LIST] = "SELECT p.rank, p.worker_id, w.name, p.exited, p.exit_code, p.term_signal"
+    [Q_PLACE_LIST] = "SELECT p.rank, p.worker_id, w.name, p.exited, p.exit_code, p.term_signal,"
+                     " w.host"
                      " FROM placements p LEFT JOIN workers w ON w.id = p.worker_id"
                      " WHERE p.job_id = ? AND p.attempt = ? ORDER BY p.rank",
     [Q_LINE_INSERT] = "INSERT OR IGNORE INTO events(job_id, kind, attempt, rank, seq, stream, data,"
@@ -172,13 +175,14 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_JOB_COUNTS] = "SELECT state, COUNT(*) FROM jobs GROUP BY state",
     [Q_WORKER_BY_NAME] = "SELECT id FROM workers WHERE name = ?",
     [Q_WORKER_INSERT] = "INSERT INTO workers(id, name, host, cpus, gpus, memory_mb, device, version,"
-                        " state, registered_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                        " state, registered_ms, launch_url) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
     [Q_WORKER_UPDATE] = "UPDATE workers SET host = ?, cpus = ?, gpus = ?, memory_mb = ?,"
                         " device = ?, version = ?, state = CASE WHEN state = 'draining'"
-                        " THEN state ELSE 'ready' END, registered_ms = ? WHERE id = ?",
+                        " THEN state ELSE 'ready' END, registered_ms = ?, launch_url = ?"
+                        " WHERE id = ?",
     [Q_WORKER_STATE] = "UPDATE workers SET state = ? WHERE id = ?",
     [Q_WORKERS_ALL] = "SELECT id, name, host, cpus, gpus, memory_mb, device, version, state,"
-                      " registered_ms FROM workers ORDER BY name",
+                      " registered_ms, launch_url FROM workers ORDER BY name",
     [Q_BEGIN] = "BEGIN IMMEDIATE",
     [Q_COMMIT] = "COMMIT",
     [Q_ROLLBACK] = "ROLLBACK",
@@ -457,9 +461,10 @@ static json_t *placement_json(struct mge_store *st, int64_t id, int attempt)
     sqlite3_bind_int64(s, 1, id);
     sqlite3_bind_int(s, 2, attempt);
     while (sqlite3_step(s) == SQLITE_ROW) {
-        json_t *p = json_pack("{s:i, s:o, s:o, s:b}", "rank", sqlite3_column_int(s, 0),
+        json_t *p = json_pack("{s:i, s:o, s:o, s:o, s:b}", "rank", sqlite3_column_int(s, 0),
                               "worker_id", json_text_or_null(s, 1), "worker",
-                              json_text_or_null(s, 2), "exited", sqlite3_column_int(s, 3));
+                              json_text_or_null(s, 2), "host", json_text_or_null(s, 6), "exited",
+                              sqlite3_column_int(s, 3));
         if (p && sqlite3_column_int(s, 3)) {
             json_object_set_new(p, "exit_code", json_integer(sqlite3_column_int(s, 4)));
             json_object_set_new(p, "signal", json_integer(sqlite3_column_int(s, 5)));
@@ -513,6 +518,8 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
         goto out_unlock;
     }
     json_object_set_new(o, "placement", placement_json(st, id, attempt));
+    /* the attempt is the incarnation: one mpirun (or one process) per attempt */
+    json_object_set_new(o, "incarnation", json_integer(attempt));
     latest = json_object();
     s = stmt_get(st, Q_METRICS_LATEST);
     if (s && latest) {
@@ -1303,7 +1310,8 @@ int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w)
         sqlite3_bind_text(s, 5, w->device, -1, SQLITE_TRANSIENT);
         sqlite3_bind_text(s, 6, w->version, -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(s, 7, w->registered_ms);
-        sqlite3_bind_text(s, 8, w->id, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 8, w->launch_url, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 9, w->id, -1, SQLITE_TRANSIENT);
     } else {
         random_id(w->id, sizeof(w->id));
         sqlite3_bind_text(s, 1, w->id, -1, SQLITE_TRANSIENT);
@@ -1316,6 +1324,7 @@ int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w)
         sqlite3_bind_text(s, 8, w->version, -1, SQLITE_TRANSIENT);
         sqlite3_bind_text(s, 9, "ready", -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 10, w->registered_ms);
+        sqlite3_bind_text(s, 11, w->launch_url, -1, SQLITE_TRANSIENT);
     }
     rc = exec_stmt(st, s);
 out_unlock:
@@ -1373,6 +1382,7 @@ int mge_store_workers_load(struct mge_store *st, struct mge_worker_row **out, in
         snprintf(w[k].version, sizeof(w[k].version), "%s", sqlite3_column_text(s, 7));
         snprintf(w[k].state, sizeof(w[k].state), "%s", sqlite3_column_text(s, 8));
         w[k].registered_ms = sqlite3_column_int64(s, 9);
+        snprintf(w[k].launch_url, sizeof(w[k].launch_url), "%s", sqlite3_column_text(s, 10));
         k++;
     }
     sqlite3_reset(s);

@@ -78,6 +78,7 @@ struct mge_worker_row {
     char version[32];
     char state[16];          /* ready | draining | lost */
     int64_t registered_ms;
+    char launch_url[300];    /* the worker's launch socket, "" if it has none */
 };
 
 /* Wall clock in ms since the epoch, and a monotonic clock in ms. */

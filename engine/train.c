@@ -7,9 +7,11 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -888,6 +890,10 @@ int mge_train_main(const struct mge_train_opts *o)
     t.world = 1;
     if (!o->plan_only && !o->max_batch) {
         mge_comm_env_read(&t.env);
+        /* a rank lives no longer than its launcher (mpirun, orted, srun's stepd): Open MPI
+         * cannot end survivors itself, and a rank left spinning would hold its cores */
+        if (t.env.launched)
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
         enum mge_backend be = mge_comm_backend_resolve(t.spec->distributed.backend,
                                                        t.spec->resources.device, &t.env);
         if ((rc = mge_comm_open(&t.comm, be, &t.env, err, sizeof(err))) != MGE_OK) {

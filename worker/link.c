@@ -14,6 +14,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/url.h"
 #include "proto/worker.pb-c.h"
 #include "ranks.h"
 
@@ -203,8 +204,22 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
         l->hb_ms = tw->heartbeat_ms;
     for (size_t i = 0; i < tw->n_assign; i++) {
         Mge__Assign *a = tw->assign[i];
-        mge_ranks_assign(l->rs, a->job_id, a->attempt, a->rank, a->world_size, a->spec_yaml,
-                         a->resume);
+        struct mge_rank_assign ra = {.job_id = a->job_id, .attempt = a->attempt,
+                                     .rank = a->rank, .world = a->world_size,
+                                     .spec_yaml = a->spec_yaml, .resume = a->resume,
+                                     .launch_token = a->launch_token};
+        struct mge_peer *peers = a->n_peers ? mge_calloc(a->n_peers, sizeof(*peers)) : NULL;
+        for (size_t k = 0; peers && k < a->n_peers; k++) {
+            peers[k].rank = a->peers[k]->rank;
+            peers[k].name = a->peers[k]->name;
+            peers[k].launch_url = a->peers[k]->launch_url;
+        }
+        ra.peers = peers;
+        ra.n_peers = peers ? a->n_peers : 0;
+        /* on failure the rank is not in the table: the coordinator assigns it again */
+        if (!(a->n_peers && !peers))
+            mge_ranks_assign(l->rs, &ra);
+        mge_free(peers);
         wake = true;
     }
     for (size_t i = 0; i < tw->n_cancel; i++) {
@@ -243,6 +258,7 @@ static int exchange(struct mge_link *l)
         reg.host = (char *)l->o.host;
         reg.version = (char *)l->o.version;
         reg.join_token = (char *)l->o.join_token;
+        reg.launch_url = (char *)(l->o.launch_url ? l->o.launch_url : "");
         reg.slots = &slots;
         msg.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
         msg.register_ = &reg;
@@ -350,7 +366,6 @@ static void *sub_main(void *arg)
 int mge_link_start(const struct mge_link_opts *opts, struct mge_ranks *rs, struct mge_link **out)
 {
     struct mge_link *l;
-    const char *p;
     int rv;
 
     *out = NULL;
@@ -363,15 +378,7 @@ int mge_link_start(const struct mge_link_opts *opts, struct mge_ranks *rs, struc
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     snprintf(l->coord_host, sizeof(l->coord_host), "127.0.0.1");
-    p = strstr(opts->coordinator, "://");
-    if (p) {
-        const char *colon = strrchr(p + 3, ':');
-        size_t n = colon ? (size_t)(colon - (p + 3)) : 0;
-        if (n > 0 && n < sizeof(l->coord_host)) {
-            memcpy(l->coord_host, p + 3, n);
-            l->coord_host[n] = '\0';
-        }
-    }
+    mge_url_host(opts->coordinator, l->coord_host, sizeof(l->coord_host));
     if ((rv = nng_req0_open(&l->req)) != 0)
         goto err_nng;
     nng_socket_set_ms(l->req, NNG_OPT_RECVTIMEO, RPC_TIMEOUT_MS);

@@ -17,6 +17,7 @@ struct mge_link_opts {
     const char *coordinator; /* "tcp://127.0.0.1:7070" */
     const char *join_token;
     const char *name, *host, *version;
+    const char *launch_url;  /* the launch socket (launch.h), NULL if none */
     int cpus, gpus;
     int64_t memory_mb;
     int heartbeat_ms;        /* default 1000 (the coordinator may ask for another) */

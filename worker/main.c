@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "launch.h"
 #include "link.h"
 #include "ranks.h"
 
@@ -20,6 +21,7 @@
 #define MAX_ROOTS 32
 
 static struct mge_link *g_link;
+static struct mge_launch *g_launch;
 static struct mge_ranks g_ranks;
 static uv_signal_t g_sigint, g_sigterm;
 
@@ -27,11 +29,18 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mge-worker --coordinator tcp://HOST:PORT --join-token-file FILE --name NAME\n"
                "                  [--cpus N] [--memory-mb N] [--data-root DIR]... [--work-dir DIR]\n"
-               "                  [--train-bin PATH] [--heartbeat-ms MS]\n"
+               "                  [--train-bin PATH] [--heartbeat-ms MS] [--launch-listen URL]\n"
+               "                  [--mpirun PATH] [--mpi-if CIDR]\n"
                "  --data-root DIR   data paths in job specs must lie under one of these (repeatable);\n"
                "                    with none, jobs that name data files are refused\n"
                "  --train-bin PATH  the training binary (default: mge-train next to mge-worker)\n"
-               "  --work-dir DIR    job output directories (default ./mge-worker-NAME)\n");
+               "  --work-dir DIR    job output directories (default ./mge-worker-NAME)\n"
+               "  --launch-listen URL  where mge-launch reaches this worker to start the ranks of\n"
+               "                    multi-worker jobs (default tcp://127.0.0.1:0; on a cluster\n"
+               "                    tcp://0.0.0.0:PORT or this node's cluster address)\n"
+               "  --mpirun PATH     Open MPI's mpirun (default: mpirun.openmpi or mpirun on PATH)\n"
+               "  --mpi-if CIDR     network the jobs' MPI traffic uses (Open MPI's\n"
+               "                    oob_tcp_if_include and btl_tcp_if_include)\n");
 }
 
 /* CUDA devices through the runtime, when it is installed; 0 otherwise. */
@@ -54,12 +63,31 @@ static int cuda_device_count(void)
     return 0;
 }
 
+/* @name as an executable: a path as it is, else the first match on PATH (into @out). */
+static const char *find_exe(const char *name, char *out, size_t len)
+{
+    const char *path = getenv("PATH");
+    if (strchr(name, '/'))
+        return access(name, X_OK) == 0 ? name : NULL;
+    while (path && *path) {
+        const char *end = strchr(path, ':');
+        size_t n = end ? (size_t)(end - path) : strlen(path);
+        snprintf(out, len, "%.*s/%s", (int)n, path, name);
+        if (n && access(out, X_OK) == 0)
+            return out;
+        path = end ? end + 1 : NULL;
+    }
+    return NULL;
+}
+
 static void on_signal(uv_signal_t *s, int sig)
 {
     (void)s;
     mge_log_info("signal %d: stopping", sig);
     mge_link_stop(g_link);
     g_link = NULL;
+    mge_launch_stop(g_launch);
+    g_launch = NULL;
     mge_ranks_stop(&g_ranks);
     uv_close((uv_handle_t *)&g_sigint, NULL);
     uv_close((uv_handle_t *)&g_sigterm, NULL);
@@ -68,7 +96,9 @@ static void on_signal(uv_signal_t *s, int sig)
 int main(int argc, char **argv)
 {
     const char *coordinator = NULL, *join_file = NULL, *name = NULL, *work_dir = NULL;
-    const char *train_bin = NULL;
+    const char *train_bin = NULL, *launch_listen = "tcp://127.0.0.1:0", *mpirun = NULL;
+    const char *mpi_if = NULL;
+    char mpirun_found[PATH_MAX], launch_bin[PATH_MAX + 16], launch_url[300];
     char *roots[MAX_ROOTS];
     int n_roots = 0, cpus = 0, hb_ms = 0, rc;
     long long memory_mb = 0;
@@ -111,6 +141,12 @@ int main(int argc, char **argv)
             train_bin = v;
         else if (!strcmp(a, "--heartbeat-ms"))
             hb_ms = atoi(v);
+        else if (!strcmp(a, "--launch-listen"))
+            launch_listen = v;
+        else if (!strcmp(a, "--mpirun"))
+            mpirun = v;
+        else if (!strcmp(a, "--mpi-if"))
+            mpi_if = v;
         else if (!strcmp(a, "--data-root")) {
             char real[PATH_MAX];
             if (n_roots == MAX_ROOTS || !realpath(v, real)) {
@@ -138,16 +174,28 @@ int main(int argc, char **argv)
     }
     fclose(f);
     join[strcspn(join, "\r\n")] = '\0';
-    if (!train_bin) {
+    {
         ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
         char *slash;
         exe[n > 0 ? n : 0] = '\0';
         slash = strrchr(exe, '/');
         if (slash)
             *slash = '\0';
+    }
+    if (!train_bin) {
         snprintf(train_default, sizeof(train_default), "%s/mge-train", exe);
         train_bin = train_default;
     }
+    /* multi-worker jobs: mpirun, and our launch agent (and process guard) next to us */
+    if (mpirun) {
+        if (access(mpirun, X_OK) != 0) {
+            fprintf(stderr, "mge-worker: --mpirun '%s' is not executable\n", mpirun);
+            return 2;
+        }
+    } else if (!(mpirun = find_exe("mpirun.openmpi", mpirun_found, sizeof(mpirun_found)))) {
+        mpirun = find_exe("mpirun", mpirun_found, sizeof(mpirun_found));
+    }
+    snprintf(launch_bin, sizeof(launch_bin), "%s/mge-launch", exe);
     if (!work_dir) {
         snprintf(work_default, sizeof(work_default), "mge-worker-%s", name);
         work_dir = work_default;
@@ -169,13 +217,23 @@ int main(int argc, char **argv)
 
     memset(&ro, 0, sizeof(ro));
     ro.train_bin = train_bin;
+    ro.mpirun_bin = mpirun;
+    ro.launch_bin = access(launch_bin, X_OK) == 0 ? launch_bin : NULL;
+    ro.mpi_if = mpi_if;
     ro.work_dir = work_real;
     ro.data_roots = roots;
     ro.n_data_roots = n_roots;
     rc = mge_ranks_init(&g_ranks, loop, &ro);
     if (rc != MGE_OK)
         return 1;
+    rc = mge_launch_start(launch_listen, host, &g_ranks, launch_url, sizeof(launch_url),
+                          &g_launch);
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-worker: cannot open the launch socket on '%s'\n", launch_listen);
+        return 1;
+    }
     memset(&lo, 0, sizeof(lo));
+    lo.launch_url = launch_url;
     lo.coordinator = coordinator;
     lo.join_token = join;
     lo.name = name;
@@ -196,7 +254,11 @@ int main(int argc, char **argv)
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);
     mge_log_info("mge-worker %s '%s': %d cpus, %lld MiB, %d gpus, %d data root(s), train %s",
                  MGE_VERSION, name, cpus, memory_mb, lo.gpus, n_roots, train_bin);
+    if (!ro.mpirun_bin || !ro.launch_bin)
+        mge_log_warn("multi-worker jobs will be refused here: %s not found",
+                     !ro.mpirun_bin ? "Open MPI's mpirun" : launch_bin);
     uv_run(loop, UV_RUN_DEFAULT);
+    mge_launch_stop(g_launch);
     mge_link_stop(g_link);
     mge_ranks_fini(&g_ranks);
     uv_loop_close(loop);

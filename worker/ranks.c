@@ -325,21 +325,212 @@ static int mkdirs(const char *path)
     return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* How a rank's process is started. */
+enum spawn_mode {
+    SPAWN_TRAIN,   /* single-rank attempt: mge-train itself */
+    SPAWN_MPIRUN,  /* rank 0 of a multi-rank attempt: mpirun, which starts every rank */
+    SPAWN_ORTED,   /* rank k > 0: the orted command mge-launch handed us */
+};
+
+static enum spawn_mode spawn_mode_of(const struct mge_rank *r)
+{
+    if (r->world <= 1)
+        return SPAWN_TRAIN;
+    return r->rank == 0 ? SPAWN_MPIRUN : SPAWN_ORTED;
+}
+
+/* A rank > 0 of a multi-rank attempt starts only when mge-launch has handed its command. */
+static bool ready_to_spawn(const struct mge_rank *r)
+{
+    return spawn_mode_of(r) != SPAWN_ORTED || r->command || r->cancel_requested;
+}
+
+/* A host name mpirun accepts in --host and our launch map can carry. */
+static bool host_name_ok(const char *s)
+{
+    if (!*s || strlen(s) > 200)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '-' || *s == '_' || *s == '.'))
+            return false;
+    return true;
+}
+
+struct strv {              /* a growing NULL-terminated string vector; owns nothing */
+    char **v;
+    size_t n, cap;
+    bool oom;
+};
+
+static void strv_push(struct strv *a, const char *s)
+{
+    if (a->n + 2 > a->cap) {
+        size_t nc = a->cap ? a->cap * 2 : 32;
+        char **nv = mge_realloc(a->v, nc * sizeof(*nv));
+        if (!nv) {
+            a->oom = true;
+            return;
+        }
+        a->v = nv;
+        a->cap = nc;
+    }
+    a->v[a->n++] = (char *)s;
+    a->v[a->n] = NULL;
+}
+
+/* Strings the argv/env of one spawn point into; freed after uv_spawn() copied them. */
+struct spawn_bufs {
+    char spec_path[1100], map_path[1100], threads[16], np[16], worker_pid[16];
+    char env_job[64], env_rank[64], env_world[64], env_attempt[64], env_omp[64];
+    char *env_spec, *env_map, *env_token, *hosts;
+};
+
+static void spawn_bufs_free(struct spawn_bufs *b)
+{
+    mge_free(b->env_spec);
+    mge_free(b->env_map);
+    mge_free(b->env_token);
+    mge_free(b->hosts);
+}
+
+/* "@name=@value" as a new string (mge_free), NULL on OOM. */
+static char *env_pair(const char *name, const char *value)
+{
+    size_t n = strlen(name), v = strlen(value);
+    char *s = mge_malloc(n + v + 2);
+    if (s) {
+        memcpy(s, name, n);
+        s[n] = '=';
+        memcpy(s + n + 1, value, v + 1);
+    }
+    return s;
+}
+
+/* "mge-launch --guard WORKER_PID": the group of what follows dies with this worker. */
+static void guard_push(struct mge_ranks *rs, struct spawn_bufs *b, struct strv *a)
+{
+    snprintf(b->worker_pid, sizeof(b->worker_pid), "%ld", (long)getpid());
+    strv_push(a, rs->opts.launch_bin);
+    strv_push(a, "--guard");
+    strv_push(a, b->worker_pid);
+}
+
+/* Environment variables a rank's process gets from us, not from the worker's environment. */
+static bool env_ours(const char *e)
+{
+    static const char *const names[] = {"OMP_NUM_THREADS=", "MGE_JOB_ID=", "MGE_RANK=",
+                                        "MGE_WORLD_SIZE=", "MGE_ATTEMPT=", "MGE_SPEC_YAML=",
+                                        "MGE_LAUNCH_MAP=", "MGE_LAUNCH_TOKEN=", "OMPI_COMM_WORLD"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!strncmp(e, names[i], strlen(names[i])))
+            return true;
+    return false;
+}
+
+/*
+ * mpirun's launch map: "NAME RANK URL" per line, which mge-launch reads to find the worker
+ * of the host mpirun asks it to start a daemon on. mu held.
+ */
+static int write_launch_map(const struct mge_rank *r, const char *path, char *why, size_t why_len)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        snprintf(why, why_len, "cannot create '%.300s': %s", path, strerror(errno));
+        return MGE_IO;
+    }
+    for (size_t i = 0; i < r->n_peers; i++)
+        fprintf(f, "%s %d %s\n", r->peers[i].name, r->peers[i].rank,
+                r->peers[i].launch_url && *r->peers[i].launch_url ? r->peers[i].launch_url : "-");
+    if (fclose(f) != 0) {
+        snprintf(why, why_len, "cannot write '%.300s'", path);
+        return MGE_IO;
+    }
+    return MGE_OK;
+}
+
+/* mpirun's argv for rank 0 of a multi-rank attempt. mu held. */
+static int mpirun_args(struct mge_ranks *rs, struct mge_rank *r, struct spawn_bufs *b,
+                       struct strv *a, char *why, size_t why_len)
+{
+    size_t len = 0;
+    if (!rs->opts.mpirun_bin || !rs->opts.launch_bin) {
+        snprintf(why, why_len, "this worker cannot run multi-rank jobs: %s not found",
+                 !rs->opts.mpirun_bin ? "Open MPI's mpirun" : "mge-launch");
+        return MGE_UNSUPPORTED;
+    }
+    if ((int)r->n_peers != r->world) {
+        snprintf(why, why_len, "assign of rank 0 names %zu workers for %d ranks", r->n_peers,
+                 r->world);
+        return MGE_PROTO;
+    }
+    for (size_t i = 0; i < r->n_peers; i++) {
+        if (r->peers[i].rank != (int)i || !host_name_ok(r->peers[i].name)) {
+            snprintf(why, why_len, "worker name '%.100s' (rank %d) cannot be an MPI host name: "
+                     "use letters, digits, '-', '_' and '.'", r->peers[i].name, r->peers[i].rank);
+            return MGE_INVAL;
+        }
+        len += strlen(r->peers[i].name) + 4;
+    }
+    /* rank 0 runs here under mpirun itself: "localhost" is the name Open MPI takes as local */
+    b->hosts = mge_malloc(len + 16);
+    if (!b->hosts)
+        return MGE_NOMEM;
+    strcpy(b->hosts, "localhost:1");
+    for (size_t i = 1; i < r->n_peers; i++) {
+        strcat(b->hosts, ",");
+        strcat(b->hosts, r->peers[i].name);
+        strcat(b->hosts, ":1");
+    }
+    snprintf(b->np, sizeof(b->np), "%d", r->world);
+    guard_push(rs, b, a);
+    strv_push(a, rs->opts.mpirun_bin);
+    /* orted stays in the session the worker gave it (no --daemonize): the worker watches it */
+    strv_push(a, "--leave-session-attached");
+    strv_push(a, "--bind-to");
+    strv_push(a, "none");
+    strv_push(a, "-np");
+    strv_push(a, b->np);
+    strv_push(a, "--host");
+    strv_push(a, b->hosts);
+    strv_push(a, "--mca");
+    strv_push(a, "plm_rsh_agent");
+    strv_push(a, rs->opts.launch_bin);
+    strv_push(a, "--mca");
+    strv_push(a, "plm_rsh_no_tree_spawn");
+    strv_push(a, "1");
+    if (rs->opts.mpi_if && *rs->opts.mpi_if) {
+        strv_push(a, "--mca");
+        strv_push(a, "oob_tcp_if_include");
+        strv_push(a, rs->opts.mpi_if);
+        strv_push(a, "--mca");
+        strv_push(a, "btl_tcp_if_include");
+        strv_push(a, rs->opts.mpi_if);
+    }
+    if (geteuid() == 0)
+        strv_push(a, "--allow-run-as-root");
+    strv_push(a, rs->opts.train_bin);
+    /* no spec path is valid on every node: each worker puts the spec in its ranks' env */
+    strv_push(a, "env:MGE_SPEC_YAML");
+    return MGE_OK;
+}
+
 /* Start rank @r. mu held. */
 static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
 {
     uv_process_options_t po;
     uv_stdio_container_t stdio[3];
     struct mge_jobspec *spec = NULL;
-    char why[512], spec_path[1100], envbuf[5][64], threads[16];
-    char *args[12];
-    const char *resume_from = NULL;
-    char **env = NULL;
-    size_t nenv = 0;
-    int a = 0, rv, cpus;
+    struct spawn_bufs b;
+    struct strv args = {0}, env = {0};
+    enum spawn_mode mode = spawn_mode_of(r);
+    char why[512];
+    const char *resume_from = NULL, *what;
+    int rv, cpus;
     bool paths_ok;
     FILE *f;
 
+    memset(&b, 0, sizeof(b));
     r->spawned = true;
     if (r->cancel_requested) {
         fail_rank(rs, r, "cancelled before start");
@@ -358,58 +549,94 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     }
     snprintf(r->out_dir, sizeof(r->out_dir), "%s/job-%lld/attempt-%d/rank-%d", rs->opts.work_dir,
              (long long)r->job_id, r->attempt, r->rank);
-    snprintf(spec_path, sizeof(spec_path), "%s/spec.yaml", r->out_dir);
-    if (mkdirs(r->out_dir) != 0 || !(f = fopen(spec_path, "w"))) {
+    snprintf(b.spec_path, sizeof(b.spec_path), "%s/spec.yaml", r->out_dir);
+    if (mkdirs(r->out_dir) != 0 || !(f = fopen(b.spec_path, "w"))) {
         snprintf(why, sizeof(why), "cannot create '%.200s': %s", r->out_dir, strerror(errno));
         fail_rank(rs, r, why);
         return;
     }
     fputs(r->spec_yaml, f);
     fclose(f);
+    snprintf(b.threads, sizeof(b.threads), "%d", cpus);
 
-    args[a++] = (char *)rs->opts.train_bin;
-    args[a++] = spec_path;
-    args[a++] = (char *)"--out";
-    args[a++] = r->out_dir;
-    args[a++] = (char *)"--json";
-    /* the rank gets the cores the scheduler reserved for it, not every core of the node */
-    snprintf(threads, sizeof(threads), "%d", cpus);
-    args[a++] = (char *)"--threads";
-    args[a++] = threads;
-    if (r->resume && *r->resume && access(r->resume, R_OK) == 0) {
-        args[a++] = (char *)"--resume";
-        args[a++] = r->resume;
-        resume_from = r->resume;
-    } else if (r->resume && *r->resume) {
-        /* the checkpoint lies on a node this one cannot see: say so in the job's log */
-        snprintf(why, sizeof(why),
-                 "mge-worker: checkpoint '%.300s' is not readable here (%s): "
-                 "starting from the beginning",
-                 r->resume, strerror(errno));
-        line_push(r, 1, why, strlen(why));
-        mge_log_warn("job %lld rank %d: %s", (long long)r->job_id, r->rank, why);
+    if (mode == SPAWN_ORTED) {
+        if (!rs->opts.launch_bin) {
+            fail_rank(rs, r, "this worker cannot run multi-rank jobs: mge-launch not found");
+            goto out_free;
+        }
+        guard_push(rs, &b, &args);
+        strv_push(&args, "/bin/sh");
+        strv_push(&args, "-c");
+        strv_push(&args, r->command);
+    } else {
+        if (mode == SPAWN_MPIRUN) {
+            snprintf(b.map_path, sizeof(b.map_path), "%s/launch-map", r->out_dir);
+            if (write_launch_map(r, b.map_path, why, sizeof(why)) != MGE_OK ||
+                mpirun_args(rs, r, &b, &args, why, sizeof(why)) != MGE_OK) {
+                fail_rank(rs, r, why);
+                goto out_free;
+            }
+        } else {
+            strv_push(&args, rs->opts.train_bin);
+            strv_push(&args, b.spec_path);
+        }
+        strv_push(&args, "--out");
+        strv_push(&args, r->out_dir);
+        strv_push(&args, "--json");
+        /* the rank gets the cores the scheduler reserved for it, not every core of the node */
+        strv_push(&args, "--threads");
+        strv_push(&args, b.threads);
+        if (r->resume && *r->resume && access(r->resume, R_OK) == 0) {
+            strv_push(&args, "--resume");
+            strv_push(&args, r->resume);
+            resume_from = r->resume;
+        } else if (r->resume && *r->resume) {
+            /* the checkpoint lies on a node this one cannot see: say so in the job's log */
+            snprintf(why, sizeof(why),
+                     "mge-worker: checkpoint '%.300s' is not readable here (%s): "
+                     "starting from the beginning",
+                     r->resume, strerror(errno));
+            line_push(r, 1, why, strlen(why));
+            mge_log_warn("job %lld rank %d: %s", (long long)r->job_id, r->rank, why);
+        }
     }
-    args[a] = NULL;
 
-    while (environ[nenv])
-        nenv++;
-    env = mge_calloc(nenv + 6, sizeof(*env));
-    if (!env) {
-        fail_rank(rs, r, "out of memory");
-        return;
-    }
     /* OpenMP and BLAS threads follow OMP_NUM_THREADS: ours replaces the worker's own */
-    nenv = 0;
     for (char **e = environ; *e; e++)
-        if (strncmp(*e, "OMP_NUM_THREADS=", 16) != 0)
-            env[nenv++] = *e;
-    snprintf(envbuf[0], sizeof(envbuf[0]), "MGE_JOB_ID=%lld", (long long)r->job_id);
-    snprintf(envbuf[1], sizeof(envbuf[1]), "MGE_RANK=%d", r->rank);
-    snprintf(envbuf[2], sizeof(envbuf[2]), "MGE_WORLD_SIZE=%d", r->world);
-    snprintf(envbuf[3], sizeof(envbuf[3]), "MGE_ATTEMPT=%d", r->attempt);
-    snprintf(envbuf[4], sizeof(envbuf[4]), "OMP_NUM_THREADS=%d", cpus);
-    for (int i = 0; i < 5; i++)
-        env[nenv++] = envbuf[i];
+        if (!env_ours(*e))
+            strv_push(&env, *e);
+    snprintf(b.env_job, sizeof(b.env_job), "MGE_JOB_ID=%lld", (long long)r->job_id);
+    snprintf(b.env_attempt, sizeof(b.env_attempt), "MGE_ATTEMPT=%d", r->attempt);
+    snprintf(b.env_omp, sizeof(b.env_omp), "OMP_NUM_THREADS=%d", cpus);
+    strv_push(&env, b.env_job);
+    strv_push(&env, b.env_attempt);
+    strv_push(&env, b.env_omp);
+    if (mode == SPAWN_TRAIN) {
+        snprintf(b.env_rank, sizeof(b.env_rank), "MGE_RANK=%d", r->rank);
+        snprintf(b.env_world, sizeof(b.env_world), "MGE_WORLD_SIZE=%d", r->world);
+        strv_push(&env, b.env_rank);
+        strv_push(&env, b.env_world);
+    } else {
+        /* the ranks mpirun or orted start inherit these */
+        b.env_spec = env_pair("MGE_SPEC_YAML", r->spec_yaml);
+        strv_push(&env, b.env_spec);
+        if (mode == SPAWN_MPIRUN) {
+            b.env_map = env_pair("MGE_LAUNCH_MAP", b.map_path);
+            b.env_token = env_pair("MGE_LAUNCH_TOKEN", r->launch_token);
+            strv_push(&env, b.env_map);
+            strv_push(&env, b.env_token);
+        }
+        if (geteuid() == 0) { /* Open MPI refuses root without both */
+            strv_push(&env, "OMPI_ALLOW_RUN_AS_ROOT=1");
+            strv_push(&env, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
+        }
+        if (!b.env_spec || (mode == SPAWN_MPIRUN && (!b.env_map || !b.env_token)))
+            args.oom = true;
+    }
+    if (args.oom || env.oom) {
+        fail_rank(rs, r, "out of memory");
+        goto out_free;
+    }
 
     uv_pipe_init(rs->loop, &r->out, 0);
     uv_pipe_init(rs->loop, &r->err, 0);
@@ -422,18 +649,17 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     stdio[1].data.stream = (uv_stream_t *)&r->out;
     stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
     stdio[2].data.stream = (uv_stream_t *)&r->err;
-    po.file = rs->opts.train_bin;
-    po.args = args;
-    po.env = env;
+    po.file = args.v[0];
+    po.args = args.v;
+    po.env = env.v;
     po.cwd = r->out_dir;
     po.stdio = stdio;
     po.stdio_count = 3;
     po.exit_cb = on_exit_cb;
     po.flags = UV_PROCESS_DETACHED; /* setsid(): its own process group, killed as a group */
     rv = uv_spawn(rs->loop, &r->proc, &po);
-    mge_free(env);
     if (rv != 0) {
-        snprintf(why, sizeof(why), "cannot start '%s': %s", rs->opts.train_bin, uv_strerror(rv));
+        snprintf(why, sizeof(why), "cannot start '%s': %s", args.v[0], uv_strerror(rv));
         /* the process handle must be closed even when spawn failed */
         r->proc_exited = true;
         uv_close((uv_handle_t *)&r->proc, on_close);
@@ -442,21 +668,28 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
         r->exit_code = 127;
         snprintf(r->failure, sizeof(r->failure), "%.250s", why);
         line_push(r, 1, why, strlen(why));
-        return; /* maybe_finish marks it exited once the handles are closed */
+        goto out_free; /* maybe_finish marks it exited once the handles are closed */
     }
     r->pid = r->proc.pid;
     r->state = MGE_RANK_RUNNING;
     /* say in the job's log how the rank was started: mge-train --json prints no text */
+    what = mode == SPAWN_TRAIN    ? rs->opts.train_bin
+           : mode == SPAWN_MPIRUN ? "mpirun (every rank, launch agent mge-launch)"
+                                  : "the MPI daemon mge-launch handed over";
     rv = snprintf(why, sizeof(why),
-                  "mge-worker: rank %d/%d attempt %d: started %s as pid %d, "
-                  "%d threads%s%.300s",
-                  r->rank, r->world, r->attempt, rs->opts.train_bin, r->pid, cpus,
+                  "mge-worker: rank %d/%d attempt %d: started %.200s as pid %d, "
+                  "%d threads%s%.200s",
+                  r->rank, r->world, r->attempt, what, r->pid, cpus,
                   resume_from ? ", resuming from " : "", resume_from ? resume_from : "");
     line_push(r, 1, why, rv > 0 ? strlen(why) : 0);
     uv_read_start((uv_stream_t *)&r->out, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&r->err, on_alloc, on_read);
     mge_log_info("job %lld attempt %d rank %d/%d: started pid %d", (long long)r->job_id,
                  r->attempt, r->rank, r->world, r->pid);
+out_free:
+    mge_free(args.v);
+    mge_free(env.v);
+    spawn_bufs_free(&b);
 }
 
 static void rank_free(struct mge_rank *r)
@@ -468,6 +701,13 @@ static void rank_free(struct mge_rank *r)
     mge_free(r->part[1]);
     mge_free(r->spec_yaml);
     mge_free(r->resume);
+    mge_free(r->launch_token);
+    mge_free(r->command);
+    for (size_t i = 0; i < r->n_peers; i++) {
+        mge_free(r->peers[i].name);
+        mge_free(r->peers[i].launch_url);
+    }
+    mge_free(r->peers);
     mge_free(r);
 }
 
@@ -478,7 +718,7 @@ static void on_async(uv_async_t *a)
     pthread_mutex_lock(&rs->mu);
     for (size_t i = 0; i < rs->n; i++) {
         struct mge_rank *r = rs->r[i];
-        if (!r->spawned && !rs->stopping) {
+        if (!r->spawned && !rs->stopping && ready_to_spawn(r)) {
             spawn_rank(rs, r);
             changed = true;
         }
@@ -541,14 +781,14 @@ void mge_ranks_fini(struct mge_ranks *rs)
 
 void mge_ranks_wake(struct mge_ranks *rs) { uv_async_send(&rs->async); }
 
-int mge_ranks_assign(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, int world,
-                     const char *spec_yaml, const char *resume)
+int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a)
 {
     struct mge_rank *r;
     int rc = MGE_OK;
     pthread_mutex_lock(&rs->mu);
     for (size_t i = 0; i < rs->n; i++)
-        if (rs->r[i]->job_id == job_id && rs->r[i]->attempt == attempt && rs->r[i]->rank == rank)
+        if (rs->r[i]->job_id == a->job_id && rs->r[i]->attempt == a->attempt &&
+            rs->r[i]->rank == a->rank)
             goto out_unlock; /* a repeated assign: already ours */
     if (rs->n == rs->cap) {
         size_t nc = rs->cap ? rs->cap * 2 : 8;
@@ -565,17 +805,71 @@ int mge_ranks_assign(struct mge_ranks *rs, int64_t job_id, int attempt, int rank
         rc = MGE_NOMEM;
         goto out_unlock;
     }
-    r->job_id = job_id;
-    r->attempt = attempt;
-    r->rank = rank;
-    r->world = world;
-    r->spec_yaml = mge_strdup(spec_yaml ? spec_yaml : "");
-    r->resume = resume && *resume ? mge_strdup(resume) : NULL;
+    r->job_id = a->job_id;
+    r->attempt = a->attempt;
+    r->rank = a->rank;
+    r->world = a->world;
+    r->spec_yaml = mge_strdup(a->spec_yaml ? a->spec_yaml : "");
+    r->resume = a->resume && *a->resume ? mge_strdup(a->resume) : NULL;
+    r->launch_token = mge_strdup(a->launch_token ? a->launch_token : "");
+    r->peers = a->n_peers ? mge_calloc(a->n_peers, sizeof(*r->peers)) : NULL;
+    for (size_t i = 0; r->peers && i < a->n_peers; i++) {
+        r->peers[i].rank = a->peers[i].rank;
+        r->peers[i].name = mge_strdup(a->peers[i].name ? a->peers[i].name : "");
+        r->peers[i].launch_url = mge_strdup(a->peers[i].launch_url ? a->peers[i].launch_url : "");
+        r->n_peers = i + 1; /* NULL strings are caught below */
+    }
     r->state = MGE_RANK_STARTING;
     r->owner = rs;
+    if (!r->spec_yaml || !r->launch_token || (a->n_peers && r->n_peers != a->n_peers) ||
+        (a->resume && *a->resume && !r->resume)) {
+        rank_free(r);
+        rc = MGE_NOMEM;
+        goto out_unlock;
+    }
+    for (size_t i = 0; i < r->n_peers; i++)
+        if (!r->peers[i].name || !r->peers[i].launch_url) {
+            rank_free(r);
+            rc = MGE_NOMEM;
+            goto out_unlock;
+        }
     rs->r[rs->n++] = r;
 out_unlock:
     pthread_mutex_unlock(&rs->mu);
+    return rc;
+}
+
+int mge_ranks_launch(struct mge_ranks *rs, int64_t job_id, int attempt, int rank,
+                     const char *token, const char *command, char *why, size_t why_len)
+{
+    struct mge_rank *r = NULL;
+    int rc = MGE_OK;
+    pthread_mutex_lock(&rs->mu);
+    for (size_t i = 0; i < rs->n && !r; i++)
+        if (rs->r[i]->job_id == job_id && rs->r[i]->attempt == attempt && rs->r[i]->rank == rank)
+            r = rs->r[i];
+    if (!r || spawn_mode_of(r) != SPAWN_ORTED) {
+        snprintf(why, why_len, "job %lld attempt %d has no rank %d waiting for a launch here",
+                 (long long)job_id, attempt, rank);
+        rc = MGE_NOENT;
+    } else if (!token || !r->launch_token || !*r->launch_token ||
+               strcmp(token, r->launch_token) != 0) {
+        snprintf(why, why_len, "wrong launch token for job %lld attempt %d", (long long)job_id,
+                 attempt);
+        rc = MGE_AUTH;
+    } else if (r->command || r->spawned || r->cancel_requested || r->state != MGE_RANK_STARTING) {
+        snprintf(why, why_len, "rank %d of job %lld attempt %d was launched, cancelled or ended "
+                 "already", rank, (long long)job_id, attempt);
+        rc = MGE_STATE;
+    } else if (!mge_ranks_data_paths_ok(&rs->opts, r->spec_yaml, why, why_len)) {
+        rc = MGE_INVAL;
+    } else if (!(r->command = mge_strdup(command ? command : ""))) {
+        snprintf(why, why_len, "out of memory");
+        rc = MGE_NOMEM;
+    }
+    pthread_mutex_unlock(&rs->mu);
+    if (rc == MGE_OK)
+        mge_ranks_wake(rs);
     return rc;
 }
 

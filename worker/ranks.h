@@ -7,6 +7,12 @@
  * thread (assign, cancel, acks, heartbeat snapshots). Every field marked [mu] is read and
  * written with mge_ranks.mu held; fields marked [loop] belong to the loop thread only.
  * The link thread hands work to the loop with mge_ranks_wake() (uv_async_send).
+ *
+ * Multi-rank attempts (world > 1) run as one mpirun: rank 0's worker starts mpirun (the
+ * rank's process) with mge-launch as its launch agent; mge-launch asks the worker that holds
+ * rank k (its launch socket, launch.h) to start mpirun's orted command, which becomes rank
+ * k's process there. Every process of the job is thus started and watched by a worker, and
+ * dies with it (mge-launch --guard): no ssh, no process outside a worker's view.
  */
 #ifndef MGE_WORKER_RANKS_H
 #define MGE_WORKER_RANKS_H
@@ -27,13 +33,35 @@ struct mge_out_line {
     int64_t time_ms;         /* wall clock */
 };
 
+/* A worker of a multi-rank attempt (see worker.proto Peer). */
+struct mge_peer {
+    int rank;
+    char *name;              /* the host name mpirun is given */
+    char *launch_url;
+};
+
+/* What mge_ranks_assign() copies. Strings and @peers are borrowed. */
+struct mge_rank_assign {
+    int64_t job_id;
+    int attempt, rank, world;
+    const char *spec_yaml;
+    const char *resume;      /* checkpoint to resume from, NULL or "" for none */
+    const char *launch_token; /* world > 1: the attempt's secret for LaunchRequests */
+    const struct mge_peer *peers; /* rank 0 of world > 1: every rank's worker, rank order */
+    size_t n_peers;
+};
+
 struct mge_rank {
     /* identity, fixed at creation */
     int64_t job_id;
     int attempt, rank, world;
     char *spec_yaml;         /* owned */
     char *resume;            /* owned, NULL for none */
+    char *launch_token;      /* owned, NULL for single-rank attempts */
+    struct mge_peer *peers;  /* owned (and their strings); rank 0 of world > 1 only */
+    size_t n_peers;
     /* [mu] */
+    char *command;           /* owned: the orted command a LaunchRequest handed us (rank > 0) */
     enum mge_rank_state state;
     int pid;
     int exit_code, term_signal;
@@ -61,6 +89,9 @@ struct mge_rank {
 
 struct mge_ranks_opts {
     const char *train_bin;   /* mge-train (or a stand-in for tests) */
+    const char *mpirun_bin;  /* Open MPI's mpirun, for multi-rank attempts; NULL: refuse them */
+    const char *launch_bin;  /* mge-launch (absolute path): mpirun's plm_rsh_agent */
+    const char *mpi_if;      /* CIDR the job's MPI traffic uses (oob and btl tcp), or NULL */
     const char *work_dir;    /* job directories go under it */
     char **data_roots;       /* realpath'ed allowed roots; data paths must lie under one */
     int n_data_roots;
@@ -87,11 +118,19 @@ void mge_ranks_stop(struct mge_ranks *rs);
 void mge_ranks_fini(struct mge_ranks *rs);
 
 /*
- * Any thread, mu NOT held. Add a rank to start (ignored when it is already known).
- * @spec_yaml/@resume are copied.
+ * Any thread, mu NOT held. Add a rank to start (ignored when it is already known). Everything
+ * in @a is copied. A rank > 0 of a multi-rank attempt waits for mge_ranks_launch().
  */
-int mge_ranks_assign(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, int world,
-                     const char *spec_yaml, const char *resume);
+int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a);
+
+/*
+ * Any thread, mu NOT held. Start @command (through sh -c) as rank @rank of (@job_id,
+ * @attempt), which must be a rank > 0 of a multi-rank attempt assigned here, waiting, with
+ * launch token @token. On failure writes the reason into @why: MGE_NOENT (no such rank here),
+ * MGE_AUTH (wrong token), MGE_STATE (already launched, cancelled or ended), MGE_NOMEM.
+ */
+int mge_ranks_launch(struct mge_ranks *rs, int64_t job_id, int attempt, int rank,
+                     const char *token, const char *command, char *why, size_t why_len);
 /* Cancel the ranks of @job_id (@attempt 0: every attempt). Any thread, mu NOT held. */
 void mge_ranks_cancel(struct mge_ranks *rs, int64_t job_id, int attempt, int grace_ms);
 /* Drop lines up to @seq; record the exit ack. Any thread, mu NOT held. */

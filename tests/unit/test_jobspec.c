@@ -769,6 +769,33 @@ START_TEST(test_jobspec_load_errors)
 }
 END_TEST
 
+/* "env:NAME": the spec a worker hands the ranks of a multi-node job in their environment */
+START_TEST(test_jobspec_load_env)
+{
+    struct mge_jobspec *s = NULL;
+    struct mge_spec_error err;
+    const char *o[] = {"train.steps=7"};
+    unsetenv("MGE_TEST_SPEC");
+    ck_assert_int_eq(mge_jobspec_load("env:MGE_TEST_SPEC", NULL, 0, &s, &err), MGE_NOENT);
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(err.message, "MGE_TEST_SPEC is not set"));
+    setenv("MGE_TEST_SPEC",
+           "name: e\nmodel: {type: mlp, hidden: [4]}\n"
+           "data: {format: synthetic, input_dim: 3, classes: 2, train_size: 10}\n"
+           "train: {steps: 5, batch_size: 2, optimizer: {type: sgd, lr: 0.1}}\n", 1);
+    ck_assert_msg(mge_jobspec_load("env:MGE_TEST_SPEC", o, 1, &s, &err) == MGE_OK, "%s",
+                  err.message);
+    ck_assert_str_eq(s->name, "e");
+    ck_assert_int_eq(s->train.steps, 7);
+    mge_jobspec_free(s);
+    setenv("MGE_TEST_SPEC", "name: e\nbogus: 1\n", 1);
+    ck_assert_int_ne(mge_jobspec_load("env:MGE_TEST_SPEC", NULL, 0, &s, &err), MGE_OK);
+    ck_assert_str_eq(err.file, "env:MGE_TEST_SPEC");
+    ck_assert_int_eq(err.line, 2);
+    unsetenv("MGE_TEST_SPEC");
+}
+END_TEST
+
 /* ---- allocation failures: every mge_* allocation in turn, until the parse succeeds ---- */
 
 START_TEST(test_jobspec_alloc_failures)
@@ -873,6 +900,7 @@ static Suite *jobspec_suite(void)
     tc = tcase_create("load");
     tcase_add_test(tc, test_jobspec_load_examples);
     tcase_add_test(tc, test_jobspec_load_errors);
+    tcase_add_test(tc, test_jobspec_load_env);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("alloc");

@@ -1,0 +1,189 @@
+/*
+ * mge-launch: Open MPI's launch agent (plm_rsh_agent) for multi-rank jobs. mpirun, started
+ * by rank 0's worker, calls "mge-launch HOST COMMAND..." once per other host instead of ssh;
+ * mge-launch finds HOST's worker in the attempt's launch map and hands it COMMAND (mpirun's
+ * orted command line), which that worker starts and watches as the rank's process. It returns
+ * as soon as the worker has taken the command: mpirun follows its daemons over its own TCP
+ * connection.
+ *
+ * Environment (set by the worker for mpirun, inherited from it): MGE_LAUNCH_MAP (a file of
+ * "NAME RANK URL" lines), MGE_LAUNCH_TOKEN, MGE_JOB_ID, MGE_ATTEMPT.
+ * Exit: 0 started, 1 refused or unreachable, 2 usage (messages on stderr, which mpirun shows).
+ *
+ * "mge-launch --guard WORKER_PID PROGRAM [ARG...]" is how the worker starts mpirun and the
+ * daemons: it runs PROGRAM in its own process group (the one the worker made) and, when the
+ * worker dies, kills that whole group at once. A parent-death signal on PROGRAM alone would
+ * not do: mpirun's daemon command is a shell line whose orted is a grandchild, and a lone
+ * orted keeps its ranks (and the job) alive. The ranks set their own parent-death signal.
+ */
+#include <errno.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "proto/worker.pb-c.h"
+
+#define LAUNCH_TIMEOUT_MS 15000
+
+static const char *env_or_die(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        fprintf(stderr, "mge-launch: %s is not set: mge-launch runs as mpirun's launch agent "
+                        "under mge-worker\n", name);
+        exit(2);
+    }
+    return v;
+}
+
+/* Find @host in the launch map at @path: its rank and URL (into @url). 0 on success. */
+static int map_lookup(const char *path, const char *host, int *rank, char *url, size_t url_len)
+{
+    char line[1024], name[256], u[512];
+    FILE *f = fopen(path, "r");
+    int found = -1;
+    if (!f) {
+        fprintf(stderr, "mge-launch: cannot read launch map '%s'\n", path);
+        return -1;
+    }
+    while (found < 0 && fgets(line, sizeof(line), f)) {
+        int r;
+        if (sscanf(line, "%255s %d %511s", name, &r, u) == 3 && !strcmp(name, host)) {
+            *rank = r;
+            snprintf(url, url_len, "%s", u);
+            found = 0;
+        }
+    }
+    fclose(f);
+    if (found < 0)
+        fprintf(stderr, "mge-launch: host '%s' is not a worker of this job (map '%s')\n", host,
+                path);
+    return found;
+}
+
+static void on_parent_death(int sig)
+{
+    (void)sig;
+    kill(0, SIGKILL); /* the whole process group, this process included */
+}
+
+/* --guard: see the top of the file. Returns PROGRAM's exit status (or dies of its signal). */
+static int guard(int argc, char **argv)
+{
+    struct sigaction sa;
+    pid_t child, parent;
+    int status;
+    if (argc < 4) {
+        fprintf(stderr, "usage: mge-launch --guard WORKER_PID PROGRAM [ARG...]\n");
+        return 2;
+    }
+    parent = (pid_t)atol(argv[2]);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_parent_death;
+    sigaction(SIGUSR1, &sa, NULL);
+    prctl(PR_SET_PDEATHSIG, SIGUSR1);
+    if (getppid() != parent) /* the worker died before the line above */
+        on_parent_death(SIGUSR1);
+    /* a cancel's SIGTERM goes to the whole group: PROGRAM handles it, we wait for PROGRAM */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    child = fork();
+    if (child < 0) {
+        perror("mge-launch: fork");
+        return 1;
+    }
+    if (child == 0) {
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        execvp(argv[3], argv + 3);
+        fprintf(stderr, "mge-launch: cannot run '%s': %s\n", argv[3], strerror(errno));
+        _exit(127);
+    }
+    while (waitpid(child, &status, 0) < 0)
+        if (errno != EINTR)
+            return 1;
+    if (WIFSIGNALED(status)) {
+        signal(WTERMSIG(status), SIG_DFL);
+        kill(getpid(), WTERMSIG(status));
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+int main(int argc, char **argv)
+{
+    Mge__LaunchRequest req = MGE__LAUNCH_REQUEST__INIT;
+    Mge__LaunchReply *rep;
+    nng_socket sock;
+    nng_msg *m = NULL;
+    char url[512], *cmd;
+    size_t len = 0, off = 0;
+    uint8_t *buf;
+    int rank = -1, rv, code = 1;
+
+    if (argc > 1 && !strcmp(argv[1], "--guard"))
+        return guard(argc, argv);
+    if (argc < 3) {
+        fprintf(stderr, "usage: mge-launch HOST COMMAND...  (Open MPI's plm_rsh_agent)\n"
+                        "       mge-launch --guard WORKER_PID PROGRAM [ARG...]\n");
+        return 2;
+    }
+    if (map_lookup(env_or_die("MGE_LAUNCH_MAP"), argv[1], &rank, url, sizeof(url)) != 0)
+        return 1;
+    for (int i = 2; i < argc; i++)
+        len += strlen(argv[i]) + 1;
+    cmd = mge_malloc(len + 1);
+    if (!cmd)
+        return 1;
+    for (int i = 2; i < argc; i++) { /* mpirun quotes inside its words: sh -c reads them */
+        size_t n = strlen(argv[i]);
+        memcpy(cmd + off, argv[i], n);
+        off += n;
+        cmd[off++] = i + 1 < argc ? ' ' : '\0';
+    }
+    req.job_id = strtoll(env_or_die("MGE_JOB_ID"), NULL, 10);
+    req.attempt = atoi(env_or_die("MGE_ATTEMPT"));
+    req.rank = rank;
+    req.token = (char *)env_or_die("MGE_LAUNCH_TOKEN");
+    req.command = cmd;
+    len = mge__launch_request__get_packed_size(&req);
+    buf = mge_malloc(len ? len : 1);
+    if (!buf)
+        goto out_cmd;
+    mge__launch_request__pack(&req, buf);
+    if ((rv = nng_req0_open(&sock)) != 0) {
+        fprintf(stderr, "mge-launch: %s\n", nng_strerror(rv));
+        goto out_buf;
+    }
+    nng_socket_set_ms(sock, NNG_OPT_SENDTIMEO, LAUNCH_TIMEOUT_MS);
+    nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, LAUNCH_TIMEOUT_MS);
+    if ((rv = nng_dial(sock, url, NULL, 0)) != 0 || (rv = nng_send(sock, buf, len, 0)) != 0 ||
+        (rv = nng_recvmsg(sock, &m, 0)) != 0) {
+        fprintf(stderr, "mge-launch: worker '%s' at %s: %s\n", argv[1], url, nng_strerror(rv));
+        goto out_close;
+    }
+    rep = mge__launch_reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    if (!rep) {
+        fprintf(stderr, "mge-launch: worker '%s' at %s: malformed reply\n", argv[1], url);
+    } else if (!rep->ok) {
+        fprintf(stderr, "mge-launch: worker '%s' refused rank %d: %s\n", argv[1], rank,
+                rep->error);
+    } else {
+        code = 0;
+    }
+    mge__launch_reply__free_unpacked(rep, NULL);
+    nng_msg_free(m);
+out_close:
+    nng_close(sock);
+out_buf:
+    mge_free(buf);
+out_cmd:
+    mge_free(cmd);
+    return code;
+}

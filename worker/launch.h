@@ -1,0 +1,29 @@
+/*
+ * launch.h: a worker's launch socket. mpirun runs a multi-rank attempt from rank 0's worker
+ * and starts its daemon (orted) on every other host through mge-launch, its plm_rsh_agent;
+ * mge-launch sends a LaunchRequest (proto/worker.proto) to the launch socket of the worker
+ * that holds that rank, which starts the command as the rank's process (ranks.h). Requests
+ * must carry the attempt's launch token, which only the attempt's workers were told.
+ *
+ * Thread: the socket has one thread of its own; mge_ranks_launch() takes the table's lock.
+ */
+#ifndef MGE_WORKER_LAUNCH_H
+#define MGE_WORKER_LAUNCH_H
+
+#include <stddef.h>
+
+struct mge_ranks;
+struct mge_launch;
+
+/*
+ * Listen on @listen_url ("tcp://ADDR:PORT", port 0 for any) for @rs (borrowed, must outlive
+ * the server). @advertise_host: the host others reach us by when ADDR is 0.0.0.0 (NULL: ADDR).
+ * The URL to give others (with the port bound) goes to @url of @url_len bytes. On MGE_OK stop
+ * with mge_launch_stop().
+ */
+int mge_launch_start(const char *listen_url, const char *advertise_host, struct mge_ranks *rs,
+                     char *url, size_t url_len, struct mge_launch **out);
+/* Stop the thread, close the socket, free; NULL does nothing. */
+void mge_launch_stop(struct mge_launch *l);
+
+#endif
