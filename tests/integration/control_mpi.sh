@@ -78,6 +78,44 @@ rc=$?
 check "mge-launch with a forged request fails (exit $rc) and nothing ran" sh -c "[ $rc -eq 1 ] && [ ! -e '$T/pwned' ]"
 check "... with the worker's reason" grep -q "refused rank 1: job $TWO attempt 1 has no rank 1 waiting" "$T/forged.err"
 
+# a rank's own failure fails the gang (no requeue), with the rank's reason: mge-train exits 2
+# on every rank (a memory budget no plan fits), and mpirun with it
+{ spec dp-bad 2 | sed 's/hidden: \[64, 32\]/hidden: [1024, 1024]/'
+  echo "memory: {sublinear: true, budget_mb: 1}"; } >"$T/bad.yaml"
+BAD=$("$BIN/mgectl" submit "$T/bad.yaml" -o json | jq -r .id)
+check "a 2-worker job whose ranks exit 2 fails" wait_until 30 state_is "$BAD" failed
+api GET "/api/v1/jobs/$BAD" >"$T/bad.json"
+check "... not requeued, with the mpirun rank's exit as the reason" jq -e '
+    .attempt == 1 and (.failure_reason | test("^rank 0 exited with code 2 [(]bad input[)]"))' "$T/bad.json"
+# a worker-side refusal (a data path outside rank 0's worker's roots) fails it before launch
+cat >"$T/refused.yaml" <<Y
+name: dp-refused
+$QUICK_MODEL
+data: {format: idx, train_images: /etc/passwd, train_labels: /etc/passwd}
+resources: {workers: 2, cpus: 1}
+train: {steps: 10, batch_size: 8, $QUICK_OPT}
+Y
+REF=$("$BIN/mgectl" submit "$T/refused.yaml" -o json | jq -r .id)
+check "a 2-worker job with a refused data path fails" wait_until 30 state_is "$REF" failed
+api GET "/api/v1/jobs/$REF" >"$T/refused.json"
+check "... with the worker's reason, and no rank left waiting" jq -e '
+    .attempt == 1 and (.failure_reason | test("outside the worker.s data roots")) and all(.placement[]; .exited)' "$T/refused.json"
+
+# cancelling a running 2-worker job ends every rank on both workers
+cat > "$T/cancel.yaml" <<Y
+name: dp-cancel
+$LONG_MODEL
+$LONG_DATA
+resources: {workers: 2, cpus: 1}
+train: {steps: 100000, batch_size: 128, $LONG_OPT}
+Y
+CAN=$("$BIN/mgectl" submit "$T/cancel.yaml" -o json | jq -r .id)
+can_ranks() { [ "$(rank_cmdlines "/job-$CAN/attempt-1/rank-0 --json" | wc -l)" -eq "$1" ]; }
+check "the 2-worker job to cancel runs both ranks" wait_until 30 can_ranks 2
+"$BIN/mgectl" cancel "$CAN" >/dev/null
+check "mgectl cancel: the job is cancelled" wait_until 10 state_is "$CAN" cancelled
+check "... and both ranks are gone within 5 s" wait_until 5 can_ranks 0
+
 # --- a worker of a running 2-worker job dies ---
 STEPS=600
 cat > "$T/long.yaml" <<Y
