@@ -6,6 +6,7 @@
 #include "engine/comm/comm_int.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,7 +180,10 @@ static void run_next_locked(struct mge_comm *c)
     c->completed = t;
     c->running = 0;
     pthread_cond_broadcast(&c->done);
-    if (c->completed < c->issued)
+    /* more work for the communication thread (it may have gone back to sleep while this ran
+     * on the waiting thread); work queued for a waiter stays with it: waking the thread then
+     * only makes it compete for the cores with the ranks' own progress */
+    if (c->completed < c->issued && c->queue[(c->completed + 1) % MGE__COMM_RING].wake)
         pthread_cond_signal(&c->work);
 }
 
@@ -266,8 +270,12 @@ void mge_comm_abort(struct mge_comm *c, int code)
         c->ops->abort(c, code);
 }
 
-/* Queue @op; *@ticket names it. Caller: the communicator's one user thread. */
-static int enqueue(struct mge_comm *c, const struct mge__comm_op *op, uint64_t *ticket)
+/*
+ * Queue @op; *@ticket names it. @wake: signal the communication thread (not needed when it is
+ * busy: it takes the next item before it sleeps; nor when the caller waits next and would run
+ * it itself). Caller: the communicator's one user thread.
+ */
+static int enqueue(struct mge_comm *c, const struct mge__comm_op *op, uint64_t *ticket, bool wake)
 {
     pthread_mutex_lock(&c->mu);
     while (!c->err && c->issued - c->completed >= MGE__COMM_RING - 1)
@@ -276,7 +284,9 @@ static int enqueue(struct mge_comm *c, const struct mge__comm_op *op, uint64_t *
     if (rc == MGE_OK) {
         *ticket = ++c->issued;
         c->queue[*ticket % MGE__COMM_RING] = *op;
-        pthread_cond_signal(&c->work);
+        c->queue[*ticket % MGE__COMM_RING].wake = wake;
+        if (wake)
+            pthread_cond_signal(&c->work);
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -315,7 +325,7 @@ static int run_blocking(struct mge_comm *c, const struct mge__comm_op *op)
         return run_op(c, op);
     }
     uint64_t t;
-    int rc = enqueue(c, op, &t);
+    int rc = enqueue(c, op, &t, false);
     return rc != MGE_OK ? rc : wait_ticket(c, t, NULL);
 }
 
@@ -347,12 +357,12 @@ int mge_comm_barrier(struct mge_comm *c)
     return run_blocking(c, &op);
 }
 
-int mge_comm_allreduce_start(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt,
-                             uint64_t *ticket)
+static int allreduce_start(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt,
+                           uint64_t *ticket, bool wake)
 {
     struct mge__comm_op op = {.kind = MGE__COMM_ALLREDUCE, .buf = buf, .count = count, .dt = dt};
     if (c->thread_ok)
-        return enqueue(c, &op, ticket);
+        return enqueue(c, &op, ticket, wake);
     if (c->err)
         return c->err;
     uint64_t t = ++c->issued;
@@ -376,6 +386,18 @@ int mge_comm_allreduce_start(struct mge_comm *c, void *buf, size_t count, enum m
         c->err_at = t;
     }
     return rc;
+}
+
+int mge_comm_allreduce_start(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt,
+                             uint64_t *ticket)
+{
+    return allreduce_start(c, buf, count, dt, ticket, true);
+}
+
+int mge_comm_allreduce_queue(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt,
+                             uint64_t *ticket)
+{
+    return allreduce_start(c, buf, count, dt, ticket, false);
 }
 
 int mge_comm_wait(struct mge_comm *c, uint64_t ticket, struct mge_comm_timing *timing)

@@ -116,6 +116,13 @@ struct mge_comm_timing {
 int mge_comm_allreduce_start(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt,
                              uint64_t *ticket);
 /*
+ * As mge_comm_allreduce_start(), for a collective the caller waits for next: it does not wake
+ * the communication thread, so unless that thread is busy and reaches it first, it runs on
+ * the waiting thread and no hand-off between threads lies on the critical path.
+ */
+int mge_comm_allreduce_queue(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt,
+                             uint64_t *ticket);
+/*
  * Wait until collective @ticket is done. @timing (may be NULL) gets when it ran, if it is one
  * of the last 256 collectives. Returns MGE_OK or MGE_COMM if it (or one before it) failed.
  */

@@ -48,6 +48,7 @@ struct mge__comm_op {
     size_t count;     /* allreduce: elements; broadcast, allgather: bytes */
     enum mge_comm_dtype dt;
     int root;
+    int wake;         /* queued for the communication thread (0: for the thread that waits) */
 };
 
 struct mge_comm {

@@ -4,6 +4,7 @@
  * without its fusion buffer: the engine lays gradients out in the order backward completes
  * them, so a pack is a plain slice and nothing is copied in or out).
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,13 +103,21 @@ void mge_comm_packs_begin(struct mge_comm_packs *p)
 void mge_comm_packs_ready(struct mge_comm_packs *p, size_t ready_bytes)
 {
     size_t ready = ready_bytes / sizeof(float);
+    /*
+     * Once the whole arena is ready, backward is over and the caller waits for the packs
+     * next: those still to start are only queued, to run on the waiting thread (or on the
+     * communication thread if it is still busy with an earlier pack and gets there first).
+     */
+    bool last = p->n > 0 && p->packs[p->n - 1].first + p->packs[p->n - 1].count <= ready;
     while (p->next < p->n && p->err == MGE_OK) {
         struct mge_comm_pack *k = &p->packs[p->next];
         if (k->first + k->count > ready)
             break;
         k->ready_at = mge_comm_now();
-        p->err =
-            mge_comm_allreduce_start(p->c, p->arena + k->first, k->count, MGE_COMM_F32, &k->ticket);
+        p->err = last ? mge_comm_allreduce_queue(p->c, p->arena + k->first, k->count,
+                                                 MGE_COMM_F32, &k->ticket)
+                      : mge_comm_allreduce_start(p->c, p->arena + k->first, k->count,
+                                                 MGE_COMM_F32, &k->ticket);
         p->next++;
     }
 }

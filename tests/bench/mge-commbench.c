@@ -117,35 +117,37 @@ int main(int argc, char **argv)
     double *t_packed = calloc((size_t)reps, sizeof(double));
     /*
      * Raw and per-tensor calls run on this thread while the communication thread is idle (it
-     * only runs between packs' start and wait): MPI_THREAD_SERIALIZED allows that. Methods
-     * take turns within each repetition, so a noisy neighbour hurts them alike.
+     * only runs between packs' start and wait): MPI_THREAD_SERIALIZED allows that. Every
+     * method starts from gradients just written (as after backward) and the methods take
+     * turns in a rotating order, so neither the cache nor a noisy neighbour favours one.
      */
     for (int r = -3; r < reps; r++) { /* 3 warm-up rounds */
-        double t0;
-        MPI_Barrier(MPI_COMM_WORLD);
-        t0 = MPI_Wtime();
-        MPI_Allreduce(MPI_IN_PLACE, grads, (int)n_floats, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        if (r >= 0)
-            t_raw[r] = MPI_Wtime() - t0;
-        MPI_Barrier(MPI_COMM_WORLD);
-        t0 = MPI_Wtime();
-        for (int i = 0; i < nt; i++)
-            MPI_Allreduce(MPI_IN_PLACE, (char *)grads + spans[i].off,
-                          (int)(spans[i].bytes / sizeof(float)), MPI_FLOAT, MPI_SUM,
-                          MPI_COMM_WORLD);
-        if (r >= 0)
-            t_tensor[r] = MPI_Wtime() - t0;
-        MPI_Barrier(MPI_COMM_WORLD);
-        t0 = MPI_Wtime();
-        mge_comm_packs_begin(packs);
-        mge_comm_packs_ready(packs, bytes);
-        for (int i = 0; i < mge_comm_packs_count(packs); i++)
-            if (mge_comm_packs_wait(packs, i) != MGE_OK)
-                mge_comm_abort(c, 1);
-        if (r >= 0)
-            t_packed[r] = MPI_Wtime() - t0;
-        for (int64_t i = 0; i < n_floats; i++) /* keep the values finite */
-            grads[i] = (float)(i % 97) * 1e-3f;
+        for (int k = 0; k < 3; k++) {
+            int method = (k + (r < 0 ? 0 : r)) % 3;
+            double t0, dt;
+            for (int64_t i = 0; i < n_floats; i++)
+                grads[i] = (float)(i % 97) * 1e-3f;
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+            if (method == 0) {
+                MPI_Allreduce(MPI_IN_PLACE, grads, (int)n_floats, MPI_FLOAT, MPI_SUM,
+                              MPI_COMM_WORLD);
+            } else if (method == 1) {
+                for (int i = 0; i < nt; i++)
+                    MPI_Allreduce(MPI_IN_PLACE, (char *)grads + spans[i].off,
+                                  (int)(spans[i].bytes / sizeof(float)), MPI_FLOAT, MPI_SUM,
+                                  MPI_COMM_WORLD);
+            } else {
+                mge_comm_packs_begin(packs);
+                mge_comm_packs_ready(packs, bytes);
+                for (int i = 0; i < mge_comm_packs_count(packs); i++)
+                    if (mge_comm_packs_wait(packs, i) != MGE_OK)
+                        mge_comm_abort(c, 1);
+            }
+            dt = MPI_Wtime() - t0;
+            if (r >= 0)
+                (method == 0 ? t_raw : method == 1 ? t_tensor : t_packed)[r] = dt;
+        }
     }
     if (rank == 0) {
         double raw = median(t_raw, reps), tensor = median(t_tensor, reps);
