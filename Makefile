@@ -232,6 +232,12 @@ $(BUILD)/bench/mge-commbench: $(call obj,tests/bench/mge-commbench.c) $(ENGINE_L
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON)
 BENCH_TOOLS += $(BUILD)/bench/mge-commbench
 endif
+# the memory planner on random interval sets (also built and run by tests/bench/sublinear.py)
+$(BUILD)/bench/bench_planner: $(call obj,tests/bench/bench_planner.c) $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON)
+BENCH_TOOLS += $(BUILD)/bench/bench_planner
 bench-tools: $(BENCH_TOOLS)
 
 bench: deps

@@ -151,8 +151,9 @@ struct mge__plan_item {
     size_t offset;
 };
 /*
- * Assign offsets to @items so that items alive at the same time do not overlap (greedy by
- * size, best fit). Reorders @items. Returns the arena size, or (size_t)-1 on OOM.
+ * Assign offsets to @items so that items alive at the same time do not overlap (greedy orders,
+ * then local search near the peak; a function of the input alone, so reruns plan alike). Keeps
+ * the order of @items. Returns the arena size, or (size_t)-1 on OOM.
  */
 size_t mge__plan_assign(struct mge__plan_item *items, int n);
 /* Largest sum of sizes alive at one time over @items (the arena's lower bound). */

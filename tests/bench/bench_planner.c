@@ -1,10 +1,11 @@
 /*
  * bench_planner.c: the memory planner on random interval sets: arena over lower bound and
  * planning time. Sizes 64 B..256 KiB, lifetimes up to 60 ops, 5 sets per size.
- * Usage: bench_planner [N...]   (default 1000 10000)
+ * Usage: bench_planner [-s SEED] [N...]   (default seed 1, sizes 1000 10000)
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "common/rng.h"
@@ -42,12 +43,18 @@ static void run(int n, struct mge_rng *r)
 int main(int argc, char **argv)
 {
     struct mge_rng r;
-    mge_rng_seed(&r, 1);
-    if (argc < 2) {
+    uint64_t seed = 1;
+    int i = 1;
+    if (argc > 2 && strcmp(argv[1], "-s") == 0) {
+        seed = strtoull(argv[2], NULL, 10);
+        i = 3;
+    }
+    mge_rng_seed(&r, seed);
+    if (i == argc) {
         run(1000, &r);
         run(10000, &r);
     }
-    for (int i = 1; i < argc; i++)
+    for (; i < argc; i++)
         run(atoi(argv[i]), &r);
     return 0;
 }
