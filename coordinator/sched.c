@@ -724,6 +724,14 @@ static void attempt_check(struct mge_sched *s, struct resv *ended)
         attempt_finish(s, job, attempt, true);
         return;
     }
+    if (ended->world > 1 && ended->rank == 0) {
+        /* rank 0 is mpirun: exit 0 means every rank finished; daemons still ending are not
+         * a reason to run the job again if their worker goes quiet now */
+        mge_store_job_set_state(s->st, job, attempt, MGE_JOB_SUCCEEDED, NULL, NULL);
+        attempt_finish(s, job, attempt, false);
+        mge_log_info("job %lld succeeded", (long long)job);
+        return;
+    }
     for (size_t i = 0; i < s->n_r; i++)
         if (s->r[i].job_id == job && s->r[i].attempt == attempt &&
             (!s->r[i].exited || s->r[i].exit_code != 0 || s->r[i].term_signal != 0))
