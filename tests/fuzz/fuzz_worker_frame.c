@@ -7,6 +7,7 @@
  * random), so that frames get past the worker check into line ingestion and the scheduler.
  * Seeds: corpus/worker_frame/, written by gen_worker_frame_seeds.c.
  */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,15 +93,36 @@ static size_t with_worker_id(const uint8_t *data, size_t size, uint8_t **out)
     return *out ? n : size;
 }
 
+static char g_dir[] = "/tmp/mge-fuzz-frame.XXXXXX";
+
+/* At exit (libFuzzer ends with exit()): the store's files and directory go. */
+static void remove_dir(void)
+{
+    DIR *d = opendir(g_dir);
+    struct dirent *de;
+    char path[sizeof(g_dir) + 300];
+    while (d && (de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(path, sizeof(path), "%s/%.250s", g_dir, de->d_name);
+            unlink(path);
+        }
+    if (d)
+        closedir(d);
+    rmdir(g_dir);
+}
+
 static int setup(void)
 {
-    static char dir[] = "/tmp/mge-fuzz-frame.XXXXXX";
+    char *dir = g_dir;
     struct mge_store *st;
     struct mge_sched *sched;
     struct mge_rpc_opts ro = {"tcp://127.0.0.1:0", "fuzz", 1000};
     struct mge_sched_opts so = {0};
     mge_log_set_level(MGE_LOG_OFF);
-    if (!mkdtemp(dir) || mge_store_open(dir, &st) != MGE_OK || insert_job(st) != 0)
+    if (!mkdtemp(dir))
+        return -1;
+    atexit(remove_dir);
+    if (mge_store_open(dir, &st) != MGE_OK || insert_job(st) != 0)
         return -1;
     if (mge_rpc_new(&ro, st, &g_rpc) != MGE_OK)
         return -1;
