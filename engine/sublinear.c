@@ -422,8 +422,8 @@ double mge_graph_flops(const struct mge_graph *g)
 /*
  * The default trade (MGE__SUBLINEAR_SLACK): on a chain each activation kept beyond the
  * smallest arena saves about one recomputed layer, so no plan is best, only a choice of how
- * much memory to give back. sqrt(2) over the budget segmentation's sqrt(2n) minimum is the
- * 2 sqrt(n) of Chen's equal segments, spent on less recomputation.
+ * much memory to give back. sqrt(2) times the budget segmentation's sqrt(2n) minimum is about
+ * the 2 sqrt(n) of Chen's equal segments, and within it the least recomputation wins.
  */
 
 enum keep_family { KEEP_ALL, KEEP_LIGHT, KEEP_THRESHOLD, KEEP_BUDGET };
