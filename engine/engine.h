@@ -157,9 +157,10 @@ struct mge_remat_plan {
 /*
  * Between mge_graph_backward() and mge_graph_plan(): choose what backward recomputes.
  * @budget: bytes the activation arena may use (0: none). NONE/AUTO without a budget keep the
- * plain graph; LIGHT/SUBLINEAR pick the smallest arena (ties: least recomputation); with a
- * budget, the plan with the least recomputation that fits. Results are bit-identical to the
- * plain graph. *@chosen and *@plain (either may be NULL) describe the chosen and plain plans.
+ * plain graph; LIGHT picks the smallest arena (ties: least recomputation), SUBLINEAR the least
+ * recomputation within sqrt(2) of the smallest arena; with a budget, the plan with the least
+ * recomputation that fits. Results are bit-identical to the plain graph. *@chosen and *@plain
+ * (either may be NULL) describe the chosen and plain plans.
  * Returns MGE_OK; MGE_BUDGET when nothing fits (the graph is unchanged, *@chosen holds the
  * smallest plan and mge_graph_error_msg() says so); MGE_NOMEM.
  */

@@ -143,6 +143,14 @@ double mge__node_flops(const struct mge_graph *g, const struct mge_node *n);
 /* A copy of @g's IR (not its arenas) in *@out, freed with mge_graph_free(). */
 int mge__graph_clone(const struct mge_graph *g, struct mge_graph **out);
 
+/*
+ * Sublinear mode without a budget takes the least recomputation among the plans whose arena is
+ * at most MGE__SUBLINEAR_SLACK times the smallest one found; recomputation under
+ * MGE__SUBLINEAR_FREE of the step's FLOPs counts as none (the smaller arena wins).
+ */
+#define MGE__SUBLINEAR_SLACK 1.41421356
+#define MGE__SUBLINEAR_FREE 1e-3
+
 /* One activation for the planner: lifetime [first, last] in node indices, bytes, result offset. */
 struct mge__plan_item {
     int v;

@@ -7,9 +7,11 @@
  * (seed, step, op)).
  *
  * Plans: "light" recomputes only cheap ops (elementwise, activations, pooling, normalisation);
- * "sublinear" splits the forward chain into segments at byte thresholds (Chen et al. 2016)
- * and keeps only segment boundaries; the threshold is searched, each candidate scored by the
- * real planner on a copy of the graph (MegEngine's seq_sublinear_memory does the same search).
+ * "sublinear" splits the forward pass into segments and keeps only segment boundaries, either
+ * equal segments at byte thresholds (Chen et al. 2016) or segments that shrink along the pass
+ * as checkpoints accumulate (budget segmentation, below); the parameters are searched, each
+ * candidate scored by the real planner on a copy of the graph (MegEngine's
+ * seq_sublinear_memory searches thresholds the same way).
  */
 #include <stdio.h>
 #include <string.h>
@@ -105,13 +107,13 @@ int mge__graph_clone(const struct mge_graph *g, struct mge_graph **out)
 
 struct remat {
     struct mge_graph *g;
-    const char *keep;      /* per original value: 1 = backward may read it as it is */
-    int n_orig;            /* values before the rewrite */
-    int *clone;            /* per original value: its recomputed clone, or -1 */
-    struct mge_node *out;  /* the new node list */
+    const char *keep;     /* per original value: 1 = backward may read it as it is */
+    int n_orig;           /* values before the rewrite */
+    int *clone;           /* per original value: its recomputed clone, or -1 */
+    struct mge_node *out; /* the new node list */
     int n_out, cap_out;
-    double flops;          /* recomputed FLOPs */
-    int n_recomputed;      /* recompute ops emitted */
+    double flops;     /* recomputed FLOPs */
+    int n_recomputed; /* recompute ops emitted */
 };
 
 static int is_forward_act(const struct remat *r, int v)
@@ -253,10 +255,10 @@ static int remat_apply(struct mge_graph *g, const char *keep, double *flops, int
 
 struct remat_ctx {
     const struct mge_graph *g;
-    char *needed;      /* per value: a forward activation that backward reads */
-    char *must_keep;   /* per value: cannot be recomputed (multi-producer, kept outputs) */
-    size_t *bytes;     /* per forward node: bytes of its needed outputs */
-    int last_seg;      /* forward nodes from here on form the last segment (always kept) */
+    char *needed;    /* per value: a forward activation that backward reads */
+    char *must_keep; /* per value: cannot be recomputed (multi-producer, kept outputs) */
+    size_t *bytes;   /* per forward node: bytes of its needed outputs */
+    size_t total;    /* sum of bytes[] */
 };
 
 static int ctx_init(struct remat_ctx *c, const struct mge_graph *g)
@@ -289,12 +291,14 @@ static int ctx_init(struct remat_ctx *c, const struct mge_graph *g)
         if (producers[v] > 1 || g->values[v].keep)
             c->must_keep[v] = 1;
     mge_free(producers);
-    for (int ni = 0; ni < g->n_forward; ni++)
+    for (int ni = 0; ni < g->n_forward; ni++) {
         for (int i = 0; i < g->nodes[ni].n_out; i++) {
             int o = g->nodes[ni].out[i];
             if (o >= 0 && c->needed[o])
                 c->bytes[ni] += mge__value_bytes(g, o);
         }
+        c->total += c->bytes[ni];
+    }
     return MGE_OK;
 }
 
@@ -305,26 +309,62 @@ static void ctx_fini(struct remat_ctx *c)
     mge_free(c->bytes);
 }
 
+static void keep_outputs(const struct mge_graph *g, int ni, char *keep)
+{
+    for (int i = 0; i < g->nodes[ni].n_out; i++)
+        if (g->nodes[ni].out[i] >= 0)
+            keep[g->nodes[ni].out[i]] = 1;
+}
+
 /* Chen's greedy segmentation: a checkpoint whenever the running bytes pass @threshold. */
 static void keep_threshold(const struct remat_ctx *c, size_t threshold, char *keep)
 {
     const struct mge_graph *g = c->g;
-    size_t run = 0, total = 0, tail = 0;
+    size_t run = 0, tail = 0;
     memcpy(keep, c->must_keep, (size_t)g->n_values);
-    for (int ni = 0; ni < g->n_forward; ni++)
-        total += c->bytes[ni];
     for (int ni = 0; ni < g->n_forward; ni++) {
         run += c->bytes[ni];
         /* the last segment is read by backward at once: keeping it costs nothing extra */
-        int in_tail = total - tail <= threshold;
+        int in_tail = c->total - tail <= threshold;
         tail += c->bytes[ni];
         if (run >= threshold || in_tail) {
-            for (int i = 0; i < g->nodes[ni].n_out; i++)
-                if (g->nodes[ni].out[i] >= 0)
-                    keep[g->nodes[ni].out[i]] = 1;
+            keep_outputs(g, ni, keep);
             if (run >= threshold)
                 run = 0;
         }
+    }
+}
+
+/*
+ * Budget segmentation: backward recomputes a segment while the checkpoints before it are
+ * still alive, so each segment gets what @budget leaves beside them and segments shrink along
+ * the forward pass; what fits beside all checkpoints at the end is kept as it is (backward
+ * reads it first). On a chain of n equal layers the peak is about sqrt(2n) activations where
+ * equal segments need 2 sqrt(n), and every activation is recomputed at most once.
+ */
+static void keep_budget(const struct remat_ctx *c, size_t budget, char *keep)
+{
+    const struct mge_graph *g = c->g;
+    size_t ckpt = 0, run = 0, rest = c->total;
+    int last = -1; /* the open segment's last node with needed outputs */
+    memcpy(keep, c->must_keep, (size_t)g->n_values);
+    for (int ni = 0; ni < g->n_forward; ni++) {
+        if (c->bytes[ni] == 0)
+            continue;
+        /* a segment ends with a checkpoint: @ni would not fit beside it (nor as its end) */
+        if (last >= 0 && ckpt + run + c->bytes[ni] > budget) {
+            keep_outputs(g, last, keep);
+            ckpt += c->bytes[last];
+            run = 0;
+        }
+        if (ckpt + rest <= budget) {
+            for (; ni < g->n_forward; ni++)
+                keep_outputs(g, ni, keep);
+            break;
+        }
+        run += c->bytes[ni];
+        rest -= c->bytes[ni];
+        last = ni;
     }
 }
 
@@ -377,106 +417,270 @@ double mge_graph_flops(const struct mge_graph *g)
     return f;
 }
 
-/* Is plan @a better than @b under @budget (0: none; then the smaller activations win)? */
-static int plan_better(const struct mge_remat_plan *a, const struct mge_remat_plan *b,
-                       size_t budget)
+/* ---- the search ---- */
+
+/*
+ * The default trade (MGE__SUBLINEAR_SLACK): on a chain each activation kept beyond the
+ * smallest arena saves about one recomputed layer, so no plan is best, only a choice of how
+ * much memory to give back. sqrt(2) times the budget segmentation's sqrt(2n) minimum is about
+ * the 2 sqrt(n) of Chen's equal segments, and within it the least recomputation wins.
+ */
+
+enum keep_family { KEEP_ALL, KEEP_LIGHT, KEEP_THRESHOLD, KEEP_BUDGET };
+
+struct cand {
+    enum keep_family fam;
+    size_t param; /* THRESHOLD, BUDGET: bytes */
+    struct mge_remat_plan p;
+};
+
+struct search {
+    const struct mge_graph *g;
+    struct remat_ctx ctx;
+    char *keep;     /* scratch keep set */
+    struct cand *c; /* every plan scored */
+    int n, cap;
+};
+
+static void cand_keep(const struct search *s, enum keep_family fam, size_t param, char *keep)
 {
-    if (budget == 0)
-        return a->activation_bytes < b->activation_bytes ||
-               (a->activation_bytes == b->activation_bytes &&
-                a->recompute_flops < b->recompute_flops);
-    int af = a->activation_bytes <= budget, bf = b->activation_bytes <= budget;
+    switch (fam) {
+    case KEEP_ALL:
+        memset(keep, 1, (size_t)s->g->n_values);
+        break;
+    case KEEP_LIGHT:
+        keep_light(&s->ctx, keep);
+        break;
+    case KEEP_THRESHOLD:
+        keep_threshold(&s->ctx, param, keep);
+        break;
+    case KEEP_BUDGET:
+        keep_budget(&s->ctx, param, keep);
+        break;
+    }
+}
+
+/* Score one plan and record it; its index in *@at. */
+static int search_try(struct search *s, enum keep_family fam, size_t param, int *at)
+{
+    static const enum mge_remat modes[] = {MGE_REMAT_NONE, MGE_REMAT_LIGHT, MGE_REMAT_SUBLINEAR,
+                                           MGE_REMAT_SUBLINEAR};
+    if (s->n == s->cap) {
+        int cap = s->cap ? s->cap * 2 : 64;
+        struct cand *p = mge_realloc(s->c, sizeof(*p) * (size_t)cap);
+        if (!p)
+            return MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
+        s->c = p;
+        s->cap = cap;
+    }
+    struct cand *c = &s->c[s->n];
+    memset(c, 0, sizeof(*c));
+    c->fam = fam;
+    c->param = param;
+    cand_keep(s, fam, param, s->keep);
+    int rc = remat_try(s->g, s->keep, &c->p);
+    if (rc != MGE_OK)
+        return rc;
+    c->p.mode = modes[fam];
+    if (at)
+        *at = s->n;
+    s->n++;
+    return MGE_OK;
+}
+
+/* Is plan @a better than @b when it fits in @limit (ties: less recomputation, then bytes)? */
+static int fits_better(const struct mge_remat_plan *a, const struct mge_remat_plan *b, size_t limit)
+{
+    int af = a->activation_bytes <= limit, bf = b->activation_bytes <= limit;
     if (af != bf)
         return af;
-    if (af)
-        return a->recompute_flops < b->recompute_flops ||
-               (a->recompute_flops == b->recompute_flops &&
-                a->activation_bytes < b->activation_bytes);
-    return a->activation_bytes < b->activation_bytes;
+    if (!af)
+        return a->activation_bytes < b->activation_bytes;
+    return a->recompute_flops < b->recompute_flops ||
+           (a->recompute_flops == b->recompute_flops && a->activation_bytes < b->activation_bytes);
+}
+
+static int smallest(const struct search *s)
+{
+    int best = 0;
+    for (int i = 1; i < s->n; i++) {
+        const struct mge_remat_plan *a = &s->c[i].p, *b = &s->c[best].p;
+        if (a->activation_bytes < b->activation_bytes ||
+            (a->activation_bytes == b->activation_bytes && a->recompute_flops < b->recompute_flops))
+            best = i;
+    }
+    return best;
+}
+
+static int best_within(const struct search *s, size_t limit)
+{
+    int best = 0;
+    for (int i = 1; i < s->n; i++)
+        if (fits_better(&s->c[i].p, &s->c[best].p, limit))
+            best = i;
+    return best;
+}
+
+/*
+ * Sublinear without a budget: the least recomputation within MGE__SUBLINEAR_SLACK of the smallest
+ * arena, where recomputation under MGE__SUBLINEAR_FREE of the step's @flops counts as none (the
+ * smaller arena wins), so a graph that saves little by recomputing still saves it for free.
+ */
+static int best_slack(const struct search *s, double flops)
+{
+    size_t limit = (size_t)((double)s->c[smallest(s)].p.activation_bytes * MGE__SUBLINEAR_SLACK);
+    int best = best_within(s, limit);
+    double most = s->c[best].p.recompute_flops + MGE__SUBLINEAR_FREE * flops;
+    for (int i = 0; i < s->n; i++) {
+        const struct mge_remat_plan *a = &s->c[i].p, *b = &s->c[best].p;
+        if (a->activation_bytes <= limit && a->recompute_flops <= most &&
+            (a->activation_bytes < b->activation_bytes ||
+             (a->activation_bytes == b->activation_bytes &&
+              a->recompute_flops < b->recompute_flops)))
+            best = i;
+    }
+    return best;
+}
+
+/* The largest budget parameter tried below @below (0 if none). */
+static size_t budget_below(const struct search *s, size_t below)
+{
+    size_t p = 0;
+    for (int i = 0; i < s->n; i++)
+        if (s->c[i].fam == KEEP_BUDGET && s->c[i].param < below && s->c[i].param > p)
+            p = s->c[i].param;
+    return p;
+}
+
+/*
+ * Budget segmentations from coarse to fine. Above the smallest feasible parameter the arena
+ * grows with it; below, segments get too short and checkpoints pile up, so the arena jumps.
+ * A geometric sweep brackets both ends of interest and bisection narrows them: the smallest
+ * arena, then the largest parameter whose arena fits @limit (0: MGE__SUBLINEAR_SLACK times the
+ * smallest arena of all plans). Every plan tried stays a candidate, so where the arena is not
+ * monotone in the parameter the search loses precision, not plans.
+ */
+static int search_budget(struct search *s, size_t limit)
+{
+    int rc, at, rising = 0;
+    size_t bottom = s->ctx.total / 4096 + 1, prev = (size_t)-1, lo, hi, a;
+    /* down until the arena has grown three times running: past the smallest feasible */
+    for (size_t b = s->ctx.total; b >= bottom && rising < 3; b = b / 5 * 4) {
+        if ((rc = search_try(s, KEEP_BUDGET, b, &at)) != MGE_OK)
+            return rc;
+        rising = s->c[at].p.activation_bytes > prev ? rising + 1 : 0;
+        prev = s->c[at].p.activation_bytes;
+    }
+    at = smallest(s);
+    if (s->c[at].fam == KEEP_BUDGET) {
+        hi = s->c[at].param;
+        lo = budget_below(s, hi);
+        a = s->c[at].p.activation_bytes;
+        for (int it = 0; it < 12 && hi - lo >= hi / 256 + 1; it++) {
+            size_t mid = lo + (hi - lo) / 2;
+            if ((rc = search_try(s, KEEP_BUDGET, mid, &at)) != MGE_OK)
+                return rc;
+            if (s->c[at].p.activation_bytes <= a) {
+                a = s->c[at].p.activation_bytes;
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+    }
+    if (limit == 0)
+        limit = (size_t)((double)s->c[smallest(s)].p.activation_bytes * MGE__SUBLINEAR_SLACK);
+    lo = 0;
+    for (int i = 0; i < s->n; i++)
+        if (s->c[i].fam == KEEP_BUDGET && s->c[i].p.activation_bytes <= limit && s->c[i].param > lo)
+            lo = s->c[i].param;
+    hi = (size_t)-1;
+    for (int i = 0; i < s->n; i++)
+        if (s->c[i].fam == KEEP_BUDGET && s->c[i].param > lo && s->c[i].param < hi)
+            hi = s->c[i].param;
+    if (lo == 0 || hi == (size_t)-1)
+        return MGE_OK;
+    for (int it = 0; it < 12 && hi - lo >= hi / 256 + 1; it++) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((rc = search_try(s, KEEP_BUDGET, mid, &at)) != MGE_OK)
+            return rc;
+        if (s->c[at].p.activation_bytes <= limit)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return MGE_OK;
 }
 
 int mge_graph_sublinear(struct mge_graph *g, enum mge_remat mode, size_t budget,
                         struct mge_remat_plan *chosen, struct mge_remat_plan *plain)
 {
-    struct remat_ctx ctx;
-    struct mge_remat_plan best = {0}, p = {0};
-    char *keep = NULL, *best_keep = NULL;
-    int rc;
+    struct search s;
+    int rc, best = 0;
 
-    memset(&ctx, 0, sizeof(ctx));
+    memset(&s, 0, sizeof(s));
+    s.g = g;
     if (g->err)
         return g->err;
     if (g->loss < 0 || g->planned)
         return MGE_ERR(MGE_STATE, "sublinear: needs a differentiated, unplanned graph");
-    if ((rc = ctx_init(&ctx, g)) != MGE_OK)
+    if ((rc = ctx_init(&s.ctx, g)) != MGE_OK)
         goto out;
-    keep = mge_malloc((size_t)g->n_values + 1);
-    best_keep = mge_malloc((size_t)g->n_values + 1);
-    if (!keep || !best_keep) {
+    s.keep = mge_malloc((size_t)g->n_values + 1);
+    if (!s.keep) {
         rc = MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
         goto out;
     }
     /* the plain plan: everything kept */
-    memset(keep, 1, (size_t)g->n_values);
-    if ((rc = remat_try(g, keep, &best)) != MGE_OK)
+    if ((rc = search_try(&s, KEEP_ALL, 0, NULL)) != MGE_OK)
         goto out;
-    best.mode = MGE_REMAT_NONE;
-    memcpy(best_keep, keep, (size_t)g->n_values);
     if (plain)
-        *plain = best;
+        *plain = s.c[0].p;
     /* auto without a budget, or a plain plan that fits the budget: nothing to gain */
     int search = mode == MGE_REMAT_LIGHT || mode == MGE_REMAT_SUBLINEAR ||
-                 (mode == MGE_REMAT_AUTO && budget > 0 && best.activation_bytes > budget);
-    if (search) {
-        keep_light(&ctx, keep);
-        if ((rc = remat_try(g, keep, &p)) != MGE_OK)
-            goto out;
-        p.mode = MGE_REMAT_LIGHT;
-        if (plan_better(&p, &best, budget)) {
-            best = p;
-            memcpy(best_keep, keep, (size_t)g->n_values);
-        }
-    }
+                 (mode == MGE_REMAT_AUTO && budget > 0 && s.c[0].p.activation_bytes > budget);
+    if (search && (rc = search_try(&s, KEEP_LIGHT, 0, NULL)) != MGE_OK)
+        goto out;
     if (search && mode != MGE_REMAT_LIGHT) {
-        size_t total = 0;
-        for (int ni = 0; ni < g->n_forward; ni++)
-            total += ctx.bytes[ni];
         for (int k = 2; k <= 1024; k = k < 16 ? k + 1 : k + k / 4) {
-            size_t thr = total / (size_t)k;
+            size_t thr = s.ctx.total / (size_t)k;
             if (thr == 0)
                 break;
-            keep_threshold(&ctx, thr, keep);
-            if ((rc = remat_try(g, keep, &p)) != MGE_OK)
+            if ((rc = search_try(&s, KEEP_THRESHOLD, thr, NULL)) != MGE_OK)
                 goto out;
-            p.mode = MGE_REMAT_SUBLINEAR;
-            if (plan_better(&p, &best, budget)) {
-                best = p;
-                memcpy(best_keep, keep, (size_t)g->n_values);
-            }
         }
+        if ((rc = search_budget(&s, budget)) != MGE_OK)
+            goto out;
     }
+    if (budget > 0)
+        best = best_within(&s, budget);
+    else if (search && mode != MGE_REMAT_LIGHT)
+        best = best_slack(&s, mge_graph_flops(g));
+    else if (search)
+        best = smallest(&s);
     if (chosen)
-        *chosen = best;
-    if (budget > 0 && best.activation_bytes > budget) {
+        *chosen = s.c[best].p;
+    if (budget > 0 && s.c[best].p.activation_bytes > budget) {
         rc = MGE_BUDGET;
         snprintf(g->errmsg, sizeof(g->errmsg),
                  "activations need at least %zu bytes (%.1f MiB)%s; the budget leaves %zu bytes "
                  "(%.1f MiB) for them",
-                 best.activation_bytes, (double)best.activation_bytes / 1048576.0,
-                 mode == MGE_REMAT_NONE ? " without recomputation" : " with recomputation",
-                 budget, (double)budget / 1048576.0);
+                 s.c[best].p.activation_bytes, (double)s.c[best].p.activation_bytes / 1048576.0,
+                 mode == MGE_REMAT_NONE ? " without recomputation" : " with recomputation", budget,
+                 (double)budget / 1048576.0);
         goto out;
     }
-    if (best.mode != MGE_REMAT_NONE) {
+    if (s.c[best].fam != KEEP_ALL) {
         double f;
         int ops;
-        if ((rc = remat_apply(g, best_keep, &f, &ops)) != MGE_OK)
+        cand_keep(&s, s.c[best].fam, s.c[best].param, s.keep);
+        if ((rc = remat_apply(g, s.keep, &f, &ops)) != MGE_OK)
             goto out;
     }
     rc = MGE_OK;
 out:
-    ctx_fini(&ctx);
-    mge_free(keep);
-    mge_free(best_keep);
+    ctx_fini(&s.ctx);
+    mge_free(s.keep);
+    mge_free(s.c);
     return rc;
 }

@@ -71,9 +71,12 @@ same_loss() { # name, spec, steps, extra sets...
 same_loss mlp "$ROOT/examples/fmnist-mlp.yaml" 40
 same_loss lenet "$ROOT/examples/fmnist-lenet.yaml" 20
 same_loss deep-mlp "$ROOT/examples/deep-mlp.yaml" 3 --set model.layers=24 --set model.width=256
-"$BIN/mge-train" --plan "$ROOT/examples/deep-mlp.yaml" --set memory.sublinear=true > "$T/dplan.json" 2>&1
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["plans"]; sys.exit(0 if p["sublinear"]["activation_bytes"] <= 0.25 * p["plain"]["activation_bytes"] and d["chosen"]["mode"] == "sublinear" else 1)' "$T/dplan.json" \
-    && ok "deep-mlp (128 layers): sublinear plan keeps <= 25% of the plain activations" || bad "deep-mlp sublinear plan: $(cat "$T/dplan.json")"
+for lp in 128:25 256:14; do # layers:percent of the plain activations the default plan may keep
+    "$BIN/mge-train" --plan "$ROOT/examples/deep-mlp.yaml" --set memory.sublinear=true \
+        --set model.layers=${lp%:*} > "$T/dplan.json" 2>&1
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["plans"]; sys.exit(0 if p["sublinear"]["activation_bytes"] <= float(sys.argv[2]) / 100 * p["plain"]["activation_bytes"] and d["chosen"]["mode"] == "sublinear" else 1)' "$T/dplan.json" ${lp#*:} \
+        && ok "deep-mlp (${lp%:*} layers): sublinear plan keeps <= ${lp#*:}% of the plain activations" || bad "deep-mlp sublinear plan: $(cat "$T/dplan.json")"
+done
 "$BIN/mge-train" --max-batch "$ROOT/examples/deep-mlp.yaml" --set memory.budget_mb=2048 > "$T/maxb.json" 2>&1
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["ratio"] >= 4 else 1)' "$T/maxb.json" \
     && ok "deep-mlp: >= 4x larger batch in 2 GiB with sublinear ($(cat "$T/maxb.json"))" || bad "max batch: $(cat "$T/maxb.json")"

@@ -1,8 +1,10 @@
 /*
  * test_sublinear.c: recompute instead of store. Losses and gradients with recomputation are
  * bit-identical to the plain graph (chains, dropout, convolutions, branches); the sublinear
- * plan shrinks a chain's activations; budgets choose the least recomputation that fits or fail
- * clearly; in-place reuse shares storage without changing results.
+ * plan shrinks a chain's activations, to about sqrt(2n) at the smallest, and by default takes
+ * the least recomputation within MGE__SUBLINEAR_SLACK of that; budgets choose the least
+ * recomputation that fits or fail clearly; in-place reuse shares storage without changing
+ * results.
  */
 #include <check.h>
 #include <stdio.h>
@@ -166,6 +168,51 @@ START_TEST(test_budget_picks_least_recompute)
 }
 END_TEST
 
+/* The smallest plan the search finds: a 1-byte budget fails and reports it. */
+static struct mge_remat_plan smallest_plan(enum net kind, int layers)
+{
+    struct built b;
+    ck_assert_int_eq(build(kind, layers, MGE_REMAT_SUBLINEAR, 1, &b), MGE_BUDGET);
+    mge_graph_free(b.g);
+    return b.chosen;
+}
+
+START_TEST(test_chain_budget_segments)
+{
+    /* 64 layers of 1 KiB activations: segments that shrink as checkpoints pile up reach about
+     * sqrt(2 * 64) = 11.3 activations plus the gradients in flight; equal segments need
+     * 2 sqrt(64) = 16 */
+    struct mge_remat_plan min = smallest_plan(NET_CHAIN, 64);
+    ck_assert_msg(min.activation_bytes <= 14 * 1024, "smallest arena %zu bytes",
+                  min.activation_bytes);
+    /* each activation is recomputed at most once */
+    ck_assert_int_le(min.recompute_ops, 64);
+}
+END_TEST
+
+START_TEST(test_default_within_slack)
+{
+    /* _i: network kind; no budget: the least recomputation within the slack of the minimum */
+    enum net kind = (enum net)_i;
+    struct mge_remat_plan min = smallest_plan(kind, 48);
+    size_t limit = (size_t)((double)min.activation_bytes * MGE__SUBLINEAR_SLACK);
+    struct built def, lim;
+    ck_assert_int_eq(build(kind, 48, MGE_REMAT_SUBLINEAR, 0, &def), MGE_OK);
+    ck_assert_uint_le(def.st.activation_bytes, limit);
+    ck_assert_uint_eq(def.st.activation_bytes, def.chosen.activation_bytes);
+    /* the slack buys less recomputation than the smallest plan needs */
+    ck_assert(def.chosen.recompute_flops < min.recompute_flops);
+    ck_assert(def.chosen.recompute_ops > 0);
+    /* and as little as a budget of that size gets (up to what counts as free) */
+    ck_assert_int_eq(build(kind, 48, MGE_REMAT_SUBLINEAR, limit, &lim), MGE_OK);
+    double step = mge_graph_flops(def.g) - def.chosen.recompute_flops;
+    ck_assert(def.chosen.recompute_flops <=
+              lim.chosen.recompute_flops + MGE__SUBLINEAR_FREE * step + 0.5);
+    mge_graph_free(def.g);
+    mge_graph_free(lim.g);
+}
+END_TEST
+
 START_TEST(test_budget_too_small)
 {
     struct built b;
@@ -252,6 +299,9 @@ static Suite *sublinear_suite(void)
     tc = tcase_create("plans");
     tcase_add_test(tc, test_chain_memory_shrinks);
     tcase_add_test(tc, test_budget_picks_least_recompute);
+    tcase_add_test(tc, test_chain_budget_segments);
+    tcase_add_loop_test(tc, test_default_within_slack, NET_CHAIN, NET_DROPOUT + 1);
+    tcase_add_loop_test(tc, test_default_within_slack, NET_BRANCHES, NET_BRANCHES + 1);
     tcase_add_test(tc, test_budget_too_small);
     tcase_add_test(tc, test_auto_mode);
     tcase_add_test(tc, test_inplace_shares_storage);
