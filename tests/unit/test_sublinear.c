@@ -263,7 +263,7 @@ END_TEST
 
 START_TEST(test_alloc_failures)
 {
-    for (long n = 0; n < 2000; n++) {
+    for (long n = 0; n < 20000; n++) {
         struct mge_graph *g = NULL;
         int64_t xs[2] = {4, 8}, ws[2] = {8, 8}, ys[1] = {4};
         int rc = mge_graph_new(&g);
@@ -284,9 +284,9 @@ START_TEST(test_alloc_failures)
         ck_assert(rc == MGE_OK || rc == MGE_NOMEM);
         mge_graph_free(g);
         if (rc == MGE_OK)
-            return;
+            return; /* about 2,100 allocations since the planner's local search */
     }
-    ck_abort_msg("sublinear pass never succeeded with 2000 allocations");
+    ck_abort_msg("sublinear pass never succeeded with 20000 allocations");
 }
 END_TEST
 
