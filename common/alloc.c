@@ -6,6 +6,38 @@
 #include <string.h>
 
 static long alloc_budget = -1; /* allocations left before failing; -1 = unlimited */
+/* usable bytes held through these functions (atomic); signed, so that a block freed here but
+ * allocated elsewhere cannot wrap the counter */
+static long long bytes_in_use, bytes_peak;
+
+static void count_add(void *p)
+{
+    long long cur, peak;
+    if (!p)
+        return;
+    cur = __atomic_add_fetch(&bytes_in_use, (long long)malloc_usable_size(p), __ATOMIC_RELAXED);
+    peak = __atomic_load_n(&bytes_peak, __ATOMIC_RELAXED);
+    while (cur > peak &&
+           !__atomic_compare_exchange_n(&bytes_peak, &peak, cur, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+        ;
+}
+
+static void count_sub(void *p)
+{
+    if (p)
+        __atomic_sub_fetch(&bytes_in_use, (long long)malloc_usable_size(p), __ATOMIC_RELAXED);
+}
+
+long long mge_alloc_in_use(void) { return __atomic_load_n(&bytes_in_use, __ATOMIC_RELAXED); }
+
+long long mge_alloc_peak(void) { return __atomic_load_n(&bytes_peak, __ATOMIC_RELAXED); }
+
+void mge_alloc_peak_reset(void)
+{
+    __atomic_store_n(&bytes_peak, __atomic_load_n(&bytes_in_use, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+}
 
 static int alloc_should_fail(void)
 {
@@ -21,26 +53,40 @@ void mge_alloc_fail_after(long n) { alloc_budget = n; }
 
 void *mge_malloc(size_t n)
 {
+    void *p;
     if (alloc_should_fail())
         return NULL;
-    return malloc(n ? n : 1);
+    p = malloc(n ? n : 1);
+    count_add(p);
+    return p;
 }
 
 void *mge_calloc(size_t count, size_t size)
 {
+    void *p;
     if (alloc_should_fail())
         return NULL;
-    return calloc(count ? count : 1, size ? size : 1);
+    p = calloc(count ? count : 1, size ? size : 1);
+    count_add(p);
+    return p;
 }
 
 void *mge_realloc(void *p, size_t n)
 {
+    void *np;
     if (alloc_should_fail())
         return NULL;
-    return realloc(p, n ? n : 1);
+    count_sub(p);
+    np = realloc(p, n ? n : 1);
+    count_add(np ? np : p); /* on failure @p is still held */
+    return np;
 }
 
-void mge_free(void *p) { free(p); }
+void mge_free(void *p)
+{
+    count_sub(p);
+    free(p);
+}
 
 char *mge_strndup(const char *s, size_t n)
 {
@@ -62,10 +108,15 @@ void *mge_malloc_aligned(size_t n)
         return NULL;
     if (posix_memalign(&p, 64, n ? (n + 63) & ~(size_t)63 : 64) != 0)
         return NULL;
+    count_add(p);
     return p;
 }
 
-void mge_free_aligned(void *p) { free(p); }
+void mge_free_aligned(void *p)
+{
+    count_sub(p);
+    free(p);
+}
 
 void mge_alloc_keep_memory(void)
 {

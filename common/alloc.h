@@ -32,6 +32,16 @@ void mge_free_aligned(void *p);
 void mge_alloc_keep_memory(void);
 
 /*
+ * The allocation counter: bytes held through these functions now (malloc_usable_size of each
+ * block), and the most held since the last mge_alloc_peak_reset() (which sets it to now).
+ * Memory that libraries allocate themselves (BLAS packing, MPI buffers) is not counted.
+ * Thread: any (atomic).
+ */
+long long mge_alloc_in_use(void);
+long long mge_alloc_peak(void);
+void mge_alloc_peak_reset(void);
+
+/*
  * Test hook: after @n more successful allocations, every allocation fails
  * (n < 0 turns the hook off). Not thread-safe; tests only.
  */

@@ -332,6 +332,8 @@ static int fsync_dir(const char *path)
     return rc;
 }
 
+size_t mge_ckpt_write_buffer_bytes(void) { return SINK_BUF_SIZE; }
+
 int mge_ckpt_write(const char *path, const struct mge_ckpt *ck, char *err, size_t errlen)
 {
     static atomic_uint tmp_counter;

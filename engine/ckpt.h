@@ -84,6 +84,8 @@ size_t mge_ckpt_dtype_size(int dtype);
  * (if not NULL) gets a message naming @path. Thread: any; @ck must not change meanwhile.
  */
 int mge_ckpt_write(const char *path, const struct mge_ckpt *ck, char *err, size_t errlen);
+/* The write buffer mge_ckpt_write() holds while it runs (for memory predictions). */
+size_t mge_ckpt_write_buffer_bytes(void);
 
 /*
  * Encode @ck as a whole checkpoint file image (header and payload) in memory.

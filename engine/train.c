@@ -149,6 +149,7 @@ struct trainer {
     struct mge_plan_stats stats;
     struct mge_remat_plan remat, remat_plain; /* chosen and plain recompute plans */
     long rss_base;              /* RSS before the engine allocated (high-water mark reset), or 0 */
+    long long alloc_base;       /* bytes held through mge_malloc & co. at that point */
     struct mge_optim optim;
     struct mge_sampler sampler;
     struct mge_loader loader;
@@ -795,13 +796,19 @@ static int train_loop(struct trainer *t)
     double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
     size_t peak = t->stats.param_bytes + t->stats.grad_bytes + mge_optim_state_bytes(&t->optim) +
                   t->stats.activation_bytes;
+    /* what the engine allocates besides the plan: the loader's buffers, the sampler's
+     * permutation, and the checkpoint writer's buffer while it saves (rank 0 saves) */
     size_t loader_bytes = (size_t)t->loader.nbuf * (size_t)t->loader.local_max *
-                          ((size_t)t->train.dim * sizeof(float) + sizeof(int32_t));
+                              ((size_t)t->train.dim * sizeof(float) + sizeof(int32_t)) +
+                          (size_t)t->train.n * sizeof(*t->sampler.perm) +
+                          mge_ckpt_write_buffer_bytes();
+    long long counted = mge_alloc_peak() - t->alloc_base;
     long hwm = proc_status_bytes("VmHWM");
     long measured = t->rss_base > 0 && hwm > 0 ? hwm - t->rss_base : -1;
     if (o->json) {
-        printf("{\"summary\":true,\"engine_planned_bytes\":%zu,\"engine_measured_bytes\":%ld,",
-               peak + loader_bytes, measured);
+        printf("{\"summary\":true,\"engine_planned_bytes\":%zu,\"engine_measured_bytes\":%ld,"
+               "\"engine_counted_bytes\":%lld,",
+               peak + loader_bytes, measured, counted);
         if (t->dist) {
             qsort(compute_t, (size_t)n_times, sizeof(double), cmp_double);
             qsort(comm_t, (size_t)n_times, sizeof(double), cmp_double);
@@ -946,6 +953,8 @@ int mge_train_main(const struct mge_train_opts *o)
     /* from here on, what the process adds is the engine's planned memory (and the loader's) */
     if (!o->plan_only && !o->max_batch && rss_peak_reset() == 0)
         t.rss_base = proc_status_bytes("VmRSS");
+    t.alloc_base = mge_alloc_in_use();
+    mge_alloc_peak_reset();
     if ((rc = mge_optim_init(&t.optim, &t.spec->train.optim, &t.spec->train.sched,
                              t.total_steps, n_params_f)) != MGE_OK)
         goto out;

@@ -78,6 +78,20 @@ same_loss() { # name, spec, steps, extra sets...
 same_loss mlp "$ROOT/examples/fmnist-mlp.yaml" 40
 same_loss lenet "$ROOT/examples/fmnist-lenet.yaml" 20
 same_loss deep-mlp "$ROOT/examples/deep-mlp.yaml" 3 --set model.layers=24 --set model.width=256
+
+echo "-- the engine allocates what the planner predicts (allocation counter, within 5 %)"
+close() { # name, summary file
+    python3 - "$2" "$T/close" <<'P' && ok "$1: $(cat "$T/close")" || bad "$1: $(cat "$T/close")"
+import json, sys
+s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+p, c = s["engine_planned_bytes"], s["engine_counted_bytes"]
+open(sys.argv[2], "w").write("predicted %d bytes, counted %d (%+.2f %%)" % (p, c, 100.0 * (c / p - 1)))
+sys.exit(0 if abs(c / p - 1) <= 0.05 else 1)
+P
+}
+close mlp "$T/mlp.out"
+close lenet "$T/lenet.out"
+close "deep-mlp, recomputing" "$T/sub-true.out"
 for lp in 128:25 256:14; do # layers:percent of the plain activations the default plan may keep
     "$BIN/mge-train" --plan "$ROOT/examples/deep-mlp.yaml" --set memory.sublinear=true \
         --set model.layers=${lp%:*} > "$T/dplan.json" 2>&1
