@@ -23,18 +23,45 @@ struct mge_launch {
     struct mge_ranks *rs;
 };
 
-static void reply(struct mge_launch *l, bool ok, const char *error)
+static int pack_reply(bool ok, const char *error, uint8_t **out, size_t *out_len)
 {
     Mge__LaunchReply rep = MGE__LAUNCH_REPLY__INIT;
-    uint8_t buf[600];
-    size_t len;
     rep.ok = ok;
     rep.error = (char *)(error ? error : "");
-    len = mge__launch_reply__get_packed_size(&rep);
-    if (len > sizeof(buf)) /* error texts are bounded (why[512] below) */
-        return;
-    mge__launch_reply__pack(&rep, buf);
-    nng_send(l->rep, buf, len, 0);
+    *out_len = mge__launch_reply__get_packed_size(&rep);
+    *out = mge_malloc(*out_len ? *out_len : 1);
+    if (!*out)
+        return MGE_NOMEM;
+    mge__launch_reply__pack(&rep, *out);
+    return MGE_OK;
+}
+
+int mge_launch_handle(struct mge_ranks *rs, const uint8_t *buf, size_t len, uint8_t **reply,
+                      size_t *reply_len)
+{
+    Mge__LaunchRequest *req = mge__launch_request__unpack(NULL, len, buf);
+    char why[512];
+    int rc;
+    *reply = NULL;
+    *reply_len = 0;
+    if (!req) {
+        mge_log_warn("launch socket: malformed request ignored");
+        return pack_reply(false, "malformed LaunchRequest", reply, reply_len) == MGE_OK
+                   ? MGE_PROTO
+                   : MGE_NOMEM;
+    }
+    rc = mge_ranks_launch(rs, req->job_id, req->attempt, req->rank, req->token, req->command,
+                          why, sizeof(why));
+    if (rc == MGE_OK)
+        mge_log_info("job %lld attempt %d rank %d: launch requested", (long long)req->job_id,
+                     req->attempt, req->rank);
+    else
+        mge_log_warn("job %lld attempt %d rank %d: launch refused: %s", (long long)req->job_id,
+                     req->attempt, req->rank, why);
+    mge__launch_request__free_unpacked(req, NULL);
+    if (pack_reply(rc == MGE_OK, rc == MGE_OK ? NULL : why, reply, reply_len) != MGE_OK)
+        return MGE_NOMEM;
+    return rc;
 }
 
 static void *launch_main(void *arg)
@@ -42,30 +69,18 @@ static void *launch_main(void *arg)
     struct mge_launch *l = arg;
     for (;;) { /* until mge_launch_stop() closes the socket */
         nng_msg *m = NULL;
-        Mge__LaunchRequest *req;
-        char why[512];
-        int rv = nng_recvmsg(l->rep, &m, 0), rc;
+        uint8_t *out = NULL;
+        size_t out_len = 0;
+        int rv = nng_recvmsg(l->rep, &m, 0);
         if (rv == NNG_ETIMEDOUT)
             continue;
         if (rv != 0)
             break; /* closed */
-        req = mge__launch_request__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+        mge_launch_handle(l->rs, nng_msg_body(m), nng_msg_len(m), &out, &out_len);
         nng_msg_free(m);
-        if (!req) {
-            mge_log_warn("launch socket: malformed request ignored");
-            reply(l, false, "malformed LaunchRequest");
-            continue;
-        }
-        rc = mge_ranks_launch(l->rs, req->job_id, req->attempt, req->rank, req->token,
-                              req->command, why, sizeof(why));
-        if (rc == MGE_OK)
-            mge_log_info("job %lld attempt %d rank %d: launch requested", (long long)req->job_id,
-                         req->attempt, req->rank);
-        else
-            mge_log_warn("job %lld attempt %d rank %d: launch refused: %s",
-                         (long long)req->job_id, req->attempt, req->rank, why);
-        reply(l, rc == MGE_OK, rc == MGE_OK ? NULL : why);
-        mge__launch_request__free_unpacked(req, NULL);
+        if (out)
+            nng_send(l->rep, out, out_len, 0);
+        mge_free(out);
     }
     return NULL;
 }

@@ -11,6 +11,7 @@
 #define MGE_WORKER_LAUNCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct mge_ranks;
 struct mge_launch;
@@ -25,5 +26,14 @@ int mge_launch_start(const char *listen_url, const char *advertise_host, struct 
                      char *url, size_t url_len, struct mge_launch **out);
 /* Stop the thread, close the socket, free; NULL does nothing. */
 void mge_launch_stop(struct mge_launch *l);
+
+/*
+ * Handle one LaunchRequest frame (@buf, @len: untrusted bytes) for @rs and pack the
+ * LaunchReply into *@reply (mge_malloc'ed, caller frees) of *@reply_len bytes. Returns the
+ * result of mge_ranks_launch(), or MGE_PROTO for a frame that does not parse, MGE_NOMEM when
+ * no reply could be made (*@reply NULL). Any thread; never crashes on any input (fuzzed).
+ */
+int mge_launch_handle(struct mge_ranks *rs, const uint8_t *buf, size_t len, uint8_t **reply,
+                      size_t *reply_len);
 
 #endif
