@@ -480,17 +480,58 @@ END_TEST
 
 /* ---- planner ---- */
 
-static void check_no_overlap(const struct mge__plan_item *it, int n, size_t arena)
+/*
+ * No two items alive at once share bytes, none passes @arena, and (@in_order) the planner left
+ * them in their input order. One assertion per call: Check records every one it passes.
+ */
+static void check_no_overlap(const struct mge__plan_item *it, int n, size_t arena, int in_order)
 {
-    for (int i = 0; i < n; i++) {
-        ck_assert_uint_le(it[i].offset + it[i].size, arena);
-        for (int j = i + 1; j < n; j++) {
-            int live = it[i].first <= it[j].last && it[j].first <= it[i].last;
-            int mem = it[i].offset < it[j].offset + it[j].size &&
-                      it[j].offset < it[i].offset + it[i].size;
-            ck_assert_msg(!(live && mem), "items %d and %d overlap in time and memory", i, j);
+    int bad_i = -1, bad_j = -1, order_ok = 1;
+    for (int i = 0; i < n && bad_i < 0; i++) {
+        if (it[i].offset + it[i].size > arena) {
+            bad_i = bad_j = i;
+            break;
         }
+        order_ok &= !in_order || it[i].v == i;
+        for (int j = i + 1; j < n; j++)
+            if (it[i].first <= it[j].last && it[j].first <= it[i].last &&
+                it[i].offset < it[j].offset + it[j].size &&
+                it[j].offset < it[i].offset + it[i].size) {
+                bad_i = i;
+                bad_j = j;
+                break;
+            }
     }
+    ck_assert_msg(bad_i < 0, "items %d and %d overlap in time and memory (or pass the arena)",
+                  bad_i, bad_j);
+    ck_assert_msg(order_ok, "items were reordered");
+}
+
+/* @n random items: sizes 64 B..64*@units B, first < @span, lifetimes below @life ops */
+static struct mge__plan_item *plan_random_items(struct mge_rng *rng, int n, uint64_t units,
+                                                uint64_t span, uint64_t life)
+{
+    struct mge__plan_item *it = mge_calloc((size_t)n, sizeof(*it));
+    ck_assert_ptr_nonnull(it);
+    for (int i = 0; i < n; i++) {
+        it[i].v = i;
+        it[i].size = 64 * (1 + mge_rng_below(rng, units));
+        it[i].first = (int64_t)mge_rng_below(rng, span);
+        it[i].last = it[i].first + (int64_t)mge_rng_below(rng, life);
+    }
+    return it;
+}
+
+/* Plan @it (times within [0, @tmax]), check it, free it; the arena over the lower bound. */
+static double plan_ratio(struct mge__plan_item *it, int n, int64_t tmax)
+{
+    size_t lower = mge__plan_lower_bound(it, n, tmax);
+    size_t arena = mge__plan_assign(it, n);
+    ck_assert_uint_ne(arena, (size_t)-1);
+    check_no_overlap(it, n, arena, 1);
+    ck_assert_uint_ge(arena, lower);
+    mge_free(it);
+    return (double)arena / (double)lower;
 }
 
 START_TEST(test_plan_chain_is_optimal)
@@ -507,7 +548,7 @@ START_TEST(test_plan_chain_is_optimal)
     }
     size_t lower = mge__plan_lower_bound(it, 64, 66);
     size_t arena = mge__plan_assign(it, 64);
-    check_no_overlap(it, 64, arena);
+    check_no_overlap(it, 64, arena, 1);
     ck_assert_uint_eq(arena, lower);
 }
 END_TEST
@@ -519,63 +560,14 @@ START_TEST(test_plan_random_sets)
     double worst = 0.0;
     for (int trial = 0; trial < 50; trial++) {
         int n = 20 + (int)mge_rng_below(&rng, 200);
-        struct mge__plan_item *it = mge_calloc((size_t)n, sizeof(*it));
-        for (int i = 0; i < n; i++) {
-            it[i].v = i;
-            it[i].size = 64 * (1 + mge_rng_below(&rng, 1000));
-            it[i].first = (int64_t)mge_rng_below(&rng, 300);
-            it[i].last = it[i].first + (int64_t)mge_rng_below(&rng, 40);
-        }
-        size_t lower = mge__plan_lower_bound(it, n, 400);
-        size_t arena = mge__plan_assign(it, n);
-        check_no_overlap(it, n, arena);
-        ck_assert_uint_ge(arena, lower);
-        if ((double)arena / (double)lower > worst)
-            worst = (double)arena / (double)lower;
-        mge_free(it);
+        double r = plan_ratio(plan_random_items(&rng, n, 1000, 300, 40), n, 400);
+        if (r > worst)
+            worst = r;
     }
     /* the planner's target on random interval sets: 1.10x (1.066 measured) */
     ck_assert_msg(worst <= 1.10, "planner arena %.3fx the lower bound", worst);
 }
 END_TEST
-
-/* Like check_no_overlap(), one assertion per set (Check records every assertion it passes). */
-static void check_no_overlap_fast(const struct mge__plan_item *it, int n, size_t arena)
-{
-    int bad_i = -1, bad_j = -1, order_ok = 1;
-    for (int i = 0; i < n && bad_i < 0; i++) {
-        if (it[i].offset + it[i].size > arena) {
-            bad_i = bad_j = i;
-            break;
-        }
-        order_ok &= it[i].v == i; /* items keep their order */
-        for (int j = i + 1; j < n; j++)
-            if (it[i].first <= it[j].last && it[j].first <= it[i].last &&
-                it[i].offset < it[j].offset + it[j].size &&
-                it[j].offset < it[i].offset + it[i].size) {
-                bad_i = i;
-                bad_j = j;
-                break;
-            }
-    }
-    ck_assert_msg(bad_i < 0, "items %d and %d overlap in time and memory (or pass the arena)",
-                  bad_i, bad_j);
-    ck_assert_msg(order_ok, "items were reordered");
-}
-
-/* @n items as bench_planner makes them: 64 B..256 KiB, first < 3n, lifetimes up to 60 ops */
-static struct mge__plan_item *plan_random_items(struct mge_rng *rng, int n)
-{
-    struct mge__plan_item *it = mge_calloc((size_t)n, sizeof(*it));
-    ck_assert_ptr_nonnull(it);
-    for (int i = 0; i < n; i++) {
-        it[i].v = i;
-        it[i].size = 64 * (1 + mge_rng_below(rng, 4096));
-        it[i].first = (int64_t)mge_rng_below(rng, (uint64_t)(3 * n));
-        it[i].last = it[i].first + (int64_t)mge_rng_below(rng, 60);
-    }
-    return it;
-}
 
 START_TEST(test_plan_random_1000_within_bound)
 {
@@ -585,17 +577,12 @@ START_TEST(test_plan_random_1000_within_bound)
     for (size_t s = 0; s < sizeof(seeds) / sizeof(seeds[0]); s++) {
         struct mge_rng rng;
         mge_rng_seed(&rng, seeds[s]);
-        for (int set = 0; set < 2; set++) {
+        for (int set = 0; set < 2; set++) { /* as bench_planner makes them */
             int n = 1000;
-            struct mge__plan_item *it = plan_random_items(&rng, n);
-            size_t lower = mge__plan_lower_bound(it, n, 3 * (int64_t)n + 61);
-            size_t arena = mge__plan_assign(it, n);
-            ck_assert_uint_ne(arena, (size_t)-1);
-            check_no_overlap_fast(it, n, arena);
-            ck_assert_uint_ge(arena, lower);
-            if ((double)arena / (double)lower > worst)
-                worst = (double)arena / (double)lower;
-            mge_free(it);
+            double r = plan_ratio(plan_random_items(&rng, n, 4096, 3 * (uint64_t)n, 60), n,
+                                  3 * (int64_t)n + 61);
+            if (r > worst)
+                worst = r;
         }
     }
     ck_assert_msg(worst <= 1.10, "planner arena %.3fx the lower bound", worst);
@@ -608,7 +595,7 @@ START_TEST(test_plan_is_deterministic)
     struct mge_rng rng;
     mge_rng_seed(&rng, 7);
     int n = 2000;
-    struct mge__plan_item *a = plan_random_items(&rng, n);
+    struct mge__plan_item *a = plan_random_items(&rng, n, 4096, 3 * (uint64_t)n, 60);
     struct mge__plan_item *b = mge_calloc((size_t)n, sizeof(*b));
     ck_assert_ptr_nonnull(b);
     memcpy(b, a, sizeof(*a) * (size_t)n);
@@ -672,7 +659,7 @@ START_TEST(test_plan_graph_is_valid)
         it[n].offset = val->offset;
         n++;
     }
-    check_no_overlap(it, n, st.activation_bytes);
+    check_no_overlap(it, n, st.activation_bytes, 0);
     /* gradients: the last layer's is written first, so it comes first in the arena */
     ck_assert_uint_eq(g->values[mge_graph_grad(g, mge_graph_param(g, 5))].offset, 0);
     mge_graph_free(g);
