@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "err.h"
+
 static long alloc_budget = -1; /* allocations left before failing; -1 = unlimited */
 /* usable bytes held through these functions (atomic); signed, so that a block freed here but
  * allocated elsewhere cannot wrap the counter */
@@ -86,6 +88,23 @@ void mge_free(void *p)
 {
     count_sub(p);
     free(p);
+}
+
+int mge_array_grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    void *np;
+    size_t nc;
+    if (need <= *cap)
+        return MGE_OK;
+    nc = *cap ? *cap * 2 : 8;
+    while (nc < need)
+        nc *= 2;
+    np = mge_realloc(*p, nc * elem);
+    if (!np)
+        return MGE_NOMEM;
+    *p = np;
+    *cap = nc;
+    return MGE_OK;
 }
 
 char *mge_strndup(const char *s, size_t n)

@@ -17,6 +17,12 @@ char *mge_strdup(const char *s);
 char *mge_strndup(const char *s, size_t n);
 
 /*
+ * Grow the array *@p of @elem-byte elements, now *@cap long, to hold at least @need (doubling,
+ * 8 at first). On MGE_NOMEM (an enum mge_err value) *@p and *@cap are unchanged.
+ */
+int mge_array_grow(void **p, size_t *cap, size_t need, size_t elem);
+
+/*
  * 64-byte aligned allocation for tensor arenas (AVX-512 lines). Free with mge_free_aligned().
  * Memory is not zeroed.
  */

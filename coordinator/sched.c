@@ -63,23 +63,6 @@ struct mge_sched {
     size_t n_r, cap_r;
 };
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    void *np;
-    size_t nc;
-    if (need <= *cap)
-        return MGE_OK;
-    nc = *cap ? *cap * 2 : 8;
-    while (nc < need)
-        nc *= 2;
-    np = mge_realloc(*p, nc * elem);
-    if (!np)
-        return MGE_NOMEM;
-    *p = np;
-    *cap = nc;
-    return MGE_OK;
-}
-
 static void assign_fini(struct mge_sched_assign *a)
 {
     mge_free(a->spec_yaml);
@@ -164,7 +147,7 @@ static void queue_cancel(struct mge_sched *s, int wi, int64_t job, int attempt)
     for (size_t i = 0; i < w->n_cancel; i++)
         if (w->cancel[i].job_id == job && w->cancel[i].attempt == attempt)
             return;
-    if (grow((void **)&w->cancel, &w->cap_cancel, w->n_cancel + 1, sizeof(*w->cancel)) != MGE_OK)
+    if (mge_array_grow((void **)&w->cancel, &w->cap_cancel, w->n_cancel + 1, sizeof(*w->cancel)) != MGE_OK)
         return; /* NEEDSWORK: retried by the resend in the next heartbeat */
     w->cancel[w->n_cancel].job_id = job;
     w->cancel[w->n_cancel].attempt = attempt;
@@ -204,7 +187,7 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
         return rc;
     if (r->attempt > 1)
         mge_store_checkpoint_latest(s->st, r->job_id, &resume); /* none: start over */
-    rc = grow((void **)&w->assign, &w->cap_assign, w->n_assign + 1, sizeof(*w->assign));
+    rc = mge_array_grow((void **)&w->assign, &w->cap_assign, w->n_assign + 1, sizeof(*w->assign));
     if (rc != MGE_OK) {
         mge_free(spec);
         mge_free(resume);
@@ -345,7 +328,7 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
     }
     if (n < j->workers_min || n == 0)
         return;
-    if (grow((void **)&s->r, &s->cap_r, s->n_r + (size_t)n, sizeof(*s->r)) != MGE_OK)
+    if (mge_array_grow((void **)&s->r, &s->cap_r, s->n_r + (size_t)n, sizeof(*s->r)) != MGE_OK)
         return;
     rc = mge_store_job_place(s->st, j->id, j->attempt, pl, n);
     if (rc != MGE_OK)
@@ -452,7 +435,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
     rc = mge_store_workers_load(st, &wr, &nw);
     if (rc != MGE_OK)
         goto err_free;
-    rc = grow((void **)&s->w, &s->cap_w, (size_t)nw, sizeof(*s->w));
+    rc = mge_array_grow((void **)&s->w, &s->cap_w, (size_t)nw, sizeof(*s->w));
     if (rc != MGE_OK)
         goto err_free;
     for (int i = 0; i < nw; i++) {
@@ -477,7 +460,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
     rc = mge_store_placements_active(st, &pl, &np);
     if (rc != MGE_OK)
         goto err_free;
-    rc = grow((void **)&s->r, &s->cap_r, (size_t)np, sizeof(*s->r));
+    rc = mge_array_grow((void **)&s->r, &s->cap_r, (size_t)np, sizeof(*s->r));
     if (rc != MGE_OK)
         goto err_free;
     for (int i = 0; i < np; i++) {
@@ -602,7 +585,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
         goto out_unlock;
     wi = worker_find_name(s, row.name);
     if (wi < 0) {
-        rc = grow((void **)&s->w, &s->cap_w, s->n_w + 1, sizeof(*s->w));
+        rc = mge_array_grow((void **)&s->w, &s->cap_w, s->n_w + 1, sizeof(*s->w));
         if (rc != MGE_OK)
             goto out_unlock;
         wi = (int)s->n_w++;

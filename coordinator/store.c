@@ -678,7 +678,8 @@ int mge_store_placements_active(struct mge_store *st, struct mge_placement **out
 {
     sqlite3_stmt *s;
     struct mge_placement *p = NULL;
-    int k = 0, cap = 0, rc = MGE_OK;
+    size_t k = 0, cap = 0;
+    int rc = MGE_OK;
     *out = NULL;
     *n = 0;
     pthread_mutex_lock(&st->mu);
@@ -688,16 +689,8 @@ int mge_store_placements_active(struct mge_store *st, struct mge_placement **out
         goto out_unlock;
     }
     while (sqlite3_step(s) == SQLITE_ROW) {
-        if (k == cap) {
-            struct mge_placement *np;
-            cap = cap ? cap * 2 : 16;
-            np = mge_realloc(p, (size_t)cap * sizeof(*p));
-            if (!np) {
-                rc = MGE_NOMEM;
-                break;
-            }
-            p = np;
-        }
+        if ((rc = mge_array_grow((void **)&p, &cap, k + 1, sizeof(*p))) != MGE_OK)
+            break;
         memset(&p[k], 0, sizeof(p[k]));
         p[k].job_id = sqlite3_column_int64(s, 0);
         p[k].attempt = sqlite3_column_int(s, 1);
@@ -716,7 +709,7 @@ out_unlock:
         return rc;
     }
     *out = p;
-    *n = k;
+    *n = (int)k;
     return MGE_OK;
 }
 
@@ -1351,7 +1344,8 @@ int mge_store_workers_load(struct mge_store *st, struct mge_worker_row **out, in
 {
     sqlite3_stmt *s;
     struct mge_worker_row *w = NULL;
-    int k = 0, cap = 0, rc = MGE_OK;
+    size_t k = 0, cap = 0;
+    int rc = MGE_OK;
     *out = NULL;
     *n = 0;
     pthread_mutex_lock(&st->mu);
@@ -1361,16 +1355,8 @@ int mge_store_workers_load(struct mge_store *st, struct mge_worker_row **out, in
         goto out_unlock;
     }
     while (sqlite3_step(s) == SQLITE_ROW) {
-        if (k == cap) {
-            struct mge_worker_row *nw;
-            cap = cap ? cap * 2 : 16;
-            nw = mge_realloc(w, (size_t)cap * sizeof(*w));
-            if (!nw) {
-                rc = MGE_NOMEM;
-                break;
-            }
-            w = nw;
-        }
+        if ((rc = mge_array_grow((void **)&w, &cap, k + 1, sizeof(*w))) != MGE_OK)
+            break;
         memset(&w[k], 0, sizeof(w[k]));
         snprintf(w[k].id, sizeof(w[k].id), "%s", sqlite3_column_text(s, 0));
         snprintf(w[k].name, sizeof(w[k].name), "%s", sqlite3_column_text(s, 1));
@@ -1393,6 +1379,6 @@ out_unlock:
         return rc;
     }
     *out = w;
-    *n = k;
+    *n = (int)k;
     return MGE_OK;
 }

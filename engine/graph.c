@@ -83,19 +83,14 @@ int mge__graph_fail(struct mge_graph *g, int code, const char *fmt, ...)
     return -g->err;
 }
 
+/* mge_array_grow() for the graph's int-counted tables. */
 static int graph_grow(void **arr, int *cap, int need, size_t elem)
 {
-    if (need <= *cap)
-        return MGE_OK;
-    int ncap = *cap ? *cap * 2 : 64;
-    while (ncap < need)
-        ncap *= 2;
-    void *p = mge_realloc(*arr, (size_t)ncap * elem);
-    if (!p)
-        return MGE_NOMEM;
-    *arr = p;
-    *cap = ncap;
-    return MGE_OK;
+    size_t c = (size_t)*cap;
+    int rc = mge_array_grow(arr, &c, (size_t)need, elem);
+    if (rc == MGE_OK)
+        *cap = (int)c;
+    return rc;
 }
 
 int mge__graph_add_value(struct mge_graph *g, enum mge_value_kind kind, enum mge_dtype dt,

@@ -440,7 +440,8 @@ struct search {
     struct remat_ctx ctx;
     char *keep;     /* scratch keep set */
     struct cand *c; /* every plan scored */
-    int n, cap;
+    int n;
+    size_t cap;
 };
 
 static void cand_keep(const struct search *s, enum keep_family fam, size_t param, char *keep)
@@ -466,14 +467,8 @@ static int search_try(struct search *s, enum keep_family fam, size_t param, int 
 {
     static const enum mge_remat modes[] = {MGE_REMAT_NONE, MGE_REMAT_LIGHT, MGE_REMAT_SUBLINEAR,
                                            MGE_REMAT_SUBLINEAR};
-    if (s->n == s->cap) {
-        int cap = s->cap ? s->cap * 2 : 64;
-        struct cand *p = mge_realloc(s->c, sizeof(*p) * (size_t)cap);
-        if (!p)
-            return MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
-        s->c = p;
-        s->cap = cap;
-    }
+    if (mge_array_grow((void **)&s->c, &s->cap, (size_t)s->n + 1, sizeof(*s->c)) != MGE_OK)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
     struct cand *c = &s->c[s->n];
     memset(c, 0, sizeof(*c));
     c->fam = fam;

@@ -52,15 +52,10 @@ static void line_push(struct mge_rank *r, int stream, const char *text, size_t l
         r->dropped++;
         return;
     }
-    if (r->n_lines == r->cap_lines) {
-        size_t nc = r->cap_lines ? r->cap_lines * 2 : 64;
-        struct mge_out_line *nl = mge_realloc(r->lines, nc * sizeof(*nl));
-        if (!nl) {
-            r->dropped++;
-            return;
-        }
-        r->lines = nl;
-        r->cap_lines = nc;
+    if (mge_array_grow((void **)&r->lines, &r->cap_lines, r->n_lines + 1, sizeof(*r->lines)) !=
+        MGE_OK) {
+        r->dropped++;
+        return;
     }
     l = &r->lines[r->n_lines];
     l->text = mge_strndup(text, len);
@@ -365,15 +360,9 @@ struct strv {              /* a growing NULL-terminated string vector; owns noth
 
 static void strv_push(struct strv *a, const char *s)
 {
-    if (a->n + 2 > a->cap) {
-        size_t nc = a->cap ? a->cap * 2 : 32;
-        char **nv = mge_realloc(a->v, nc * sizeof(*nv));
-        if (!nv) {
-            a->oom = true;
-            return;
-        }
-        a->v = nv;
-        a->cap = nc;
+    if (mge_array_grow((void **)&a->v, &a->cap, a->n + 2, sizeof(*a->v)) != MGE_OK) {
+        a->oom = true;
+        return;
     }
     a->v[a->n++] = (char *)s;
     a->v[a->n] = NULL;
@@ -790,16 +779,8 @@ int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a)
         if (rs->r[i]->job_id == a->job_id && rs->r[i]->attempt == a->attempt &&
             rs->r[i]->rank == a->rank)
             goto out_unlock; /* a repeated assign: already ours */
-    if (rs->n == rs->cap) {
-        size_t nc = rs->cap ? rs->cap * 2 : 8;
-        struct mge_rank **nr = mge_realloc(rs->r, nc * sizeof(*nr));
-        if (!nr) {
-            rc = MGE_NOMEM;
-            goto out_unlock;
-        }
-        rs->r = nr;
-        rs->cap = nc;
-    }
+    if ((rc = mge_array_grow((void **)&rs->r, &rs->cap, rs->n + 1, sizeof(*rs->r))) != MGE_OK)
+        goto out_unlock;
     r = mge_calloc(1, sizeof(*r));
     if (!r) {
         rc = MGE_NOMEM;
