@@ -217,7 +217,7 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
         ra.peers = peers;
         ra.n_peers = peers ? a->n_peers : 0;
         /* on failure the rank is not in the table: the coordinator assigns it again */
-        if (!(a->n_peers && !peers))
+        if (a->n_peers == 0 || peers)
             mge_ranks_assign(l->rs, &ra);
         mge_free(peers);
         wake = true;

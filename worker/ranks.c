@@ -793,27 +793,23 @@ int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a)
     r->spec_yaml = mge_strdup(a->spec_yaml ? a->spec_yaml : "");
     r->resume = a->resume && *a->resume ? mge_strdup(a->resume) : NULL;
     r->launch_token = mge_strdup(a->launch_token ? a->launch_token : "");
+    bool oom = !r->spec_yaml || !r->launch_token || (a->resume && *a->resume && !r->resume);
     r->peers = a->n_peers ? mge_calloc(a->n_peers, sizeof(*r->peers)) : NULL;
+    oom |= a->n_peers && !r->peers;
     for (size_t i = 0; r->peers && i < a->n_peers; i++) {
         r->peers[i].rank = a->peers[i].rank;
         r->peers[i].name = mge_strdup(a->peers[i].name ? a->peers[i].name : "");
         r->peers[i].launch_url = mge_strdup(a->peers[i].launch_url ? a->peers[i].launch_url : "");
-        r->n_peers = i + 1; /* NULL strings are caught below */
+        r->n_peers = i + 1;
+        oom |= !r->peers[i].name || !r->peers[i].launch_url;
     }
     r->state = MGE_RANK_STARTING;
     r->owner = rs;
-    if (!r->spec_yaml || !r->launch_token || (a->n_peers && r->n_peers != a->n_peers) ||
-        (a->resume && *a->resume && !r->resume)) {
+    if (oom) {
         rank_free(r);
         rc = MGE_NOMEM;
         goto out_unlock;
     }
-    for (size_t i = 0; i < r->n_peers; i++)
-        if (!r->peers[i].name || !r->peers[i].launch_url) {
-            rank_free(r);
-            rc = MGE_NOMEM;
-            goto out_unlock;
-        }
     rs->r[rs->n++] = r;
 out_unlock:
     pthread_mutex_unlock(&rs->mu);
