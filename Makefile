@@ -205,6 +205,15 @@ $(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(LIB_CUDA) $(ENGIN
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(CUDA_LIBS)
+# tests of the coordinator's modules (store, scheduler) link them from one library, without main.c
+LIB_COORD := $(BUILD)/lib/libmgecoord.a
+$(LIB_COORD): $(call obj,$(filter-out coordinator/main.c,$(COORD_SRC)))
+COORD_TESTS := $(BUILD)/tests/test_sched $(BUILD)/tests/test_store
+$(COORD_TESTS): $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) \
+    $(LIB_COORD) $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LIBS_DAEMON)
 $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
