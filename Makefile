@@ -14,7 +14,11 @@ PROTOC_C ?= protoc-c
 
 WARN  := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
          -Wpointer-arith -Wwrite-strings -Wvla -Wformat=2 -fno-common
-OPT   ?= -O2 -march=native
+# Portable by default: binaries run on every x86-64 node of a cluster; the vectorised kernels
+# pick AVX-512 / AVX2 / baseline code at run time (kernels/cpu/cpu_int.h). `make MARCH=native`
+# builds for this CPU only (one kernel version, MGE_NO_CLONES).
+MARCH ?=
+OPT   ?= -O2 $(if $(MARCH),-march=$(MARCH) -DMGE_NO_CLONES,)
 DEBUG ?= -g
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(DEBUG) -fopenmp -MMD -MP \
              -I. -I$(BUILD)/gen $(CFLAGS)
@@ -100,6 +104,9 @@ $(BUILD)/obj/%.o: %.c | $(PROTO_H)
 # the direct conv's vector loops are written as a * b + c: let them become FMAs (-std=c11 turns
 # contraction off); results stay deterministic, only the rounding differs from separate ops
 $(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -ffp-contract=fast
+# its 64-byte vectors pass between static, always-inlined helpers only: no ABI boundary, so
+# GCC's note that the baseline clone passes them differently from the AVX-512 one is moot
+$(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -Wno-psabi
 # kernels: full auto-vectorisation (GCC 12's -O2 only vectorises with its very-cheap model)
 $(BUILD)/obj/kernels/cpu/%.o: OPT += -O3
 
@@ -163,6 +170,12 @@ endif
 
 # ---- CUDA: compiled and linked when nvcc exists; nothing needs a GPU to build or test ----
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+# GPU architectures the kernels are built for: machine code for each (T4, A100, A10/3090, L4/4090,
+# H100, B200, RTX 50) plus PTX of the newest, which the driver compiles for GPUs newer still.
+# `make CUDA_ARCHS=90` builds for one.
+CUDA_ARCHS ?= 75 80 86 89 90 100 120
+NVCC_ARCH := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 LIB_CUDA := $(BUILD)/lib/libmgecuda.a
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 ifneq ($(NVCC),)
@@ -171,7 +184,7 @@ CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC))
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
-	$(Q)$(NVCC) -O2 -std=c++17 -I. -arch=sm_90 -Xcompiler -Wall -c $< -o $@
+	$(Q)$(NVCC) -O2 -std=c++17 -I. $(NVCC_ARCH) -Xcompiler -Wall -c $< -o $@
 $(LIB_CUDA): $(CUDA_OBJ)
 BINARIES += $(LIB_CUDA)
 endif

@@ -828,10 +828,11 @@ static int train_loop(struct trainer *t)
             printf("\"test_accuracy\":%.6f,\"test_loss\":%.6f,", t->test_acc, t->test_loss);
         printf("\"samples_per_sec\":%.1f,\"peak_bytes\":%zu,\"peak_rss_bytes\":%ld,"
                "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"median_step_ms\":%.4f,"
-               "\"threads\":%d,\"gemm\":\"%s\",\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
+               "\"threads\":%d,\"gemm\":\"%s\",\"cpu_isa\":\"%s\","
+               "\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
                sps, peak, peak_rss_bytes(), train_sec, wall, (long long)(t->step - first_step),
                median_ms,
-               mge_cpu_threads(), mge_cpu_sgemm_backend(), t->out_dir);
+               mge_cpu_threads(), mge_cpu_sgemm_backend(), mge_cpu_isa(), t->out_dir);
     } else {
         printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
         if (t->have_test)
@@ -996,10 +997,10 @@ int mge_train_main(const struct mge_train_opts *o)
         goto out;
     t.loader_ok = 1;
     if (!o->json && t.rank == 0) {
-        printf("%s: %s, %lld parameters, %lld steps, batch %lld, %d threads, gemm %s\n",
+        printf("%s: %s, %lld parameters, %lld steps, batch %lld, %d threads, gemm %s, %s\n",
                t.spec->name, mge_model_type_name(t.spec->model.type), (long long)n_params_f,
                (long long)t.total_steps, (long long)batch, mge_cpu_threads(),
-               mge_cpu_sgemm_backend());
+               mge_cpu_sgemm_backend(), mge_cpu_isa());
         if (t.dist)
             printf("data parallel: %d ranks (%s), %d packs of gradients\n", t.world,
                    mge_comm_backend_name(mge_comm_backend(t.comm)),

@@ -62,6 +62,7 @@ static void valid_q(const struct mge_cpu_conv *cv, int s, int *q0, int *q1)
 }
 
 /* col (C*R*S, P*Q) from one image x (C, H, W); zeros where the window hangs over the edge. */
+MGE__CPU_CLONES
 static void im2col(const struct mge_cpu_conv *cv, float *restrict col, const float *restrict x)
 {
     int P = cv->P, Q = cv->Q, st = cv->stride;
@@ -93,6 +94,7 @@ static void im2col(const struct mge_cpu_conv *cv, float *restrict col, const flo
 }
 
 /* dx (C, H, W) += col2im(col) */
+MGE__CPU_CLONES
 static void col2im_add(const struct mge_cpu_conv *cv, float *restrict dx, const float *restrict col)
 {
     int P = cv->P, Q = cv->Q, st = cv->stride;

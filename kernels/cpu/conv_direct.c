@@ -26,7 +26,7 @@ struct geo {
     int KB, Kp; /* output channels per block (weights are packed by it), K rounded up to KB */
 };
 
-static vf ld(const float *p)
+static inline __attribute__((always_inline)) vf ld(const float *p)
 {
     vf v;
     memcpy(&v, p, sizeof(v));
@@ -65,6 +65,7 @@ static size_t padded_floats(const struct geo *g)
 }
 
 /* Interior of the padded buffer from one image; the border stays as zeroed once per call. */
+MGE__CPU_CLONES
 static void pad_copy(const struct geo *g, float *restrict xp, const float *restrict x)
 {
     for (int c = 0; c < g->C; c++)
@@ -159,6 +160,7 @@ fwd_tile(const int KB, const int QB, const struct geo *g, float *out, const floa
         break
 
 /* One image: out (K, P, Q) (+)= conv(xp) + bias (may be NULL). */
+MGE__CPU_CLONES
 static void fwd_image(const struct geo *g, float *out, const float *xp, const float *wp,
                       const float *bias, int acc)
 {
@@ -231,6 +233,7 @@ dw_block(const int S, const struct geo *g, float *dwv, const float *xp, const fl
         dw_block(S_, g, dwv, xp, dyp, k0);                                                         \
         break
 
+MGE__CPU_CLONES
 static void dw_image(const struct geo *g, float *dwv, const float *xp, const float *dyp)
 {
     for (int k0 = 0; k0 < g->K; k0 += KBW)

@@ -27,6 +27,13 @@ int mge_cpu_threads(void);
  */
 void mge_cpu_flush_denormals(int on);
 
+/*
+ * The instruction set the vectorised kernels run with on this CPU, as the dispatch picks it
+ * (see cpu_int.h): "x86-64-v4" (AVX-512), "x86-64-v3" (AVX2, FMA), "baseline", or "native"
+ * for a build made for one CPU (make MARCH=native). Static storage.
+ */
+const char *mge_cpu_isa(void);
+
 /* ---- GEMM ------------------------------------------------------------------------------- */
 /*
  * C = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X^T when tX != 0.

@@ -8,6 +8,20 @@
 extern "C" {
 #endif
 
+/*
+ * Run-time ISA dispatch. The build targets a portable baseline (plain x86-64, no -march=native:
+ * a binary must run on every node of a cluster); the vectorised kernels are compiled three
+ * times by GCC's target_clones (AVX-512 "x86-64-v4", AVX2+FMA "x86-64-v3", baseline) and the
+ * loader picks one per function from the CPU's cpuid when the library is loaded (an ifunc);
+ * OpenMP bodies inside are cloned with their function. MGE_NO_CLONES (set by `make
+ * MARCH=native`, or a compiler without target_clones) builds one version for the build CPU.
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MGE_NO_CLONES)
+#define MGE__CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MGE__CPU_CLONES
+#endif
+
 /* Loops up to this many elements run on one thread: a fork/join costs more than it saves there,
  * and far more when another process holds a core (a descheduled thread stalls the barrier). */
 #define MGE__PAR_MIN 65536

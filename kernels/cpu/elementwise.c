@@ -47,6 +47,7 @@ static inline float act_grad(int op, float x, float y)
  * The op is tested once outside each loop so that every loop body is branch-free; gcc -O2 does
  * not unswitch loops by itself.
  */
+MGE__CPU_CLONES
 void mge_cpu_unary_forward(int op, float *out, const float *inp, int64_t n)
 {
     switch (op) {
@@ -77,6 +78,7 @@ void mge_cpu_unary_forward(int op, float *out, const float *inp, int64_t n)
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_unary_backward(int op, float *dinp, const float *dout, const float *inp,
                             const float *out, int64_t n, int acc)
 {
@@ -112,6 +114,7 @@ void mge_cpu_unary_backward(int op, float *dinp, const float *dout, const float 
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_bias_act_forward(int act, float *out, const float *inp, const float *bias,
                               int64_t rows, int64_t cols)
 {
@@ -143,6 +146,7 @@ void mge_cpu_bias_act_forward(int act, float *out, const float *inp, const float
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols, int acc)
 {
     /* Column blocks in parallel, rows in order within each: the sum order never depends on threads.
@@ -195,6 +199,7 @@ static void row_offsets(int64_t o, const int64_t *shape, int ndim, const int64_t
             }                                                                                      \
     } while (0)
 
+MGE__CPU_CLONES
 void mge_cpu_binary_forward(int op, float *out, const float *a, const int64_t *astride,
                             const float *b, const int64_t *bstride, const int64_t *shape, int ndim)
 {
@@ -238,6 +243,7 @@ void mge_cpu_binary_forward(int op, float *out, const float *a, const int64_t *a
  * inputs in the same order whatever the thread count; only dim 0, when it is not summed over,
  * is split between threads, since then threads write disjoint parts of @out.
  */
+MGE__CPU_CLONES
 void mge_cpu_sum_to(float *out, const int64_t *ostride, const float *inp, const int64_t *shape,
                     int ndim, int acc)
 {
@@ -282,6 +288,7 @@ void mge_cpu_sum_to(float *out, const int64_t *ostride, const float *inp, const 
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_scale(float *out, const float *inp, float s, int64_t n)
 {
 #pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)
@@ -289,6 +296,7 @@ void mge_cpu_scale(float *out, const float *inp, float s, int64_t n)
         out[i] = s * inp[i];
 }
 
+MGE__CPU_CLONES
 void mge_cpu_axpy(float *y, const float *x, float a, int64_t n)
 {
 #pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)

@@ -5,6 +5,7 @@
 #include "common/rng.h"
 #include "kernels/cpu/cpu_int.h"
 
+MGE__CPU_CLONES
 void mge_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *w, const float *b, int64_t rows, int64_t C, float eps)
 {
@@ -32,6 +33,7 @@ void mge_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float
  * dinp row by row in parallel; dw and db by column blocks, rows in order within a block, so no
  * sum depends on the thread count.
  */
+MGE__CPU_CLONES
 void mge_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
                                 const float *inp, const float *w, const float *mean,
                                 const float *rstd, int64_t rows, int64_t C, int acc)
@@ -85,6 +87,7 @@ void mge_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
                                int64_t C)
 {
@@ -94,6 +97,7 @@ void mge_cpu_embedding_forward(float *out, const int32_t *ids, const float *tabl
 }
 
 /* Column blocks in parallel, tokens in order within each: repeated ids add up deterministically. */
+MGE__CPU_CLONES
 void mge_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n,
                                 int64_t V, int64_t C, int acc)
 {
@@ -120,6 +124,7 @@ int mge_cpu_dropout_keep(uint64_t seed, int64_t i, float p)
     return u >= p;
 }
 
+MGE__CPU_CLONES
 void mge_cpu_dropout_forward(float *out, const float *inp, int64_t n, float p, uint64_t seed,
                              int64_t first)
 {
@@ -129,6 +134,7 @@ void mge_cpu_dropout_forward(float *out, const float *inp, int64_t n, float p, u
         out[i] = mge_cpu_dropout_keep(seed, first + i, p) ? inp[i] * k : 0.0f;
 }
 
+MGE__CPU_CLONES
 void mge_cpu_dropout_backward(float *dinp, const float *dout, int64_t n, float p, uint64_t seed,
                               int64_t first, int acc)
 {

@@ -3,6 +3,7 @@
 
 #include "kernels/cpu/cpu_int.h"
 
+MGE__CPU_CLONES
 void mge_cpu_sgd_update(float *p, const float *g, float *v, int64_t n, float lr, float mu, float wd,
                         int nesterov)
 {
@@ -21,6 +22,7 @@ void mge_cpu_sgd_update(float *p, const float *g, float *v, int64_t n, float lr,
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_adam_update(float *p, const float *g, float *m, float *v, int64_t n, float lr,
                          float beta1, float beta2, float eps, float wd, int adamw, int64_t t)
 {

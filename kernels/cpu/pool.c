@@ -105,6 +105,7 @@ static void maxpool2x2_backward(const struct mge_cpu_pool *pl, float *dinp, cons
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_maxpool_forward(const struct mge_cpu_pool *pl, float *out, const float *inp)
 {
     int64_t planes = (int64_t)pl->N * pl->C, HW = (int64_t)pl->H * pl->W;
@@ -123,6 +124,7 @@ void mge_cpu_maxpool_forward(const struct mge_cpu_pool *pl, float *out, const fl
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_maxpool_backward(const struct mge_cpu_pool *pl, float *dinp, const float *dout,
                               const float *inp, int acc)
 {
@@ -144,6 +146,7 @@ void mge_cpu_maxpool_backward(const struct mge_cpu_pool *pl, float *dinp, const 
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_avgpool_forward(const struct mge_cpu_pool *pl, float *out, const float *inp)
 {
     int64_t planes = (int64_t)pl->N * pl->C, HW = (int64_t)pl->H * pl->W;
@@ -165,6 +168,7 @@ void mge_cpu_avgpool_forward(const struct mge_cpu_pool *pl, float *out, const fl
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_avgpool_backward(const struct mge_cpu_pool *pl, float *dinp, const float *dout,
                               int acc)
 {

@@ -6,6 +6,7 @@
 enum { INNER_BLK = 256 };
 
 /* Each (outer, inner block) task sums its rows in order: the result never depends on threads. */
+MGE__CPU_CLONES
 void mge_cpu_reduce_sum(float *out, const float *inp, int64_t outer, int64_t len, int64_t inner,
                         float scale)
 {
@@ -34,6 +35,7 @@ void mge_cpu_reduce_sum(float *out, const float *inp, int64_t outer, int64_t len
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_reduce_sum_backward(float *dinp, const float *dout, int64_t outer, int64_t len,
                                  int64_t inner, float scale, int acc)
 {
@@ -50,6 +52,7 @@ void mge_cpu_reduce_sum_backward(float *dinp, const float *dout, int64_t outer, 
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_permute(float *out, const float *inp, const int64_t *shape, const int *perm, int ndim)
 {
     if (ndim <= 0) {
@@ -82,6 +85,7 @@ void mge_cpu_permute(float *out, const float *inp, const int64_t *shape, const i
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_copy_axis(float *dst, int64_t dlen, int64_t dstart, const float *src, int64_t slen,
                        int64_t sstart, int64_t len, int64_t outer, int64_t inner, int acc)
 {

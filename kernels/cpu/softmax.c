@@ -20,6 +20,7 @@ static float row_expsum(float *out, const float *x, int64_t n, float *pmax)
     return s;
 }
 
+MGE__CPU_CLONES
 void mge_cpu_softmax_forward(float *out, const float *inp, int64_t rows, int64_t cols)
 {
     if (cols <= 0)
@@ -33,6 +34,7 @@ void mge_cpu_softmax_forward(float *out, const float *inp, int64_t rows, int64_t
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_softmax_backward(float *dinp, const float *dout, const float *out, int64_t rows,
                               int64_t cols, int acc)
 {
@@ -50,6 +52,7 @@ void mge_cpu_softmax_backward(float *dinp, const float *dout, const float *out, 
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_log_softmax_forward(float *out, const float *inp, int64_t rows, int64_t cols)
 {
     if (cols <= 0)
@@ -65,6 +68,7 @@ void mge_cpu_log_softmax_forward(float *out, const float *inp, int64_t rows, int
     }
 }
 
+MGE__CPU_CLONES
 void mge_cpu_log_softmax_backward(float *dinp, const float *dout, const float *out, int64_t rows,
                                   int64_t cols, int acc)
 {
@@ -88,6 +92,7 @@ void mge_cpu_log_softmax_backward(float *dinp, const float *dout, const float *o
  */
 enum { XENT_CHUNKS = 64 };
 
+MGE__CPU_CLONES
 void mge_cpu_softmax_xent_forward(float *loss, float *probs, const float *logits,
                                   const int32_t *labels, int64_t B, int64_t V)
 {
@@ -120,6 +125,7 @@ void mge_cpu_softmax_xent_forward(float *loss, float *probs, const float *logits
     *loss = (float)(total / (double)B);
 }
 
+MGE__CPU_CLONES
 void mge_cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels,
                                    int64_t B, int64_t V, float dloss, int acc)
 {
@@ -136,6 +142,7 @@ void mge_cpu_softmax_xent_backward(float *dlogits, const float *probs, const int
     }
 }
 
+MGE__CPU_CLONES
 int64_t mge_cpu_argmax_correct(const float *logits, const int32_t *labels, int64_t B, int64_t V)
 {
     int64_t n = 0;

@@ -4,7 +4,7 @@
 set -e
 BUILD=${1:-build}
 make --no-print-directory BUILD="$BUILD" "$BUILD/lib/libmgekernels.a"
-cc -std=c11 -D_GNU_SOURCE -O2 -march=native -fopenmp -I. tests/bench/bench_gemm.c \
+cc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. tests/bench/bench_gemm.c \
     "$BUILD/lib/libmgekernels.a" -o "$BUILD/bench_gemm" \
     $(pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -ldnnl -lm
 unset OPENBLAS_CORETYPE
