@@ -55,7 +55,7 @@ int mge_dataset_load_idx(struct mge_dataset *ds, const char *images, const char 
  * @seed; a sample is its class's prototype plus noise (sd about 40 grey levels), clipped to
  * bytes. Sample i of split @split is a pure function of (@seed, @split, i), and all splits of
  * one @seed share the prototypes: use split 0 for training and split 1 for the test set.
- * Returns MGE_OK, MGE_INVAL (n <= 0, a dim <= 0, classes outside [1, 65536]), MGE_TOOBIG,
+ * Returns MGE_OK, MGE_INVAL (n <= 0, a dim <= 0, classes outside [1, MGE_CLASSES_MAX]), MGE_TOOBIG,
  * MGE_NOMEM (then @ds is zeroed). On MGE_OK the caller releases @ds with mge_dataset_fini().
  */
 int mge_dataset_synthetic_split(struct mge_dataset *ds, int64_t n, int c, int h, int w, int classes,
