@@ -1,4 +1,6 @@
 /* main_train.c: mge-train, one training rank; standalone on a laptop or spawned by mge-worker. */
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +22,7 @@ static void usage(FILE *fp)
             "  --resume F    continue from checkpoint F (exactly where it was written)\n"
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
-            "  --threads N   kernel threads (default $OMP_NUM_THREADS or all cores)\n"
+            "  --threads N   kernel threads, 1..1024 (default $OMP_NUM_THREADS or all cores)\n"
             "  --profile F   write a Chrome trace (chrome://tracing, Perfetto) of the first\n"
             "                200 steps to F: ops, optimiser, each pack's all-reduce; rank r > 0\n"
             "                of a multi-rank job writes F.r\n"
@@ -30,6 +32,25 @@ static void usage(FILE *fp)
             "  --plan        print the memory plans (chosen, plain, sublinear) as JSON and exit\n"
             "  --max-batch   print the largest batch that fits memory.budget_mb, with and\n"
             "                without recomputation, as JSON and exit\n");
+}
+
+/* More kernel threads than this is a typo, not a machine (OpenMP would start them all). */
+#define THREADS_MAX 1024
+
+/* --threads N: an integer in [1, THREADS_MAX], all of @s; false (and a message) otherwise. */
+static bool threads_parse(const char *s, int *out)
+{
+    char *end = NULL;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < 1 || v > THREADS_MAX) {
+        fprintf(stderr, "mge-train: --threads: expected an integer between 1 and %d, got '%s'\n",
+                THREADS_MAX, s);
+        return false;
+    }
+    *out = (int)v;
+    return true;
 }
 
 /*
@@ -79,7 +100,10 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--out") && has_val) {
             o.out_dir = argv[++i];
         } else if (!strcmp(a, "--threads") && has_val) {
-            o.threads = atoi(argv[++i]);
+            if (!threads_parse(argv[++i], &o.threads)) {
+                mge_free(sets);
+                return 2;
+            }
         } else if (!strcmp(a, "--profile") && has_val) {
             o.profile_path = argv[++i];
         } else if (!strcmp(a, "--json")) {
