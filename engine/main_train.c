@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/dataroot.h"
+#include "common/err.h"
+#include "engine/data.h"
 #include "engine/train.h"
 
 static void usage(FILE *fp)
@@ -23,6 +26,8 @@ static void usage(FILE *fp)
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
             "  --threads N   kernel threads, 1..1024 (default $OMP_NUM_THREADS or all cores)\n"
+            "Environment: MGE_DATA_ROOTS=DIR:DIR... (set by mge-worker): data files must lie\n"
+            "under one of these, checked on the file opened; unset: any path\n"
             "  --profile F   write a Chrome trace (chrome://tracing, Perfetto) of the first\n"
             "                200 steps to F: ops, optimiser, each pack's all-reduce; rank r > 0\n"
             "                of a multi-rank job writes F.r\n"
@@ -75,8 +80,28 @@ static void omp_policy_reexec(char **argv)
     execv(self, argv); /* returns only on failure: carry on as we are */
 }
 
+/*
+ * A worker passes its --data-root directories in MGE_DATA_ROOTS: every data file is then
+ * checked where it is opened (common/dataroot.h), so a path that changes after the worker's
+ * own check cannot make this rank read outside them. Unset: any path (mge-train on a laptop).
+ */
+static bool data_roots_from_env(struct mge_data_roots *dr)
+{
+    const char *list = getenv(MGE_DATA_ROOTS_ENV);
+    char err[512];
+    if (!list)
+        return true;
+    if (mge_data_roots_parse(dr, list, err, sizeof(err)) != MGE_OK) {
+        fprintf(stderr, "mge-train: %s: %s\n", MGE_DATA_ROOTS_ENV, err);
+        return false;
+    }
+    mge_dataset_set_roots(dr);
+    return true;
+}
+
 int main(int argc, char **argv)
 {
+    static struct mge_data_roots roots; /* lives as long as the loads that check it */
     struct mge_train_opts o = {0};
     omp_policy_reexec(argv);
     mge_alloc_keep_memory();
@@ -126,10 +151,16 @@ int main(int argc, char **argv)
         mge_free(sets);
         return 2;
     }
+    if (!data_roots_from_env(&roots)) {
+        mge_free(sets);
+        return 2;
+    }
     o.overrides = sets;
     if (o.json)
         setvbuf(stdout, NULL, _IOLBF, 0);
     code = mge_train_main(&o);
+    mge_dataset_set_roots(NULL);
+    mge_data_roots_fini(&roots);
     mge_free(sets);
     return code;
 }
