@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "common/alloc.h"
+#include "common/dataroot.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "launch.h"
@@ -18,7 +19,6 @@
 #include "ranks.h"
 
 #define MGE_VERSION "0.1.0"
-#define MAX_ROOTS 32
 
 static struct mge_link *g_link;
 static struct mge_launch *g_launch;
@@ -99,8 +99,8 @@ int main(int argc, char **argv)
     const char *train_bin = NULL, *launch_listen = "tcp://127.0.0.1:0", *mpirun = NULL;
     const char *mpi_if = NULL;
     char mpirun_found[PATH_MAX], launch_bin[PATH_MAX + 16], launch_url[300];
-    char *roots[MAX_ROOTS];
-    int n_roots = 0, cpus = 0, hb_ms = 0, rc;
+    struct mge_data_roots roots = {0};
+    int cpus = 0, hb_ms = 0, rc;
     long long memory_mb = 0;
     char exe[PATH_MAX], train_default[PATH_MAX + 16], work_default[PATH_MAX], work_real[PATH_MAX];
     char host[256] = "localhost", join[1024] = "";
@@ -148,13 +148,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--mpi-if"))
             mpi_if = v;
         else if (!strcmp(a, "--data-root")) {
-            char real[PATH_MAX];
-            if (n_roots == MAX_ROOTS || !realpath(v, real)) {
-                fprintf(stderr, "mge-worker: bad --data-root '%s': %s\n", v,
-                        n_roots == MAX_ROOTS ? "too many" : strerror(errno));
+            char err[PATH_MAX + 128];
+            if (mge_data_roots_add(&roots, v, err, sizeof(err)) != MGE_OK) {
+                fprintf(stderr, "mge-worker: bad --data-root: %s\n", err);
                 return 2;
             }
-            roots[n_roots++] = mge_strdup(real);
         } else {
             fprintf(stderr, "mge-worker: unknown option '%s'\n", a);
             usage(stderr);
@@ -221,8 +219,7 @@ int main(int argc, char **argv)
     ro.launch_bin = access(launch_bin, X_OK) == 0 ? launch_bin : NULL;
     ro.mpi_if = mpi_if;
     ro.work_dir = work_real;
-    ro.data_roots = roots;
-    ro.n_data_roots = n_roots;
+    ro.data_roots = &roots;
     rc = mge_ranks_init(&g_ranks, loop, &ro);
     if (rc != MGE_OK)
         return 1;
@@ -253,7 +250,7 @@ int main(int argc, char **argv)
     uv_signal_start(&g_sigint, on_signal, SIGINT);
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);
     mge_log_info("mge-worker %s '%s': %d cpus, %lld MiB, %d gpus, %d data root(s), train %s",
-                 MGE_VERSION, name, cpus, memory_mb, lo.gpus, n_roots, train_bin);
+                 MGE_VERSION, name, cpus, memory_mb, lo.gpus, roots.n, train_bin);
     if (!ro.mpirun_bin || !ro.launch_bin)
         mge_log_warn("multi-worker jobs will be refused here: %s not found",
                      !ro.mpirun_bin ? "Open MPI's mpirun" : launch_bin);
@@ -262,7 +259,6 @@ int main(int argc, char **argv)
     mge_link_stop(g_link);
     mge_ranks_fini(&g_ranks);
     uv_loop_close(loop);
-    for (int i = 0; i < n_roots; i++)
-        mge_free(roots[i]);
+    mge_data_roots_fini(&roots);
     return 0;
 }
