@@ -157,14 +157,15 @@ int mge_data_open(const struct mge_data_roots *dr, const char *path, int *fd_out
         rc = MGE_ERR(MGE_IO, "%s", err);
         goto err_close;
     }
+    /* the roots first: of a file outside them we say nothing, not even its kind */
+    if (dr && (rc = fd_check_roots(dr, fd, &st, path, err, errlen)) != MGE_OK)
+        goto err_close;
     if (!S_ISREG(st.st_mode)) {
         snprintf(err, errlen, "data path '%s' is a %s, not a regular file", path,
                  file_kind(st.st_mode));
         rc = MGE_ERR(MGE_IO, "%s", err);
         goto err_close;
     }
-    if (dr && (rc = fd_check_roots(dr, fd, &st, path, err, errlen)) != MGE_OK)
-        goto err_close;
     flags = fcntl(fd, F_GETFL);
     if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
         snprintf(err, errlen, "data path '%s': fcntl: %s", path, strerror(errno));
