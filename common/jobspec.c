@@ -1440,7 +1440,7 @@ static int check_resources(struct ctx *c, const struct sect *root, struct mge_re
                                  "an integer between 1 and 4096, or {min: N, max: M}");
         r->workers_min = r->workers_max = (int)n;
     }
-    if ((rc = get_int32(c, &s, "cpus", 1, 4096, &(int){1}, &r->cpus, NULL)))
+    if ((rc = get_int32(c, &s, "cpus", 1, MGE_CPUS_MAX, &(int){1}, &r->cpus, NULL)))
         return rc;
     gpus_def = r->device == MGE_DEVICE_GPU ? 1 : 0;
     if ((rc = get_int32(c, &s, "gpus", 0, 64, &gpus_def, &r->gpus, &gpus_given)))

@@ -18,6 +18,8 @@ extern "C" {
 /* The most classes a model may have: the spec (data.classes) and the engine (synthetic data,
  * the output layer) share this one limit. */
 #define MGE_CLASSES_MAX 65536
+/* The most cores one rank may use: resources.cpus, mge-train --threads, mge-worker --cpus. */
+#define MGE_CPUS_MAX 4096
 
 enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP };
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };

@@ -1,5 +1,4 @@
 /* main_train.c: mge-train, one training rank; standalone on a laptop or spawned by mge-worker. */
-#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +8,8 @@
 #include "common/alloc.h"
 #include "common/dataroot.h"
 #include "common/err.h"
+#include "common/jobspec.h"
+#include "common/parse.h"
 #include "engine/data.h"
 #include "engine/train.h"
 
@@ -25,7 +26,7 @@ static void usage(FILE *fp)
             "  --resume F    continue from checkpoint F (exactly where it was written)\n"
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
-            "  --threads N   kernel threads, 1..1024 (default $OMP_NUM_THREADS or all cores)\n"
+            "  --threads N   kernel threads, 1..4096 (default $OMP_NUM_THREADS or all cores)\n"
             "Environment: MGE_DATA_ROOTS=DIR:DIR... (set by mge-worker): data files must lie\n"
             "under one of these, checked on the file opened; unset: any path\n"
             "  --profile F   write a Chrome trace (chrome://tracing, Perfetto) of the first\n"
@@ -39,19 +40,14 @@ static void usage(FILE *fp)
             "                without recomputation, as JSON and exit\n");
 }
 
-/* More kernel threads than this is a typo, not a machine (OpenMP would start them all). */
-#define THREADS_MAX 1024
-
-/* --threads N: an integer in [1, THREADS_MAX], all of @s; false (and a message) otherwise. */
+/* --threads N: an integer in [1, MGE_CPUS_MAX] (resources.cpus's limit), all of @s; false
+ * (and a message) otherwise: more threads than that is a typo, not a machine. */
 static bool threads_parse(const char *s, int *out)
 {
-    char *end = NULL;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < 1 || v > THREADS_MAX) {
+    long long v;
+    if (!mge_parse_int(s, 1, MGE_CPUS_MAX, &v)) {
         fprintf(stderr, "mge-train: --threads: expected an integer between 1 and %d, got '%s'\n",
-                THREADS_MAX, s);
+                MGE_CPUS_MAX, s);
         return false;
     }
     *out = (int)v;

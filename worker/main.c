@@ -13,7 +13,9 @@
 #include "common/alloc.h"
 #include "common/dataroot.h"
 #include "common/err.h"
+#include "common/jobspec.h"
 #include "common/log.h"
+#include "common/parse.h"
 #include "launch.h"
 #include "link.h"
 #include "ranks.h"
@@ -80,6 +82,33 @@ static const char *find_exe(const char *name, char *out, size_t len)
     return NULL;
 }
 
+/*
+ * --cpus N (1..MGE_CPUS_MAX; what this worker offers, which is also the most threads a rank gets),
+ * --memory-mb N (>= 1) or --heartbeat-ms N (50..60000) into its variable; false, with a
+ * message, if @v is not such an integer ("2x" or "0" would otherwise become 2 or "all").
+ */
+static bool number_flag(const char *flag, const char *v, int *cpus, long long *memory_mb,
+                        int *hb_ms)
+{
+    long long n, lo = 1, hi = MGE_CPUS_MAX;
+    if (!strcmp(flag, "--memory-mb"))
+        hi = (long long)1 << 40;
+    else if (!strcmp(flag, "--heartbeat-ms"))
+        lo = 50, hi = 60000;
+    if (!mge_parse_int(v, lo, hi, &n)) {
+        fprintf(stderr, "mge-worker: %s: expected an integer between %lld and %lld, got '%s'\n",
+                flag, lo, hi, v);
+        return false;
+    }
+    if (!strcmp(flag, "--cpus"))
+        *cpus = (int)n;
+    else if (!strcmp(flag, "--memory-mb"))
+        *memory_mb = n;
+    else
+        *hb_ms = (int)n;
+    return true;
+}
+
 static void on_signal(uv_signal_t *s, int sig)
 {
     (void)s;
@@ -131,16 +160,15 @@ int main(int argc, char **argv)
             join_file = v;
         else if (!strcmp(a, "--name"))
             name = v;
-        else if (!strcmp(a, "--cpus"))
-            cpus = atoi(v);
-        else if (!strcmp(a, "--memory-mb"))
-            memory_mb = atoll(v);
+        else if (!strcmp(a, "--cpus") || !strcmp(a, "--memory-mb") ||
+                 !strcmp(a, "--heartbeat-ms")) {
+            if (!number_flag(a, v, &cpus, &memory_mb, &hb_ms))
+                return 2;
+        }
         else if (!strcmp(a, "--work-dir"))
             work_dir = v;
         else if (!strcmp(a, "--train-bin"))
             train_bin = v;
-        else if (!strcmp(a, "--heartbeat-ms"))
-            hb_ms = atoi(v);
         else if (!strcmp(a, "--launch-listen"))
             launch_listen = v;
         else if (!strcmp(a, "--mpirun"))

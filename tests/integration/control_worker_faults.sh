@@ -1,5 +1,6 @@
 #!/bin/sh
 # control_worker_faults.sh: faults a worker must handle, performed on real daemons:
+#  0. numeric flags of mge-worker that are not integers in range are refused;
 #  1. a rank whose process exits while a grandchild holds its stdout/stderr open still ends
 #     (the worker kills its group and closes the pipes after a short delay);
 #  2. a symlink inside the data root flipping between a dataset inside the root and a valid
@@ -25,6 +26,17 @@ state_events() { # JOB: the job's state events so far, one JSON object a line
         sed -n 's/^data: \({"state".*\)$/\1/p'
 }
 finished() { s=$(job_state "$1"); [ "$s" = succeeded ] || [ "$s" = failed ] || [ "$s" = cancelled ]; }
+
+# ---------------------------------------------------------------- 0. numeric flags
+# "2x" or "0" used to become 2 or "every core" (atoi): now exit 2 naming the flag
+for fv in "--cpus 2x" "--cpus 0" "--cpus 4097" "--memory-mb -5" "--heartbeat-ms 10"; do
+    # shellcheck disable=SC2086 # flag and value are two words
+    "$BIN/mge-worker" --coordinator "$WORKER_URL" --join-token-file "$T/join" --name bad $fv \
+        >"$T/flag.out" 2>&1
+    rc=$?
+    check "mge-worker $fv: exit 2 and '$(head -n 1 "$T/flag.out")'" \
+        sh -c "[ $rc -eq 2 ] && grep -q -- '^mge-worker: ${fv%% *}: expected an integer between' '$T/flag.out'"
+done
 
 # ---------------------------------------------------------------- 1. grandchild holds stdout
 cat > "$T/holdout.sh" <<EOF
