@@ -32,8 +32,8 @@ struct worker {
     size_t n_assign, cap_assign;
     struct mge_sched_cancel *cancel;
     size_t n_cancel, cap_cancel;
-    int64_t fault_job;            /* the last attempt a worker fault ended here (job_worker_fault) */
-    int fault_attempt;
+    int64_t fault_job;            /* the last attempt a worker fault ended here: job, */
+    int fault_attempt;            /* attempt (job_worker_fault, worker_avoided) */
 };
 
 /* One placed rank. */
@@ -820,7 +820,7 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
             r->exited = true;
             r->exit_code = code;
             r->term_signal = rep->term_signal;
-            if (rep->worker_fault && rep->failure && *rep->failure && !r->finished) {
+            if (rep->worker_fault && rep->failure && *rep->failure && !r->finished && !r->failing) {
                 job_worker_fault(s, r, rep->failure);
             } else if (rep->failure && *rep->failure && !r->finished && r->world > 1) {
                 gang_failing(s, r->job_id, r->attempt, r->failing ? r->fail_reason : rep->failure);

@@ -36,11 +36,11 @@ struct mge_dataset {
  * 2 dims (n, dim), 3 dims (n, h, w; c = 1) or 4 dims (n, c, h, w); labels unsigned bytes, 1 dim.
  * @classes: 0 infers classes = max label + 1; > 0 requires every label < @classes.
  * Returns MGE_OK, MGE_NOENT (a file does not exist), MGE_IO (cannot open or read, or not a
- * regular file: a directory, a FIFO), MGE_FORBIDDEN (outside the roots of mge_dataset_set_roots()), MGE_STATE (moved while opened),
- * MGE_FORMAT (bad magic, unsupported type or rank, zero-sized dims, image
- * and label counts differ, trailing data), MGE_CORRUPT (truncated file, broken gzip stream,
- * label out of range), MGE_TOOBIG (dims overflow), MGE_NOMEM. On error @err (if not NULL) gets one message naming
- * the file and the problem, e.g.
+ * regular file: a directory, a FIFO), MGE_FORBIDDEN (outside the roots of
+ * mge_dataset_set_roots()), MGE_STATE (moved while opened), MGE_FORMAT (bad magic, unsupported
+ * type or rank, zero-sized dims, image and label counts differ, trailing data), MGE_CORRUPT
+ * (truncated file, broken gzip stream, label out of range), MGE_TOOBIG (dims overflow),
+ * MGE_NOMEM. On error @err (if not NULL) gets one message naming the file and the problem, e.g.
  *   "train-labels.gz: truncated: header says 60000 labels, file has 1200"
  * and @ds is left zeroed. No message repeats bytes of a file (a file that is not IDX is
  * described by its size and kind). On MGE_OK the caller owns @ds and releases it with

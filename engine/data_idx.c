@@ -2,8 +2,8 @@
 #include "engine/data.h"
 
 #include <errno.h>
-#include <stdbool.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -47,7 +47,10 @@ static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
 /* The roots every load checks at open (mge_dataset_set_roots); NULL: any path. */
 static const struct mge_data_roots *g_roots;
 
-void mge_dataset_set_roots(const struct mge_data_roots *dr) { g_roots = dr; }
+void mge_dataset_set_roots(const struct mge_data_roots *dr)
+{
+    g_roots = dr;
+}
 
 /* What a file that is not IDX was, for messages that must not echo its bytes. */
 static void idx_not_idx(const struct idx_file *f, char *what, size_t len)
@@ -141,7 +144,8 @@ static int idx_read_header(struct idx_file *f, const char *what, unsigned magic_
     if (h[0] != 0 || h[1] != 0 || h[3] > IDX_MAX_DIMS || !(magic_dims & (1u << h[3])))
         return fail(MGE_FORMAT, err, errlen,
                     "%s: bad magic: not an IDX file of %s (expected 00 00 08 %s: unsigned bytes, "
-                    "%s; it is %s)", f->path, what, magic_dims == (1u << 1) ? "01" : "02, 03 or 04",
+                    "%s; it is %s)",
+                    f->path, what, magic_dims == (1u << 1) ? "01" : "02, 03 or 04",
                     magic_dims == (1u << 1) ? "1 dimension" : "2 to 4 dimensions", is);
     if (h[2] != IDX_TYPE_UBYTE)
         return fail(MGE_FORMAT, err, errlen,

@@ -248,8 +248,8 @@ static void on_kill_timer(uv_timer_t *t)
         return; /* on_exit_cb comes next and starts the drain */
     if (!uv_is_closing((uv_handle_t *)&r->out) || !uv_is_closing((uv_handle_t *)&r->err))
         mge_log_warn("job %lld rank %d: output still open %d ms after the process exited: "
-                     "killed its process group and closed it", (long long)r->job_id, r->rank,
-                     PIPE_DRAIN_MS);
+                     "killed its process group and closed it",
+                     (long long)r->job_id, r->rank, PIPE_DRAIN_MS);
     pipe_close(r, 0);
     pipe_close(r, 1);
 }
@@ -318,11 +318,17 @@ static int file_write_all(const char *path, const char *what, const char *data, 
     return MGE_OK;
 }
 
+/* The worker's data roots; without --data-root, none: every data file is refused. */
+static const struct mge_data_roots *roots_of(const struct mge_ranks_opts *opts)
+{
+    static const struct mge_data_roots none;
+    return opts->data_roots ? opts->data_roots : &none;
+}
+
 /* The data-roots check of mge_ranks_data_paths_ok() on a parsed spec. */
 static bool data_paths_check(const struct mge_ranks_opts *opts, const struct mge_jobspec *spec,
                              char *why, size_t why_len)
 {
-    static const struct mge_data_roots no_roots; /* no --data-root: every data file refused */
     const char *paths[4];
     paths[0] = spec->data.train_images;
     paths[1] = spec->data.train_labels;
@@ -332,8 +338,7 @@ static bool data_paths_check(const struct mge_ranks_opts *opts, const struct mge
         int fd;
         if (!paths[i] || !*paths[i])
             continue;
-        if (mge_data_open(opts->data_roots ? opts->data_roots : &no_roots, paths[i], &fd, why,
-                          why_len) != MGE_OK)
+        if (mge_data_open(roots_of(opts), paths[i], &fd, why, why_len) != MGE_OK)
             return false;
         close(fd);
     }
@@ -456,8 +461,7 @@ static char *env_pair(const char *name, const char *value)
 /* "MGE_DATA_ROOTS=DIR:DIR..." of this worker's roots (empty: none), NULL on OOM. */
 static char *roots_env(const struct mge_ranks_opts *opts)
 {
-    static const struct mge_data_roots no_roots;
-    char *list = mge_data_roots_join(opts->data_roots ? opts->data_roots : &no_roots);
+    char *list = mge_data_roots_join(roots_of(opts));
     char *e = list ? env_pair(MGE_DATA_ROOTS_ENV, list) : NULL;
     mge_free(list);
     return e;
@@ -687,9 +691,9 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     strv_push(&env, b.env_omp);
     /* mge-train checks its data files against our roots where it opens them (and so do the
      * ranks mpirun or orted start here, which inherit it) */
-    b.env_roots = roots_env(&rs->opts);
-    strv_push(&env, b.env_roots);
-    if (!b.env_roots)
+    if ((b.env_roots = roots_env(&rs->opts)))
+        strv_push(&env, b.env_roots);
+    else
         env.oom = true;
     if (mode == SPAWN_TRAIN) {
         snprintf(b.env_rank, sizeof(b.env_rank), "MGE_RANK=%d", r->rank);

@@ -450,7 +450,8 @@ static const struct err_case err_cases[] = {
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: synthetic\n  train_images: x\n",
      MGE_SPEC, 5, "data.train_images", "only used with data.format idx"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: synthetic\n  classes: 65537\n",
-     MGE_SPEC, 5, "data.classes", "job.yaml:5: data.classes: expected an integer between 2 and "
+     MGE_SPEC, 5, "data.classes",
+     "job.yaml:5: data.classes: expected an integer between 2 and "
      "65536, got '65537'"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: synthetic\n  classes: 1000000\n",
      MGE_SPEC, 5, "data.classes", "expected an integer between 2 and 65536, got '1000000'"},
