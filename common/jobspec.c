@@ -1225,7 +1225,7 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
             return rc;
         if ((rc = get_int(c, &s, "test_size", 0, INT64_MAX, &d->test_size, &d->test_size, NULL)))
             return rc;
-        if ((rc = get_int32(c, &s, "classes", 2, 1000000, &(int){10}, &d->classes, NULL)))
+        if ((rc = get_int32(c, &s, "classes", 2, MGE_CLASSES_MAX, &(int){10}, &d->classes, NULL)))
             return rc;
         if (sect_get(&s, "image", NULL)) {
             if ((rc = get_int_list(c, &s, "image", 3, 3, 1, 65536, img, &n_img)))
@@ -1440,7 +1440,7 @@ static int check_resources(struct ctx *c, const struct sect *root, struct mge_re
                                  "an integer between 1 and 4096, or {min: N, max: M}");
         r->workers_min = r->workers_max = (int)n;
     }
-    if ((rc = get_int32(c, &s, "cpus", 1, 4096, &(int){1}, &r->cpus, NULL)))
+    if ((rc = get_int32(c, &s, "cpus", 1, MGE_CPUS_MAX, &(int){1}, &r->cpus, NULL)))
         return rc;
     gpus_def = r->device == MGE_DEVICE_GPU ? 1 : 0;
     if ((rc = get_int32(c, &s, "gpus", 0, 64, &gpus_def, &r->gpus, &gpus_given)))

@@ -15,6 +15,11 @@ extern "C" {
 
 #define MGE_SPEC_MAX_LAYERS 64
 #define MGE_SPEC_NAME_MAX 128
+/* The most classes a model may have: the spec (data.classes) and the engine (synthetic data,
+ * the output layer) share this one limit. */
+#define MGE_CLASSES_MAX 65536
+/* The most cores one rank may use: resources.cpus, mge-train --threads, mge-worker --cpus. */
+#define MGE_CPUS_MAX 4096
 
 enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP };
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
@@ -45,7 +50,7 @@ struct mge_data_spec {
     int64_t train_size;            /* data.train_size (default 60000) */
     int64_t test_size;             /* data.test_size (default 10000) */
     int input_dim;                 /* data.input_dim: features per sample (default 784) */
-    int classes;                   /* data.classes (default 10) */
+    int classes;                   /* data.classes, [2, MGE_CLASSES_MAX] (default 10) */
     int image_h, image_w, channels; /* data.image: [c, h, w] for conv models (default 1,28,28) */
     int prefetch;                  /* data.prefetch: batches read ahead (default 2) */
 };

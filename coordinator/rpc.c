@@ -119,6 +119,7 @@ static void reports_from_pb(Mge__RankReport **in, size_t n, struct mge_rank_repo
         out[i].exit_code = in[i]->exit_code;
         out[i].term_signal = in[i]->term_signal;
         out[i].failure = in[i]->failure;
+        out[i].worker_fault = in[i]->worker_fault;
     }
 }
 

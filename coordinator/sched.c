@@ -32,6 +32,8 @@ struct worker {
     size_t n_assign, cap_assign;
     struct mge_sched_cancel *cancel;
     size_t n_cancel, cap_cancel;
+    int64_t fault_job;            /* the last attempt a worker fault ended here: job, */
+    int fault_attempt;            /* attempt (job_worker_fault, worker_avoided) */
 };
 
 /* One placed rank. */
@@ -268,6 +270,44 @@ static void job_worker_lost(struct mge_sched *s, int64_t job, int attempt, const
     attempt_finish(s, job, attempt, true);
 }
 
+/*
+ * Worker faults: rank @r ended before it ran because of its worker (@why: its disk is full, it
+ * cannot start mge-train), not because of the job, which must not fail as bad input. As with a
+ * lost worker the attempt ends and the job is queued again (it counts as an attempt); its next
+ * attempt avoids that worker while enough others could hold its ranks (worker_avoided).
+ * Lock held.
+ */
+static void job_worker_fault(struct mge_sched *s, struct resv *r, const char *why)
+{
+    struct worker *w = &s->w[r->widx];
+    char reason[512];
+    bool requeued = false;
+    snprintf(reason, sizeof(reason), "worker %s: %s", w->name, why);
+    if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, &requeued) != MGE_OK)
+        mge_log_error("job %lld attempt %d: %s: cannot requeue it", (long long)r->job_id,
+                      r->attempt, reason);
+    mge_log_warn("job %lld attempt %d: %s (%s)", (long long)r->job_id, r->attempt, reason,
+                 requeued ? "requeued" : "failed: no attempts left");
+    w->fault_job = r->job_id;
+    w->fault_attempt = r->attempt;
+    attempt_finish(s, r->job_id, r->attempt, true);
+}
+
+/* Whether worker @wi faulted the previous attempt of @j and enough other ready workers could
+ * hold its ranks (by their total slots, busy or not): then @j waits for them. Lock held. */
+static bool worker_avoided(const struct mge_sched *s, int wi, const struct mge_job_row *j)
+{
+    int others = 0;
+    if (s->w[wi].fault_job != j->id || s->w[wi].fault_attempt != j->attempt - 1)
+        return false;
+    for (size_t i = 0; i < s->n_w; i++) {
+        const struct worker *o = &s->w[i];
+        if ((int)i != wi && worker_usable(o) && fits(o, j, o->cpus, o->gpus, o->memory_mb))
+            others++;
+    }
+    return others >= (j->workers_min > 0 ? j->workers_min : 1);
+}
+
 static void worker_set_lost(struct mge_sched *s, int wi)
 {
     struct worker *w = &s->w[wi];
@@ -310,7 +350,7 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
     for (size_t i = 0; i < s->n_w && n < want; i++) {
         int cpus, gpus;
         int64_t mem;
-        if (!worker_usable(&s->w[i]))
+        if (!worker_usable(&s->w[i]) || worker_avoided(s, (int)i, j))
             continue;
         /* a gang's ranks are started through the workers' launch sockets */
         if (want > 1 && !s->w[i].launch_url[0])
@@ -780,7 +820,9 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
             r->exited = true;
             r->exit_code = code;
             r->term_signal = rep->term_signal;
-            if (rep->failure && *rep->failure && !r->finished && r->world > 1) {
+            if (rep->worker_fault && rep->failure && *rep->failure && !r->finished && !r->failing) {
+                job_worker_fault(s, r, rep->failure);
+            } else if (rep->failure && *rep->failure && !r->finished && r->world > 1) {
                 gang_failing(s, r->job_id, r->attempt, r->failing ? r->fail_reason : rep->failure);
             } else if (rep->failure && *rep->failure && !r->finished) {
                 mge_store_job_set_state(s->st, r->job_id, r->attempt, MGE_JOB_FAILED,

@@ -52,6 +52,7 @@ struct mge_rank_report {     /* one rank in a register or heartbeat; strings bor
     bool running;
     int exit_code, term_signal;
     const char *failure;     /* "" or NULL when none */
+    bool worker_fault;       /* @failure is the worker's (disk full, cannot spawn): requeue */
 };
 
 /* A worker of a multi-rank attempt, as rank 0's worker gets it (worker.proto Peer). */

@@ -5,6 +5,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/jobspec.h"
 #include "common/rng.h"
 
 #define LOADER_MAX_PREFETCH 64
@@ -51,7 +52,7 @@ int mge_dataset_synthetic_split(struct mge_dataset *ds, int64_t n, int c, int h,
     uint8_t *protos;
     int64_t dim;
     memset(ds, 0, sizeof(*ds));
-    if (n <= 0 || c <= 0 || h <= 0 || w <= 0 || classes < 1 || classes > 65536)
+    if (n <= 0 || c <= 0 || h <= 0 || w <= 0 || classes < 1 || classes > MGE_CLASSES_MAX)
         return MGE_ERR(MGE_INVAL, "synthetic dataset: bad shape n=%lld c=%d h=%d w=%d classes=%d",
                        (long long)n, c, h, w, classes);
     dim = (int64_t)c * h * w;

@@ -35,16 +35,28 @@ struct mge_dataset {
  * gzopen/gzread tell them apart by the gzip magic (1f 8b). Images must be unsigned bytes with
  * 2 dims (n, dim), 3 dims (n, h, w; c = 1) or 4 dims (n, c, h, w); labels unsigned bytes, 1 dim.
  * @classes: 0 infers classes = max label + 1; > 0 requires every label < @classes.
- * Returns MGE_OK, MGE_NOENT (a file does not exist), MGE_IO (cannot open or read),
- * MGE_FORMAT (bad magic, unsupported type or rank, zero-sized dims, image and label counts
- * differ, trailing data), MGE_CORRUPT (truncated file, broken gzip stream, label out of range),
- * MGE_TOOBIG (dims overflow), MGE_NOMEM. On error @err (if not NULL) gets one message naming
- * the file and the problem, e.g.
+ * Returns MGE_OK, MGE_NOENT (a file does not exist), MGE_IO (cannot open or read, or not a
+ * regular file: a directory, a FIFO), MGE_FORBIDDEN (outside the roots of
+ * mge_dataset_set_roots()), MGE_STATE (moved while opened), MGE_FORMAT (bad magic, unsupported
+ * type or rank, zero-sized dims, image and label counts differ, trailing data), MGE_CORRUPT
+ * (truncated file, broken gzip stream, label out of range), MGE_TOOBIG (dims overflow),
+ * MGE_NOMEM. On error @err (if not NULL) gets one message naming the file and the problem, e.g.
  *   "train-labels.gz: truncated: header says 60000 labels, file has 1200"
- * and @ds is left zeroed. On MGE_OK the caller owns @ds and releases it with mge_dataset_fini().
+ * and @ds is left zeroed. No message repeats bytes of a file (a file that is not IDX is
+ * described by its size and kind). On MGE_OK the caller owns @ds and releases it with
+ * mge_dataset_fini().
  */
 int mge_dataset_load_idx_classes(struct mge_dataset *ds, const char *images, const char *labels,
                                  int classes, char *err, size_t errlen);
+
+/*
+ * Make every later IDX load open its files with mge_data_open(@dr): a file whose real path
+ * (that of the opened descriptor) lies outside @dr's roots is refused with MGE_FORBIDDEN; NULL
+ * (the default) checks only that each is a regular file. @dr is borrowed and must outlive the
+ * loads. mge-train sets it from MGE_DATA_ROOTS. Thread: call before loading, not during.
+ */
+struct mge_data_roots;
+void mge_dataset_set_roots(const struct mge_data_roots *dr);
 
 /* mge_dataset_load_idx_classes() with @classes = 0 (classes = max label + 1; 10 for MNIST). */
 int mge_dataset_load_idx(struct mge_dataset *ds, const char *images, const char *labels, char *err,
@@ -55,7 +67,7 @@ int mge_dataset_load_idx(struct mge_dataset *ds, const char *images, const char 
  * @seed; a sample is its class's prototype plus noise (sd about 40 grey levels), clipped to
  * bytes. Sample i of split @split is a pure function of (@seed, @split, i), and all splits of
  * one @seed share the prototypes: use split 0 for training and split 1 for the test set.
- * Returns MGE_OK, MGE_INVAL (n <= 0, a dim <= 0, classes outside [1, 65536]), MGE_TOOBIG,
+ * Returns MGE_OK, MGE_INVAL (n <= 0, a dim <= 0, classes outside [1, MGE_CLASSES_MAX]), MGE_TOOBIG,
  * MGE_NOMEM (then @ds is zeroed). On MGE_OK the caller releases @ds with mge_dataset_fini().
  */
 int mge_dataset_synthetic_split(struct mge_dataset *ds, int64_t n, int c, int h, int w, int classes,

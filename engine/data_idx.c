@@ -3,12 +3,15 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "common/alloc.h"
+#include "common/dataroot.h"
 #include "common/err.h"
 
 #define IDX_TYPE_UBYTE 0x08
@@ -21,6 +24,8 @@ struct idx_file {
     gzFile gz;
     int ndims;
     int64_t dims[IDX_MAX_DIMS];
+    int64_t size; /* bytes on disk (compressed when gzip) */
+    bool gzip;
 };
 
 static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
@@ -39,25 +44,40 @@ static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
     return MGE_ERR(code, "%s", buf);
 }
 
+/* The roots every load checks at open (mge_dataset_set_roots); NULL: any path. */
+static const struct mge_data_roots *g_roots;
+
+void mge_dataset_set_roots(const struct mge_data_roots *dr)
+{
+    g_roots = dr;
+}
+
+/* What a file that is not IDX was, for messages that must not echo its bytes. */
+static void idx_not_idx(const struct idx_file *f, char *what, size_t len)
+{
+    snprintf(what, len, "a %s file of %lld bytes", f->gzip ? "gzip" : "plain", (long long)f->size);
+}
+
 static int idx_open(struct idx_file *f, const char *path, char *err, size_t errlen)
 {
     struct stat st;
+    char why[512];
+    int fd, rc;
     memset(f, 0, sizeof(*f));
     f->path = path;
-    /* gzopen's errno is not reliable on every zlib; stat first for a clear NOENT. */
-    if (stat(path, &st) != 0) {
-        int e = errno;
-        return fail(e == ENOENT ? MGE_NOENT : MGE_IO, err, errlen, "%s: cannot open: %s", path,
-                    strerror(e));
-    }
-    if (S_ISDIR(st.st_mode))
-        return fail(MGE_IO, err, errlen, "%s: is a directory", path);
-    f->gz = gzopen(path, "rb");
+    /* the roots are checked on the descriptor we read, so a link flipped after a check of the
+     * path cannot make us read another file; a FIFO or directory is refused here too */
+    rc = mge_data_open(g_roots, path, &fd, why, sizeof(why));
+    if (rc != MGE_OK)
+        return fail(rc, err, errlen, "%s", why);
+    if (fstat(fd, &st) == 0)
+        f->size = st.st_size;
+    f->gz = gzdopen(fd, "rb");
     if (!f->gz) {
-        int e = errno;
-        return fail(e == ENOENT ? MGE_NOENT : MGE_IO, err, errlen, "%s: cannot open: %s", path,
-                    e ? strerror(e) : "out of memory");
+        close(fd);
+        return fail(MGE_NOMEM, err, errlen, "%s: cannot open: out of memory", path);
     }
+    f->gzip = !gzdirect(f->gz);
     return MGE_OK;
 }
 
@@ -111,23 +131,26 @@ static int idx_read_header(struct idx_file *f, const char *what, unsigned magic_
                            size_t errlen)
 {
     unsigned char h[4 + 4 * IDX_MAX_DIMS];
+    char is[96];
     size_t got;
     int rc = idx_read(f, h, 4, &got, err, errlen);
     if (rc != MGE_OK)
         return rc;
     if (got < 4)
         return fail(MGE_CORRUPT, err, errlen, "%s: truncated: %zu of 4 header bytes", f->path, got);
-    if (h[0] != 0 || h[1] != 0)
-        return fail(MGE_FORMAT, err, errlen, "%s: bad magic %02x%02x%02x%02x: not an IDX file",
-                    f->path, h[0], h[1], h[2], h[3]);
+    /* Say what was expected and what the file is, never its bytes: a file the user may not
+     * read (/etc/shadow) must not come back in an error message. */
+    idx_not_idx(f, is, sizeof(is));
+    if (h[0] != 0 || h[1] != 0 || h[3] > IDX_MAX_DIMS || !(magic_dims & (1u << h[3])))
+        return fail(MGE_FORMAT, err, errlen,
+                    "%s: bad magic: not an IDX file of %s (expected 00 00 08 %s: unsigned bytes, "
+                    "%s; it is %s)",
+                    f->path, what, magic_dims == (1u << 1) ? "01" : "02, 03 or 04",
+                    magic_dims == (1u << 1) ? "1 dimension" : "2 to 4 dimensions", is);
     if (h[2] != IDX_TYPE_UBYTE)
         return fail(MGE_FORMAT, err, errlen,
-                    "%s: unsupported IDX data type 0x%02x for %s (only unsigned bytes, 0x08)",
-                    f->path, h[2], what);
-    if (h[3] > IDX_MAX_DIMS || !(magic_dims & (1u << h[3])))
-        return fail(MGE_FORMAT, err, errlen,
-                    "%s: bad magic 0000%02x%02x: %u dims is not valid for %s", f->path, h[2], h[3],
-                    h[3], what);
+                    "%s: unsupported IDX data type for %s (only unsigned bytes, 0x08; it is %s)",
+                    f->path, what, is);
     f->ndims = h[3];
     rc = idx_read(f, h + 4, 4 * (size_t)f->ndims, &got, err, errlen);
     if (rc != MGE_OK)

@@ -1,10 +1,16 @@
 /* main_train.c: mge-train, one training rank; standalone on a laptop or spawned by mge-worker. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/dataroot.h"
+#include "common/err.h"
+#include "common/jobspec.h"
+#include "common/parse.h"
+#include "engine/data.h"
 #include "engine/train.h"
 
 static void usage(FILE *fp)
@@ -20,7 +26,9 @@ static void usage(FILE *fp)
             "  --resume F    continue from checkpoint F (exactly where it was written)\n"
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
-            "  --threads N   kernel threads (default $OMP_NUM_THREADS or all cores)\n"
+            "  --threads N   kernel threads, 1..4096 (default $OMP_NUM_THREADS or all cores)\n"
+            "Environment: MGE_DATA_ROOTS=DIR:DIR... (set by mge-worker): data files must lie\n"
+            "under one of these, checked on the file opened; unset: any path\n"
             "  --profile F   write a Chrome trace (chrome://tracing, Perfetto) of the first\n"
             "                200 steps to F: ops, optimiser, each pack's all-reduce; rank r > 0\n"
             "                of a multi-rank job writes F.r\n"
@@ -30,6 +38,20 @@ static void usage(FILE *fp)
             "  --plan        print the memory plans (chosen, plain, sublinear) as JSON and exit\n"
             "  --max-batch   print the largest batch that fits memory.budget_mb, with and\n"
             "                without recomputation, as JSON and exit\n");
+}
+
+/* --threads N: an integer in [1, MGE_CPUS_MAX] (resources.cpus's limit), all of @s; false
+ * (and a message) otherwise: more threads than that is a typo, not a machine. */
+static bool threads_parse(const char *s, int *out)
+{
+    long long v;
+    if (!mge_parse_int(s, 1, MGE_CPUS_MAX, &v)) {
+        fprintf(stderr, "mge-train: --threads: expected an integer between 1 and %d, got '%s'\n",
+                MGE_CPUS_MAX, s);
+        return false;
+    }
+    *out = (int)v;
+    return true;
 }
 
 /*
@@ -54,8 +76,28 @@ static void omp_policy_reexec(char **argv)
     execv(self, argv); /* returns only on failure: carry on as we are */
 }
 
+/*
+ * A worker passes its --data-root directories in MGE_DATA_ROOTS: every data file is then
+ * checked where it is opened (common/dataroot.h), so a path that changes after the worker's
+ * own check cannot make this rank read outside them. Unset: any path (mge-train on a laptop).
+ */
+static bool data_roots_from_env(struct mge_data_roots *dr)
+{
+    const char *list = getenv(MGE_DATA_ROOTS_ENV);
+    char err[512];
+    if (!list)
+        return true;
+    if (mge_data_roots_parse(dr, list, err, sizeof(err)) != MGE_OK) {
+        fprintf(stderr, "mge-train: %s: %s\n", MGE_DATA_ROOTS_ENV, err);
+        return false;
+    }
+    mge_dataset_set_roots(dr);
+    return true;
+}
+
 int main(int argc, char **argv)
 {
+    static struct mge_data_roots roots; /* lives as long as the loads that check it */
     struct mge_train_opts o = {0};
     omp_policy_reexec(argv);
     mge_alloc_keep_memory();
@@ -79,7 +121,10 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--out") && has_val) {
             o.out_dir = argv[++i];
         } else if (!strcmp(a, "--threads") && has_val) {
-            o.threads = atoi(argv[++i]);
+            if (!threads_parse(argv[++i], &o.threads)) {
+                mge_free(sets);
+                return 2;
+            }
         } else if (!strcmp(a, "--profile") && has_val) {
             o.profile_path = argv[++i];
         } else if (!strcmp(a, "--json")) {
@@ -102,10 +147,16 @@ int main(int argc, char **argv)
         mge_free(sets);
         return 2;
     }
+    if (!data_roots_from_env(&roots)) {
+        mge_free(sets);
+        return 2;
+    }
     o.overrides = sets;
     if (o.json)
         setvbuf(stdout, NULL, _IOLBF, 0);
     code = mge_train_main(&o);
+    mge_dataset_set_roots(NULL);
+    mge_data_roots_fini(&roots);
     mge_free(sets);
     return code;
 }

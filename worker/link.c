@@ -118,6 +118,7 @@ static int pack_locked(struct mge_link *l, Mge__ToCoordinator *msg, Mge__Registe
         rr[i].exit_code = r->exit_code;
         rr[i].term_signal = r->term_signal;
         rr[i].failure = r->failure;
+        rr[i].worker_fault = r->worker_fault;
         rr[i].pid = r->pid;
         rrp[i] = &rr[i];
         n_lines += r->n_lines;

@@ -11,14 +11,16 @@
 #include <uv.h>
 
 #include "common/alloc.h"
+#include "common/dataroot.h"
 #include "common/err.h"
+#include "common/jobspec.h"
 #include "common/log.h"
+#include "common/parse.h"
 #include "launch.h"
 #include "link.h"
 #include "ranks.h"
 
 #define MGE_VERSION "0.1.0"
-#define MAX_ROOTS 32
 
 static struct mge_link *g_link;
 static struct mge_launch *g_launch;
@@ -80,6 +82,33 @@ static const char *find_exe(const char *name, char *out, size_t len)
     return NULL;
 }
 
+/*
+ * --cpus N (1..MGE_CPUS_MAX; what this worker offers, which is also the most threads a rank gets),
+ * --memory-mb N (>= 1) or --heartbeat-ms N (50..60000) into its variable; false, with a
+ * message, if @v is not such an integer ("2x" or "0" would otherwise become 2 or "all").
+ */
+static bool number_flag(const char *flag, const char *v, int *cpus, long long *memory_mb,
+                        int *hb_ms)
+{
+    long long n, lo = 1, hi = MGE_CPUS_MAX;
+    if (!strcmp(flag, "--memory-mb"))
+        hi = (long long)1 << 40;
+    else if (!strcmp(flag, "--heartbeat-ms"))
+        lo = 50, hi = 60000;
+    if (!mge_parse_int(v, lo, hi, &n)) {
+        fprintf(stderr, "mge-worker: %s: expected an integer between %lld and %lld, got '%s'\n",
+                flag, lo, hi, v);
+        return false;
+    }
+    if (!strcmp(flag, "--cpus"))
+        *cpus = (int)n;
+    else if (!strcmp(flag, "--memory-mb"))
+        *memory_mb = n;
+    else
+        *hb_ms = (int)n;
+    return true;
+}
+
 static void on_signal(uv_signal_t *s, int sig)
 {
     (void)s;
@@ -99,8 +128,8 @@ int main(int argc, char **argv)
     const char *train_bin = NULL, *launch_listen = "tcp://127.0.0.1:0", *mpirun = NULL;
     const char *mpi_if = NULL;
     char mpirun_found[PATH_MAX], launch_bin[PATH_MAX + 16], launch_url[300];
-    char *roots[MAX_ROOTS];
-    int n_roots = 0, cpus = 0, hb_ms = 0, rc;
+    struct mge_data_roots roots = {0};
+    int cpus = 0, hb_ms = 0, rc;
     long long memory_mb = 0;
     char exe[PATH_MAX], train_default[PATH_MAX + 16], work_default[PATH_MAX], work_real[PATH_MAX];
     char host[256] = "localhost", join[1024] = "";
@@ -131,16 +160,15 @@ int main(int argc, char **argv)
             join_file = v;
         else if (!strcmp(a, "--name"))
             name = v;
-        else if (!strcmp(a, "--cpus"))
-            cpus = atoi(v);
-        else if (!strcmp(a, "--memory-mb"))
-            memory_mb = atoll(v);
+        else if (!strcmp(a, "--cpus") || !strcmp(a, "--memory-mb") ||
+                 !strcmp(a, "--heartbeat-ms")) {
+            if (!number_flag(a, v, &cpus, &memory_mb, &hb_ms))
+                return 2;
+        }
         else if (!strcmp(a, "--work-dir"))
             work_dir = v;
         else if (!strcmp(a, "--train-bin"))
             train_bin = v;
-        else if (!strcmp(a, "--heartbeat-ms"))
-            hb_ms = atoi(v);
         else if (!strcmp(a, "--launch-listen"))
             launch_listen = v;
         else if (!strcmp(a, "--mpirun"))
@@ -148,13 +176,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--mpi-if"))
             mpi_if = v;
         else if (!strcmp(a, "--data-root")) {
-            char real[PATH_MAX];
-            if (n_roots == MAX_ROOTS || !realpath(v, real)) {
-                fprintf(stderr, "mge-worker: bad --data-root '%s': %s\n", v,
-                        n_roots == MAX_ROOTS ? "too many" : strerror(errno));
+            char err[PATH_MAX + 128];
+            if (mge_data_roots_add(&roots, v, err, sizeof(err)) != MGE_OK) {
+                fprintf(stderr, "mge-worker: bad --data-root: %s\n", err);
                 return 2;
             }
-            roots[n_roots++] = mge_strdup(real);
         } else {
             fprintf(stderr, "mge-worker: unknown option '%s'\n", a);
             usage(stderr);
@@ -221,8 +247,7 @@ int main(int argc, char **argv)
     ro.launch_bin = access(launch_bin, X_OK) == 0 ? launch_bin : NULL;
     ro.mpi_if = mpi_if;
     ro.work_dir = work_real;
-    ro.data_roots = roots;
-    ro.n_data_roots = n_roots;
+    ro.data_roots = &roots;
     rc = mge_ranks_init(&g_ranks, loop, &ro);
     if (rc != MGE_OK)
         return 1;
@@ -253,7 +278,7 @@ int main(int argc, char **argv)
     uv_signal_start(&g_sigint, on_signal, SIGINT);
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);
     mge_log_info("mge-worker %s '%s': %d cpus, %lld MiB, %d gpus, %d data root(s), train %s",
-                 MGE_VERSION, name, cpus, memory_mb, lo.gpus, n_roots, train_bin);
+                 MGE_VERSION, name, cpus, memory_mb, lo.gpus, roots.n, train_bin);
     if (!ro.mpirun_bin || !ro.launch_bin)
         mge_log_warn("multi-worker jobs will be refused here: %s not found",
                      !ro.mpirun_bin ? "Open MPI's mpirun" : launch_bin);
@@ -262,7 +287,6 @@ int main(int argc, char **argv)
     mge_link_stop(g_link);
     mge_ranks_fini(&g_ranks);
     uv_loop_close(loop);
-    for (int i = 0; i < n_roots; i++)
-        mge_free(roots[i]);
+    mge_data_roots_fini(&roots);
     return 0;
 }

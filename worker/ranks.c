@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <signal.h>
@@ -21,6 +22,9 @@
 #define LINE_MAX_BYTES 65536       /* longer lines are split */
 #define LINES_BUFFER_MAX 200000    /* per rank; log lines beyond are dropped (metrics kept) */
 #define CKPT_SCAN_MS 500
+/* After a rank's process exits, how long a grandchild may keep its output pipes open before
+ * the worker kills the rank's process group and closes them (the rank then counts as ended) */
+#define PIPE_DRAIN_MS 2000
 
 extern char **environ;
 
@@ -130,6 +134,7 @@ static void on_line(struct mge_rank *r, int stream, const char *s, size_t len)
 }
 
 static void maybe_finish(struct mge_rank *r);
+static void on_kill_timer(uv_timer_t *t);
 
 static void on_close(uv_handle_t *h)
 {
@@ -143,6 +148,22 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     (void)h;
     buf->base = mge_malloc(suggested);
     buf->len = buf->base ? suggested : 0;
+}
+
+/* Stop reading output stream @stream (0 stdout, 1 stderr) of @r: its last partial line is kept
+ * and the pipe closed. At end of file, or when a grandchild holds it open too long. */
+static void pipe_close(struct mge_rank *r, int stream)
+{
+    uv_pipe_t *p = stream == 0 ? &r->out : &r->err;
+    if (uv_is_closing((uv_handle_t *)p))
+        return;
+    if (r->part_len[stream]) {
+        on_line(r, stream, r->part[stream], r->part_len[stream]);
+        r->part_len[stream] = 0;
+        notify_output(r->owner);
+    }
+    uv_read_stop((uv_stream_t *)p);
+    uv_close((uv_handle_t *)p, on_close);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -171,14 +192,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         }
         notify_output(r->owner);
     } else if (n < 0) {
-        if (r->part_len[stream]) {
-            on_line(r, stream, r->part[stream], r->part_len[stream]);
-            r->part_len[stream] = 0;
-            notify_output(r->owner);
-        }
-        uv_read_stop(s);
-        if (!uv_is_closing((uv_handle_t *)s))
-            uv_close((uv_handle_t *)s, on_close);
+        pipe_close(r, stream);
     }
     mge_free(buf->base);
 }
@@ -220,23 +234,29 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int sig)
     pthread_mutex_unlock(&rs->mu);
     r->proc_exited = true;
     uv_close((uv_handle_t *)p, on_close);
-    /* a grandchild may hold the pipes open: give them a moment, then close them */
-    uv_timer_stop(&r->kill_timer);
+    /* a grandchild may hold the pipes open: give it a moment, then end it and close them
+     * (this replaces a pending SIGKILL of a cancel: the process it was for is gone) */
+    uv_timer_start(&r->kill_timer, on_kill_timer, PIPE_DRAIN_MS, 0);
 }
 
 static void on_kill_timer(uv_timer_t *t)
 {
     struct mge_rank *r = t->data;
-    if (!r->proc_exited) {
-        if (r->pid > 0)
-            kill(-r->pid, SIGKILL);
-        return;
-    }
+    if (r->pid > 0)
+        kill(-r->pid, SIGKILL); /* the rank's group: mpirun's or orted's children, a stray job */
+    if (!r->proc_exited)
+        return; /* on_exit_cb comes next and starts the drain */
+    if (!uv_is_closing((uv_handle_t *)&r->out) || !uv_is_closing((uv_handle_t *)&r->err))
+        mge_log_warn("job %lld rank %d: output still open %d ms after the process exited: "
+                     "killed its process group and closed it",
+                     (long long)r->job_id, r->rank, PIPE_DRAIN_MS);
+    pipe_close(r, 0);
+    pipe_close(r, 1);
 }
 
+/* End @r before it started, for a reason of the job's (bad spec, data path refused). mu held. */
 static void fail_rank(struct mge_ranks *rs, struct mge_rank *r, const char *why)
 {
-    /* mu held */
     snprintf(r->failure, sizeof(r->failure), "%.250s", why);
     r->state = MGE_RANK_EXITED;
     r->exit_code = 2;
@@ -245,12 +265,64 @@ static void fail_rank(struct mge_ranks *rs, struct mge_rank *r, const char *why)
     (void)rs;
 }
 
-static bool under_root(const char *path, const char *root)
+/* End @r before it started, for a reason of this worker's (disk full, cannot spawn): the
+ * coordinator runs the job again elsewhere instead of failing it. mu held. */
+static void fault_rank(struct mge_ranks *rs, struct mge_rank *r, const char *why)
 {
-    size_t n = strlen(root);
-    if (n == 1 && root[0] == '/')
-        return true;
-    return !strncmp(path, root, n) && (path[n] == '/' || path[n] == '\0');
+    fail_rank(rs, r, why);
+    r->exit_code = 1;
+    r->worker_fault = true;
+}
+
+/* strerror(@e) as our messages start: lowercase ("no space left on device"). */
+static void errno_text(int e, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", strerror(e));
+    if (buf[0] >= 'A' && buf[0] <= 'Z' && !(buf[1] >= 'A' && buf[1] <= 'Z'))
+        buf[0] = (char)(buf[0] - 'A' + 'a');
+}
+
+/*
+ * Write @len bytes of @data to a new file @path (replaced if it exists), checking every write
+ * and the close. On failure @why says what failed, what was written and errno's text:
+ * "no space left on device writing spec '/w/job-3/attempt-1/rank-0/spec.yaml'".
+ */
+static int file_write_all(const char *path, const char *what, const char *data, size_t len,
+                          char *why, size_t why_len)
+{
+    char e[128];
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        errno_text(errno, e, sizeof(e));
+        snprintf(why, why_len, "%s creating %s '%.300s'", e, what, path);
+        return MGE_IO;
+    }
+    while (len > 0) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            errno_text(n < 0 ? errno : EIO, e, sizeof(e));
+            snprintf(why, why_len, "%s writing %s '%.300s'", e, what, path);
+            close(fd);
+            return MGE_IO;
+        }
+        data += n;
+        len -= (size_t)n;
+    }
+    if (close(fd) != 0) { /* NFS and some disks report a full disk only here */
+        errno_text(errno, e, sizeof(e));
+        snprintf(why, why_len, "%s writing %s '%.300s'", e, what, path);
+        return MGE_IO;
+    }
+    return MGE_OK;
+}
+
+/* The worker's data roots; without --data-root, none: every data file is refused. */
+static const struct mge_data_roots *roots_of(const struct mge_ranks_opts *opts)
+{
+    static const struct mge_data_roots none;
+    return opts->data_roots ? opts->data_roots : &none;
 }
 
 /* The data-roots check of mge_ranks_data_paths_ok() on a parsed spec. */
@@ -263,23 +335,12 @@ static bool data_paths_check(const struct mge_ranks_opts *opts, const struct mge
     paths[2] = spec->data.test_images;
     paths[3] = spec->data.test_labels;
     for (int i = 0; i < 4; i++) {
-        char real[PATH_MAX];
-        bool inside = false;
+        int fd;
         if (!paths[i] || !*paths[i])
             continue;
-        /* realpath() resolves links and ".." without opening the file itself */
-        if (!realpath(paths[i], real)) {
-            snprintf(why, why_len, "data path '%s' is not readable on this worker: %s", paths[i],
-                     strerror(errno));
+        if (mge_data_open(roots_of(opts), paths[i], &fd, why, why_len) != MGE_OK)
             return false;
-        }
-        for (int k = 0; k < opts->n_data_roots && !inside; k++)
-            inside = under_root(real, opts->data_roots[k]);
-        if (!inside) {
-            snprintf(why, why_len,
-                     "data path '%s' is outside the worker's data roots (--data-root)", paths[i]);
-            return false;
-        }
+        close(fd);
     }
     return true;
 }
@@ -372,7 +433,7 @@ static void strv_push(struct strv *a, const char *s)
 struct spawn_bufs {
     char spec_path[1100], map_path[1100], threads[16], np[16], worker_pid[16];
     char env_job[64], env_rank[64], env_world[64], env_attempt[64], env_omp[64];
-    char *env_spec, *env_map, *env_token, *hosts;
+    char *env_spec, *env_map, *env_token, *env_roots, *hosts;
 };
 
 static void spawn_bufs_free(struct spawn_bufs *b)
@@ -380,6 +441,7 @@ static void spawn_bufs_free(struct spawn_bufs *b)
     mge_free(b->env_spec);
     mge_free(b->env_map);
     mge_free(b->env_token);
+    mge_free(b->env_roots);
     mge_free(b->hosts);
 }
 
@@ -396,6 +458,15 @@ static char *env_pair(const char *name, const char *value)
     return s;
 }
 
+/* "MGE_DATA_ROOTS=DIR:DIR..." of this worker's roots (empty: none), NULL on OOM. */
+static char *roots_env(const struct mge_ranks_opts *opts)
+{
+    char *list = mge_data_roots_join(roots_of(opts));
+    char *e = list ? env_pair(MGE_DATA_ROOTS_ENV, list) : NULL;
+    mge_free(list);
+    return e;
+}
+
 /* "mge-launch --guard WORKER_PID": the group of what follows dies with this worker. */
 static void guard_push(struct mge_ranks *rs, struct spawn_bufs *b, struct strv *a)
 {
@@ -410,7 +481,8 @@ static bool env_ours(const char *e)
 {
     static const char *const names[] = {"OMP_NUM_THREADS=", "MGE_JOB_ID=", "MGE_RANK=",
                                         "MGE_WORLD_SIZE=", "MGE_ATTEMPT=", "MGE_SPEC_YAML=",
-                                        "MGE_LAUNCH_MAP=", "MGE_LAUNCH_TOKEN=", "OMPI_COMM_WORLD"};
+                                        "MGE_LAUNCH_MAP=", "MGE_LAUNCH_TOKEN=", "OMPI_COMM_WORLD",
+                                        MGE_DATA_ROOTS_ENV "="};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strncmp(e, names[i], strlen(names[i])))
             return true;
@@ -423,19 +495,25 @@ static bool env_ours(const char *e)
  */
 static int write_launch_map(const struct mge_rank *r, const char *path, char *why, size_t why_len)
 {
-    FILE *f = fopen(path, "w");
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+    FILE *f = open_memstream(&text, &len);
     if (!f) {
-        snprintf(why, why_len, "cannot create '%.300s': %s", path, strerror(errno));
-        return MGE_IO;
+        snprintf(why, why_len, "out of memory");
+        return MGE_NOMEM;
     }
     for (size_t i = 0; i < r->n_peers; i++)
         fprintf(f, "%s %d %s\n", r->peers[i].name, r->peers[i].rank,
                 r->peers[i].launch_url && *r->peers[i].launch_url ? r->peers[i].launch_url : "-");
-    if (fclose(f) != 0) {
-        snprintf(why, why_len, "cannot write '%.300s'", path);
-        return MGE_IO;
+    if (fclose(f) != 0 || !text) {
+        free(text);
+        snprintf(why, why_len, "out of memory");
+        return MGE_NOMEM;
     }
-    return MGE_OK;
+    rc = file_write_all(path, "launch map", text, len, why, why_len);
+    free(text); /* open_memstream's buffer comes from malloc, not mge_malloc */
+    return rc;
 }
 
 /* mpirun's argv for rank 0 of a multi-rank attempt. mu held. */
@@ -517,7 +595,6 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     const char *resume_from = NULL, *what;
     int rv, cpus;
     bool paths_ok;
-    FILE *f;
 
     memset(&b, 0, sizeof(b));
     r->spawned = true;
@@ -539,18 +616,23 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     snprintf(r->out_dir, sizeof(r->out_dir), "%s/job-%lld/attempt-%d/rank-%d", rs->opts.work_dir,
              (long long)r->job_id, r->attempt, r->rank);
     snprintf(b.spec_path, sizeof(b.spec_path), "%s/spec.yaml", r->out_dir);
-    if (mkdirs(r->out_dir) != 0 || !(f = fopen(b.spec_path, "w"))) {
-        snprintf(why, sizeof(why), "cannot create '%.200s': %s", r->out_dir, strerror(errno));
-        fail_rank(rs, r, why);
+    if (mkdirs(r->out_dir) != 0) {
+        char e[128];
+        errno_text(errno, e, sizeof(e));
+        snprintf(why, sizeof(why), "%s creating the rank's directory '%.300s'", e, r->out_dir);
+        fault_rank(rs, r, why);
         return;
     }
-    fputs(r->spec_yaml, f);
-    fclose(f);
+    if (file_write_all(b.spec_path, "spec", r->spec_yaml, strlen(r->spec_yaml), why,
+                       sizeof(why)) != MGE_OK) {
+        fault_rank(rs, r, why);
+        return;
+    }
     snprintf(b.threads, sizeof(b.threads), "%d", cpus);
 
     if (mode == SPAWN_ORTED) {
         if (!rs->opts.launch_bin) {
-            fail_rank(rs, r, "this worker cannot run multi-rank jobs: mge-launch not found");
+            fault_rank(rs, r, "this worker cannot run multi-rank jobs: mge-launch not found");
             goto out_free;
         }
         guard_push(rs, &b, &args);
@@ -560,9 +642,16 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     } else {
         if (mode == SPAWN_MPIRUN) {
             snprintf(b.map_path, sizeof(b.map_path), "%s/launch-map", r->out_dir);
-            if (write_launch_map(r, b.map_path, why, sizeof(why)) != MGE_OK ||
-                mpirun_args(rs, r, &b, &args, why, sizeof(why)) != MGE_OK) {
-                fail_rank(rs, r, why);
+            if (write_launch_map(r, b.map_path, why, sizeof(why)) != MGE_OK) {
+                fault_rank(rs, r, why);
+                goto out_free;
+            }
+            if ((rv = mpirun_args(rs, r, &b, &args, why, sizeof(why))) != MGE_OK) {
+                /* no mpirun here is this worker's; a bad gang from the coordinator is not */
+                if (rv == MGE_UNSUPPORTED || rv == MGE_NOMEM)
+                    fault_rank(rs, r, why);
+                else
+                    fail_rank(rs, r, why);
                 goto out_free;
             }
         } else {
@@ -600,6 +689,12 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     strv_push(&env, b.env_job);
     strv_push(&env, b.env_attempt);
     strv_push(&env, b.env_omp);
+    /* mge-train checks its data files against our roots where it opens them (and so do the
+     * ranks mpirun or orted start here, which inherit it) */
+    if ((b.env_roots = roots_env(&rs->opts)))
+        strv_push(&env, b.env_roots);
+    else
+        env.oom = true;
     if (mode == SPAWN_TRAIN) {
         snprintf(b.env_rank, sizeof(b.env_rank), "MGE_RANK=%d", r->rank);
         snprintf(b.env_world, sizeof(b.env_world), "MGE_WORLD_SIZE=%d", r->world);
@@ -623,7 +718,7 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
             args.oom = true;
     }
     if (args.oom || env.oom) {
-        fail_rank(rs, r, "out of memory");
+        fault_rank(rs, r, "out of memory");
         goto out_free;
     }
 
@@ -655,6 +750,7 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
         uv_close((uv_handle_t *)&r->out, on_close);
         uv_close((uv_handle_t *)&r->err, on_close);
         r->exit_code = 127;
+        r->worker_fault = true; /* this worker's binary or limits, not the job's */
         snprintf(r->failure, sizeof(r->failure), "%.250s", why);
         line_push(r, 1, why, strlen(why));
         goto out_free; /* maybe_finish marks it exited once the handles are closed */

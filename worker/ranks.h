@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "common/dataroot.h"
+
 enum mge_rank_state { MGE_RANK_STARTING, MGE_RANK_RUNNING, MGE_RANK_EXITED };
 
 /* One output line waiting for the coordinator's ack. */
@@ -66,6 +68,7 @@ struct mge_rank {
     int pid;
     int exit_code, term_signal;
     char failure[256];       /* worker-side reason ("" if none) */
+    bool worker_fault;       /* @failure is this worker's (disk, spawn), not the job's */
     bool cancel_requested;
     int grace_ms;
     bool exit_acked;         /* the coordinator stored the exit */
@@ -93,8 +96,9 @@ struct mge_ranks_opts {
     const char *launch_bin;  /* mge-launch (absolute path): mpirun's plm_rsh_agent */
     const char *mpi_if;      /* CIDR the job's MPI traffic uses (oob and btl tcp), or NULL */
     const char *work_dir;    /* job directories go under it */
-    char **data_roots;       /* realpath'ed allowed roots; data paths must lie under one */
-    int n_data_roots;
+    const struct mge_data_roots *data_roots; /* data paths must lie under one; passed to
+                                              * every rank in MGE_DATA_ROOTS, checked there
+                                              * on the file opened */
 };
 
 struct mge_ranks {
@@ -140,8 +144,10 @@ void mge_ranks_ack(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, 
 void mge_ranks_wake(struct mge_ranks *rs);
 
 /*
- * Check the data paths of @spec_yaml against @opts->data_roots without opening anything.
- * On failure writes the reason into @why and returns false.
+ * Check the data paths of @spec_yaml against @opts->data_roots, before a rank starts: each is
+ * opened (mge_data_open: no FIFO can hang it) and its real path checked, then closed. This is
+ * the early, friendly refusal; what holds is the same check where mge-train opens the file.
+ * On failure writes the reason into @why and returns false. Thread: any.
  */
 bool mge_ranks_data_paths_ok(const struct mge_ranks_opts *opts, const char *spec_yaml, char *why,
                              size_t why_len);

@@ -127,6 +127,10 @@ expect2 "truncated checkpoint (resume)" "trunc.mgeckpt" "$BIN/mge-train" "$ROOT/
 expect2 "truncated checkpoint (infer)" "trunc.mgeckpt" "$BIN/mge-infer" "$T/trunc.mgeckpt"
 expect2 "checkpoint of another model" "fc1.w" "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set 'model.hidden=[64]' --resume "$T/half/latest.mgeckpt"
 expect2 "no such spec" "nope.yaml" "$BIN/mge-train" "$T/nope.yaml"
+for n in 0 -1 2x "" 4097 99999999999; do
+    expect2 "--threads '$n'" "--threads: expected an integer between 1 and 4096, got '$n'" \
+        "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --threads "$n"
+done
 
 echo "train_cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]

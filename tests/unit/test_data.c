@@ -3,10 +3,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include "common/alloc.h"
+#include "common/dataroot.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/data.h"
@@ -237,11 +239,19 @@ START_TEST(test_idx_bad_magic)
     const char *junk = write_raw("junk", "GARBAGE!GARBAGE!GARBAGE!", 24);
     ck_assert_int_eq(mge_dataset_load_idx(&ds, junk, lab, err, sizeof(err)), MGE_FORMAT);
     ck_assert_ptr_nonnull(strstr(err, "junk: bad magic"));
+    /* what was expected and what the file is, never its bytes (neither text nor hex) */
+    ck_assert_ptr_nonnull(strstr(err, "expected 00 00 08 02, 03 or 04"));
+    ck_assert_ptr_nonnull(strstr(err, "it is a plain file of 24 bytes"));
+    ck_assert_ptr_null(strstr(err, "GARB"));
+    ck_assert_ptr_null(strstr(err, "4741")); /* "GA" in hex */
+    ck_assert_ptr_null(strstr(err, "47 41"));
     /* Float data type. */
     const uint8_t fl[] = {0, 0, 0x0d, 1, 0, 0, 0, 1, 0, 0, 0, 0};
     const char *f = write_raw("float", fl, sizeof(fl));
     ck_assert_int_eq(mge_dataset_load_idx(&ds, img, f, err, sizeof(err)), MGE_FORMAT);
-    ck_assert_ptr_nonnull(strstr(err, "unsupported IDX data type 0x0d"));
+    ck_assert_ptr_nonnull(strstr(err, "unsupported IDX data type for labels"));
+    ck_assert_ptr_nonnull(strstr(err, "only unsigned bytes, 0x08; it is a plain file of 12 bytes"));
+    ck_assert_ptr_null(strstr(err, "0d"));
     ck_assert_ptr_null(ds.pixels);
 }
 END_TEST
@@ -303,6 +313,54 @@ START_TEST(test_idx_missing_file)
     ck_assert_ptr_nonnull(strstr(err, nope));
     ck_assert_ptr_null(ds.pixels);
     ck_assert_int_eq(mge_dataset_load_idx(&ds, tmpdir, lab, err, sizeof(err)), MGE_IO);
+}
+END_TEST
+
+START_TEST(test_idx_data_roots)
+{
+    /* The roots hold for the file opened: a link inside the root to a valid IDX file outside
+     * it is refused, and nothing of that file shows in the message. A FIFO cannot hang the
+     * open (Check's timeout would end this test). */
+    struct mge_dataset ds;
+    struct mge_data_roots dr = {0};
+    const char *img, *lab, *link = tmp_path("link-out"), *fifo = tmp_path("fifo");
+    char err[256], out_dir[64], out_lab[128];
+    uint8_t secret[S_N] = {7, 7, 7, 7, 7};
+    FILE *f;
+    small_set(&img, &lab, 0, 0);
+    snprintf(out_dir, sizeof(out_dir), "/tmp/mge-test-data-out-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(out_dir));
+    snprintf(out_lab, sizeof(out_lab), "%s/labels", out_dir);
+    f = fopen(out_lab, "wb");
+    ck_assert_ptr_nonnull(f);
+    fwrite("\0\0\x08\x01\0\0\0\x05", 1, 8, f);
+    fwrite(secret, 1, sizeof(secret), f);
+    fclose(f);
+    ck_assert_int_eq(symlink(out_lab, link), 0);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert_int_eq(mge_data_roots_add(&dr, tmpdir, err, sizeof(err)), MGE_OK);
+    mge_dataset_set_roots(&dr);
+
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, lab, err, sizeof(err)), MGE_OK);
+    mge_dataset_fini(&ds);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, link, err, sizeof(err)), MGE_FORBIDDEN);
+    ck_assert_ptr_nonnull(strstr(err, "is outside the worker's data roots"));
+    ck_assert_ptr_nonnull(strstr(err, link));
+    ck_assert_ptr_null(strstr(err, out_lab)); /* nor where the link points */
+    ck_assert_ptr_null(ds.pixels);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, fifo, lab, err, sizeof(err)), MGE_IO);
+    ck_assert_ptr_nonnull(strstr(err, "is a FIFO, not a regular file"));
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, tmpdir, lab, err, sizeof(err)), MGE_IO);
+    ck_assert_ptr_nonnull(strstr(err, "is a directory"));
+    /* outside the roots directly, and without roots the same file loads */
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, out_lab, err, sizeof(err)), MGE_FORBIDDEN);
+    mge_dataset_set_roots(NULL);
+    ck_assert_int_eq(mge_dataset_load_idx(&ds, img, link, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.labels[0], 7);
+    mge_dataset_fini(&ds);
+    mge_data_roots_fini(&dr);
+    unlink(out_lab);
+    rmdir(out_dir);
 }
 END_TEST
 
@@ -743,6 +801,7 @@ static Suite *data_suite(void)
         {"idx_trailing", test_idx_trailing_data},
         {"idx_label_range", test_idx_label_range},
         {"idx_missing", test_idx_missing_file},
+        {"idx_data_roots", test_idx_data_roots},
         {"idx_alloc", test_idx_alloc_failures},
         {"idx_fashion_mnist", test_idx_fashion_mnist},
         {"synthetic", test_synthetic_deterministic},

@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/jobspec.h"
+#include "engine/data.h"
 
 /* Every key set to a value other than its default. */
 static const char FULL_IDX[] = "name: full-spec_1.0\n"
@@ -313,6 +314,31 @@ START_TEST(test_jobspec_defaults)
 }
 END_TEST
 
+/* data.classes: the spec takes exactly what the engine can build (one limit, MGE_CLASSES_MAX). */
+START_TEST(test_jobspec_classes_limit_is_the_engines)
+{
+    struct mge_spec_error err;
+    struct mge_dataset ds;
+    struct mge_jobspec *s = parse_ok("name: t\nmodel: {type: mlp, hidden: []}\n"
+                                     "data: {format: synthetic, classes: 65536}\n"
+                                     "train: {epochs: 1, batch_size: 4, optimizer: {lr: 0.1}}\n",
+                                     NULL, 0);
+    ck_assert_int_eq(s->data.classes, MGE_CLASSES_MAX);
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 4, 1, 1, 2, s->data.classes, 1), MGE_OK);
+    ck_assert_int_eq(ds.classes, MGE_CLASSES_MAX);
+    mge_dataset_fini(&ds);
+    mge_jobspec_free(s);
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 4, 1, 1, 2, MGE_CLASSES_MAX + 1, 1), MGE_INVAL);
+    ck_assert_int_eq(parse_err("name: t\nmodel: {type: mlp, hidden: []}\n"
+                               "data: {format: synthetic, classes: 65537}\n"
+                               "train: {epochs: 1, batch_size: 4, optimizer: {lr: 0.1}}\n",
+                               NULL, 0, &err),
+                     MGE_SPEC);
+    ck_assert_str_eq(err.key, "data.classes");
+    ck_assert_int_eq(err.line, 3);
+}
+END_TEST
+
 START_TEST(test_jobspec_defaults_dependent)
 {
     /* gpus defaults to 1 on gpu; adamw's weight decay to 0.01; null means "not given". */
@@ -423,6 +449,12 @@ static const struct err_case err_cases[] = {
      "train.lr_schedule.min_lr", "expected a number in [0, 0.1], got '0.5'"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: synthetic\n  train_images: x\n",
      MGE_SPEC, 5, "data.train_images", "only used with data.format idx"},
+    {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: synthetic\n  classes: 65537\n",
+     MGE_SPEC, 5, "data.classes",
+     "job.yaml:5: data.classes: expected an integer between 2 and "
+     "65536, got '65537'"},
+    {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: synthetic\n  classes: 1000000\n",
+     MGE_SPEC, 5, "data.classes", "expected an integer between 2 and 65536, got '1000000'"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: idx\n  classes: 3\n", MGE_SPEC, 5,
      "data.classes", "only used with data.format synthetic"},
     {"name: t\nmodel: {type: lenet}\ndata:\n  format: synthetic\n  image: [3, 32, 32]\n"
@@ -871,6 +903,7 @@ static Suite *jobspec_suite(void)
     tc = tcase_create("defaults");
     tcase_add_test(tc, test_jobspec_defaults);
     tcase_add_test(tc, test_jobspec_defaults_dependent);
+    tcase_add_test(tc, test_jobspec_classes_limit_is_the_engines);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("errors");
