@@ -233,20 +233,26 @@ struct overrides {
     const char *v[MAX_OVERRIDES];
     int n;
     bool too_many;
+    int nul_at;                   /* 1-based index of a set= value holding a NUL byte, or 0 */
 };
 
 static enum MHD_Result collect_set(void *cls, enum MHD_ValueKind kind, const char *key,
-                                   const char *value)
+                                   size_t key_size, const char *value, size_t value_size)
 {
     struct overrides *o = cls;
     (void)kind;
-    if (strcmp(key, "set") != 0 || !value)
+    if (key_size != 3 || memcmp(key, "set", 3) != 0 || !value)
         return MHD_YES;
     if (o->n == MAX_OVERRIDES) {
         o->too_many = true;
         return MHD_NO;
     }
     o->v[o->n++] = value;
+    /* "%00" decodes to a NUL that would cut the value short without a word: refuse it */
+    if (memchr(value, '\0', value_size)) {
+        o->nul_at = o->n;
+        return MHD_NO;
+    }
     return MHD_YES;
 }
 
@@ -264,10 +270,16 @@ static enum MHD_Result jobs_post(struct mge_http *h, struct MHD_Connection *c, s
     char *s;
     enum MHD_Result ret;
 
-    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_set, &ov);
+    MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, collect_set, &ov);
     if (ov.too_many)
         return send_problem(c, 400, "bad-request", "Too many overrides",
                             "at most 64 set= parameters");
+    if (ov.nul_at) {
+        char detail[160];
+        snprintf(detail, sizeof(detail), "set= parameter %d contains a NUL byte after '%.64s'",
+                 ov.nul_at, ov.v[ov.nul_at - 1]);
+        return send_problem(c, 400, "malformed", "Malformed set= parameter", detail);
+    }
     rc = mge_http_parse_job(ct, rq->body ? rq->body : "", rq->len, ov.v, ov.n, &spec, &problem,
                             &status);
     if (rc != MGE_OK)
