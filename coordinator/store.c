@@ -456,7 +456,9 @@ static int db_migrate(struct mge_store *st, const char *path)
 static int db_mark_open(struct mge_store *st, const char *dir, const char *path, bool had_wal)
 {
     sqlite3_stmt *s = NULL;
-    char mark[128];
+    char mark[128], when[32];
+    time_t now = time(NULL);
+    struct tm tm;
     bool row;
     int rc;
 
@@ -474,8 +476,9 @@ static int db_mark_open(struct mge_store *st, const char *dir, const char *path,
     sqlite3_finalize(s);
     if (rc != MGE_OK)
         return rc;
-    snprintf(mark, sizeof(mark), "pid %ld since %lld ms", (long)getpid(),
-             (long long)mge_now_ms());
+    gmtime_r(&now, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    snprintf(mark, sizeof(mark), "pid %ld, started %s", (long)getpid(), when);
     if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO meta(key, value) VALUES('open', ?)",
                            -1, &s, NULL) != SQLITE_OK)
         return err_db(st, "cannot mark the database open");
@@ -707,7 +710,7 @@ static void events_notify(struct mge_store *st, int64_t job_id)
     pthread_mutex_unlock(&st->hook_mu);
 }
 
-/* events_notify() once per job of an ingested batch (lines come grouped by job). */
+/* events_notify() for the jobs of an ingested batch, once per run of lines of one job. */
 static void events_notify_lines(struct mge_store *st, const struct mge_store_line *lines,
                                 size_t n)
 {
