@@ -495,6 +495,96 @@ static int db_mark_open(struct mge_store *st, const char *dir, const char *path,
     return rc;
 }
 
+/* A 32-bit word of a WAL file: big-endian, or in the byte order its magic says for checksums. */
+static uint32_t wal_word(const unsigned char *p, bool big)
+{
+    return big ? (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]
+               : (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0];
+}
+
+/* SQLite's WAL checksum of @n bytes (a multiple of 8) at @p, continuing from @s. */
+static void wal_cksum(const unsigned char *p, size_t n, bool big, uint32_t s[2])
+{
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        s[0] += wal_word(p + i, big) + s[1];
+        s[1] += wal_word(p + i + 4, big) + s[0];
+    }
+}
+
+/*
+ * Check the write-ahead log @wal before SQLite opens it. SQLite replays a WAL up to its first
+ * frame that fails its checksum and drops the rest without a word (all of it when the header
+ * fails): commits lost, ids reused. A crash can tear only the last write, so a bad frame with
+ * a later frame of the same generation (salts) that checks out against its predecessor, or a
+ * bad header in front of frames, is damage; a bad frame at the end is a torn write and fine.
+ * MGE_OK, or MGE_CORRUPT with what is wrong in @why (@n bytes). See sqlite.org/walformat.html.
+ */
+static int wal_check(const char *wal, char *why, size_t n)
+{
+    FILE *f = fopen(wal, "rb");
+    unsigned char hdr[32], fh[24], *page = NULL;
+    uint32_t s[2] = {0, 0}, magic, psize, salt[2];
+    long frame = 0, bad = -1;
+    bool big;
+    int rc = MGE_OK;
+
+    if (!f)
+        return MGE_OK; /* none: nothing to replay */
+    if (fread(hdr, 1, sizeof(hdr), f) != sizeof(hdr))
+        goto out_close; /* empty (checkpointed and truncated) or torn at creation */
+    magic = wal_word(hdr, true);
+    psize = wal_word(hdr + 8, true);
+    big = magic == 0x377f0683;
+    if ((magic & 0xfffffffe) != 0x377f0682 || psize < 512 || psize > 65536 ||
+        (psize & (psize - 1)) != 0) {
+        snprintf(why, n, "its header is not a WAL header");
+        rc = MGE_CORRUPT;
+        goto out_close;
+    }
+    wal_cksum(hdr, 24, big, s);
+    salt[0] = wal_word(hdr + 16, true);
+    salt[1] = wal_word(hdr + 20, true);
+    page = mge_malloc(psize);
+    if (!page) {
+        rc = MGE_NOMEM;
+        goto out_close;
+    }
+    if (s[0] != wal_word(hdr + 24, true) || s[1] != wal_word(hdr + 28, true)) {
+        if (fread(fh, 1, sizeof(fh), f) == sizeof(fh)) {
+            snprintf(why, n, "its header fails its checksum, with frames behind it");
+            rc = MGE_CORRUPT;
+        }
+        goto out_free;
+    }
+    while (fread(fh, 1, sizeof(fh), f) == sizeof(fh) && fread(page, 1, psize, f) == psize) {
+        uint32_t c[2] = {s[0], s[1]};
+        bool ours = wal_word(fh + 8, true) == salt[0] && wal_word(fh + 12, true) == salt[1];
+        frame++;
+        if (!ours)
+            break; /* a frame of an earlier generation: where SQLite stops, legitimately */
+        wal_cksum(fh, 8, big, c);
+        wal_cksum(page, psize, big, c);
+        if (c[0] == wal_word(fh + 16, true) && c[1] == wal_word(fh + 20, true)) {
+            if (bad >= 0) { /* written after the bad frame: the bad one is damage, not a tear */
+                snprintf(why, n, "frame %ld fails its checksum and frames behind it do not",
+                         bad);
+                rc = MGE_CORRUPT;
+                break;
+            }
+        } else if (bad < 0) {
+            bad = frame;
+        }
+        /* the next frame's checksum continues from this one's stored value */
+        s[0] = wal_word(fh + 16, true);
+        s[1] = wal_word(fh + 20, true);
+    }
+out_free:
+    mge_free(page);
+out_close:
+    fclose(f);
+    return rc;
+}
+
 int mge_store_open(const char *dir, struct mge_store **out)
 {
     char path[4096], wal[4200], why[256];
@@ -513,6 +603,12 @@ int mge_store_open(const char *dir, struct mge_store **out)
         return rc;
     snprintf(wal, sizeof(wal), "%s-wal", path);
     had_wal = stat(wal, &sb) == 0; /* before SQLite creates one */
+    rc = wal_check(wal, why, sizeof(why));
+    if (rc == MGE_CORRUPT)
+        return MGE_ERR(rc, "write-ahead log '%s' is damaged (%s): the commits in it would be "
+                       "dropped without a word; refusing to start; %s", wal, why, RESTORE_HINT);
+    if (rc != MGE_OK)
+        return rc;
     st = mge_calloc(1, sizeof(*st));
     if (!st)
         return MGE_NOMEM;

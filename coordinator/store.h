@@ -89,9 +89,11 @@ int64_t mge_mono_ms(void);
  * Open (creating if needed) @dir/mge.db, apply schema migrations, WAL mode.
  * On MGE_OK *@out is a new store the caller closes with mge_store_close().
  * Refuses (logged at error level with what to do, see docs/operations.md):
- *   MGE_CORRUPT  the file fails PRAGMA quick_check or is not a database, or it was left open
+ *   MGE_CORRUPT  the file fails PRAGMA quick_check or is not a database; it was left open
  *                by a coordinator that did not stop cleanly and its WAL file is gone (commits
- *                lost, ids would be reused). A crash that leaves the WAL in place is fine.
+ *                lost, ids would be reused); or its WAL has a bad frame with good frames
+ *                behind it (SQLite would drop them silently). A crash that leaves the WAL in
+ *                place, torn last write included, is fine.
  *   MGE_DB       SQLite cannot open or migrate it; the schema is newer than this program.
  * The caller must hold the state directory's lock (one process per database): the open
  * marker this sets in the file assumes no other process has it open.

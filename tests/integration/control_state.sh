@@ -2,7 +2,7 @@
 # control_state.sh: the coordinator's state directory under faults, each one performed here:
 # a second coordinator on the same directory, a requeue the store cannot write (database
 # locked when a worker is lost), a clean restart and a kill -9 restart (nothing lost), a WAL
-# deleted after a kill -9 (refused; the WAL put back starts with every job), a corrupted
+# deleted or damaged after a kill -9 (refused; the WAL put back starts with every job), a corrupted
 # database file (refused with the restore steps; --restore-from a backup starts), and a NUL
 # byte in a ?set= value (400).
 . "$(dirname "$0")/lib/control.sh"
@@ -80,6 +80,12 @@ try_coord
 check "a deleted WAL after kill -9 refuses to start (exit $rc)" [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]
 check "... saying the write-ahead log is gone and how to restore" \
     sh -c "grep -q \"write-ahead log '$DB-wal' is gone\" '$T/refused.log' && grep -q -- '--restore-from' '$T/refused.log'"
+cp "$T/saved-wal" "$DB-wal"
+python3 -c 'import sys; f = open(sys.argv[1], "r+b"); o = 32 + 24 + 100; f.seek(o); b = f.read(1); f.seek(o); f.write(bytes([b[0] ^ 0xff]))' "$DB-wal"
+try_coord
+check "a WAL damaged in its first frame refuses to start (exit $rc)" [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]
+check "... saying the write-ahead log is damaged and how to restore" \
+    sh -c "grep -q \"write-ahead log '$DB-wal' is damaged (frame 1 fails its checksum\" '$T/refused.log' && grep -q -- '--restore-from' '$T/refused.log'"
 mv "$T/saved-wal" "$DB-wal"
 start_coord
 check "the WAL put back: it starts with every job, none lost ($before)" [ "$(job_ids)" = "$before" ]

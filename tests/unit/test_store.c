@@ -266,6 +266,55 @@ START_TEST(test_store_crash_keeps_wal_deleted_wal_refused)
 }
 END_TEST
 
+/* Flip one byte of WAL frame @frame (1-based) of @wal, inside its page. */
+static void wal_frame_flip(const char *wal, long frame)
+{
+    long off = 32 + (frame - 1) * (24 + PAGE) + 24 + 100;
+    unsigned char b;
+    int fd = open(wal, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pread(fd, &b, 1, off), 1);
+    b ^= 0xff;
+    ck_assert_int_eq(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+
+START_TEST(test_store_damaged_wal_refused_torn_tail_not)
+{
+    struct mge_store *st = NULL;
+    struct mge_job_row row;
+    char wal[128];
+    struct stat sb;
+    long frames;
+
+    path_in(wal, sizeof(wal), "mge.db-wal");
+    crash_with_jobs(6); /* jobs 1..6, committed, in the WAL only */
+    ck_assert_int_eq(stat(wal, &sb), 0);
+    frames = (sb.st_size - 32) / (24 + PAGE);
+    ck_assert_int_ge(frames, 6);
+    /* a write torn by the crash: the last frame half there */
+    ck_assert_int_eq(truncate(wal, sb.st_size - PAGE / 2), 0);
+    ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
+    ck_assert_int_eq(mge_store_job_row(st, 5, &row), MGE_OK); /* job 6's commit was torn */
+    ck_assert_int_eq(mge_store_job_row(st, 6, &row), MGE_NOENT);
+    mge_store_close(st);
+
+    crash_with_jobs(6); /* jobs 6..11 */
+    ck_assert_int_eq(stat(wal, &sb), 0);
+    frames = (sb.st_size - 32) / (24 + PAGE);
+    wal_frame_flip(wal, frames); /* the last frame bad: as torn, SQLite drops that commit */
+    ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
+    ck_assert_int_eq(mge_store_job_row(st, 10, &row), MGE_OK);
+    ck_assert_int_eq(mge_store_job_row(st, 11, &row), MGE_NOENT);
+    mge_store_close(st);
+
+    crash_with_jobs(6); /* jobs 11..16 */
+    wal_frame_flip(wal, 2); /* bit rot in the middle: every later commit would be dropped */
+    ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_CORRUPT);
+    ck_assert_ptr_null(st);
+}
+END_TEST
+
 static int64_t g_hook_jobs[16];
 static int g_hook_calls;
 
@@ -323,6 +372,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_store_reads_fail_part_way);
     tcase_add_test(tc, test_store_refuses_corrupt_file_and_restores);
     tcase_add_test(tc, test_store_crash_keeps_wal_deleted_wal_refused);
+    tcase_add_test(tc, test_store_damaged_wal_refused_torn_tail_not);
     suite_add_tcase(s, tc);
     tc = tcase_create("events");
     tcase_add_checked_fixture(tc, dir_setup, dir_teardown);
