@@ -124,9 +124,9 @@ static void other_writer(const char *db)
 {
     sqlite3 *o = NULL;
     ck_assert_int_eq(sqlite3_open_v2(db, &o, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_exec(o, "INSERT INTO meta(key, value) VALUES('test', 'x')", NULL,
-                                  NULL, NULL),
-                     SQLITE_OK);
+    ck_assert_int_eq(
+        sqlite3_exec(o, "INSERT INTO meta(key, value) VALUES('test', 'x')", NULL, NULL, NULL),
+        SQLITE_OK);
     ck_assert_int_eq(sqlite3_close(o), SQLITE_OK);
 }
 
@@ -308,7 +308,7 @@ START_TEST(test_store_damaged_wal_refused_torn_tail_not)
     ck_assert_int_eq(mge_store_job_row(st, 11, &row), MGE_NOENT);
     mge_store_close(st);
 
-    crash_with_jobs(6); /* jobs 11..16 */
+    crash_with_jobs(6);     /* jobs 11..16 */
     wal_frame_flip(wal, 2); /* bit rot in the middle: every later commit would be dropped */
     ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_CORRUPT);
     ck_assert_ptr_null(st);
