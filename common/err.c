@@ -10,7 +10,7 @@
 const char *mge_strerror(int err)
 {
     static const char *const msgs[] = {
-#define MGE__ERR_MSG(name, msg) msg,
+#define MGE__ERR_MSG(name, msg, fault) msg,
         MGE_ERR_MAP(MGE__ERR_MSG)
 #undef MGE__ERR_MSG
     };
@@ -22,13 +22,29 @@ const char *mge_strerror(int err)
 const char *mge_errname(int err)
 {
     static const char *const names[] = {
-#define MGE__ERR_NAME(name, msg) #name,
+#define MGE__ERR_NAME(name, msg, fault) #name,
         MGE_ERR_MAP(MGE__ERR_NAME)
 #undef MGE__ERR_NAME
     };
     if (err < 0 || err >= MGE_ERR__COUNT)
         return "UNKNOWN";
     return names[err];
+}
+
+bool mge_err_is_system(int err)
+{
+    static const bool sys[] = {
+#define MGE__ERR_SYS(name, msg, fault) MGE__ERR_FAULT_##fault,
+#define MGE__ERR_FAULT_SYS true
+#define MGE__ERR_FAULT_USER false
+        MGE_ERR_MAP(MGE__ERR_SYS)
+#undef MGE__ERR_FAULT_USER
+#undef MGE__ERR_FAULT_SYS
+#undef MGE__ERR_SYS
+    };
+    if (err < 0 || err >= MGE_ERR__COUNT)
+        return true; /* not one of ours: a bug somewhere */
+    return sys[err];
 }
 
 int mge__err_log(int code, const char *file, int line, const char *fmt, ...)
@@ -38,7 +54,8 @@ int mge__err_log(int code, const char *file, int line, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    mge_log_at(MGE_LOG_DEBUG, file, line, "%s (%s)", buf, mge_errname(code));
+    mge_log_at(mge_err_is_system(code) ? MGE_LOG_ERROR : MGE_LOG_INFO, file, line, "%s (%s)", buf,
+               mge_errname(code));
     return code;
 }
 

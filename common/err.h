@@ -2,42 +2,51 @@
 #ifndef MGE_COMMON_ERR_H
 #define MGE_COMMON_ERR_H
 
+#include <stdbool.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /*
- * X-macro table: name, message. The enum and mge_strerror() are both made
- * from it, so they cannot drift apart (libuv's UV_ERRNO_MAP).
+ * X-macro table: name, message, and who is at fault, which sets the level MGE_ERR logs at:
+ *   SYS  the system failed (memory, disk, database, network, device, our own code): logged at
+ *        error level, because an operator must see it;
+ *   USER a request, file or spec was refused for what it asked (bad values, unknown names,
+ *        limits, permissions, wrong state): logged at info level, because the refusal already
+ *        goes back to whoever sent it (an HTTP problem, a CLI message, a job's failure reason)
+ *        and a stranger must not be able to fill the operator's log with errors.
+ * The enum and mge_strerror() are both made from it, so they cannot drift apart (libuv's
+ * UV_ERRNO_MAP).
  */
 #define MGE_ERR_MAP(X)                                                 \
-    X(OK, "success")                                                   \
-    X(NOMEM, "out of memory")                                          \
-    X(INVAL, "invalid argument")                                       \
-    X(IO, "input/output error")                                        \
-    X(NOENT, "no such file or object")                                 \
-    X(FORMAT, "malformed input")                                       \
-    X(SPEC, "invalid job spec")                                        \
-    X(CORRUPT, "corrupt data")                                         \
-    X(RANGE, "value out of range")                                     \
-    X(UNSUPPORTED, "not supported")                                    \
-    X(DEVICE, "device error")                                          \
-    X(BUDGET, "memory budget too small")                               \
-    X(STATE, "operation not valid in this state")                      \
-    X(EXISTS, "already exists")                                        \
-    X(AUTH, "not authorised")                                          \
-    X(FORBIDDEN, "forbidden")                                          \
-    X(TOOBIG, "too large")                                             \
-    X(DB, "database error")                                            \
-    X(NET, "network error")                                            \
-    X(TIMEOUT, "timed out")                                            \
-    X(PROTO, "protocol error")                                         \
-    X(COMM, "collective communication error")                          \
-    X(CANCELLED, "cancelled")                                          \
-    X(INTERNAL, "internal error")
+    X(OK, "success", USER)                                             \
+    X(NOMEM, "out of memory", SYS)                                     \
+    X(INVAL, "invalid argument", USER)                                 \
+    X(IO, "input/output error", SYS)                                   \
+    X(NOENT, "no such file or object", USER)                           \
+    X(FORMAT, "malformed input", USER)                                 \
+    X(SPEC, "invalid job spec", USER)                                  \
+    X(CORRUPT, "corrupt data", SYS)                                    \
+    X(RANGE, "value out of range", USER)                               \
+    X(UNSUPPORTED, "not supported", USER)                              \
+    X(DEVICE, "device error", SYS)                                     \
+    X(BUDGET, "memory budget too small", USER)                         \
+    X(STATE, "operation not valid in this state", USER)                \
+    X(EXISTS, "already exists", USER)                                  \
+    X(AUTH, "not authorised", USER)                                    \
+    X(FORBIDDEN, "forbidden", USER)                                    \
+    X(TOOBIG, "too large", USER)                                       \
+    X(DB, "database error", SYS)                                       \
+    X(NET, "network error", SYS)                                       \
+    X(TIMEOUT, "timed out", SYS)                                       \
+    X(PROTO, "protocol error", SYS)                                    \
+    X(COMM, "collective communication error", SYS)                     \
+    X(CANCELLED, "cancelled", USER)                                    \
+    X(INTERNAL, "internal error", SYS)
 
 enum mge_err {
-#define MGE__ERR_ENUM(name, msg) MGE_##name,
+#define MGE__ERR_ENUM(name, msg, fault) MGE_##name,
     MGE_ERR_MAP(MGE__ERR_ENUM)
 #undef MGE__ERR_ENUM
     MGE_ERR__COUNT
@@ -52,8 +61,12 @@ const char *mge_strerror(int err);
 /* Short identifier for @err ("NOMEM"), static storage. */
 const char *mge_errname(int err);
 
+/* Whether @err is the system's fault (SYS in MGE_ERR_MAP) rather than the request's. */
+bool mge_err_is_system(int err);
+
 /*
- * Log "file:line: message" once at error level and return @code.
+ * Log "file:line: message (NAME)" once and return @code: at error level when @code is the
+ * system's fault, at info level when it refuses a request (see MGE_ERR_MAP).
  * Use at the place an error starts: `return MGE_ERR(MGE_IO, "cannot open '%s'", path);`
  */
 int mge__err_log(int code, const char *file, int line, const char *fmt, ...)

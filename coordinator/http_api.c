@@ -29,7 +29,7 @@
 #define MAX_OVERRIDES 64
 #define SSE_BATCH 200
 #define SSE_KEEPALIVE_MS 15000
-#define SSE_POLL_MS 100
+#define SSE_TICK_S 1              /* how often due keepalives are looked for */
 
 /* Routes, for latency histograms. */
 enum route {
@@ -58,10 +58,7 @@ static const char *const route_names[R__COUNT] = {
 static const double buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
 #define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
 
-struct sse_waiter {
-    struct MHD_Connection *conn;
-    struct sse_waiter *next;
-};
+struct sse;
 
 struct mge_http {
     struct MHD_Daemon *d;
@@ -71,12 +68,12 @@ struct mge_http {
     struct mge_rpc *rpc;
     char *web_root;               /* dashboard files; NULL: not served */
     int port;
-    pthread_mutex_t mu;           /* guards stats and the SSE waiters */
+    pthread_mutex_t mu;           /* guards stats, the SSE streams and their flags */
     uint64_t count[R__COUNT];
     uint64_t bucket[R__COUNT][N_BUCKETS];
     double sum[R__COUNT];
-    struct sse_waiter *waiters;   /* suspended SSE connections */
-    pthread_t waker;              /* resumes SSE connections every SSE_POLL_MS */
+    struct sse *subs;             /* every live SSE stream */
+    pthread_t keepalive;          /* resumes streams whose keepalive is due */
     bool stopping;
     pthread_cond_t cv;
 };
@@ -100,6 +97,9 @@ struct sse {
     size_t len, off;
     bool ending;                  /* the job is finished and everything is sent */
     int64_t last_write;           /* monotonic ms */
+    struct sse *next;             /* [h->mu] in h->subs */
+    bool notified;                /* [h->mu] the store may have new events for it */
+    bool suspended;               /* [h->mu] its connection waits for a notify or keepalive */
 };
 
 /* ---- responses ---- */
@@ -233,20 +233,26 @@ struct overrides {
     const char *v[MAX_OVERRIDES];
     int n;
     bool too_many;
+    int nul_at;                   /* 1-based index of a set= value holding a NUL byte, or 0 */
 };
 
 static enum MHD_Result collect_set(void *cls, enum MHD_ValueKind kind, const char *key,
-                                   const char *value)
+                                   size_t key_size, const char *value, size_t value_size)
 {
     struct overrides *o = cls;
     (void)kind;
-    if (strcmp(key, "set") != 0 || !value)
+    if (key_size != 3 || memcmp(key, "set", 3) != 0 || !value)
         return MHD_YES;
     if (o->n == MAX_OVERRIDES) {
         o->too_many = true;
         return MHD_NO;
     }
     o->v[o->n++] = value;
+    /* "%00" decodes to a NUL that would cut the value short without a word: refuse it */
+    if (memchr(value, '\0', value_size)) {
+        o->nul_at = o->n;
+        return MHD_NO;
+    }
     return MHD_YES;
 }
 
@@ -264,10 +270,16 @@ static enum MHD_Result jobs_post(struct mge_http *h, struct MHD_Connection *c, s
     char *s;
     enum MHD_Result ret;
 
-    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_set, &ov);
+    MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, collect_set, &ov);
     if (ov.too_many)
         return send_problem(c, 400, "bad-request", "Too many overrides",
                             "at most 64 set= parameters");
+    if (ov.nul_at) {
+        char detail[160];
+        snprintf(detail, sizeof(detail), "set= parameter %d contains a NUL byte after '%.64s'",
+                 ov.nul_at, ov.v[ov.nul_at - 1]);
+        return send_problem(c, 400, "malformed", "Malformed set= parameter", detail);
+    }
     rc = mge_http_parse_job(ct, rq->body ? rq->body : "", rq->len, ov.v, ov.n, &spec, &problem,
                             &status);
     if (rc != MGE_OK)
@@ -558,17 +570,43 @@ static enum MHD_Result worker_drain(struct mge_http *h, struct MHD_Connection *c
 
 /* ---- server-sent events ---- */
 
-static void sse_wait(struct sse *e)
+/*
+ * How a stream waits (no polling): a stream with nothing to send suspends its connection and
+ * sits in h->subs until the store's events hook (sse_notify, called by every commit that adds
+ * events to its job: the ingest path, state changes) or the keepalive timer resumes it. A
+ * resumed stream reads the store once; 500 idle subscribers cost no query at all.
+ */
+
+/* Events of job @job_id were committed: resume its streams. The store's events hook. */
+static void sse_notify(void *arg, int64_t job_id)
 {
-    struct sse_waiter *w = mge_malloc(sizeof(*w));
-    if (!w)
-        return; /* it is called again at once: busy but correct */
-    MHD_suspend_connection(e->conn);
+    struct mge_http *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (struct sse *e = h->subs; e; e = e->next) {
+        if (e->job_id != job_id)
+            continue;
+        e->notified = true;
+        if (e->suspended) {
+            e->suspended = false;
+            MHD_resume_connection(e->conn);
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Suspend @e until a notify or its keepalive, unless a notify came meanwhile (then false). */
+static bool sse_wait(struct sse *e)
+{
+    bool waiting;
     pthread_mutex_lock(&e->h->mu);
-    w->conn = e->conn;
-    w->next = e->h->waiters;
-    e->h->waiters = w;
+    waiting = !e->notified && !e->h->stopping;
+    if (waiting) {
+        /* under h->mu: a notify cannot resume it before it is suspended */
+        MHD_suspend_connection(e->conn);
+        e->suspended = true;
+    }
     pthread_mutex_unlock(&e->h->mu);
+    return waiting;
 }
 
 static int sse_fill(struct sse *e)
@@ -576,8 +614,9 @@ static int sse_fill(struct sse *e)
     json_t *arr = NULL, *ev;
     size_t i, cap = 0;
     struct mge_job_row row;
-    if (mge_store_events(e->h->st, e->job_id, e->last_id, SSE_BATCH, &arr) != MGE_OK)
-        return MGE_DB;
+    int rc = mge_store_events(e->h->st, e->job_id, e->last_id, SSE_BATCH, &arr);
+    if (rc != MGE_OK)
+        return rc;
     e->len = e->off = 0;
     json_array_foreach(arr, i, ev)
     {
@@ -600,11 +639,13 @@ static int sse_fill(struct sse *e)
         e->last_id = id;
         free(data);
     }
-    if (json_array_size(arr) == 0 && mge_store_job_row(e->h->st, e->job_id, &row) == MGE_OK &&
-        mge_job_state_is_terminal(row.state))
-        e->ending = true;
+    if (json_array_size(arr) == 0) {
+        rc = mge_store_job_row(e->h->st, e->job_id, &row);
+        if (rc == MGE_OK && mge_job_state_is_terminal(row.state))
+            e->ending = true;
+    }
     json_decref(arr);
-    return MGE_OK;
+    return rc;
 }
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -612,27 +653,37 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
     struct sse *e = cls;
     size_t n;
     (void)pos;
-    if (e->off == e->len) {
-        bool stopping;
+    while (e->off == e->len) {
+        bool stopping, query;
         pthread_mutex_lock(&e->h->mu);
         stopping = e->h->stopping;
+        query = e->notified;
+        e->notified = false;
         pthread_mutex_unlock(&e->h->mu);
         if (stopping)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        if (sse_fill(e) != MGE_OK)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (e->len == 0) {
+        if (query) {
+            if (sse_fill(e) != MGE_OK)
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            if (e->len > 0) {
+                /* a full batch may have more behind it, and an end is seen on an empty read */
+                pthread_mutex_lock(&e->h->mu);
+                e->notified = true;
+                pthread_mutex_unlock(&e->h->mu);
+                break;
+            }
             if (e->ending)
                 return MHD_CONTENT_READER_END_OF_STREAM;
-            if (mge_mono_ms() - e->last_write >= SSE_KEEPALIVE_MS) {
-                static const char ka[] = ": keepalive\n\n";
-                memcpy(buf, ka, sizeof(ka) - 1 < max ? sizeof(ka) - 1 : max);
-                e->last_write = mge_mono_ms();
-                return (ssize_t)(sizeof(ka) - 1 < max ? sizeof(ka) - 1 : max);
-            }
-            sse_wait(e);
-            return 0;
         }
+        if (mge_mono_ms() - e->last_write >= SSE_KEEPALIVE_MS) {
+            static const char ka[] = ": keepalive\n\n";
+            n = sizeof(ka) - 1 < max ? sizeof(ka) - 1 : max;
+            memcpy(buf, ka, n);
+            e->last_write = mge_mono_ms();
+            return (ssize_t)n;
+        }
+        if (sse_wait(e))
+            return 0;
     }
     n = e->len - e->off < max ? e->len - e->off : max;
     memcpy(buf, e->buf + e->off, n);
@@ -644,30 +695,35 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 static void sse_free(void *cls)
 {
     struct sse *e = cls;
+    struct mge_http *h = e->h;
+    pthread_mutex_lock(&h->mu);
+    for (struct sse **p = &h->subs; *p; p = &(*p)->next)
+        if (*p == e) {
+            *p = e->next;
+            break;
+        }
+    pthread_mutex_unlock(&h->mu);
     mge_free(e->buf);
     mge_free(e);
 }
 
-static void *sse_waker(void *arg)
+/* Resume the suspended streams whose keepalive is due (or all, when stopping). */
+static void *sse_keepalive(void *arg)
 {
     struct mge_http *h = arg;
     pthread_mutex_lock(&h->mu);
-    while (!h->stopping) {
+    for (;;) {
         struct timespec ts;
-        struct sse_waiter *w = h->waiters;
-        h->waiters = NULL;
-        while (w) {
-            struct sse_waiter *next = w->next;
-            MHD_resume_connection(w->conn);
-            mge_free(w);
-            w = next;
-        }
+        int64_t now = mge_mono_ms();
+        for (struct sse *e = h->subs; e; e = e->next)
+            if (e->suspended && (h->stopping || now - e->last_write >= SSE_KEEPALIVE_MS)) {
+                e->suspended = false;
+                MHD_resume_connection(e->conn);
+            }
+        if (h->stopping)
+            break;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += SSE_POLL_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ts.tv_sec += SSE_TICK_S;
         pthread_cond_timedwait(&h->cv, &h->mu, &ts);
     }
     pthread_mutex_unlock(&h->mu);
@@ -695,11 +751,16 @@ static enum MHD_Result job_events(struct mge_http *h, struct MHD_Connection *c, 
     e->job_id = id;
     e->last_id = last_id;
     e->last_write = mge_mono_ms();
+    e->notified = true; /* the first read looks */
     r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, e, sse_free);
     if (!r) {
-        sse_free(e);
+        mge_free(e);
         return MHD_NO;
     }
+    pthread_mutex_lock(&h->mu);
+    e->next = h->subs;
+    h->subs = e;
+    pthread_mutex_unlock(&h->mu);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     ret = MHD_queue_response(c, 200, r);
@@ -1132,12 +1193,13 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
     }
     info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info ? info->port : opts->port;
-    if (pthread_create(&h->waker, NULL, sse_waker, h) != 0) {
+    if (pthread_create(&h->keepalive, NULL, sse_keepalive, h) != 0) {
         MHD_stop_daemon(h->d);
         mge_free(h->web_root);
         mge_free(h);
         return MGE_ERR(MGE_INTERNAL, "cannot start the event thread");
     }
+    mge_store_on_events(st, sse_notify, h);
     mge_log_info("http api on %s:%d (%u threads)%s%s", opts->host, h->port, threads,
                  h->web_root ? ", dashboard from " : "", h->web_root ? h->web_root : "");
     *out = h;
@@ -1148,25 +1210,16 @@ int mge_http_port(const struct mge_http *h) { return h->port; }
 
 void mge_http_stop(struct mge_http *h)
 {
-    struct sse_waiter *w;
     if (!h)
         return;
+    mge_store_on_events(h->st, NULL, NULL);
+    /* suspended connections must be resumed before the daemon stops: the keepalive thread
+     * resumes them all on its way out, and none suspends again once stopping is set */
     pthread_mutex_lock(&h->mu);
     h->stopping = true;
     pthread_cond_signal(&h->cv);
     pthread_mutex_unlock(&h->mu);
-    pthread_join(h->waker, NULL);
-    /* suspended connections must be resumed before the daemon stops */
-    pthread_mutex_lock(&h->mu);
-    w = h->waiters;
-    h->waiters = NULL;
-    pthread_mutex_unlock(&h->mu);
-    while (w) {
-        struct sse_waiter *next = w->next;
-        MHD_resume_connection(w->conn);
-        mge_free(w);
-        w = next;
-    }
+    pthread_join(h->keepalive, NULL);
     MHD_stop_daemon(h->d);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);

@@ -1,10 +1,12 @@
 /* main.c: mge-coordinator: flags and config file, then store, scheduler, worker link, HTTP. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -20,7 +22,7 @@
 
 struct config {
     char *listen, *worker_listen, *state_dir, *token_file, *join_token_file, *ports_file;
-    char *web_root;
+    char *web_root, *restore_from;
     int worker_timeout_s, heartbeat_ms, http_threads, cancel_grace_ms;
 };
 
@@ -42,6 +44,9 @@ static void usage(FILE *f)
             "  --ports-file FILE             write the bound addresses there once listening\n"
             "  --web-root DIR                dashboard files served at / (default: ../web next\n"
             "                                to this binary, i.e. build/web in a build tree)\n"
+            "  --restore-from FILE           replace the state database with this backup (checked\n"
+            "                                first; the old one is kept beside it), then start\n"
+            "                                (command line only; see docs/operations.md)\n"
             "  --version, --help\n");
 }
 
@@ -64,6 +69,8 @@ static bool config_set(struct config *c, const char *key, const char *val)
         s = &c->ports_file;
     else if (!strcmp(key, "web-root"))
         s = &c->web_root;
+    else if (!strcmp(key, "restore-from"))
+        s = &c->restore_from;
     else if (!strcmp(key, "worker-timeout"))
         i = &c->worker_timeout_s;
     else if (!strcmp(key, "heartbeat-ms"))
@@ -114,6 +121,11 @@ static int config_file(struct config *c, const char *path)
         for (e = v + strlen(v); e > v && (e[-1] == '\n' || e[-1] == ' ' || e[-1] == '\r'); e--)
             ;
         *e = '\0';
+        if (!strcmp(k, "restore-from")) { /* a one-off act, not a setting */
+            fprintf(stderr, "%s:%d: 'restore-from' is a command-line flag only\n", path, lineno);
+            fclose(f);
+            return -1;
+        }
         if (!config_set(c, k, v)) {
             fprintf(stderr, "%s:%d: unknown key '%s'\n", path, lineno, k);
             fclose(f);
@@ -122,6 +134,57 @@ static int config_file(struct config *c, const char *path)
     }
     fclose(f);
     return 0;
+}
+
+/*
+ * Take the exclusive lock on state directory @dir (created if missing): an fcntl write lock on
+ * @dir/mge.lock, held until the process exits (the descriptor is never closed; an exit or a
+ * kill -9 releases it). The file holds our pid for people; the holder's pid in the refusal comes
+ * from the lock itself (F_GETLK). Returns 0, or -1 after printing why.
+ */
+static int state_dir_lock(const char *dir)
+{
+    char path[4200], pid[32];
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    struct stat sb;
+    int fd, n;
+
+    if (mkdir(dir, 0700) != 0 && (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+        fprintf(stderr, "mge-coordinator: cannot create state directory '%s': %s\n", dir,
+                strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/mge.lock", dir);
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "mge-coordinator: cannot open lock file '%s': %s\n", path,
+                strerror(errno));
+        return -1;
+    }
+    if (fcntl(fd, F_SETLK, &fl) != 0) {
+        int err = errno;
+        struct flock who = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (err == EACCES || err == EAGAIN) {
+            if (fcntl(fd, F_GETLK, &who) == 0 && who.l_type != F_UNLCK)
+                fprintf(stderr,
+                        "mge-coordinator: state directory '%s' is in use by another "
+                        "coordinator (pid %ld holds '%s'); refusing to start: two coordinators "
+                        "on one state would both schedule its jobs. Stop that one first, or "
+                        "give this one another --state-dir\n",
+                        dir, (long)who.l_pid, path);
+            else
+                fprintf(stderr, "mge-coordinator: state directory '%s' is in use by another "
+                        "coordinator (lock '%s' is held); refusing to start\n", dir, path);
+        } else {
+            fprintf(stderr, "mge-coordinator: cannot lock '%s': %s\n", path, strerror(err));
+        }
+        close(fd);
+        return -1;
+    }
+    n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+        mge_log_warn("cannot write our pid into '%s': %s", path, strerror(errno));
+    return 0; /* fd stays open: closing it would release the lock */
 }
 
 /* The default web root: DIR/../web for the binary DIR/mge-coordinator; NULL if unknown. */
@@ -220,9 +283,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "mge-coordinator: cannot read join token '%s'\n", c.join_token_file);
         goto out;
     }
-    rc = mge_store_open(c.state_dir ? c.state_dir : "mge-state", &st);
+    if (!c.state_dir)
+        c.state_dir = mge_strdup("mge-state");
+    if (!c.state_dir || state_dir_lock(c.state_dir) != 0)
+        goto out;
+    if (c.restore_from && mge_store_restore(c.state_dir, c.restore_from) != MGE_OK) {
+        fprintf(stderr, "mge-coordinator: cannot restore '%s' from '%s' (the reason is logged "
+                "above)\n", c.state_dir, c.restore_from);
+        goto out;
+    }
+    rc = mge_store_open(c.state_dir, &st);
     if (rc != MGE_OK) {
-        fprintf(stderr, "mge-coordinator: cannot open the store: %s\n", mge_strerror(rc));
+        fprintf(stderr, "mge-coordinator: cannot open the store in '%s': %s (the reason is "
+                "logged above); refusing to start\n", c.state_dir, mge_strerror(rc));
         goto out;
     }
     ro.listen_url = c.worker_listen ? c.worker_listen : "tcp://127.0.0.1:7070";
@@ -238,8 +311,12 @@ int main(int argc, char **argv)
     so.notify = mge_rpc_notify;
     so.notify_arg = rpc;
     rc = mge_sched_new(st, &so, &sched);
-    if (rc != MGE_OK)
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-coordinator: cannot load the jobs and workers from the store: %s "
+                "(the reason is logged above); refusing to start rather than drop them\n",
+                mge_strerror(rc));
         goto out;
+    }
     rc = mge_rpc_start(rpc, sched);
     if (rc != MGE_OK)
         goto out;
@@ -285,5 +362,6 @@ out:
     mge_free(c.join_token_file);
     mge_free(c.ports_file);
     mge_free(c.web_root);
+    mge_free(c.restore_from);
     return exit_code;
 }

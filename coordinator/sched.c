@@ -52,6 +52,13 @@ struct resv {
     char fail_reason[256];        /* why, when failing */
 };
 
+/* A requeue the store could not write: the job stays running there until a retry succeeds. */
+struct requeue_retry {
+    int64_t job_id;
+    int attempt;
+    char reason[256];
+};
+
 struct mge_sched {
     struct mge_store *st;
     struct mge_sched_opts opts;
@@ -63,6 +70,8 @@ struct mge_sched {
     size_t n_w, cap_w;
     struct resv *r;
     size_t n_r, cap_r;
+    struct requeue_retry *retry;  /* retried every periodic tick (250 ms) */
+    size_t n_retry, cap_retry;
 };
 
 static void assign_fini(struct mge_sched_assign *a)
@@ -258,16 +267,59 @@ static void resv_gc(struct mge_sched *s)
     s->n_r = k;
 }
 
-/* Fail attempt @attempt of @job because worker @wi is gone; requeue the job. Lock held. */
+/*
+ * Fail attempt @attempt of @job because worker @wi is gone; requeue the job. When the store
+ * cannot write that (disk full, database locked), the job would stay running with no ranks:
+ * the requeue is kept and retried every tick until it is written. Lock held.
+ */
 static void job_worker_lost(struct mge_sched *s, int64_t job, int attempt, const char *wname)
 {
-    char reason[256];
+    struct requeue_retry *q;
     bool requeued = false;
+    char reason[256];
+    int rc;
     snprintf(reason, sizeof(reason), "worker lost: %s", wname);
-    mge_store_job_requeue(s->st, job, attempt, reason, &requeued);
-    mge_log_warn("job %lld attempt %d: %s (%s)", (long long)job, attempt, reason,
-                 requeued ? "requeued" : "failed");
+    rc = mge_store_job_requeue(s->st, job, attempt, reason, &requeued);
     attempt_finish(s, job, attempt, true);
+    if (rc == MGE_OK) {
+        mge_log_warn("job %lld attempt %d: %s (%s)", (long long)job, attempt, reason,
+                     requeued ? "requeued" : "failed");
+        return;
+    }
+    mge_log_error("job %lld attempt %d: %s, but the requeue cannot be stored (%s): retrying",
+                  (long long)job, attempt, reason, mge_strerror(rc));
+    for (size_t i = 0; i < s->n_retry; i++)
+        if (s->retry[i].job_id == job && s->retry[i].attempt == attempt)
+            return;
+    if (mge_array_grow((void **)&s->retry, &s->cap_retry, s->n_retry + 1, sizeof(*s->retry)) !=
+        MGE_OK) {
+        mge_log_error("job %lld attempt %d: out of memory: it stays running until a restart",
+                      (long long)job, attempt);
+        return;
+    }
+    q = &s->retry[s->n_retry++];
+    q->job_id = job;
+    q->attempt = attempt;
+    snprintf(q->reason, sizeof(q->reason), "%s", reason);
+}
+
+/* Retry the requeues the store could not write; keep those that still fail. Lock held. */
+static void requeue_retry_run(struct mge_sched *s)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < s->n_retry; i++) {
+        struct requeue_retry *q = &s->retry[i];
+        bool requeued = false;
+        if (mge_store_job_requeue(s->st, q->job_id, q->attempt, q->reason, &requeued) !=
+            MGE_OK) {
+            s->retry[k++] = *q;
+            continue;
+        }
+        mge_log_warn("job %lld attempt %d: %s (%s on retry)", (long long)q->job_id, q->attempt,
+                     q->reason, requeued ? "requeued" : "failed");
+        s->dirty = true;
+    }
+    s->n_retry = k;
 }
 
 /*
@@ -426,6 +478,7 @@ static void *sched_main(void *arg)
         int64_t now = mge_mono_ms();
         struct timespec ts;
         if (now - last_periodic >= 250) {
+            requeue_retry_run(s);
             check_lost(s);
             resv_gc(s);
             last_periodic = now;
@@ -507,8 +560,11 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         struct mge_job_row row;
         struct resv *r;
         int wi = worker_find(s, pl[i].worker_id);
-        if (mge_store_job_row(st, pl[i].job_id, &row) != MGE_OK)
+        rc = mge_store_job_row(st, pl[i].job_id, &row);
+        if (rc == MGE_NOENT)
             continue;
+        if (rc != MGE_OK)
+            goto err_free; /* a placed job is never dropped silently */
         r = &s->r[s->n_r++];
         memset(r, 0, sizeof(*r));
         r->job_id = pl[i].job_id;
@@ -587,6 +643,7 @@ void mge_sched_free(struct mge_sched *s)
     }
     mge_free(s->w);
     mge_free(s->r);
+    mge_free(s->retry);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     mge_free(s);

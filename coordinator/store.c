@@ -1,6 +1,8 @@
 /* store.c: the coordinator's SQLite store (see store.h): schema migrations, cached statements. */
 #include "store.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -8,11 +10,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "common/log.h"
+#include "store_int.h"
 
 #define LOGS_PER_JOB_MAX 50000 /* log lines kept per job; older ones are pruned */
 
@@ -51,6 +55,8 @@ static const char *const migrations[] = {
     " PRIMARY KEY(job_id, name));",
     /* 2: where mge-launch reaches a worker (multi-worker jobs) */
     "ALTER TABLE workers ADD COLUMN launch_url TEXT NOT NULL DEFAULT '';",
+    /* 3: facts about the database itself: the open marker (see db_mark_open) */
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);",
 };
 
 enum sql_id {
@@ -192,6 +198,10 @@ struct mge_store {
     sqlite3 *db;
     pthread_mutex_t mu;          /* serialises every use of db and stmts */
     sqlite3_stmt *stmts[Q__COUNT]; /* prepared lazily, kept for the store's life */
+    bool marked_open;              /* the open marker is set: a clean close clears it */
+    pthread_mutex_t hook_mu;       /* guards on_events*; held while the hook runs */
+    void (*on_events)(void *arg, int64_t job_id); /* see mge_store_on_events() */
+    void *on_events_arg;
 };
 
 static const char *const state_names[MGE_JOB__NSTATES] = {"queued", "running", "succeeded",
@@ -228,7 +238,30 @@ int64_t mge_mono_ms(void)
 
 static int err_db(struct mge_store *st, const char *what)
 {
-    return MGE_ERR(MGE_DB, "%s: %s", what, sqlite3_errmsg(st->db));
+    int rc = sqlite3_extended_errcode(st->db);
+    return MGE_ERR(mge__store_err_from_sqlite(rc), "%s: %s", what, sqlite3_errmsg(st->db));
+}
+
+/*
+ * Step @s to its next row: MGE_OK with *@row true (a row) or false (no more rows), or the
+ * error (logged) when SQLite fails part-way, so that no caller returns a shorter list as if
+ * it were the whole one. Lock held.
+ */
+static int step_row(struct mge_store *st, sqlite3_stmt *s, bool *row)
+{
+    int rc = sqlite3_step(s);
+    *row = rc == SQLITE_ROW;
+    if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+        return MGE_OK;
+    return err_db(st, "cannot read rows");
+}
+
+/* Step @s to its one row: MGE_OK, MGE_NOENT when there is none, or the error. Lock held. */
+static int step_one(struct mge_store *st, sqlite3_stmt *s)
+{
+    bool row;
+    int rc = step_row(st, s, &row);
+    return rc == MGE_OK && !row ? MGE_NOENT : rc;
 }
 
 /* A cached, reset statement for @id; NULL (logged) if it cannot be prepared. Lock held. */
@@ -295,24 +328,127 @@ static json_t *json_text_or_null(sqlite3_stmt *s, int col)
     return t ? json_string((const char *)t) : json_null();
 }
 
+/* The "open" marker: present in the main database file from start to clean shutdown. */
+#define SQL_MARKER_GET "SELECT value FROM meta WHERE key = 'open'"
+
+/* Apply the migrations @db lacks. */
+static int db_migrate(struct mge_store *st, const char *path)
+{
+    sqlite3_stmt *s = NULL;
+    int version, rc;
+    const int last = (int)(sizeof(migrations) / sizeof(migrations[0]));
+
+    if (sqlite3_prepare_v2(st->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_step(s) != SQLITE_ROW) {
+        rc = err_db(st, "cannot read schema version");
+        sqlite3_finalize(s);
+        return rc;
+    }
+    version = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    if (version > last)
+        return MGE_ERR(MGE_DB, "database '%s' has schema %d, newer than this coordinator", path,
+                       version);
+    for (int v = version; v < last; v++) {
+        char pragma[64];
+        char *msg = NULL;
+        snprintf(pragma, sizeof(pragma), "PRAGMA user_version=%d;", v + 1);
+        if (sqlite3_exec(st->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK ||
+            sqlite3_exec(st->db, migrations[v], NULL, NULL, &msg) != SQLITE_OK ||
+            sqlite3_exec(st->db, pragma, NULL, NULL, &msg) != SQLITE_OK ||
+            sqlite3_exec(st->db, "COMMIT", NULL, NULL, &msg) != SQLITE_OK) {
+            rc = MGE_ERR(MGE_DB, "migration %d failed: %s", v + 1, msg ? msg : "?");
+            sqlite3_free(msg);
+            sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+            return rc;
+        }
+        mge_log_info("store: migrated schema to version %d", v + 1);
+    }
+    return MGE_OK;
+}
+
+/*
+ * Refuse a database whose write-ahead log was removed after an unclean stop, then mark it
+ * open. The marker reaches the main file (a full checkpoint) before any job changes, and only
+ * a clean close clears it; SQLite deletes the WAL only at a clean close too. So "marked open"
+ * with no WAL file before we opened it means the WAL was deleted while it may have held
+ * commits (jobs missing, their ids handed out again). A crash (kill -9, OOM, power loss after
+ * the directory sync below) leaves the WAL file in place and starts normally.
+ */
+static int db_mark_open(struct mge_store *st, const char *dir, const char *path, bool had_wal)
+{
+    sqlite3_stmt *s = NULL;
+    char mark[128], when[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    bool row;
+    int rc;
+
+    if (sqlite3_prepare_v2(st->db, SQL_MARKER_GET, -1, &s, NULL) != SQLITE_OK)
+        return err_db(st, "cannot read the open marker");
+    rc = step_row(st, s, &row);
+    if (rc == MGE_OK && row && !had_wal)
+        rc = MGE_ERR(MGE_CORRUPT,
+                     "'%s' was in use by a coordinator that did not stop cleanly (%s) and its "
+                     "write-ahead log '%s-wal' is gone: the newest jobs and events may be "
+                     "missing and their ids would be handed out again; refusing to start; %s; "
+                     "or, if the log was checkpointed by another SQLite program (nothing is "
+                     "lost then), accept the file as it is with --restore-from %s",
+                     path, (const char *)sqlite3_column_text(s, 0), path, MGE__STORE_RESTORE_HINT,
+                     path);
+    sqlite3_finalize(s);
+    if (rc != MGE_OK)
+        return rc;
+    gmtime_r(&now, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    snprintf(mark, sizeof(mark), "pid %ld, started %s", (long)getpid(), when);
+    if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO meta(key, value) VALUES('open', ?)", -1,
+                           &s, NULL) != SQLITE_OK)
+        return err_db(st, "cannot mark the database open");
+    sqlite3_bind_text(s, 1, mark, -1, SQLITE_TRANSIENT);
+    rc = sqlite3_step(s) == SQLITE_DONE ? MGE_OK : err_db(st, "cannot mark the database open");
+    sqlite3_finalize(s);
+    if (rc == MGE_OK &&
+        sqlite3_exec(st->db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL) != SQLITE_OK)
+        rc = err_db(st, "cannot checkpoint the open marker");
+    if (rc == MGE_OK)
+        rc = mge__store_dir_sync(dir); /* the WAL file's name is durable from now on */
+    if (rc == MGE_OK)
+        st->marked_open = true;
+    return rc;
+}
+
 int mge_store_open(const char *dir, struct mge_store **out)
 {
-    char path[4096];
+    char path[4096], wal[4200], why[256];
     struct mge_store *st;
-    int version = 0, rc = MGE_OK;
-    sqlite3_stmt *s = NULL;
+    struct stat sb;
+    bool had_wal;
+    int rc = MGE_OK;
 
     *out = NULL;
     if (mkdir(dir, 0700) != 0) {
-        struct stat sb;
         if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
             return MGE_ERR(MGE_IO, "cannot create state directory '%s'", dir);
     }
-    snprintf(path, sizeof(path), "%s/mge.db", dir);
+    rc = mge__store_dir_path(path, sizeof(path), dir, "mge.db");
+    if (rc != MGE_OK)
+        return rc;
+    snprintf(wal, sizeof(wal), "%s-wal", path);
+    had_wal = stat(wal, &sb) == 0; /* before SQLite creates one */
+    rc = mge__store_wal_check(wal, why, sizeof(why));
+    if (rc == MGE_CORRUPT)
+        return MGE_ERR(rc,
+                       "write-ahead log '%s' is damaged (%s): the commits in it would be "
+                       "dropped without a word; refusing to start; %s",
+                       wal, why, MGE__STORE_RESTORE_HINT);
+    if (rc != MGE_OK)
+        return rc;
     st = mge_calloc(1, sizeof(*st));
     if (!st)
         return MGE_NOMEM;
     pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_init(&st->hook_mu, NULL);
     if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                                            SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
         rc = MGE_ERR(MGE_DB, "cannot open '%s': %s", path, sqlite3_errmsg(st->db));
@@ -324,43 +460,28 @@ int mge_store_open(const char *dir, struct mge_store **out)
     if (sqlite3_exec(st->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
                              "PRAGMA foreign_keys=OFF;", NULL, NULL, NULL) != SQLITE_OK) {
         rc = err_db(st, "cannot set pragmas");
+        if (rc == MGE_CORRUPT)
+            MGE_ERR(rc, "'%s' is not a usable database; refusing to start; %s", path,
+                    MGE__STORE_RESTORE_HINT);
         goto err_close;
     }
-    if (sqlite3_prepare_v2(st->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_step(s) != SQLITE_ROW) {
-        rc = err_db(st, "cannot read schema version");
-        goto err_finalize;
-    }
-    version = sqlite3_column_int(s, 0);
-    sqlite3_finalize(s);
-    s = NULL;
-    if (version > (int)(sizeof(migrations) / sizeof(migrations[0]))) {
-        rc = MGE_ERR(MGE_DB, "database '%s' has schema %d, newer than this coordinator", path,
-                     version);
+    rc = mge__store_quick_check(st->db, why, sizeof(why));
+    if (rc != MGE_OK) {
+        MGE_ERR(rc, "'%s' failed its integrity check (%s); refusing to start; %s", path, why,
+                MGE__STORE_RESTORE_HINT);
         goto err_close;
     }
-    for (int v = version; v < (int)(sizeof(migrations) / sizeof(migrations[0])); v++) {
-        char pragma[64];
-        char *msg = NULL;
-        snprintf(pragma, sizeof(pragma), "PRAGMA user_version=%d;", v + 1);
-        if (sqlite3_exec(st->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK ||
-            sqlite3_exec(st->db, migrations[v], NULL, NULL, &msg) != SQLITE_OK ||
-            sqlite3_exec(st->db, pragma, NULL, NULL, &msg) != SQLITE_OK ||
-            sqlite3_exec(st->db, "COMMIT", NULL, NULL, &msg) != SQLITE_OK) {
-            rc = MGE_ERR(MGE_DB, "migration %d failed: %s", v + 1, msg ? msg : "?");
-            sqlite3_free(msg);
-            sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
-            goto err_close;
-        }
-        mge_log_info("store: migrated schema to version %d", v + 1);
-    }
+    rc = db_migrate(st, path);
+    if (rc == MGE_OK)
+        rc = db_mark_open(st, dir, path, had_wal);
+    if (rc != MGE_OK)
+        goto err_close;
     *out = st;
     return MGE_OK;
 
-err_finalize:
-    sqlite3_finalize(s);
 err_close:
     sqlite3_close(st->db);
+    pthread_mutex_destroy(&st->hook_mu);
     pthread_mutex_destroy(&st->mu);
     mge_free(st);
     return rc;
@@ -372,9 +493,40 @@ void mge_store_close(struct mge_store *st)
         return;
     for (int i = 0; i < Q__COUNT; i++)
         sqlite3_finalize(st->stmts[i]);
+    /* a clean stop: the marker goes, and the full checkpoint lets SQLite drop the WAL */
+    if (st->marked_open &&
+        sqlite3_exec(st->db, MGE__STORE_SQL_MARKER_CLEAR "; PRAGMA wal_checkpoint(TRUNCATE);", NULL,
+                     NULL, NULL) != SQLITE_OK)
+        err_db(st, "cannot clear the open marker (the next start will check the WAL)");
     sqlite3_close(st->db);
+    pthread_mutex_destroy(&st->hook_mu);
     pthread_mutex_destroy(&st->mu);
     mge_free(st);
+}
+
+void mge_store_on_events(struct mge_store *st, void (*fn)(void *arg, int64_t job_id), void *arg)
+{
+    pthread_mutex_lock(&st->hook_mu);
+    st->on_events = fn;
+    st->on_events_arg = arg;
+    pthread_mutex_unlock(&st->hook_mu);
+}
+
+/* Tell the events hook that job @job_id has new events. Call with st->mu released. */
+static void events_notify(struct mge_store *st, int64_t job_id)
+{
+    pthread_mutex_lock(&st->hook_mu);
+    if (st->on_events)
+        st->on_events(st->on_events_arg, job_id);
+    pthread_mutex_unlock(&st->hook_mu);
+}
+
+/* events_notify() for the jobs of an ingested batch, once per run of lines of one job. */
+static void events_notify_lines(struct mge_store *st, const struct mge_store_line *lines, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (i == 0 || lines[i].job_id != lines[i - 1].job_id)
+            events_notify(st, lines[i].job_id);
 }
 
 /* Append a state event. Lock held. */
@@ -448,19 +600,28 @@ out_rollback:
     tx(st, Q_ROLLBACK);
 out_unlock:
     pthread_mutex_unlock(&st->mu);
+    if (rc == MGE_OK)
+        events_notify(st, *out_id);
     return rc;
 }
 
-/* Placement of a job's attempt as a JSON array. Lock held. */
-static json_t *placement_json(struct mge_store *st, int64_t id, int attempt)
+/* Placement of a job's attempt as a new JSON array in *@out. Lock held. */
+static int placement_json(struct mge_store *st, int64_t id, int attempt, json_t **out)
 {
     json_t *arr = json_array();
     sqlite3_stmt *s = stmt_get(st, Q_PLACE_LIST);
-    if (!s || !arr)
-        return arr;
+    bool row;
+    int rc;
+    *out = NULL;
+    if (!arr)
+        return MGE_NOMEM;
+    if (!s) {
+        json_decref(arr);
+        return MGE_DB;
+    }
     sqlite3_bind_int64(s, 1, id);
     sqlite3_bind_int(s, 2, attempt);
-    while (sqlite3_step(s) == SQLITE_ROW) {
+    while ((rc = step_row(st, s, &row)) == MGE_OK && row) {
         json_t *p = json_pack("{s:i, s:o, s:o, s:o, s:b}", "rank", sqlite3_column_int(s, 0),
                               "worker_id", json_text_or_null(s, 1), "worker",
                               json_text_or_null(s, 2), "host", json_text_or_null(s, 6), "exited",
@@ -472,15 +633,21 @@ static json_t *placement_json(struct mge_store *st, int64_t id, int attempt)
         json_array_append_new(arr, p);
     }
     sqlite3_reset(s);
-    return arr;
+    if (rc != MGE_OK) {
+        json_decref(arr);
+        return rc;
+    }
+    *out = arr;
+    return MGE_OK;
 }
 
 int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
 {
     sqlite3_stmt *s;
-    json_t *o = NULL, *spec, *latest, *result = json_null();
+    json_t *o = NULL, *spec, *latest = NULL, *placement = NULL, *result = json_null();
     int rc = MGE_OK, attempt, state;
     int64_t total, step = 0;
+    bool row;
 
     *out = NULL;
     pthread_mutex_lock(&st->mu);
@@ -490,9 +657,10 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
         goto out_unlock;
     }
     sqlite3_bind_int64(s, 1, id);
-    if (sqlite3_step(s) != SQLITE_ROW) {
+    rc = step_one(st, s);
+    if (rc != MGE_OK) {
         sqlite3_reset(s);
-        rc = MGE_NOENT;
+        json_decref(result);
         goto out_unlock;
     }
     state = sqlite3_column_int(s, 2);
@@ -517,14 +685,21 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
         rc = MGE_NOMEM;
         goto out_unlock;
     }
-    json_object_set_new(o, "placement", placement_json(st, id, attempt));
+    rc = placement_json(st, id, attempt, &placement);
+    if (rc != MGE_OK)
+        goto out_decref;
+    json_object_set_new(o, "placement", placement);
     /* the attempt is the incarnation: one mpirun (or one process) per attempt */
     json_object_set_new(o, "incarnation", json_integer(attempt));
     latest = json_object();
     s = stmt_get(st, Q_METRICS_LATEST);
-    if (s && latest) {
+    if (!s || !latest) {
+        rc = !s ? MGE_DB : MGE_NOMEM;
+        goto out_decref;
+    }
+    {
         sqlite3_bind_int64(s, 1, id);
-        while (sqlite3_step(s) == SQLITE_ROW) {
+        while ((rc = step_row(st, s, &row)) == MGE_OK && row) {
             const char *name = (const char *)sqlite3_column_text(s, 0);
             int64_t st_step = sqlite3_column_int64(s, 1);
             json_object_set_new(latest, name,
@@ -534,13 +709,19 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
                 step = st_step;
         }
         sqlite3_reset(s);
+        if (rc != MGE_OK)
+            goto out_decref;
     }
-    json_object_set_new(o, "latest_metrics", latest ? latest : json_object());
+    json_object_set_new(o, "latest_metrics", latest);
     json_object_set_new(o, "progress",
                         json_pack("{s:I, s:I, s:f}", "step", (json_int_t)step, "total_steps",
                                   (json_int_t)total,
                                   "fraction", total > 0 ? (double)step / (double)total : 0.0));
     *out = o;
+    goto out_unlock;
+out_decref:
+    json_decref(latest);
+    json_decref(o);
 out_unlock:
     pthread_mutex_unlock(&st->mu);
     return rc;
@@ -563,17 +744,16 @@ static void row_from_stmt(sqlite3_stmt *s, struct mge_job_row *r)
 int mge_store_job_row(struct mge_store *st, int64_t id, struct mge_job_row *out)
 {
     sqlite3_stmt *s;
-    int rc = MGE_NOENT;
+    int rc;
     pthread_mutex_lock(&st->mu);
     s = stmt_get(st, Q_JOB_ROW);
     if (!s) {
         rc = MGE_DB;
     } else {
         sqlite3_bind_int64(s, 1, id);
-        if (sqlite3_step(s) == SQLITE_ROW) {
+        rc = step_one(st, s);
+        if (rc == MGE_OK)
             row_from_stmt(s, out);
-            rc = MGE_OK;
-        }
         sqlite3_reset(s);
     }
     pthread_mutex_unlock(&st->mu);
@@ -583,7 +763,7 @@ int mge_store_job_row(struct mge_store *st, int64_t id, struct mge_job_row *out)
 int mge_store_job_spec(struct mge_store *st, int64_t id, char **out)
 {
     sqlite3_stmt *s;
-    int rc = MGE_NOENT;
+    int rc;
     *out = NULL;
     pthread_mutex_lock(&st->mu);
     s = stmt_get(st, Q_JOB_SPEC);
@@ -591,7 +771,8 @@ int mge_store_job_spec(struct mge_store *st, int64_t id, char **out)
         rc = MGE_DB;
     } else {
         sqlite3_bind_int64(s, 1, id);
-        if (sqlite3_step(s) == SQLITE_ROW) {
+        rc = step_one(st, s);
+        if (rc == MGE_OK) {
             *out = mge_strdup((const char *)sqlite3_column_text(s, 0));
             rc = *out ? MGE_OK : MGE_NOMEM;
         }
@@ -606,8 +787,9 @@ int mge_store_job_list(struct mge_store *st, int state, int64_t before_id, int l
 {
     sqlite3_stmt *s;
     json_t *arr = json_array();
-    int n = 0, i = 1;
+    int n = 0, i = 1, rc;
     int64_t last = 0;
+    bool row;
 
     *out = NULL;
     *next = 0;
@@ -626,7 +808,7 @@ int mge_store_job_list(struct mge_store *st, int state, int64_t before_id, int l
         sqlite3_bind_int(s, i++, state);
     sqlite3_bind_int64(s, i++, before_id);
     sqlite3_bind_int(s, i, limit + 1); /* one more tells whether there is a next page */
-    while (sqlite3_step(s) == SQLITE_ROW) {
+    while ((rc = step_row(st, s, &row)) == MGE_OK && row) {
         if (n == limit) {
             *next = last;
             break;
@@ -643,6 +825,11 @@ int mge_store_job_list(struct mge_store *st, int state, int64_t before_id, int l
     }
     sqlite3_reset(s);
     pthread_mutex_unlock(&st->mu);
+    if (rc != MGE_OK) {
+        *next = 0;
+        json_decref(arr);
+        return rc;
+    }
     *out = arr;
     return MGE_OK;
 }
@@ -651,7 +838,8 @@ int mge_store_jobs_queued(struct mge_store *st, int max, struct mge_job_row **ro
 {
     sqlite3_stmt *s;
     struct mge_job_row *r = mge_calloc((size_t)max > 0 ? (size_t)max : 1, sizeof(*r));
-    int k = 0;
+    int k = 0, rc = MGE_DB;
+    bool row;
     *rows = NULL;
     *n = 0;
     if (!r)
@@ -660,14 +848,16 @@ int mge_store_jobs_queued(struct mge_store *st, int max, struct mge_job_row **ro
     s = stmt_get(st, Q_JOBS_QUEUED);
     if (s) {
         sqlite3_bind_int(s, 1, max);
-        while (k < max && sqlite3_step(s) == SQLITE_ROW)
+        while (k < max && (rc = step_row(st, s, &row)) == MGE_OK && row)
             row_from_stmt(s, &r[k++]);
+        if (k == max)
+            rc = MGE_OK;
         sqlite3_reset(s);
     }
     pthread_mutex_unlock(&st->mu);
-    if (!s) {
+    if (rc != MGE_OK) {
         mge_free(r);
-        return MGE_DB;
+        return rc;
     }
     *rows = r;
     *n = k;
@@ -680,6 +870,7 @@ int mge_store_placements_active(struct mge_store *st, struct mge_placement **out
     struct mge_placement *p = NULL;
     size_t k = 0, cap = 0;
     int rc = MGE_OK;
+    bool row;
     *out = NULL;
     *n = 0;
     pthread_mutex_lock(&st->mu);
@@ -688,7 +879,7 @@ int mge_store_placements_active(struct mge_store *st, struct mge_placement **out
         rc = MGE_DB;
         goto out_unlock;
     }
-    while (sqlite3_step(s) == SQLITE_ROW) {
+    while ((rc = step_row(st, s, &row)) == MGE_OK && row) {
         if ((rc = mge_array_grow((void **)&p, &cap, k + 1, sizeof(*p))) != MGE_OK)
             break;
         memset(&p[k], 0, sizeof(p[k]));
@@ -717,16 +908,16 @@ out_unlock:
 static int job_state_get(struct mge_store *st, int64_t id, int *state, int *attempt, int *max_att)
 {
     sqlite3_stmt *s = stmt_get(st, Q_JOB_STATE_GET);
-    int rc = MGE_NOENT;
+    int rc;
     if (!s)
         return MGE_DB;
     sqlite3_bind_int64(s, 1, id);
-    if (sqlite3_step(s) == SQLITE_ROW) {
+    rc = step_one(st, s);
+    if (rc == MGE_OK) {
         *state = sqlite3_column_int(s, 0);
         *attempt = sqlite3_column_int(s, 1);
         if (max_att)
             *max_att = sqlite3_column_int(s, 2);
-        rc = MGE_OK;
     }
     sqlite3_reset(s);
     return rc;
@@ -754,6 +945,7 @@ int mge_store_job_set_state(struct mge_store *st, int64_t id, int attempt, enum 
                             const char *reason, bool *changed)
 {
     int cur, cur_attempt, rc;
+    bool moved = false;
     if (changed)
         *changed = false;
     pthread_mutex_lock(&st->mu);
@@ -772,13 +964,16 @@ int mge_store_job_set_state(struct mge_store *st, int64_t id, int attempt, enum 
     if (rc != MGE_OK)
         goto out_rollback;
     rc = tx(st, Q_COMMIT);
-    if (rc == MGE_OK && changed)
+    moved = rc == MGE_OK;
+    if (moved && changed)
         *changed = true;
     goto out_unlock;
 out_rollback:
     tx(st, Q_ROLLBACK);
 out_unlock:
     pthread_mutex_unlock(&st->mu);
+    if (moved)
+        events_notify(st, id);
     return rc;
 }
 
@@ -820,7 +1015,13 @@ int mge_store_job_requeue(struct mge_store *st, int64_t id, int attempt, const c
     if (rc != MGE_OK)
         goto out_rollback;
     rc = tx(st, Q_COMMIT);
-    goto out_unlock;
+    if (rc != MGE_OK) {
+        *requeued = false;
+        goto out_unlock;
+    }
+    pthread_mutex_unlock(&st->mu);
+    events_notify(st, id);
+    return MGE_OK;
 out_rollback:
     *requeued = false;
     tx(st, Q_ROLLBACK);
@@ -857,6 +1058,8 @@ int mge_store_job_place(struct mge_store *st, int64_t id, int attempt,
         tx(st, Q_ROLLBACK);
 out_unlock:
     pthread_mutex_unlock(&st->mu);
+    if (rc == MGE_OK)
+        events_notify(st, id);
     return rc;
 }
 
@@ -915,12 +1118,17 @@ static int ingest_metric(struct mge_store *st, const struct mge_store_line *l)
     } else {
         /* an evaluation line: it belongs to the last step trained */
         s = stmt_get(st, Q_METRIC_MAXSTEP);
-        if (s) {
-            sqlite3_bind_int64(s, 1, l->job_id);
-            if (sqlite3_step(s) == SQLITE_ROW)
-                step = sqlite3_column_int64(s, 0);
-            sqlite3_reset(s);
+        if (!s) {
+            rc = MGE_DB;
+            goto out_decref;
         }
+        sqlite3_bind_int64(s, 1, l->job_id);
+        rc = step_one(st, s); /* an aggregate: always one row */
+        if (rc == MGE_OK)
+            step = sqlite3_column_int64(s, 0);
+        sqlite3_reset(s);
+        if (rc != MGE_OK)
+            goto out_decref;
         if (step < 0)
             step = 0;
     }
@@ -1040,6 +1248,8 @@ int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,
         tx(st, Q_ROLLBACK);
 out_unlock:
     pthread_mutex_unlock(&st->mu);
+    if (rc == MGE_OK)
+        events_notify_lines(st, lines, n);
     return rc;
 }
 
@@ -1047,6 +1257,8 @@ int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int
 {
     sqlite3_stmt *s;
     json_t *arr = json_array();
+    bool row;
+    int rc;
     *out = NULL;
     if (!arr)
         return MGE_NOMEM;
@@ -1060,7 +1272,7 @@ int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int
     sqlite3_bind_int64(s, 1, job_id);
     sqlite3_bind_int64(s, 2, after_id);
     sqlite3_bind_int(s, 3, limit);
-    while (sqlite3_step(s) == SQLITE_ROW) {
+    while ((rc = step_row(st, s, &row)) == MGE_OK && row) {
         const char *kind = (const char *)sqlite3_column_text(s, 1);
         const char *data = (const char *)sqlite3_column_text(s, 5);
         json_t *d;
@@ -1088,6 +1300,10 @@ int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int
     }
     sqlite3_reset(s);
     pthread_mutex_unlock(&st->mu);
+    if (rc != MGE_OK) {
+        json_decref(arr);
+        return rc;
+    }
     *out = arr;
     return MGE_OK;
 }
@@ -1095,23 +1311,27 @@ int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int
 int mge_store_events_last_id(struct mge_store *st, int64_t job_id, int64_t *out)
 {
     sqlite3_stmt *s;
+    int rc = MGE_DB;
     *out = 0;
     pthread_mutex_lock(&st->mu);
     s = stmt_get(st, Q_EVENTS_LAST);
     if (s) {
         sqlite3_bind_int64(s, 1, job_id);
-        if (sqlite3_step(s) == SQLITE_ROW)
+        rc = step_one(st, s); /* an aggregate: always one row */
+        if (rc == MGE_OK)
             *out = sqlite3_column_int64(s, 0);
         sqlite3_reset(s);
     }
     pthread_mutex_unlock(&st->mu);
-    return s ? MGE_OK : MGE_DB;
+    return rc;
 }
 
 int mge_store_logs(struct mge_store *st, int64_t job_id, int rank, int tail, json_t **out)
 {
     sqlite3_stmt *s;
     json_t *arr = json_array();
+    bool row;
+    int rc;
     *out = NULL;
     if (!arr)
         return MGE_NOMEM;
@@ -1131,7 +1351,7 @@ int mge_store_logs(struct mge_store *st, int64_t job_id, int rank, int tail, jso
     } else {
         sqlite3_bind_int(s, 2, tail);
     }
-    while (sqlite3_step(s) == SQLITE_ROW)
+    while ((rc = step_row(st, s, &row)) == MGE_OK && row)
         json_array_append_new(
             arr, json_pack("{s:I, s:i, s:i, s:I, s:s, s:s, s:o}", "id",
                            (json_int_t)sqlite3_column_int64(s, 0), "attempt",
@@ -1141,6 +1361,10 @@ int mge_store_logs(struct mge_store *st, int64_t job_id, int rank, int tail, jso
                            (const char *)sqlite3_column_text(s, 5), "time", json_time(s, 6)));
     sqlite3_reset(s);
     pthread_mutex_unlock(&st->mu);
+    if (rc != MGE_OK) {
+        json_decref(arr);
+        return rc;
+    }
     *out = json_pack("{s:o}", "lines", arr);
     return *out ? MGE_OK : MGE_NOMEM;
 }
@@ -1150,6 +1374,8 @@ int mge_store_metrics(struct mge_store *st, int64_t job_id, const char *name, in
 {
     sqlite3_stmt *s;
     json_t *arr = json_array();
+    bool row;
+    int rc;
     *out = NULL;
     if (!arr)
         return MGE_NOMEM;
@@ -1167,7 +1393,7 @@ int mge_store_metrics(struct mge_store *st, int64_t job_id, const char *name, in
     } else {
         sqlite3_bind_int64(s, 2, since_step);
     }
-    while (sqlite3_step(s) == SQLITE_ROW)
+    while ((rc = step_row(st, s, &row)) == MGE_OK && row)
         json_array_append_new(arr, json_pack("{s:I, s:s, s:f, s:o}", "step",
                                              (json_int_t)sqlite3_column_int64(s, 0), "name",
                                              (const char *)sqlite3_column_text(s, 1), "value",
@@ -1175,6 +1401,10 @@ int mge_store_metrics(struct mge_store *st, int64_t job_id, const char *name, in
                                              json_time(s, 3)));
     sqlite3_reset(s);
     pthread_mutex_unlock(&st->mu);
+    if (rc != MGE_OK) {
+        json_decref(arr);
+        return rc;
+    }
     *out = json_pack("{s:o}", "metrics", arr);
     return *out ? MGE_OK : MGE_NOMEM;
 }
@@ -1183,6 +1413,8 @@ int mge_store_checkpoints(struct mge_store *st, int64_t job_id, json_t **out)
 {
     sqlite3_stmt *s;
     json_t *arr = json_array();
+    bool row;
+    int rc = MGE_DB;
     *out = NULL;
     if (!arr)
         return MGE_NOMEM;
@@ -1190,7 +1422,7 @@ int mge_store_checkpoints(struct mge_store *st, int64_t job_id, json_t **out)
     s = stmt_get(st, Q_CKPT_LIST);
     if (s) {
         sqlite3_bind_int64(s, 1, job_id);
-        while (sqlite3_step(s) == SQLITE_ROW)
+        while ((rc = step_row(st, s, &row)) == MGE_OK && row)
             json_array_append_new(
                 arr, json_pack("{s:s, s:I, s:I, s:o, s:o, s:o}", "name",
                                (const char *)sqlite3_column_text(s, 0), "step",
@@ -1201,9 +1433,9 @@ int mge_store_checkpoints(struct mge_store *st, int64_t job_id, json_t **out)
         sqlite3_reset(s);
     }
     pthread_mutex_unlock(&st->mu);
-    if (!s) {
+    if (rc != MGE_OK) {
         json_decref(arr);
-        return MGE_DB;
+        return rc;
     }
     *out = arr;
     return MGE_OK;
@@ -1213,7 +1445,7 @@ static int path_query(struct mge_store *st, enum sql_id q, int64_t job_id, const
                       char **out)
 {
     sqlite3_stmt *s;
-    int rc = MGE_NOENT;
+    int rc;
     *out = NULL;
     pthread_mutex_lock(&st->mu);
     s = stmt_get(st, q);
@@ -1223,7 +1455,8 @@ static int path_query(struct mge_store *st, enum sql_id q, int64_t job_id, const
         sqlite3_bind_int64(s, 1, job_id);
         if (name)
             sqlite3_bind_text(s, 2, name, -1, SQLITE_TRANSIENT);
-        if (sqlite3_step(s) == SQLITE_ROW) {
+        rc = step_one(st, s);
+        if (rc == MGE_OK) {
             *out = mge_strdup((const char *)sqlite3_column_text(s, 0));
             rc = *out ? MGE_OK : MGE_NOMEM;
         }
@@ -1248,11 +1481,13 @@ int mge_store_checkpoint_latest(struct mge_store *st, int64_t job_id, char **out
 int mge_store_job_counts(struct mge_store *st, int64_t counts[MGE_JOB__NSTATES])
 {
     sqlite3_stmt *s;
+    bool row;
+    int rc = MGE_DB;
     memset(counts, 0, sizeof(int64_t) * MGE_JOB__NSTATES);
     pthread_mutex_lock(&st->mu);
     s = stmt_get(st, Q_JOB_COUNTS);
     if (s) {
-        while (sqlite3_step(s) == SQLITE_ROW) {
+        while ((rc = step_row(st, s, &row)) == MGE_OK && row) {
             int k = sqlite3_column_int(s, 0);
             if (k >= 0 && k < MGE_JOB__NSTATES)
                 counts[k] = sqlite3_column_int64(s, 1);
@@ -1260,7 +1495,9 @@ int mge_store_job_counts(struct mge_store *st, int64_t counts[MGE_JOB__NSTATES])
         sqlite3_reset(s);
     }
     pthread_mutex_unlock(&st->mu);
-    return s ? MGE_OK : MGE_DB;
+    if (rc != MGE_OK)
+        memset(counts, 0, sizeof(int64_t) * MGE_JOB__NSTATES);
+    return rc;
 }
 
 static void random_id(char *buf, size_t n)
@@ -1287,11 +1524,13 @@ int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w)
     if (!s)
         goto out_unlock;
     sqlite3_bind_text(s, 1, w->name, -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(s) == SQLITE_ROW) {
+    rc = step_row(st, s, &found);
+    if (rc == MGE_OK && found)
         snprintf(w->id, sizeof(w->id), "%s", sqlite3_column_text(s, 0));
-        found = true;
-    }
     sqlite3_reset(s);
+    if (rc != MGE_OK)
+        goto out_unlock;
+    rc = MGE_DB;
     s = stmt_get(st, found ? Q_WORKER_UPDATE : Q_WORKER_INSERT);
     if (!s)
         goto out_unlock;
@@ -1346,6 +1585,7 @@ int mge_store_workers_load(struct mge_store *st, struct mge_worker_row **out, in
     struct mge_worker_row *w = NULL;
     size_t k = 0, cap = 0;
     int rc = MGE_OK;
+    bool row;
     *out = NULL;
     *n = 0;
     pthread_mutex_lock(&st->mu);
@@ -1354,7 +1594,7 @@ int mge_store_workers_load(struct mge_store *st, struct mge_worker_row **out, in
         rc = MGE_DB;
         goto out_unlock;
     }
-    while (sqlite3_step(s) == SQLITE_ROW) {
+    while ((rc = step_row(st, s, &row)) == MGE_OK && row) {
         if ((rc = mge_array_grow((void **)&w, &cap, k + 1, sizeof(*w))) != MGE_OK)
             break;
         memset(&w[k], 0, sizeof(w[k]));

@@ -88,10 +88,37 @@ int64_t mge_mono_ms(void);
 /*
  * Open (creating if needed) @dir/mge.db, apply schema migrations, WAL mode.
  * On MGE_OK *@out is a new store the caller closes with mge_store_close().
+ * Refuses (logged at error level with what to do, see docs/operations.md):
+ *   MGE_CORRUPT  the file fails PRAGMA quick_check or is not a database; it was left open
+ *                by a coordinator that did not stop cleanly and its WAL file is gone (commits
+ *                lost, ids would be reused); or its WAL has a bad frame with good frames
+ *                behind it (SQLite would drop them silently). A crash that leaves the WAL in
+ *                place, torn last write included, is fine.
+ *   MGE_DB       SQLite cannot open or migrate it; the schema is newer than this program.
+ * The caller must hold the state directory's lock (one process per database): the open
+ * marker this sets in the file assumes no other process has it open.
  */
 int mge_store_open(const char *dir, struct mge_store **out);
-/* Close; NULL does nothing. */
+/* Close cleanly (clears the open marker, checkpoints the WAL); NULL does nothing. */
 void mge_store_close(struct mge_store *st);
+
+/*
+ * Replace @dir/mge.db with a copy of @backup (an SQLite file, e.g. from `sqlite3 ... .backup`),
+ * after checking the backup with PRAGMA quick_check. The replaced mge.db and its WAL are kept
+ * beside it as mge.db.replaced-<unix time>[-wal]; AUTOINCREMENT counters (job and event ids)
+ * that the replaced file had advanced further are kept, so ids are not handed out twice.
+ * @backup may be @dir/mge.db itself: "accept this file as it is". Caller holds the directory
+ * lock and has no store open. MGE_CORRUPT: the backup is damaged; MGE_IO, MGE_DB.
+ */
+int mge_store_restore(const char *dir, const char *backup);
+
+/*
+ * Call @fn(@arg, job_id) after each commit that appended events to job job_id (state changes,
+ * log, metric and checkpoint lines), from the writing thread, with no store lock held; NULL
+ * removes it. When this returns, no call of the previous hook is running. @fn must be quick
+ * and must not call into the store (the hook's lock is held while it runs).
+ */
+void mge_store_on_events(struct mge_store *st, void (*fn)(void *arg, int64_t job_id), void *arg);
 
 /*
  * Insert a validated job in state queued (and its first state event).

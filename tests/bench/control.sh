@@ -4,6 +4,8 @@
 #   2. submit-to-rank-spawn latency p50                 goal <= 50 ms
 #   3. GET /jobs p99 with 10,000 jobs stored            goal <= 50 ms
 #   4. coordinator CPU with 1,000 simulated workers at 1 Hz   goal <= 20% of one core
+#   5. coordinator CPU with 500 idle SSE subscribers (GET /jobs/{id}/events on a queued job)
+# `sh tests/bench/control.sh BUILD sse` runs benchmark 5 alone (BUILD may be an older build).
 # The simulated workers come from mge-loadgen, a load generator: they only heartbeat. The
 # worker of benchmark 2 is a real mge-worker running the real mge-train.
 BUILD=${1:-build}
@@ -31,6 +33,29 @@ start_coord() { # state dir
 }
 stop_coord() { kill "$COORD"; wait "$COORD" 2>/dev/null; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# context switches of all of a process's threads: each wakeup of a polling thread is one
+ctx_switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ { n += $2 } END { print n }'; }
+
+sse_idle() { # 500 idle subscribers of one queued job: coordinator CPU over 10 s
+    start_coord "$T/s5"
+    id=$(curl -s -H 'Authorization: Bearer bench' -H 'Content-Type: application/yaml' \
+        --data-binary "$(printf 'name: idle\nmodel: {type: mlp, hidden: [32]}\ndata: {format: synthetic, train_size: 256, test_size: 0, input_dim: 784, classes: 10}\ntrain: {steps: 10, batch_size: 32, optimizer: {type: sgd, lr: 0.05}}\n')" \
+        "$URL/api/v1/jobs" | sed -n 's/.*"id":\([0-9]*\).*/\1/p')
+    "$T/mge-loadgen" sse "${URL#http://}" bench "$id" "${SSE_N:-500}" 16 &
+    LG=$!
+    sleep 4  # connect and settle
+    t0=$(cpu_ticks "$COORD"); c0=$(ctx_switches "$COORD"); s0=$(date +%s.%N)
+    sleep 10
+    t1=$(cpu_ticks "$COORD"); c1=$(ctx_switches "$COORD"); s1=$(date +%s.%N)
+    wait $LG
+    awk -v n="${SSE_N:-500}" -v t="$((t1 - t0))" -v c="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" -v s0="$s0" -v s1="$s1" \
+        'BEGIN { printf("sse_idle_cpu_percent %.2f (%d idle subscribers, %.1f s window, %d ticks, %d context switches)\n", 100 * t / hz / (s1 - s0), n, s1 - s0, t, c) }'
+    stop_coord
+}
+if [ "${2:-}" = sse ]; then
+    sse_idle
+    exit 0
+fi
 
 echo "== control plane benchmarks ($(nproc) cores)"
 start_coord "$T/s1"
@@ -64,3 +89,4 @@ wait $LG
 awk -v t="$((t1 - t0))" -v hz="$(getconf CLK_TCK)" -v s0="$s0" -v s1="$s1" \
     'BEGIN { printf("coordinator_cpu_percent %.1f (1000 simulated workers at 1 Hz, %.1f s window)\n", 100 * t / hz / (s1 - s0), s1 - s0) }'
 stop_coord
+sse_idle

@@ -10,8 +10,13 @@
  *                                             spec.yaml appears under WORKDIR (the worker
  *                                             writes it just before it starts mge-train)
  *   mge-loadgen workers WORKER_URL JOIN N SECONDS   N simulated workers heartbeating at 1 Hz
+ *   mge-loadgen sse HOST:PORT TOKEN JOB N SECONDS   N idle subscribers of GET /jobs/JOB/events
+ *                                             held open SECONDS; prints how many answered 200
  */
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
@@ -303,6 +308,46 @@ static int do_workers(const char *wurl, const char *join, int n, int secs)
     return errors ? 1 : 0;
 }
 
+/* N raw connections, each a GET of the job's event stream, held open and never read again. */
+static int do_sse(const char *hostport, const char *token, int job, int n, int secs)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    const char *colon = strrchr(hostport, ':');
+    char host[64], req[512], buf[512];
+    int *fds = calloc((size_t)n, sizeof(*fds)), ok = 0;
+    if (!fds || !colon || (size_t)(colon - hostport) >= sizeof(host))
+        return 2;
+    memcpy(host, hostport, (size_t)(colon - hostport));
+    host[colon - hostport] = '\0';
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return 2;
+    snprintf(req, sizeof(req),
+             "GET /api/v1/jobs/%d/events HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+             "Accept: text/event-stream\r\n\r\n", job, hostport, token);
+    for (int i = 0; i < n; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+            write(fds[i], req, strlen(req)) != (ssize_t)strlen(req)) {
+            perror("sse subscriber");
+            break;
+        }
+    }
+    for (int i = 0; i < n; i++) { /* the status line and the job's first events */
+        ssize_t k = fds[i] > 0 ? read(fds[i], buf, sizeof(buf) - 1) : -1;
+        if (k > 12 && !strncmp(buf, "HTTP/1.1 200", 12))
+            ok++;
+    }
+    printf("sse_subscribers %d of %d answered 200, holding them %d s\n", ok, n, secs);
+    fflush(stdout);
+    sleep((unsigned)secs);
+    for (int i = 0; i < n; i++)
+        if (fds[i] > 0)
+            close(fds[i]);
+    free(fds);
+    return ok == n ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help")) {
@@ -319,6 +364,8 @@ int main(int argc, char **argv)
         return do_latency(argv[2], argv[3], atoi(argv[4]), argv[5]);
     if (!strcmp(argv[1], "workers") && argc == 6)
         return do_workers(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+    if (!strcmp(argv[1], "sse") && argc == 7)
+        return do_sse(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
     fprintf(stderr, "mge-loadgen: bad arguments (try --help)\n");
     return 2;
 }
