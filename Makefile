@@ -21,7 +21,7 @@ ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(DEBUG) -fopenmp -MMD -MP \
 ALL_LDFLAGS = -fopenmp $(LDFLAGS)
 LIBS_BLAS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -ldnnl
 LIBS_PROTO  := -lprotobuf-c
-LIBS_COMMON := -lyaml -ljansson -lz -lm -lpthread
+LIBS_COMMON := -lyaml -ljansson -lz -lm -lpthread -lcrypto
 LIBS_DAEMON := -lmicrohttpd -lsqlite3 -lnng -luv -lcurl
 
 # Open MPI (the mpi backend) and NCCL (the nccl backend) are optional: without them the

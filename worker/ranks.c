@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/crypto.h"
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "common/log.h"
@@ -830,7 +831,7 @@ int mge_ranks_launch(struct mge_ranks *rs, int64_t job_id, int attempt, int rank
                  (long long)job_id, attempt, rank);
         rc = MGE_NOENT;
     } else if (!token || !r->launch_token || !*r->launch_token ||
-               strcmp(token, r->launch_token) != 0) {
+               !mge_ct_equal(r->launch_token, strlen(r->launch_token), token, strlen(token))) {
         snprintf(why, why_len, "wrong launch token for job %lld attempt %d", (long long)job_id,
                  attempt);
         rc = MGE_AUTH;
