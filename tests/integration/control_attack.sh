@@ -14,6 +14,8 @@
 #  5. an AUTHENTICATED worker whose rank plants checkpoints that lead outside its job dir (a
 #     symlink, a hard link): never stored, never served; a file swapped for a symlink after it
 #     was stored is not served either
+#  6. the coordinator restarts: it knows no session, the workers register again (authenticated)
+#     and the link works (a job runs)
 . "$(dirname "$0")/lib/control.sh"
 FORGE=$BUILD/tests/mge-forge
 [ -x "$FORGE" ] || { echo "SKIP: $FORGE not built (make tests-build)"; exit 77; }
@@ -189,4 +191,14 @@ rm -f "$f9" && ln -s "$T/secret" "$f9"
 ro GET "/api/v1/jobs/$EVIL/checkpoints/ckpt-000009.mgeckpt" >"$T/dl"
 check "... swapped for a symlink after it was stored, it is not served (HTTP $(status))" \
     sh -c "[ '$(status)' = 404 ] && ! grep -q 'the secret' '$T/dl'"
+
+# --- 6. a coordinator restart: every worker registers again ---
+kill "$COORD_PID"
+wait "$COORD_PID" 2>/dev/null
+start_coord
+check "after a coordinator restart worker 'we' registered again (authenticated)" \
+    wait_until 15 sh -c "[ \$(grep -c 'registered with the coordinator as' '$T/worker-we.log') -ge 2 ]"
+check "... because the coordinator asked it to" grep -q 'coordinator asks us to register again' "$T/worker-we.log"
+AFTER=$(submit_yaml "$T/quick.yaml")
+check "... and the link works: a job runs on it to the end" wait_until 30 state_is "$AFTER" succeeded
 finish
