@@ -477,8 +477,10 @@ static int frame_register(struct mge_rpc *r, const Mge__LinkFrame *f, uint8_t **
     }
     se = m->register_->name ? session_find_name(r, m->register_->name) : NULL;
     if (se && session_seen_nonce(se, f->nonce.data)) {
+        /* an attacker's replay, or NNG REQ's resend of a Register already handled: a genuine
+         * worker registers again with a new nonce */
         mge_log_warn("worker '%s': replayed register refused", se->name);
-        rc = refuse(0, "replayed register", false, reply, reply_len);
+        rc = refuse(0, "replayed register", true, reply, reply_len);
         goto out_free_msg;
     }
     rc = handle_register(r, m->register_, id, &body, &body_len);

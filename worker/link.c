@@ -388,8 +388,10 @@ static int exchange(struct mge_link *l)
         return MGE_ERR(MGE_PROTO, "malformed reply from the coordinator");
     rc = open_reply(l, lr, &tw, &authentic);
     mge__link_reply__free_unpacked(lr, NULL);
-    if (rc != MGE_OK)
+    if (rc != MGE_OK) {
+        l->registered = false; /* whatever went wrong with the session, start a new one */
         return rc;
+    }
     if (tw->reregister) {
         /* unauthenticated or not, this can only make us start a new session */
         mge_log_info("coordinator asks us to register again%s%s", tw->error ? ": " : "",

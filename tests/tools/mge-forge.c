@@ -11,9 +11,9 @@
  *   mge-forge register WORKER_URL NAME
  *       a Register whose proof is made with a wrong join token. Exit 0 when refused.
  *   mge-forge replay WORKER_URL JOIN NAME
- *       a genuine session (this tool knows the join token): frame 1 is accepted, then the same
- *       bytes again, frame 1 with another body and an old counter are refused, and frame 2 is
- *       still accepted (the session survives the replays). Exit 0 when all of that holds.
+ *       a genuine session (this tool knows the join token): the Register sent again, frame 1
+ *       sent again, a frame with a changed body and one with an old counter are refused, while
+ *       frames 1 and 2 are accepted (the session survives the replays). Exit 0 when all holds.
  *       NAME registers with no slots, so nothing is ever placed on it.
  *   mge-forge launch LAUNCH_URL JOB ATTEMPT RANK TOKEN COMMAND
  *       a LaunchRequest to a worker's launch socket. Exit 0 when refused, 1 when accepted.
@@ -263,7 +263,6 @@ static int forge_replay(const char *url, const char *join, const char *name)
         return 2;
     frame = pack_frame("", 0, body, body_len, cn, mac, &frame_len);
     rep = roundtrip(s, frame, frame_len);
-    free(frame);
     free(body);
     lr = mge__link_reply__unpack(NULL, nng_msg_len(rep), nng_msg_body(rep));
     tw = lr ? mge__to_worker__unpack(NULL, lr->body.len, lr->body.data) : NULL;
@@ -280,6 +279,9 @@ static int forge_replay(const char *url, const char *join, const char *name)
     mge__to_worker__free_unpacked(tw, NULL);
     mge__link_reply__free_unpacked(lr, NULL);
     nng_msg_free(rep);
+    /* the Register again, byte for byte: refused, and the session it started lives on */
+    good &= is_refusal(report("replayed register", roundtrip(s, frame, frame_len)));
+    free(frame);
 
     f1 = session_frame(&se, 1, false, &f1_len);
     good &= report("genuine frame 1", roundtrip(s, f1, f1_len)).mac;
