@@ -14,7 +14,10 @@
 static EVP_MAC *g_hmac;
 static pthread_once_t g_hmac_once = PTHREAD_ONCE_INIT;
 
-static void hmac_fetch(void) { g_hmac = EVP_MAC_fetch(NULL, "HMAC", NULL); }
+static void hmac_fetch(void)
+{
+    g_hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+}
 
 int mge_hmac_sha256(const void *key, size_t key_len, const struct mge_span *parts, size_t n_parts,
                     uint8_t out[MGE_HMAC_LEN])
@@ -85,8 +88,10 @@ int mge_link_mac(enum mge_link_mac_kind kind, const void *key, size_t key_len,
 {
     /* labels end in '\0' (sizeof counts it), so one is never a prefix of another */
     static const char reg[] = "mge-register", req[] = "mge-request", rep[] = "mge-reply";
-    const char *label = kind == MGE_LINK_MAC_REGISTER ? reg : kind == MGE_LINK_MAC_REQUEST ? req : rep;
-    size_t label_len = kind == MGE_LINK_MAC_REGISTER ? sizeof(reg)
+    const char *label = kind == MGE_LINK_MAC_REGISTER  ? reg
+                        : kind == MGE_LINK_MAC_REQUEST ? req
+                                                       : rep;
+    size_t label_len = kind == MGE_LINK_MAC_REGISTER  ? sizeof(reg)
                        : kind == MGE_LINK_MAC_REQUEST ? sizeof(req)
                                                       : sizeof(rep);
     size_t id_len = worker_id ? strlen(worker_id) : 0;

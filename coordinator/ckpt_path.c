@@ -103,8 +103,8 @@ int mge_ckpt_path_open(int64_t job_id, const char *path)
     for (int i = 0; i < 4 && dfd >= 0; i++) {
         memcpy(buf, path + off[i], len[i]);
         buf[len[i]] = '\0';
-        fd = openat(dfd, buf, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK |
-                                  (i < 3 ? O_DIRECTORY : 0));
+        fd = openat(dfd, buf,
+                    O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | (i < 3 ? O_DIRECTORY : 0));
         err = errno;
         close(dfd);
         errno = err;
@@ -151,8 +151,9 @@ bool mge_ckpt_path_ok(int64_t job_id, int attempt, int rank, const char *name, c
     }
     if (errno == ENOENT) /* on a worker this host cannot see: believed by its name alone */
         return true;
-    snprintf(why, why_len, "%s", errno == ELOOP    ? "a symbolic link on the way"
-                                 : errno == EINVAL ? "not a plain file with one link"
-                                                   : strerror(errno));
+    snprintf(why, why_len, "%s",
+             errno == ELOOP    ? "a symbolic link on the way"
+             : errno == EINVAL ? "not a plain file with one link"
+                               : strerror(errno));
     return false;
 }

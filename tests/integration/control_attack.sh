@@ -7,7 +7,7 @@
 #     /etc/shadow): refused, nothing stored or served, no Assign (no launch token) in a reply
 #  2. a forged Register without the join token: refused
 #  3. replays in a genuine session (the Register again, a frame again, a changed body, an old
-#     counter): refused, and the session goes on
+#     counter): refused, and the session goes on; after a new Register the old key is dead
 #  4. launch requests to the worker that holds rank 1 of a 2-rank attempt, waiting for its
 #     launch: a wrong token, a rank it does not hold, a job it does not hold: refused, the
 #     command never ran; the attempt's real token still works (so the refusals mean something)
@@ -107,9 +107,10 @@ check "... and no worker 'intruder' exists" no_intruder
 "$FORGE" replay "$WORKER_URL" "$(cat "$T/join")" replayer >"$T/forge-replay" 2>&1
 rc=$?
 sed 's/^/     /' "$T/forge-replay"
-check "a replayed Register, replayed, altered and old-counter frames are refused; the session goes on (exit $rc)" \
+check "a replayed Register, replayed, altered and old-counter frames are refused; the session goes on; a new Register kills the old key (exit $rc)" \
     sh -c "[ $rc -eq 0 ] && [ \$(grep -c 'error=\"replayed frame\"' '$T/forge-replay') -eq 2 ] &&
            grep -q 'replayed register: mac=0 error=\"replayed register\"' '$T/forge-replay' &&
+           grep -q 'previous session.s key: mac=0 error=\"bad frame MAC\"' '$T/forge-replay' &&
            grep -q 'changed body: mac=0 error=\"bad frame MAC\"' '$T/forge-replay'"
 check "the coordinator logged the replays, naming the worker" \
     grep -q "worker 'replayer' (.*): replayed frame refused" "$T/coordinator.log"

@@ -13,7 +13,9 @@
  *   mge-forge replay WORKER_URL JOIN NAME
  *       a genuine session (this tool knows the join token): the Register sent again, frame 1
  *       sent again, a frame with a changed body and one with an old counter are refused, while
- *       frames 1 and 2 are accepted (the session survives the replays). Exit 0 when all holds.
+ *       frames 1 and 2 are accepted (the session survives the replays); then a new Register of
+ *       NAME: a frame under the old key is refused, one under the new key accepted. Exit 0 when
+ *       all of that holds.
  *       NAME registers with no slots, so nothing is ever placed on it.
  *   mge-forge launch LAUNCH_URL JOB ATTEMPT RANK TOKEN COMMAND
  *       a LaunchRequest to a worker's launch socket. Exit 0 when refused, 1 when accepted.
@@ -65,8 +67,7 @@ static uint8_t *pack_to_coordinator(const Mge__ToCoordinator *m, size_t *len)
 }
 
 static uint8_t *pack_frame(const char *worker_id, uint64_t counter, const uint8_t *body,
-                           size_t body_len, const uint8_t *nonce, const uint8_t *mac,
-                           size_t *len)
+                           size_t body_len, const uint8_t *nonce, const uint8_t *mac, size_t *len)
 {
     Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
     uint8_t *b;
@@ -91,8 +92,8 @@ static uint8_t *pack_frame(const char *worker_id, uint64_t counter, const uint8_
 }
 
 struct outcome {
-    bool mac;                /* the reply carried a MAC */
-    bool refused;            /* it said error */
+    bool mac;     /* the reply carried a MAC */
+    bool refused; /* it said error */
     size_t assign, cancel, acks;
     char worker_id[64];
 };
@@ -114,8 +115,9 @@ static struct outcome report(const char *what, nng_msg *m)
         snprintf(o.worker_id, sizeof(o.worker_id), "%s", tw->worker_id ? tw->worker_id : "");
     }
     printf("%s: mac=%d error=\"%s\" reregister=%d worker_id=\"%s\" assign=%zu cancel=%zu "
-           "acks=%zu\n", what, o.mac, tw && tw->error ? tw->error : "",
-           tw ? tw->reregister : 0, o.worker_id, o.assign, o.cancel, o.acks);
+           "acks=%zu\n",
+           what, o.mac, tw && tw->error ? tw->error : "", tw ? tw->reregister : 0, o.worker_id,
+           o.assign, o.cancel, o.acks);
     mge__to_worker__free_unpacked(tw, NULL);
     mge__link_reply__free_unpacked(lr, NULL);
     nng_msg_free(m);
@@ -211,8 +213,7 @@ struct session {
 };
 
 /* Heartbeat @counter of session @se; @tamper: the body changes after its MAC was made. */
-static uint8_t *session_frame(const struct session *se, uint64_t counter, bool tamper,
-                              size_t *len)
+static uint8_t *session_frame(const struct session *se, uint64_t counter, bool tamper, size_t *len)
 {
     Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
     Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
@@ -222,8 +223,8 @@ static uint8_t *session_frame(const struct session *se, uint64_t counter, bool t
     m.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
     m.heartbeat = &hb;
     body = pack_to_coordinator(&m, &body_len);
-    if (mge_link_mac(MGE_LINK_MAC_REQUEST, se->key, sizeof(se->key), se->id, counter, NULL, 0,
-                     body, body_len, mac) != 0)
+    if (mge_link_mac(MGE_LINK_MAC_REQUEST, se->key, sizeof(se->key), se->id, counter, NULL, 0, body,
+                     body_len, mac) != 0)
         exit(2);
     if (tamper) { /* an unknown field 15 (varint 1), which the coordinator's parser would skip */
         body = realloc(body, body_len + 2);
@@ -237,19 +238,22 @@ static uint8_t *session_frame(const struct session *se, uint64_t counter, bool t
     return frame;
 }
 
-static int forge_replay(const char *url, const char *join, const char *name)
+/*
+ * Register @name with the join token @join on @s: the session into @se, the Register frame
+ * sent into *@frame (malloc'ed, caller frees). 0 on success (the reply's MAC verified).
+ */
+static int session_register(nng_socket s, const char *join, const char *name, struct session *se,
+                            uint8_t **frame, size_t *frame_len)
 {
     Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
     Mge__Register reg = MGE__REGISTER__INIT;
     Mge__Slots slots = MGE__SLOTS__INIT;
     Mge__LinkReply *lr;
     Mge__ToWorker *tw;
-    uint8_t cn[MGE_NONCE_LEN], mac[MGE_HMAC_LEN], *body, *frame, *f1;
-    size_t body_len, frame_len, f1_len;
-    nng_socket s = dial(url);
-    struct session se = {{0}, {0}};
+    uint8_t cn[MGE_NONCE_LEN], mac[MGE_HMAC_LEN], *body;
+    size_t body_len;
     nng_msg *rep;
-    bool good = true;
+    int rc = 1;
 
     slots.device = (char *)"cpu"; /* no cpus, no memory: nothing fits here */
     reg.name = (char *)name;
@@ -260,25 +264,39 @@ static int forge_replay(const char *url, const char *join, const char *name)
     if (mge_random_bytes(cn, sizeof(cn)) != 0 ||
         mge_link_mac(MGE_LINK_MAC_REGISTER, join, strlen(join), "", 0, cn, sizeof(cn), body,
                      body_len, mac) != 0)
-        return 2;
-    frame = pack_frame("", 0, body, body_len, cn, mac, &frame_len);
-    rep = roundtrip(s, frame, frame_len);
+        exit(2);
+    *frame = pack_frame("", 0, body, body_len, cn, mac, frame_len);
     free(body);
+    rep = roundtrip(s, *frame, *frame_len);
     lr = mge__link_reply__unpack(NULL, nng_msg_len(rep), nng_msg_body(rep));
     tw = lr ? mge__to_worker__unpack(NULL, lr->body.len, lr->body.data) : NULL;
-    if (!tw || !tw->worker_id || !*tw->worker_id || lr->nonce.len != MGE_NONCE_LEN ||
-        mge_link_session_key(join, tw->worker_id, cn, lr->nonce.data, se.key) != 0 ||
-        mge_link_mac(MGE_LINK_MAC_REPLY, se.key, sizeof(se.key), tw->worker_id, 0, lr->nonce.data,
-                     lr->nonce.len, lr->body.data, lr->body.len, mac) != 0 ||
-        !mge_ct_equal(mac, sizeof(mac), lr->mac.data, lr->mac.len)) {
+    if (tw && tw->worker_id && *tw->worker_id && lr->nonce.len == MGE_NONCE_LEN &&
+        mge_link_session_key(join, tw->worker_id, cn, lr->nonce.data, se->key) == 0 &&
+        mge_link_mac(MGE_LINK_MAC_REPLY, se->key, sizeof(se->key), tw->worker_id, 0, lr->nonce.data,
+                     lr->nonce.len, lr->body.data, lr->body.len, mac) == 0 &&
+        mge_ct_equal(mac, sizeof(mac), lr->mac.data, lr->mac.len)) {
+        snprintf(se->id, sizeof(se->id), "%s", tw->worker_id);
+        printf("genuine register: accepted as %s, reply MAC verified\n", se->id);
+        rc = 0;
+    } else {
         printf("genuine register: failed (%s)\n", tw && tw->error ? tw->error : "no valid reply");
-        return 1;
     }
-    snprintf(se.id, sizeof(se.id), "%s", tw->worker_id);
-    printf("genuine register: accepted as %s, reply MAC verified\n", se.id);
     mge__to_worker__free_unpacked(tw, NULL);
     mge__link_reply__free_unpacked(lr, NULL);
     nng_msg_free(rep);
+    return rc;
+}
+
+static int forge_replay(const char *url, const char *join, const char *name)
+{
+    uint8_t *frame, *f1;
+    size_t frame_len, f1_len;
+    nng_socket s = dial(url);
+    struct session se, old;
+    bool good = true;
+
+    if (session_register(s, join, name, &se, &frame, &frame_len) != 0)
+        return 1;
     /* the Register again, byte for byte: refused, and the session it started lives on */
     good &= is_refusal(report("replayed register", roundtrip(s, frame, frame_len)));
     free(frame);
@@ -286,6 +304,7 @@ static int forge_replay(const char *url, const char *join, const char *name)
     f1 = session_frame(&se, 1, false, &f1_len);
     good &= report("genuine frame 1", roundtrip(s, f1, f1_len)).mac;
     good &= is_refusal(report("replayed frame 1 (same bytes)", roundtrip(s, f1, f1_len)));
+    free(f1);
     frame = session_frame(&se, 5, true, &frame_len);
     good &= is_refusal(report("frame 5 with a changed body", roundtrip(s, frame, frame_len)));
     free(frame);
@@ -295,7 +314,19 @@ static int forge_replay(const char *url, const char *join, const char *name)
     frame = session_frame(&se, 2, false, &frame_len);
     good &= report("genuine frame 2", roundtrip(s, frame, frame_len)).mac;
     free(frame);
-    free(f1);
+
+    /* a new Register of the name starts a new session: the old key is dead */
+    old = se;
+    if (session_register(s, join, name, &se, &frame, &frame_len) != 0)
+        return 1;
+    free(frame);
+    frame = session_frame(&old, 3, false, &frame_len);
+    good &= is_refusal(
+        report("frame 3 under the previous session's key", roundtrip(s, frame, frame_len)));
+    free(frame);
+    frame = session_frame(&se, 1, false, &frame_len);
+    good &= report("frame 1 of the new session", roundtrip(s, frame, frame_len)).mac;
+    free(frame);
     nng_close(s);
     return good ? 0 : 1;
 }

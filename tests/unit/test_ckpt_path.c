@@ -61,8 +61,9 @@ START_TEST(test_real_checkpoint)
     ck_assert_int_ge(fd, 0);
     close(fd);
     /* on a worker this host cannot see: believed by its name and place alone */
-    ck_assert_msg(ok("ckpt-000010.mgeckpt",
-                     "/elsewhere/wd/job-7/attempt-2/rank-1/ckpt-000010.mgeckpt"), "%s", why);
+    ck_assert_msg(
+        ok("ckpt-000010.mgeckpt", "/elsewhere/wd/job-7/attempt-2/rank-1/ckpt-000010.mgeckpt"), "%s",
+        why);
 }
 END_TEST
 

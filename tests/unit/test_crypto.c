@@ -51,11 +51,11 @@ END_TEST
 
 START_TEST(test_link_mac_binds_everything)
 {
-    uint8_t key[MGE_HMAC_LEN] = {1}, nonce[MGE_NONCE_LEN] = {2}, ref[MGE_HMAC_LEN],
-            m[MGE_HMAC_LEN];
+    uint8_t key[MGE_HMAC_LEN] = {1}, nonce[MGE_NONCE_LEN] = {2}, ref[MGE_HMAC_LEN], m[MGE_HMAC_LEN];
     const uint8_t body[] = "body";
-    ck_assert_int_eq(mge_link_mac(MGE_LINK_MAC_REQUEST, key, sizeof(key), "w-1", 7, NULL, 0, body,
-                                  4, ref), MGE_OK);
+    ck_assert_int_eq(
+        mge_link_mac(MGE_LINK_MAC_REQUEST, key, sizeof(key), "w-1", 7, NULL, 0, body, 4, ref),
+        MGE_OK);
     /* the same input gives the same MAC; any change in kind, id, counter, nonce, body or key
      * gives another */
     mge_link_mac(MGE_LINK_MAC_REQUEST, key, sizeof(key), "w-1", 7, NULL, 0, body, 4, m);
