@@ -22,6 +22,7 @@
 #define RPC_MAX_RANKS 4096
 #define RPC_MAX_ACKS 4096
 #define RPC_SEEN_NONCES 8 /* client nonces of a name's recent Registers, refused if seen again */
+#define RPC_REFUSALS_LOGGED 20 /* refused frames logged per second; a flood is counted instead */
 
 /* One worker link session (see LinkFrame in proto/worker.proto). Only the rpc thread uses it. */
 struct rpc_session {
@@ -49,6 +50,8 @@ struct mge_rpc {
     atomic_uint_fast64_t requests;
     struct rpc_session *sess;     /* [rpc thread] one per worker name that registered */
     size_t n_sess, cap_sess;
+    int64_t refusal_second;       /* [rpc thread] wall second of the refusals counted below */
+    unsigned refusals;            /* [rpc thread] refused frames in that second */
 };
 
 static int err_from_nng(int rv, const char *what, const char *url)
@@ -374,6 +377,23 @@ out_free:
 
 /* ---- sessions and the LinkFrame envelope (proto/worker.proto) ---- */
 
+/*
+ * Whether to log one more refused frame: the first RPC_REFUSALS_LOGGED of each second, so that
+ * a flood of forged frames cannot flood the log; the rest are counted in one line.
+ */
+static bool refusal_logged(struct mge_rpc *r)
+{
+    int64_t sec = mge_now_ms() / 1000;
+    if (sec != r->refusal_second) {
+        if (r->refusals > RPC_REFUSALS_LOGGED)
+            mge_log_warn("worker link: %u more refused frames not logged",
+                         r->refusals - RPC_REFUSALS_LOGGED);
+        r->refusal_second = sec;
+        r->refusals = 0;
+    }
+    return ++r->refusals <= RPC_REFUSALS_LOGGED;
+}
+
 static struct rpc_session *session_find(struct mge_rpc *r, const char *worker_id)
 {
     for (size_t i = 0; i < r->n_sess; i++)
@@ -467,7 +487,8 @@ static int frame_register(struct mge_rpc *r, const Mge__LinkFrame *f, uint8_t **
     if (rc != MGE_OK)
         return rc;
     if (!mge_ct_equal(mac, sizeof(mac), f->mac.data, f->mac.len)) {
-        mge_log_warn("worker link: register refused: bad join token proof");
+        if (refusal_logged(r))
+            mge_log_warn("worker link: register refused: bad join token proof");
         return refuse(0, "bad join token", false, reply, reply_len);
     }
     m = mge__to_coordinator__unpack(NULL, f->body.len, f->body.data);
@@ -479,7 +500,8 @@ static int frame_register(struct mge_rpc *r, const Mge__LinkFrame *f, uint8_t **
     if (se && session_seen_nonce(se, f->nonce.data)) {
         /* an attacker's replay, or NNG REQ's resend of a Register already handled: a genuine
          * worker registers again with a new nonce */
-        mge_log_warn("worker '%s': replayed register refused", se->name);
+        if (refusal_logged(r))
+            mge_log_warn("worker '%s': replayed register refused", se->name);
         rc = refuse(0, "replayed register", true, reply, reply_len);
         goto out_free_msg;
     }
@@ -536,15 +558,18 @@ static int frame_session(struct mge_rpc *r, const Mge__LinkFrame *f, uint8_t **r
     if (rc != MGE_OK)
         return rc;
     if (f->nonce.len || !mge_ct_equal(mac, sizeof(mac), f->mac.data, f->mac.len)) {
-        mge_log_warn("worker '%s' (%s): frame with a bad MAC refused", se->name, se->worker_id);
+        if (refusal_logged(r))
+            mge_log_warn("worker '%s' (%s): frame with a bad MAC refused", se->name,
+                         se->worker_id);
         return refuse(f->counter, "bad frame MAC", true, reply, reply_len);
     }
     if (f->counter <= se->last_counter) {
         /* a replay, or NNG REQ's resend of a frame already handled: the worker registers
          * again, and what the lost reply carried is derived again (see handle_heartbeat) */
-        mge_log_warn("worker '%s' (%s): replayed frame refused (counter %llu, last %llu)",
-                     se->name, se->worker_id, (unsigned long long)f->counter,
-                     (unsigned long long)se->last_counter);
+        if (refusal_logged(r))
+            mge_log_warn("worker '%s' (%s): replayed frame refused (counter %llu, last %llu)",
+                         se->name, se->worker_id, (unsigned long long)f->counter,
+                         (unsigned long long)se->last_counter);
         return refuse(f->counter, "replayed frame", true, reply, reply_len);
     }
     se->last_counter = f->counter;

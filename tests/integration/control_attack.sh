@@ -4,7 +4,8 @@
 # token (which shows worker ids); build/tests/mge-forge speaks the real protocol for them.
 #  1. forged heartbeats for a worker id taken from GET /workers (a running and a finished job:
 #     an exit, metrics, a result, checkpoint notices naming a file outside the job and
-#     /etc/shadow): refused, nothing stored or served, no Assign (no launch token) in a reply
+#     /etc/shadow): refused, nothing stored or served, no Assign (no launch token) in a reply;
+#     a flood of them does not flood the coordinator's log
 #  2. a forged Register without the join token: refused
 #  3. replays in a genuine session (the Register again, a frame again, a changed body, an old
 #     counter): refused, and the session goes on; after a new Register the old key is dead
@@ -92,6 +93,14 @@ done
 check "the coordinator logged the bad MACs, naming the worker" \
     grep -q "worker 'w[ab]' (.*): frame with a bad MAC refused" "$T/coordinator.log"
 check "job $RUN still runs: the forged exit was not believed" state_is "$RUN" running
+n0=$(grep -c 'frame with a bad MAC refused' "$T/coordinator.log")
+"$FORGE" flood "$WORKER_URL" "$wid" 500 >"$T/forge-flood" 2>&1
+rc=$?
+sleep 1.1
+"$FORGE" flood "$WORKER_URL" "$wid" 1 >/dev/null 2>&1 # a refusal in the next second: the tally
+n1=$(grep -c 'frame with a bad MAC refused' "$T/coordinator.log")
+check "a flood of 500 forged heartbeats: all refused, at most 41 logged ($((n1 - n0))), the rest counted" \
+    sh -c "[ $rc -eq 0 ] && [ $((n1 - n0)) -le 41 ] && grep -q 'more refused frames not logged' '$T/coordinator.log'"
 api POST "/api/v1/jobs/$RUN/cancel" >/dev/null
 
 # --- 2. a forged Register ---

@@ -8,6 +8,8 @@
  *       zeros, no MAC, and the frame as it was before frames were authenticated. Each says the
  *       job's rank 0 exited 0 and carries a metric, a summary and checkpoint notices for PATH
  *       and /etc/shadow. Exit 0 when every reply is a refusal without commands, 1 otherwise.
+ *   mge-forge flood WORKER_URL WORKER_ID N
+ *       N forged heartbeats (MAC of zeros) as fast as replies come. Exit 0 when all refused.
  *   mge-forge register WORKER_URL NAME
  *       a Register whose proof is made with a wrong join token. Exit 0 when refused.
  *   mge-forge replay WORKER_URL JOIN NAME
@@ -180,6 +182,36 @@ static int forge_heartbeat(const char *url, const char *wid, long long job, int 
     free(body);
     nng_close(s);
     return all ? 0 : 1;
+}
+
+static int forge_flood(const char *url, const char *wid, int n)
+{
+    Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
+    Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
+    uint8_t zeros[MGE_HMAC_LEN] = {0}, *body, *frame;
+    size_t body_len, frame_len;
+    nng_socket s = dial(url);
+    int refused = 0;
+    hb.worker_id = (char *)wid;
+    m.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
+    m.heartbeat = &hb;
+    body = pack_to_coordinator(&m, &body_len);
+    for (int i = 0; i < n; i++) {
+        nng_msg *r;
+        Mge__LinkReply *lr;
+        frame =
+            pack_frame(wid, (uint64_t)i + (1ull << 42), body, body_len, NULL, zeros, &frame_len);
+        r = roundtrip(s, frame, frame_len);
+        lr = mge__link_reply__unpack(NULL, nng_msg_len(r), nng_msg_body(r));
+        refused += lr && !lr->mac.len;
+        mge__link_reply__free_unpacked(lr, NULL);
+        nng_msg_free(r);
+        free(frame);
+    }
+    printf("flood: %d forged heartbeats, %d refused\n", n, refused);
+    free(body);
+    nng_close(s);
+    return refused == n ? 0 : 1;
 }
 
 static int forge_register(const char *url, const char *name)
@@ -367,6 +399,8 @@ int main(int argc, char **argv)
 {
     if (argc == 7 && !strcmp(argv[1], "heartbeat"))
         return forge_heartbeat(argv[2], argv[3], atoll(argv[4]), atoi(argv[5]), argv[6]);
+    if (argc == 5 && !strcmp(argv[1], "flood"))
+        return forge_flood(argv[2], argv[3], atoi(argv[4]));
     if (argc == 4 && !strcmp(argv[1], "register"))
         return forge_register(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "replay"))
