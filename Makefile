@@ -25,7 +25,7 @@ ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(DEBUG) -fopenmp -MMD -MP \
 ALL_LDFLAGS = -fopenmp $(LDFLAGS)
 LIBS_BLAS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -ldnnl
 LIBS_PROTO  := -lprotobuf-c
-LIBS_COMMON := -lyaml -ljansson -lz -lm -lpthread
+LIBS_COMMON := -lyaml -ljansson -lz -lm -lpthread -lcrypto
 LIBS_DAEMON := -lmicrohttpd -lsqlite3 -lnng -luv -lcurl
 
 # Open MPI (the mpi backend) and NCCL (the nccl backend) are optional: without them the
@@ -221,7 +221,7 @@ $(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(LIB_CUDA) $(ENGIN
 # tests of the coordinator's modules (store, scheduler) link them from one library, without main.c
 LIB_COORD := $(BUILD)/lib/libmgecoord.a
 $(LIB_COORD): $(call obj,$(filter-out coordinator/main.c,$(COORD_SRC)))
-COORD_TESTS := $(BUILD)/tests/test_sched $(BUILD)/tests/test_store
+COORD_TESTS := $(BUILD)/tests/test_sched $(BUILD)/tests/test_store $(BUILD)/tests/test_ckpt_path
 $(COORD_TESTS): $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) \
     $(LIB_COORD) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
@@ -236,7 +236,14 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory binaries web tests-build
 	$(Q)sh tests/run-tests.sh $(BUILD)
 
-tests-build: $(UNIT_BIN)
+# attack tools for the integration tests (tests/tools/mge-<name>.c -> $(BUILD)/tests/mge-<name>)
+TOOL_BIN := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(wildcard tests/tools/mge-*.c))
+$(BUILD)/tests/mge-%: $(call obj,tests/tools/mge-%.c) $(LIB_PROTO) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ -lnng $(LIBS_PROTO) $(LIBS_COMMON)
+
+tests-build: $(UNIT_BIN) $(TOOL_BIN)
 
 # ---- fuzzing (clang libFuzzer) ----
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/crypto.h"
 #include "common/err.h"
 
 #define MGE_AUTH_MAX_TOKENS 64
@@ -14,15 +15,6 @@ struct mge_auth {
     enum mge_role role[MGE_AUTH_MAX_TOKENS];
     int n;
 };
-
-bool mge_auth_token_equal(const char *want, const char *got, size_t got_len)
-{
-    size_t n = strlen(want);
-    unsigned char diff = (unsigned char)(n != got_len);
-    for (size_t i = 0; i < n; i++)
-        diff |= (unsigned char)want[i] ^ (unsigned char)(i < got_len ? got[i] : 0);
-    return diff == 0;
-}
 
 static char *trim(char *s)
 {
@@ -93,7 +85,7 @@ enum mge_role mge_auth_check(const struct mge_auth *a, const char *tok, size_t l
     enum mge_role role = MGE_ROLE_NONE;
     /* every token is compared, so the time does not say which one matched */
     for (int i = 0; i < a->n; i++)
-        if (a->tok[i] && mge_auth_token_equal(a->tok[i], tok, len) && a->role[i] > role)
+        if (a->tok[i] && mge_ct_equal(a->tok[i], strlen(a->tok[i]), tok, len) && a->role[i] > role)
             role = a->role[i];
     return role;
 }

@@ -1,7 +1,7 @@
 /*
  * auth.h: bearer tokens of mge-coordinator. The token file has one token per line:
  * "admin TOKEN" or "read TOKEN" (a line with only a token is an admin token); '#' starts a
- * comment. Tokens are compared in constant time.
+ * comment. Tokens are compared in constant time (mge_ct_equal, common/crypto.h).
  * Thread: load once, then read-only from any thread.
  */
 #ifndef MGE_COORDINATOR_AUTH_H
@@ -21,9 +21,6 @@ void mge_auth_free(struct mge_auth *a);
 
 /* Role of the token @tok (@len bytes): MGE_ROLE_NONE when unknown. */
 enum mge_role mge_auth_check(const struct mge_auth *a, const char *tok, size_t len);
-
-/* Constant-time comparison: the time depends on len(@want) only. */
-bool mge_auth_token_equal(const char *want, const char *got, size_t got_len);
 
 /* Read the first non-empty line of @path (a join token) into a new string; caller mge_free()s. */
 int mge_auth_read_secret(const char *path, char **out);

@@ -21,6 +21,7 @@
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/lttb.h"
+#include "ckpt_path.h"
 #include "auth.h"
 #include "rpc.h"
 #include "sched.h"
@@ -524,7 +525,7 @@ static enum MHD_Result job_checkpoint_get(struct mge_http *h, struct MHD_Connect
         return send_problem(c, 404, "not-found", "No such job", NULL);
     if (mge_store_checkpoint_path(h->st, id, name, &path) != MGE_OK)
         return send_problem(c, 404, "not-found", "No such checkpoint", NULL);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    fd = mge_ckpt_path_open(id, path); /* no symlink below the work dir, a plain file */
     if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         if (fd >= 0)
             close(fd);

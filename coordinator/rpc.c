@@ -11,16 +11,28 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/crypto.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/url.h"
-#include "auth.h"
 #include "proto/worker.pb-c.h"
 #include "sched.h"
 #include "store.h"
 
 #define RPC_MAX_RANKS 4096
 #define RPC_MAX_ACKS 4096
+#define RPC_SEEN_NONCES 8 /* client nonces of a name's recent Registers, refused if seen again */
+#define RPC_REFUSALS_LOGGED 20 /* refused frames logged per second; a flood is counted instead */
+
+/* One worker link session (see LinkFrame in proto/worker.proto). Only the rpc thread uses it. */
+struct rpc_session {
+    char worker_id[40];
+    char name[128];                /* the worker's name, for log lines */
+    uint8_t key[MGE_HMAC_LEN];     /* session key; never leaves this process */
+    uint64_t last_counter;         /* highest counter accepted; a frame must exceed it */
+    uint8_t seen[RPC_SEEN_NONCES][MGE_NONCE_LEN]; /* client nonces of this name's Registers */
+    unsigned n_seen;               /* Registers seen, the last RPC_SEEN_NONCES kept in seen */
+};
 
 struct mge_rpc {
     struct mge_store *st;
@@ -36,6 +48,10 @@ struct mge_rpc {
     bool started;
     atomic_bool stop;
     atomic_uint_fast64_t requests;
+    struct rpc_session *sess;     /* [rpc thread] one per worker name that registered */
+    size_t n_sess, cap_sess;
+    int64_t refusal_second;       /* [rpc thread] wall second of the refusals counted below */
+    unsigned refusals;            /* [rpc thread] refused frames in that second */
 };
 
 static int err_from_nng(int rv, const char *what, const char *url)
@@ -123,6 +139,7 @@ static void reports_from_pb(Mge__RankReport **in, size_t n, struct mge_rank_repo
     }
 }
 
+/* Pack @tw into a new buffer *@reply (mge_malloc'ed) of *@len bytes: the body of a LinkReply. */
 static int pack_reply(Mge__ToWorker *tw, uint8_t **reply, size_t *len)
 {
     size_t n = mge__to_worker__get_packed_size(tw);
@@ -141,19 +158,16 @@ static int reply_error(const char *msg, bool reregister, uint8_t **reply, size_t
     return pack_reply(&tw, reply, len);
 }
 
-static int handle_register(struct mge_rpc *r, Mge__Register *reg, uint8_t **reply, size_t *len)
+/* Register @reg (its join token proven by the caller); its id into @id (or "" if refused). */
+static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], uint8_t **reply,
+                           size_t *len)
 {
     Mge__ToWorker tw = MGE__TO_WORKER__INIT;
     struct mge_worker_info info;
     struct mge_rank_report *reps = NULL;
-    char id[40];
     int rc;
 
-    if (!reg->join_token ||
-        !mge_auth_token_equal(r->join_token, reg->join_token, strlen(reg->join_token))) {
-        mge_log_warn("worker '%s' refused: bad join token", reg->name ? reg->name : "?");
-        return reply_error("bad join token", false, reply, len);
-    }
+    id[0] = '\0';
     if (!reg->name || !*reg->name || strlen(reg->name) > 120 || reg->n_ranks > RPC_MAX_RANKS)
         return reply_error("bad register frame", false, reply, len);
     memset(&info, 0, sizeof(info));
@@ -175,8 +189,10 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, uint8_t **repl
     }
     rc = mge_sched_worker_register(r->sched, &info, reps, reg->n_ranks, id);
     mge_free(reps);
-    if (rc != MGE_OK)
+    if (rc != MGE_OK) {
+        id[0] = '\0';
         return reply_error("registration failed", false, reply, len);
+    }
     tw.worker_id = id;
     tw.notify_url = r->notify_url;
     tw.heartbeat_ms = r->heartbeat_ms;
@@ -360,28 +376,239 @@ out_free:
     return rc;
 }
 
+/* ---- sessions and the LinkFrame envelope (proto/worker.proto) ---- */
+
+/*
+ * Whether to log one more refused frame: the first RPC_REFUSALS_LOGGED of each second, so that
+ * a flood of forged frames cannot flood the log; the rest are counted in one line.
+ */
+static bool refusal_logged(struct mge_rpc *r)
+{
+    int64_t sec = mge_now_ms() / 1000;
+    if (sec != r->refusal_second) {
+        if (r->refusals > RPC_REFUSALS_LOGGED)
+            mge_log_warn("worker link: %u more refused frames not logged",
+                         r->refusals - RPC_REFUSALS_LOGGED);
+        r->refusal_second = sec;
+        r->refusals = 0;
+    }
+    return ++r->refusals <= RPC_REFUSALS_LOGGED;
+}
+
+static struct rpc_session *session_find(struct mge_rpc *r, const char *worker_id)
+{
+    for (size_t i = 0; i < r->n_sess; i++)
+        if (!strcmp(r->sess[i].worker_id, worker_id))
+            return &r->sess[i];
+    return NULL;
+}
+
+static struct rpc_session *session_find_name(struct mge_rpc *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_sess; i++)
+        if (!strcmp(r->sess[i].name, name))
+            return &r->sess[i];
+    return NULL;
+}
+
+static bool session_seen_nonce(const struct rpc_session *se, const uint8_t *nonce)
+{
+    unsigned n = se->n_seen < RPC_SEEN_NONCES ? se->n_seen : RPC_SEEN_NONCES;
+    for (unsigned i = 0; i < n; i++)
+        if (!memcmp(se->seen[i], nonce, MGE_NONCE_LEN))
+            return true;
+    return false;
+}
+
+/*
+ * Seal @body (ours, freed here on every path) into a LinkReply in *@reply (mge_malloc'ed).
+ * @key NULL: a refusal, sent without mac. @nonce: the server nonce of a Register reply or NULL.
+ */
+static int seal_reply(const uint8_t *key, const char *worker_id, uint64_t counter,
+                      const uint8_t *nonce, uint8_t *body, size_t body_len, uint8_t **reply,
+                      size_t *reply_len)
+{
+    Mge__LinkReply lr = MGE__LINK_REPLY__INIT;
+    uint8_t mac[MGE_HMAC_LEN];
+    int rc = MGE_OK;
+    lr.counter = counter;
+    lr.body.data = body;
+    lr.body.len = body_len;
+    if (nonce) {
+        lr.nonce.data = (uint8_t *)nonce;
+        lr.nonce.len = MGE_NONCE_LEN;
+    }
+    if (key) {
+        rc = mge_link_mac(MGE_LINK_MAC_REPLY, key, MGE_HMAC_LEN, worker_id, counter, nonce,
+                          nonce ? MGE_NONCE_LEN : 0, body, body_len, mac);
+        if (rc != MGE_OK)
+            goto out_free_body;
+        lr.mac.data = mac;
+        lr.mac.len = sizeof(mac);
+    }
+    *reply_len = mge__link_reply__get_packed_size(&lr);
+    *reply = mge_malloc(*reply_len ? *reply_len : 1);
+    if (!*reply) {
+        rc = MGE_NOMEM;
+        goto out_free_body;
+    }
+    mge__link_reply__pack(&lr, *reply);
+out_free_body:
+    mge_free(body);
+    return rc;
+}
+
+/* A refusal: a LinkReply without mac whose ToWorker says @msg (and asks for a Register). */
+static int refuse(uint64_t counter, const char *msg, bool reregister, uint8_t **reply,
+                  size_t *reply_len)
+{
+    uint8_t *body = NULL;
+    size_t body_len = 0;
+    int rc = reply_error(msg, reregister, &body, &body_len);
+    if (rc != MGE_OK)
+        return rc;
+    return seal_reply(NULL, "", counter, NULL, body, body_len, reply, reply_len);
+}
+
+/* A Register frame @f: prove the join token, register, start the session, reply. */
+static int frame_register(struct mge_rpc *r, const Mge__LinkFrame *f, uint8_t **reply,
+                          size_t *reply_len)
+{
+    Mge__ToCoordinator *m = NULL;
+    struct rpc_session *se;
+    uint8_t mac[MGE_HMAC_LEN], sn[MGE_NONCE_LEN], key[MGE_HMAC_LEN], *body = NULL;
+    size_t body_len = 0;
+    char id[40];
+    int rc;
+
+    if (f->nonce.len != MGE_NONCE_LEN || f->counter != 0)
+        return refuse(f->counter, "bad register frame", false, reply, reply_len);
+    rc = mge_link_mac(MGE_LINK_MAC_REGISTER, r->join_token, strlen(r->join_token), "", 0,
+                      f->nonce.data, f->nonce.len, f->body.data, f->body.len, mac);
+    if (rc != MGE_OK)
+        return rc;
+    if (!mge_ct_equal(mac, sizeof(mac), f->mac.data, f->mac.len)) {
+        if (refusal_logged(r))
+            mge_log_warn("worker link: register refused: bad join token proof");
+        return refuse(0, "bad join token", false, reply, reply_len);
+    }
+    m = mge__to_coordinator__unpack(NULL, f->body.len, f->body.data);
+    if (!m || m->msg_case != MGE__TO_COORDINATOR__MSG_REGISTER) {
+        rc = refuse(0, "bad register frame", false, reply, reply_len);
+        goto out_free_msg;
+    }
+    se = m->register_->name ? session_find_name(r, m->register_->name) : NULL;
+    if (se && session_seen_nonce(se, f->nonce.data)) {
+        /* an attacker's replay, or NNG REQ's resend of a Register already handled: a genuine
+         * worker registers again with a new nonce */
+        if (refusal_logged(r))
+            mge_log_warn("worker '%s': replayed register refused", se->name);
+        rc = refuse(0, "replayed register", true, reply, reply_len);
+        goto out_free_msg;
+    }
+    rc = handle_register(r, m->register_, id, &body, &body_len);
+    if (rc != MGE_OK || !*id) {
+        if (rc == MGE_OK)
+            rc = seal_reply(NULL, "", 0, NULL, body, body_len, reply, reply_len);
+        goto out_free_msg;
+    }
+    rc = mge_random_bytes(sn, sizeof(sn));
+    if (rc == MGE_OK)
+        rc = mge_link_session_key(r->join_token, id, f->nonce.data, sn, key);
+    if (rc == MGE_OK && !se && !(se = session_find(r, id))) {
+        rc = mge_array_grow((void **)&r->sess, &r->cap_sess, r->n_sess + 1, sizeof(*r->sess));
+        if (rc == MGE_OK) {
+            se = &r->sess[r->n_sess++];
+            memset(se, 0, sizeof(*se));
+        }
+    }
+    if (rc != MGE_OK) {
+        mge_free(body);
+        goto out_free_msg;
+    }
+    /* a new session: the old key of this name is dead from here */
+    snprintf(se->worker_id, sizeof(se->worker_id), "%s", id);
+    snprintf(se->name, sizeof(se->name), "%s", m->register_->name);
+    memcpy(se->key, key, sizeof(key));
+    memcpy(se->seen[se->n_seen++ % RPC_SEEN_NONCES], f->nonce.data, MGE_NONCE_LEN);
+    se->last_counter = 0;
+    rc = seal_reply(se->key, id, 0, sn, body, body_len, reply, reply_len);
+out_free_msg:
+    if (m)
+        mge__to_coordinator__free_unpacked(m, NULL);
+    return rc;
+}
+
+/* A frame of session @f->worker_id: check its MAC and counter, then handle its heartbeat. */
+static int frame_session(struct mge_rpc *r, const Mge__LinkFrame *f, uint8_t **reply,
+                         size_t *reply_len)
+{
+    struct rpc_session *se = session_find(r, f->worker_id);
+    Mge__ToCoordinator *m = NULL;
+    uint8_t mac[MGE_HMAC_LEN], *body = NULL;
+    size_t body_len = 0;
+    int rc;
+
+    if (!se) {
+        /* a coordinator that restarted knows no session: the worker registers again */
+        mge_log_debug("worker link: frame for unknown session '%.40s'", f->worker_id);
+        return refuse(f->counter, "unknown worker", true, reply, reply_len);
+    }
+    rc = mge_link_mac(MGE_LINK_MAC_REQUEST, se->key, sizeof(se->key), se->worker_id, f->counter,
+                      NULL, 0, f->body.data, f->body.len, mac);
+    if (rc != MGE_OK)
+        return rc;
+    if (f->nonce.len || !mge_ct_equal(mac, sizeof(mac), f->mac.data, f->mac.len)) {
+        if (refusal_logged(r))
+            mge_log_warn("worker '%s' (%s): frame with a bad MAC refused", se->name,
+                         se->worker_id);
+        return refuse(f->counter, "bad frame MAC", true, reply, reply_len);
+    }
+    if (f->counter <= se->last_counter) {
+        /* a replay, or NNG REQ's resend of a frame already handled: the worker registers
+         * again, and what the lost reply carried is derived again (see handle_heartbeat) */
+        if (refusal_logged(r))
+            mge_log_warn("worker '%s' (%s): replayed frame refused (counter %llu, last %llu)",
+                         se->name, se->worker_id, (unsigned long long)f->counter,
+                         (unsigned long long)se->last_counter);
+        return refuse(f->counter, "replayed frame", true, reply, reply_len);
+    }
+    se->last_counter = f->counter;
+    m = mge__to_coordinator__unpack(NULL, f->body.len, f->body.data);
+    if (!m || m->msg_case != MGE__TO_COORDINATOR__MSG_HEARTBEAT || !m->heartbeat->worker_id ||
+        strcmp(m->heartbeat->worker_id, se->worker_id) != 0)
+        rc = reply_error("malformed frame", false, &body, &body_len);
+    else
+        rc = handle_heartbeat(r, m->heartbeat, &body, &body_len);
+    if (m)
+        mge__to_coordinator__free_unpacked(m, NULL);
+    if (rc != MGE_OK) {
+        mge_free(body);
+        return rc;
+    }
+    return seal_reply(se->key, se->worker_id, f->counter, NULL, body, body_len, reply, reply_len);
+}
+
 int mge_rpc_handle_frame(struct mge_rpc *r, const uint8_t *buf, size_t len, uint8_t **reply,
                          size_t *reply_len)
 {
-    Mge__ToCoordinator *m;
+    Mge__LinkFrame *f;
     int rc;
     *reply = NULL;
     *reply_len = 0;
-    m = mge__to_coordinator__unpack(NULL, len, buf);
-    if (!m)
-        return reply_error("malformed frame", false, reply, reply_len);
-    switch (m->msg_case) {
-    case MGE__TO_COORDINATOR__MSG_REGISTER:
-        rc = handle_register(r, m->register_, reply, reply_len);
-        break;
-    case MGE__TO_COORDINATOR__MSG_HEARTBEAT:
-        rc = handle_heartbeat(r, m->heartbeat, reply, reply_len);
-        break;
-    default:
-        rc = reply_error("empty frame", false, reply, reply_len);
-        break;
+    f = mge__link_frame__unpack(NULL, len, buf);
+    if (!f)
+        return refuse(0, "malformed frame", false, reply, reply_len);
+    if (!f->worker_id || !*f->worker_id)
+        rc = frame_register(r, f, reply, reply_len);
+    else
+        rc = frame_session(r, f, reply, reply_len);
+    mge__link_frame__free_unpacked(f, NULL);
+    if (rc != MGE_OK) {
+        mge_free(*reply);
+        *reply = NULL;
+        *reply_len = 0;
     }
-    mge__to_coordinator__free_unpacked(m, NULL);
     return rc;
 }
 
@@ -450,5 +677,9 @@ void mge_rpc_free(struct mge_rpc *r)
     nng_close(r->rep);
     if (r->pub_open)
         nng_close(r->pub);
+    /* the session keys die with the process; do not leave them in freed memory */
+    if (r->sess)
+        explicit_bzero(r->sess, r->cap_sess * sizeof(*r->sess));
+    mge_free(r->sess);
     mge_free(r);
 }

@@ -3,6 +3,9 @@
  * protobuf-c frames from proto/worker.proto, and a PUB socket that wakes a worker when it
  * has commands waiting. Register and Heartbeat requests are handled on one thread; every
  * reply carries the worker's queued Assign/Cancel commands and the acks of what was stored.
+ * Every frame is authenticated (LinkFrame in proto/worker.proto): a Register proves the join
+ * token, later frames carry a MAC under the session key and a strictly increasing counter.
+ * Sessions live in memory only: after a restart every worker registers again.
  */
 #ifndef MGE_COORDINATOR_RPC_H
 #define MGE_COORDINATOR_RPC_H
@@ -16,7 +19,7 @@ struct mge_sched;
 
 struct mge_rpc_opts {
     const char *listen_url;  /* "tcp://127.0.0.1:7071" */
-    const char *join_token;  /* workers must present it (borrowed, must outlive the rpc) */
+    const char *join_token;  /* workers must prove it (borrowed, must outlive the rpc) */
     int heartbeat_ms;        /* interval asked of workers (default 1000) */
 };
 
@@ -42,9 +45,12 @@ void mge_rpc_free(struct mge_rpc *r);
 void mge_rpc_notify(void *arg, const char *worker_id);
 
 /*
- * Handle one request frame and build the reply (what the thread does per message; exposed
- * for fuzzing). *@reply is mge_malloc'ed (caller frees) and always set on MGE_OK, even for
- * a refused frame (the reply then carries the error). Never crashes on any input.
+ * Handle one request frame (a packed LinkFrame) and build the reply (a packed LinkReply):
+ * what the thread does per message; exposed for fuzzing. A frame with a bad MAC, a replayed
+ * counter or an unknown session is refused (the reply then carries the error, no mac) and
+ * nothing of it is used. *@reply is mge_malloc'ed (caller frees) and always set on MGE_OK;
+ * on an error (no memory, libcrypto failure) it is NULL and nothing is sent. Never crashes on
+ * any input. Thread: the rpc thread only (or the caller's, when the thread is not started).
  */
 int mge_rpc_handle_frame(struct mge_rpc *r, const uint8_t *buf, size_t len, uint8_t **reply,
                          size_t *reply_len);

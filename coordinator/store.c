@@ -16,6 +16,7 @@
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "common/log.h"
+#include "ckpt_path.h"
 #include "store_int.h"
 
 #define LOGS_PER_JOB_MAX 50000 /* log lines kept per job; older ones are pruned */
@@ -1156,6 +1157,23 @@ out_decref:
     return rc;
 }
 
+/*
+ * Whether checkpoint notice @l of worker @worker_id ("NAME STEP SIZE PATH", @name and @path
+ * parsed from it) names a file this coordinator may store, and later serve: a checkpoint of
+ * the line's own job, attempt and rank in its output directory (ckpt_path.h). Warns when not.
+ */
+static bool ckpt_notice_believed(const char *worker_id, const struct mge_store_line *l,
+                                 const char *name, const char *path)
+{
+    char why[300];
+    if (mge_ckpt_path_ok(l->job_id, l->attempt, l->rank, name, path, why, sizeof(why)))
+        return true;
+    mge_log_warn("worker %s: checkpoint '%.100s' of job %lld attempt %d rank %d refused: "
+                 "'%.300s': %s", worker_id, name, (long long)l->job_id, l->attempt, l->rank, path,
+                 why);
+    return false;
+}
+
 /* A checkpoint notice "NAME STEP SIZE PATH". Lock held, in a transaction. */
 static int ingest_checkpoint(struct mge_store *st, const char *worker_id,
                              const struct mge_store_line *l)
@@ -1164,7 +1182,8 @@ static int ingest_checkpoint(struct mge_store *st, const char *worker_id,
     long long step, size;
     int off = 0;
     sqlite3_stmt *s;
-    if (sscanf(l->text, "%255s %lld %lld %n", name, &step, &size, &off) != 3 || off <= 0)
+    if (sscanf(l->text, "%255s %lld %lld %n", name, &step, &size, &off) != 3 || off <= 0 ||
+        !ckpt_notice_believed(worker_id, l, name, l->text + off))
         return MGE_OK;
     s = stmt_get(st, Q_CKPT_UPSERT);
     if (!s)

@@ -2,8 +2,11 @@
  * launch.h: a worker's launch socket. mpirun runs a multi-rank attempt from rank 0's worker
  * and starts its daemon (orted) on every other host through mge-launch, its plm_rsh_agent;
  * mge-launch sends a LaunchRequest (proto/worker.proto) to the launch socket of the worker
- * that holds that rank, which starts the command as the rank's process (ranks.h). Requests
- * must carry the attempt's launch token, which only the attempt's workers were told.
+ * that holds that rank, which starts the command as the rank's process (ranks.h). A request
+ * runs something only for a rank this worker holds, of an attempt still waiting for that
+ * rank's launch, and only with the attempt's launch token (compared in constant time), which
+ * only the attempt's workers were told, in their authenticated Assigns (worker/link.c).
+ * Anything else is refused with the reason and runs nothing.
  *
  * Thread: the socket has one thread of its own; mge_ranks_launch() takes the table's lock.
  */

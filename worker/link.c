@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/crypto.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/url.h"
@@ -38,6 +39,9 @@ struct mge_link {
     char worker_id[40];
     bool registered;
     int hb_ms;
+    uint8_t key[MGE_HMAC_LEN];        /* session key (see LinkFrame in proto/worker.proto) */
+    uint64_t counter;                 /* of the last frame sent in this session */
+    uint8_t nonce[MGE_NONCE_LEN];     /* client nonce of the last Register */
 };
 
 static int64_t mono_ms(void)
@@ -237,6 +241,100 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
         mge_ranks_wake(l->rs);
 }
 
+/*
+ * Wrap @body (a packed ToCoordinator) into a LinkFrame in *@out (mge_malloc'ed): a Register
+ * (with a new client nonce) when not registered, else the next frame of the session.
+ */
+static int seal_frame(struct mge_link *l, const uint8_t *body, size_t body_len, uint8_t **out,
+                      size_t *out_len)
+{
+    Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
+    uint8_t mac[MGE_HMAC_LEN];
+    int rc;
+    f.body.data = (uint8_t *)body;
+    f.body.len = body_len;
+    if (!l->registered) {
+        rc = mge_random_bytes(l->nonce, sizeof(l->nonce));
+        if (rc == MGE_OK)
+            rc = mge_link_mac(MGE_LINK_MAC_REGISTER, l->o.join_token, strlen(l->o.join_token), "",
+                              0, l->nonce, sizeof(l->nonce), body, body_len, mac);
+        f.nonce.data = l->nonce;
+        f.nonce.len = sizeof(l->nonce);
+    } else {
+        l->counter++;
+        f.worker_id = l->worker_id;
+        f.counter = l->counter;
+        rc = mge_link_mac(MGE_LINK_MAC_REQUEST, l->key, sizeof(l->key), l->worker_id, l->counter,
+                          NULL, 0, body, body_len, mac);
+    }
+    if (rc != MGE_OK)
+        return rc;
+    f.mac.data = mac;
+    f.mac.len = sizeof(mac);
+    *out_len = mge__link_frame__get_packed_size(&f);
+    *out = mge_malloc(*out_len ? *out_len : 1);
+    if (!*out)
+        return MGE_NOMEM;
+    mge__link_frame__pack(&f, *out);
+    return MGE_OK;
+}
+
+/*
+ * Check reply @lr to the frame just sent and unpack its ToWorker into *@out. A reply without
+ * mac is a refusal: only its error and reregister are believed. A reply with a mac must be ours:
+ * the key of this session (of the session it starts, for a Register) and our counter.
+ */
+static int open_reply(struct mge_link *l, const Mge__LinkReply *lr, Mge__ToWorker **out,
+                      bool *authentic)
+{
+    Mge__ToWorker *tw = mge__to_worker__unpack(NULL, lr->body.len, lr->body.data);
+    uint8_t mac[MGE_HMAC_LEN], key[MGE_HMAC_LEN];
+    const char *id = l->worker_id;
+    int rc;
+
+    *out = NULL;
+    *authentic = false;
+    if (!tw)
+        return MGE_ERR(MGE_PROTO, "malformed reply from the coordinator");
+    if (!lr->mac.len) {
+        *out = tw;
+        return MGE_OK;
+    }
+    memcpy(key, l->key, sizeof(key));
+    if (!l->registered) {
+        if (!tw->worker_id || !*tw->worker_id || strlen(tw->worker_id) >= sizeof(l->worker_id) ||
+            lr->nonce.len != MGE_NONCE_LEN) {
+            rc = MGE_ERR(MGE_PROTO, "malformed register reply from the coordinator");
+            goto err_free;
+        }
+        id = tw->worker_id;
+        rc = mge_link_session_key(l->o.join_token, id, l->nonce, lr->nonce.data, key);
+        if (rc != MGE_OK)
+            goto err_free;
+    }
+    rc = mge_link_mac(MGE_LINK_MAC_REPLY, key, sizeof(key), id, lr->counter, lr->nonce.data,
+                      lr->nonce.len, lr->body.data, lr->body.len, mac);
+    if (rc != MGE_OK)
+        goto err_free;
+    if (lr->counter != (l->registered ? l->counter : 0) ||
+        !mge_ct_equal(mac, sizeof(mac), lr->mac.data, lr->mac.len)) {
+        rc = MGE_ERR(MGE_AUTH, "reply with a bad MAC or counter ignored (not from a coordinator "
+                               "that knows our join token)");
+        goto err_free;
+    }
+    if (!l->registered) {
+        memcpy(l->key, key, sizeof(key));
+        l->counter = 0;
+    }
+    *authentic = true;
+    *out = tw;
+    return MGE_OK;
+
+err_free:
+    mge__to_worker__free_unpacked(tw, NULL);
+    return rc;
+}
+
 /* One request/reply. MGE_OK when a reply came and was applied. */
 static int exchange(struct mge_link *l)
 {
@@ -244,10 +342,12 @@ static int exchange(struct mge_link *l)
     Mge__Register reg = MGE__REGISTER__INIT;
     Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
     Mge__Slots slots = MGE__SLOTS__INIT;
+    Mge__LinkReply *lr;
     Mge__ToWorker *tw;
-    uint8_t *buf = NULL;
-    size_t len = 0;
+    uint8_t *buf = NULL, *frame = NULL;
+    size_t len = 0, frame_len = 0;
     nng_msg *reply = NULL;
+    bool authentic;
     int rv, rc;
 
     if (!l->registered) {
@@ -258,7 +358,6 @@ static int exchange(struct mge_link *l)
         reg.name = (char *)l->o.name;
         reg.host = (char *)l->o.host;
         reg.version = (char *)l->o.version;
-        reg.join_token = (char *)l->o.join_token;
         reg.launch_url = (char *)(l->o.launch_url ? l->o.launch_url : "");
         reg.slots = &slots;
         msg.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
@@ -273,33 +372,45 @@ static int exchange(struct mge_link *l)
     pthread_mutex_unlock(&l->rs->mu);
     if (rc != MGE_OK)
         return rc;
-    rv = nng_send(l->req, buf, len, 0);
+    rc = seal_frame(l, buf, len, &frame, &frame_len);
     mge_free(buf);
+    if (rc != MGE_OK)
+        return rc;
+    rv = nng_send(l->req, frame, frame_len, 0);
+    mge_free(frame);
     if (rv != 0)
         return MGE_NET;
     rv = nng_recvmsg(l->req, &reply, 0);
     if (rv != 0)
         return MGE_NET;
-    tw = mge__to_worker__unpack(NULL, nng_msg_len(reply), nng_msg_body(reply));
+    lr = mge__link_reply__unpack(NULL, nng_msg_len(reply), nng_msg_body(reply));
     nng_msg_free(reply);
-    if (!tw)
+    if (!lr)
         return MGE_ERR(MGE_PROTO, "malformed reply from the coordinator");
-    if (tw->error && *tw->error && !tw->reregister) {
-        mge_log_error("coordinator refused us: %s", tw->error);
-        mge__to_worker__free_unpacked(tw, NULL);
-        return MGE_AUTH;
+    rc = open_reply(l, lr, &tw, &authentic);
+    mge__link_reply__free_unpacked(lr, NULL);
+    if (rc != MGE_OK) {
+        l->registered = false; /* whatever went wrong with the session, start a new one */
+        return rc;
     }
     if (tw->reregister) {
-        mge_log_info("coordinator asks us to register again");
+        /* unauthenticated or not, this can only make us start a new session */
+        mge_log_info("coordinator asks us to register again%s%s", tw->error ? ": " : "",
+                     tw->error ? tw->error : "");
         l->registered = false;
         mge__to_worker__free_unpacked(tw, NULL);
         return MGE_OK;
     }
+    if (tw->error && *tw->error) {
+        mge_log_error("coordinator refused us: %s", tw->error);
+        mge__to_worker__free_unpacked(tw, NULL);
+        return MGE_AUTH;
+    }
+    if (!authentic) {
+        mge__to_worker__free_unpacked(tw, NULL);
+        return MGE_ERR(MGE_PROTO, "reply without MAC ignored");
+    }
     if (!l->registered) {
-        if (!tw->worker_id || !*tw->worker_id) {
-            mge__to_worker__free_unpacked(tw, NULL);
-            return MGE_PROTO;
-        }
         snprintf(l->worker_id, sizeof(l->worker_id), "%s", tw->worker_id);
         l->registered = true;
         mge_log_info("registered with the coordinator as %s", l->worker_id);
@@ -433,5 +544,6 @@ void mge_link_stop(struct mge_link *l)
     l->rs->on_output = NULL;
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
+    explicit_bzero(l->key, sizeof(l->key));
     mge_free(l);
 }

@@ -3,7 +3,9 @@
  * heartbeats (running ranks, batched output lines), a SUB socket on which the coordinator
  * wakes it, and a thread that runs both. Reconnects with backoff and re-registers as needed;
  * lines stay buffered in the rank table until acked, so none is lost or sent twice into the
- * store (the coordinator dedups by (job, attempt, rank, seq)).
+ * store (the coordinator dedups by (job, attempt, rank, seq)). Every frame is authenticated
+ * (LinkFrame in proto/worker.proto): the Register proves the join token without sending it, and
+ * only replies that carry the session's MAC and our counter are applied.
  */
 #ifndef MGE_WORKER_LINK_H
 #define MGE_WORKER_LINK_H
@@ -15,7 +17,7 @@ struct mge_link;
 
 struct mge_link_opts {
     const char *coordinator; /* "tcp://127.0.0.1:7070" */
-    const char *join_token;
+    const char *join_token;  /* proven in every Register, never sent */
     const char *name, *host, *version;
     const char *launch_url;  /* the launch socket (launch.h), NULL if none */
     int cpus, gpus;

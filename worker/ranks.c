@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/crypto.h"
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "common/log.h"
@@ -108,7 +109,7 @@ static void ckpt_scan(struct mge_ranks *rs, struct mge_rank *r)
             de->d_name[end] != '\0' || step <= r->last_ckpt_step)
             continue;
         snprintf(path, sizeof(path), "%s/%s", r->out_dir, de->d_name);
-        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) /* a symlink is never reported */
             continue;
         n = snprintf(line, sizeof(line), "%s %lld %lld %s", de->d_name, step,
                      (long long)sb.st_size, path);
@@ -926,7 +927,7 @@ int mge_ranks_launch(struct mge_ranks *rs, int64_t job_id, int attempt, int rank
                  (long long)job_id, attempt, rank);
         rc = MGE_NOENT;
     } else if (!token || !r->launch_token || !*r->launch_token ||
-               strcmp(token, r->launch_token) != 0) {
+               !mge_ct_equal(r->launch_token, strlen(r->launch_token), token, strlen(token))) {
         snprintf(why, why_len, "wrong launch token for job %lld attempt %d", (long long)job_id,
                  attempt);
         rc = MGE_AUTH;

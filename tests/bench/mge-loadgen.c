@@ -10,6 +10,8 @@
  *                                             spec.yaml appears under WORKDIR (the worker
  *                                             writes it just before it starts mge-train)
  *   mge-loadgen workers WORKER_URL JOIN N SECONDS   N simulated workers heartbeating at 1 Hz
+ *                                             (authenticated as real workers are: a Register
+ *                                             that proves JOIN, MACed frames, replies checked)
  *   mge-loadgen sse HOST:PORT TOKEN JOB N SECONDS   N idle subscribers of GET /jobs/JOB/events
  *                                             held open SECONDS; prints how many answered 200
  */
@@ -26,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/crypto.h"
 #include "proto/worker.pb-c.h"
 
 /* a full spec that the real mge-train runs in a fraction of a second */
@@ -200,6 +203,10 @@ struct sim {
     nng_socket s;
     char id[40];
     double next;
+    const char *join;
+    uint8_t key[MGE_HMAC_LEN];   /* session key (see LinkFrame in proto/worker.proto) */
+    uint8_t nonce[MGE_NONCE_LEN];
+    uint64_t counter;
 };
 
 struct sim_arg {
@@ -209,21 +216,77 @@ struct sim_arg {
     long beats, errors;
 };
 
+/* Seal @m as mge-worker does (worker/link.c): a Register while w->id is "", else a frame. */
+static uint8_t *sim_seal(struct sim *w, const Mge__ToCoordinator *m, size_t *len)
+{
+    Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
+    size_t body_len = mge__to_coordinator__get_packed_size(m);
+    uint8_t mac[MGE_HMAC_LEN], *body = malloc(body_len ? body_len : 1), *buf = NULL;
+    int rc;
+    if (!body)
+        return NULL;
+    mge__to_coordinator__pack(m, body);
+    f.body.data = body;
+    f.body.len = body_len;
+    if (!w->id[0]) {
+        rc = mge_random_bytes(w->nonce, sizeof(w->nonce));
+        rc |= mge_link_mac(MGE_LINK_MAC_REGISTER, w->join, strlen(w->join), "", 0, w->nonce,
+                           sizeof(w->nonce), body, body_len, mac);
+        f.nonce.data = w->nonce;
+        f.nonce.len = sizeof(w->nonce);
+    } else {
+        f.worker_id = w->id;
+        f.counter = ++w->counter;
+        rc = mge_link_mac(MGE_LINK_MAC_REQUEST, w->key, sizeof(w->key), w->id, f.counter, NULL, 0,
+                          body, body_len, mac);
+    }
+    f.mac.data = mac;
+    f.mac.len = sizeof(mac);
+    *len = mge__link_frame__get_packed_size(&f);
+    if (rc == 0 && (buf = malloc(*len ? *len : 1)))
+        mge__link_frame__pack(&f, buf);
+    free(body);
+    return buf;
+}
+
+/* The reply's ToWorker when its MAC is the session's (a Register reply starts the session). */
+static Mge__ToWorker *sim_open(struct sim *w, const Mge__LinkReply *lr)
+{
+    Mge__ToWorker *tw = mge__to_worker__unpack(NULL, lr->body.len, lr->body.data);
+    uint8_t mac[MGE_HMAC_LEN];
+    if (!tw || !lr->mac.len)
+        goto err_free;
+    if (!w->id[0]) {
+        if (!tw->worker_id || !*tw->worker_id || lr->nonce.len != MGE_NONCE_LEN ||
+            mge_link_session_key(w->join, tw->worker_id, w->nonce, lr->nonce.data, w->key) != 0)
+            goto err_free;
+        snprintf(w->id, sizeof(w->id), "%s", tw->worker_id);
+        w->counter = 0;
+    }
+    if (mge_link_mac(MGE_LINK_MAC_REPLY, w->key, sizeof(w->key), w->id, lr->counter,
+                     lr->nonce.data, lr->nonce.len, lr->body.data, lr->body.len, mac) != 0 ||
+        lr->counter != w->counter || !mge_ct_equal(mac, sizeof(mac), lr->mac.data, lr->mac.len))
+        goto err_free;
+    return tw;
+err_free:
+    mge__to_worker__free_unpacked(tw, NULL);
+    return NULL;
+}
+
 static int sim_call(struct sim *w, Mge__ToCoordinator *m)
 {
-    size_t len = mge__to_coordinator__get_packed_size(m);
-    uint8_t *buf = malloc(len ? len : 1);
+    size_t len = 0;
+    uint8_t *buf = sim_seal(w, m, &len);
     nng_msg *r = NULL;
+    Mge__LinkReply *lr;
     Mge__ToWorker *tw;
     int ok = 0;
-    mge__to_coordinator__pack(m, buf);
-    if (nng_send(w->s, buf, len, 0) == 0 && nng_recvmsg(w->s, &r, 0) == 0) {
-        tw = mge__to_worker__unpack(NULL, nng_msg_len(r), nng_msg_body(r));
-        if (tw && tw->worker_id && *tw->worker_id)
-            snprintf(w->id, sizeof(w->id), "%s", tw->worker_id);
+    if (buf && nng_send(w->s, buf, len, 0) == 0 && nng_recvmsg(w->s, &r, 0) == 0) {
+        lr = mge__link_reply__unpack(NULL, nng_msg_len(r), nng_msg_body(r));
+        tw = lr ? sim_open(w, lr) : NULL;
         ok = tw && !(tw->error && *tw->error);
-        if (tw)
-            mge__to_worker__free_unpacked(tw, NULL);
+        mge__to_worker__free_unpacked(tw, NULL);
+        mge__link_reply__free_unpacked(lr, NULL);
         nng_msg_free(r);
     }
     free(buf);
@@ -271,6 +334,7 @@ static int do_workers(const char *wurl, const char *join, int n, int secs)
         Mge__Slots slots = MGE__SLOTS__INIT;
         char name[32];
         snprintf(name, sizeof(name), "sim-%04d", i);
+        w[i].join = join;
         nng_req0_open(&w[i].s);
         nng_socket_set_ms(w[i].s, NNG_OPT_RECVTIMEO, 5000);
         if (nng_dial(w[i].s, wurl, NULL, 0) != 0) {
@@ -282,7 +346,6 @@ static int do_workers(const char *wurl, const char *join, int n, int secs)
         reg.name = name;
         reg.host = (char *)"loadgen";
         reg.version = (char *)"loadgen";
-        reg.join_token = (char *)join;
         reg.slots = &slots;
         m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
         m.register_ = &reg;

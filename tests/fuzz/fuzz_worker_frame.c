@@ -1,10 +1,14 @@
 /*
- * fuzz_worker_frame.c: libFuzzer target for protobuf frames from workers, through the
- * coordinator's whole request path (mge_rpc_handle_frame: unpack, join token check,
- * registration, heartbeat with rank reports and lines into a real SQLite store, reply).
- * The store lives in a fresh temporary directory and holds job 1; the join token is "fuzz".
- * A heartbeat whose worker_id is "@" gets the id of a worker registered at setup (ids are
- * random), so that frames get past the worker check into line ingestion and the scheduler.
+ * fuzz_worker_frame.c: libFuzzer target for frames from workers, through the coordinator's
+ * whole request path (mge_rpc_handle_frame: LinkFrame unpack, join token proof, session MAC and
+ * counter checks, registration, heartbeat with rank reports and lines into a real SQLite store,
+ * sealed reply). The store lives in a fresh temporary directory and holds job 1; the join
+ * token is "fuzz". The first byte of an input says what the rest is:
+ *   even: a LinkFrame as a stranger sends it (fuzzes the envelope and the refusals);
+ *   odd:  a ToCoordinator body, which the harness seals the way a genuine worker does (a
+ *         Register with a valid join token proof; anything else as the next frame of the
+ *         session of worker "w1", registered at setup), so the fuzzer reaches what lies behind
+ *         the MAC check. A heartbeat whose worker_id is "@" gets w1's id (ids are random).
  * Seeds: corpus/worker_frame/, written by gen_worker_frame_seeds.c.
  */
 #include <dirent.h>
@@ -15,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/crypto.h"
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "common/log.h"
@@ -25,8 +30,12 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+#define JOIN "fuzz"
+
 static struct mge_rpc *g_rpc;
-static char g_worker_id[64]; /* the worker registered at setup */
+static char g_worker_id[64];           /* w1, registered at setup */
+static uint8_t g_key[MGE_HMAC_LEN];    /* w1's session key */
+static uint64_t g_counter;             /* w1's last frame */
 
 static const char SPEC[] = "name: fuzz\nmodel: {type: mlp, hidden: [8]}\n"
                            "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
@@ -45,34 +54,78 @@ static int insert_job(struct mge_store *st)
     return rc == MGE_OK && id == 1 ? 0 : -1;
 }
 
-/* Register worker "w1" through the frame path; its id into g_worker_id. */
+/*
+ * Seal @body (a packed ToCoordinator) as a genuine worker does and handle it: a Register with
+ * the join token's proof, else frame g_counter + 1 of w1's session. When the reply starts a new
+ * session of w1 (a Register of "w1"), the harness follows it.
+ */
+static void handle_sealed(const uint8_t *body, size_t body_len)
+{
+    static uint64_t registers; /* in the nonces: the coordinator refuses one it saw lately */
+    Mge__ToCoordinator *m = mge__to_coordinator__unpack(NULL, body_len, body);
+    Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
+    Mge__LinkReply *lr = NULL;
+    Mge__ToWorker *tw = NULL;
+    uint8_t mac[MGE_HMAC_LEN], nonce[MGE_NONCE_LEN] = {7}, *frame, *reply = NULL;
+    size_t frame_len, reply_len = 0;
+    int reg = m && m->msg_case == MGE__TO_COORDINATOR__MSG_REGISTER;
+    mge__to_coordinator__free_unpacked(m, NULL);
+
+    f.body.data = (uint8_t *)body;
+    f.body.len = body_len;
+    if (reg) {
+        registers++;
+        memcpy(nonce + 8, &registers, sizeof(registers));
+        f.nonce.data = nonce;
+        f.nonce.len = sizeof(nonce);
+        mge_link_mac(MGE_LINK_MAC_REGISTER, JOIN, strlen(JOIN), "", 0, nonce, sizeof(nonce), body,
+                     body_len, mac);
+    } else {
+        f.worker_id = g_worker_id;
+        f.counter = ++g_counter;
+        mge_link_mac(MGE_LINK_MAC_REQUEST, g_key, sizeof(g_key), g_worker_id, f.counter, NULL, 0,
+                     body, body_len, mac);
+    }
+    f.mac.data = mac;
+    f.mac.len = sizeof(mac);
+    frame_len = mge__link_frame__get_packed_size(&f);
+    frame = malloc(frame_len ? frame_len : 1);
+    if (!frame)
+        return;
+    mge__link_frame__pack(&f, frame);
+    mge_rpc_handle_frame(g_rpc, frame, frame_len, &reply, &reply_len);
+    free(frame);
+    lr = reply ? mge__link_reply__unpack(NULL, reply_len, reply) : NULL;
+    tw = lr ? mge__to_worker__unpack(NULL, lr->body.len, lr->body.data) : NULL;
+    if (reg && tw && lr->mac.len && lr->nonce.len == MGE_NONCE_LEN && tw->worker_id &&
+        (!g_worker_id[0] || !strcmp(tw->worker_id, g_worker_id))) {
+        snprintf(g_worker_id, sizeof(g_worker_id), "%s", tw->worker_id);
+        mge_link_session_key(JOIN, g_worker_id, nonce, lr->nonce.data, g_key);
+        g_counter = 0;
+    }
+    mge__to_worker__free_unpacked(tw, NULL);
+    mge__link_reply__free_unpacked(lr, NULL);
+    mge_free(reply);
+}
+
+/* Register worker "w1" through the sealed frame path: its id and session key into g_*. */
 static int register_worker(void)
 {
     Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
     Mge__Register reg = MGE__REGISTER__INIT;
-    Mge__ToWorker *tw;
-    uint8_t buf[256], *reply = NULL;
-    size_t len = 0;
-    int ok;
+    uint8_t buf[256];
     reg.name = (char *)"w1";
-    reg.join_token = (char *)"fuzz";
     m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
     m.register_ = &reg;
     if (mge__to_coordinator__get_packed_size(&m) > sizeof(buf))
         return -1;
-    mge_rpc_handle_frame(g_rpc, buf, mge__to_coordinator__pack(&m, buf), &reply, &len);
-    tw = reply ? mge__to_worker__unpack(NULL, len, reply) : NULL;
-    ok = tw && tw->worker_id && *tw->worker_id;
-    if (ok)
-        snprintf(g_worker_id, sizeof(g_worker_id), "%s", tw->worker_id);
-    mge__to_worker__free_unpacked(tw, NULL);
-    mge_free(reply);
-    return ok ? 0 : -1;
+    handle_sealed(buf, mge__to_coordinator__pack(&m, buf));
+    return g_worker_id[0] ? 0 : -1;
 }
 
 /*
- * @data as the frame to handle: itself, or repacked with the registered worker's id when it
- * is a heartbeat from "@". Returns a malloc'ed copy in *@out (NULL: use @data as is).
+ * @data as the body to seal: itself, or repacked with w1's id when it is a heartbeat from "@".
+ * Returns a malloc'ed copy in *@out (NULL: use @data as is).
  */
 static size_t with_worker_id(const uint8_t *data, size_t size, uint8_t **out)
 {
@@ -116,7 +169,7 @@ static int setup(void)
     char *dir = g_dir;
     struct mge_store *st;
     struct mge_sched *sched;
-    struct mge_rpc_opts ro = {"tcp://127.0.0.1:0", "fuzz", 1000};
+    struct mge_rpc_opts ro = {"tcp://127.0.0.1:0", JOIN, 1000};
     struct mge_sched_opts so = {0};
     mge_log_set_level(MGE_LOG_OFF);
     if (!mkdtemp(dir))
@@ -139,16 +192,22 @@ static int setup(void)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static int ready;
-    uint8_t *reply = NULL, *frame;
+    uint8_t *reply = NULL, *body;
     size_t len = 0, n;
     if (!ready) {
         if (setup() != 0)
             abort(); /* the harness itself is broken */
         ready = 1;
     }
-    n = with_worker_id(data, size, &frame);
-    mge_rpc_handle_frame(g_rpc, frame ? frame : data, n, &reply, &len);
-    mge_free(reply);
-    free(frame);
+    if (size == 0)
+        return 0;
+    if (!(data[0] & 1)) { /* a stranger's frame */
+        mge_rpc_handle_frame(g_rpc, data + 1, size - 1, &reply, &len);
+        mge_free(reply);
+        return 0;
+    }
+    n = with_worker_id(data + 1, size - 1, &body);
+    handle_sealed(body ? body : data + 1, n);
+    free(body);
     return 0;
 }

@@ -1,12 +1,16 @@
 /*
- * gen_worker_frame_seeds.c: writes the seed corpus of fuzz_worker_frame (valid packed
- * ToCoordinator frames: Register, Heartbeat) into a directory. The fuzz harness registers
- * a worker of its own and puts its id into heartbeats whose worker_id is "@", so these seeds
- * reach the line ingestion and the scheduler; its store holds job 1. Build and run by hand
- * when worker.proto changes:
+ * gen_worker_frame_seeds.c: writes the seed corpus of fuzz_worker_frame into a directory. Each
+ * seed is one byte that says what follows (see fuzz_worker_frame.c), then: 1, a packed
+ * ToCoordinator (Register, Heartbeat) that the harness seals as a genuine worker would, so the
+ * fuzzer reaches registration, line ingestion and the scheduler (the harness puts its worker's
+ * id into heartbeats whose worker_id is "@"; its store holds job 1); 0, a LinkFrame as a
+ * stranger sends it (a Register with the join token "fuzz" proven and one with a wrong proof, a
+ * heartbeat with a forged MAC). Build and run by hand when worker.proto changes:
+ *   make build/lib/libmgecommon.a
  *   cc -std=c11 -D_GNU_SOURCE -I. -Ibuild/gen tests/fuzz/gen_worker_frame_seeds.c \
- *      build/gen/proto/worker.pb-c.c -lprotobuf-c -o build/gen_worker_frame_seeds
- *   mkdir -p tests/fuzz/corpus/worker_frame
+ *      build/gen/proto/worker.pb-c.c build/lib/libmgecommon.a -lprotobuf-c -lcrypto \
+ *      -o build/gen_worker_frame_seeds
+ *   rm -rf tests/fuzz/corpus/worker_frame && mkdir -p tests/fuzz/corpus/worker_frame
  *   build/gen_worker_frame_seeds tests/fuzz/corpus/worker_frame
  */
 #include <stdbool.h>
@@ -14,27 +18,76 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/crypto.h"
 #include "proto/worker.pb-c.h"
 
-static int put(const char *dir, const char *name, const Mge__ToCoordinator *m)
+/* Write @mode then @n bytes of @buf to DIR/NAME. */
+static int put_bytes(const char *dir, const char *name, uint8_t mode, const uint8_t *buf, size_t n)
 {
     char path[512];
-    size_t n = mge__to_coordinator__get_packed_size(m);
-    uint8_t *buf = malloc(n ? n : 1);
     FILE *f;
     int rc = 0;
-    if (!buf)
-        return 1;
-    mge__to_coordinator__pack(m, buf);
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     f = fopen(path, "wb");
-    if (!f || fwrite(buf, 1, n, f) != n) {
+    if (!f || fputc(mode, f) == EOF || fwrite(buf, 1, n, f) != n) {
         fprintf(stderr, "gen_worker_frame_seeds: cannot write '%s'\n", path);
         rc = 1;
     }
     if (f && fclose(f) != 0)
         rc = 1;
+    return rc;
+}
+
+/* A body for the harness to seal (mode 1). */
+static int put(const char *dir, const char *name, const Mge__ToCoordinator *m)
+{
+    size_t n = mge__to_coordinator__get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    int rc;
+    if (!buf)
+        return 1;
+    mge__to_coordinator__pack(m, buf);
+    rc = put_bytes(dir, name, 1, buf, n);
     free(buf);
+    return rc;
+}
+
+/* A LinkFrame as a stranger sends it (mode 0): @m sealed with join token @key when @worker_id
+ * is "" (a Register), else with a MAC of zeros (nobody outside knows a session key). */
+static int put_frame(const char *dir, const char *name, const Mge__ToCoordinator *m,
+                     const char *worker_id, const char *key)
+{
+    Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
+    uint8_t nonce[MGE_NONCE_LEN] = {1, 2, 3}, mac[MGE_HMAC_LEN] = {0}, *body, *buf;
+    size_t n = mge__to_coordinator__get_packed_size(m), len;
+    int rc = 1;
+    body = malloc(n ? n : 1);
+    if (!body)
+        return 1;
+    mge__to_coordinator__pack(m, body);
+    f.worker_id = (char *)worker_id;
+    f.body.data = body;
+    f.body.len = n;
+    if (!*worker_id) {
+        f.nonce.data = nonce;
+        f.nonce.len = sizeof(nonce);
+        if (mge_link_mac(MGE_LINK_MAC_REGISTER, key, strlen(key), "", 0, nonce, sizeof(nonce),
+                         body, n, mac) != 0)
+            goto out_free_body;
+    } else {
+        f.counter = 1;
+    }
+    f.mac.data = mac;
+    f.mac.len = sizeof(mac);
+    len = mge__link_frame__get_packed_size(&f);
+    buf = malloc(len ? len : 1);
+    if (buf) {
+        mge__link_frame__pack(&f, buf);
+        rc = put_bytes(dir, name, 0, buf, len);
+        free(buf);
+    }
+out_free_body:
+    free(body);
     return rc;
 }
 
@@ -84,15 +137,14 @@ int main(int argc, char **argv)
     reg.host = (char *)"node-1";
     reg.slots = &slots;
     reg.version = (char *)"0.1.0";
-    reg.join_token = (char *)"fuzz";
     m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
     m.register_ = &reg;
     rc |= put(argv[1], "register", &m);
+    rc |= put_frame(argv[1], "frame-register", &m, "", "fuzz");
+    rc |= put_frame(argv[1], "frame-register-bad-proof", &m, "", "wrong");
     reg.n_ranks = 1; /* a worker that comes back with a rank running */
     reg.ranks = runp;
     rc |= put(argv[1], "register-with-rank", &m);
-    reg.join_token = (char *)"wrong";
-    rc |= put(argv[1], "register-bad-token", &m);
 
     for (int i = 0; i < N_LINES; i++) {
         mge__line__init(&lines[i]);
@@ -116,6 +168,7 @@ int main(int argc, char **argv)
     hb.ranks = donep;
     hb.n_lines = N_LINES;
     rc |= put(argv[1], "heartbeat-exit", &m);
+    rc |= put_frame(argv[1], "frame-heartbeat-forged", &m, "w-0123456789abcdef", "");
     hb.worker_id = (char *)"nobody";
     rc |= put(argv[1], "heartbeat-unknown-worker", &m);
     return rc;

@@ -15,19 +15,19 @@
 # shellcheck disable=SC2016,SC2034,SC2154 # the lists are read through eval, $BUILD late
 
 deps_default='common/*.c'
-libs_default='-lyaml -ljansson -lz -lm -lpthread'
+libs_default='-lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
 deps_jobspec='common/*.c'
-libs_jobspec='-lyaml -ljansson -lz -lm -lpthread'
+libs_jobspec='-lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
 deps_ckpt='common/*.c engine/ckpt.c $BUILD/gen/proto/checkpoint.pb-c.c'
-libs_ckpt='-lprotobuf-c -lyaml -ljansson -lz -lm -lpthread'
+libs_ckpt='-lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
 # the control plane: REST bodies and worker frames go through the coordinator's own code
 # (seeds: corpus/http_body/ by hand, corpus/worker_frame/ from gen_worker_frame_seeds.c)
 deps_control='coordinator/http_api.c coordinator/store.c coordinator/sched.c coordinator/rpc.c
-coordinator/auth.c common/*.c $BUILD/gen/proto/worker.pb-c.c'
-libs_control='-lmicrohttpd -lsqlite3 -lnng -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread'
+coordinator/auth.c coordinator/ckpt_path.c common/*.c $BUILD/gen/proto/worker.pb-c.c'
+libs_control='-lmicrohttpd -lsqlite3 -lnng -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
 deps_http_body=$deps_control
 libs_http_body=$libs_control
 deps_worker_frame=$deps_control
@@ -35,7 +35,7 @@ libs_worker_frame=$libs_control
 
 # the worker's launch socket: LaunchRequest frames into worker/launch.c and worker/ranks.c
 deps_launch_request='worker/launch.c worker/ranks.c common/*.c $BUILD/gen/proto/worker.pb-c.c'
-libs_launch_request='-lnng -luv -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread'
+libs_launch_request='-lnng -luv -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
 # ---------------------------------------------------------------------------------------------
 BUILD=${1:-build}

@@ -1,0 +1,413 @@
+/*
+ * mge-forge.c: an ATTACK TOOL for tests/integration/control_attack.sh. It speaks the real
+ * worker link (proto/worker.proto over NNG, common/crypto.h) as an attacker with network
+ * access would, and prints what came back; the test script decides what that means.
+ *
+ *   mge-forge heartbeat WORKER_URL WORKER_ID JOB ATTEMPT PATH
+ *       heartbeats for a stolen worker id (from GET /workers) without its session key: a MAC of
+ *       zeros, no MAC, and the frame as it was before frames were authenticated. Each says the
+ *       job's rank 0 exited 0 and carries a metric, a summary and checkpoint notices for PATH
+ *       and /etc/shadow. Exit 0 when every reply is a refusal without commands, 1 otherwise.
+ *   mge-forge flood WORKER_URL WORKER_ID N
+ *       N forged heartbeats (MAC of zeros) as fast as replies come. Exit 0 when all refused.
+ *   mge-forge register WORKER_URL NAME
+ *       a Register whose proof is made with a wrong join token. Exit 0 when refused.
+ *   mge-forge replay WORKER_URL JOIN NAME
+ *       a genuine session (this tool knows the join token): the Register sent again, frame 1
+ *       sent again, a frame with a changed body and one with an old counter are refused, while
+ *       frames 1 and 2 are accepted (the session survives the replays); then a new Register of
+ *       NAME: a frame under the old key is refused, one under the new key accepted. Exit 0 when
+ *       all of that holds.
+ *       NAME registers with no slots, so nothing is ever placed on it.
+ *   mge-forge launch LAUNCH_URL JOB ATTEMPT RANK TOKEN COMMAND
+ *       a LaunchRequest to a worker's launch socket. Exit 0 when refused, 1 when accepted.
+ */
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/crypto.h"
+#include "proto/worker.pb-c.h"
+
+static nng_socket dial(const char *url)
+{
+    nng_socket s;
+    int rv;
+    if ((rv = nng_req0_open(&s)) != 0 || (rv = nng_dial(s, url, NULL, 0)) != 0) {
+        fprintf(stderr, "mge-forge: cannot dial '%s': %s\n", url, nng_strerror(rv));
+        exit(2);
+    }
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 5000);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 5000);
+    return s;
+}
+
+/* Send @len bytes, return the reply (caller nng_msg_free()s) or exit. */
+static nng_msg *roundtrip(nng_socket s, const void *buf, size_t len)
+{
+    nng_msg *m = NULL;
+    int rv;
+    if ((rv = nng_send(s, (void *)buf, len, 0)) != 0 || (rv = nng_recvmsg(s, &m, 0)) != 0) {
+        fprintf(stderr, "mge-forge: no reply: %s\n", nng_strerror(rv));
+        exit(2);
+    }
+    return m;
+}
+
+static uint8_t *pack_to_coordinator(const Mge__ToCoordinator *m, size_t *len)
+{
+    uint8_t *b;
+    *len = mge__to_coordinator__get_packed_size(m);
+    b = malloc(*len ? *len : 1);
+    if (!b)
+        exit(2);
+    mge__to_coordinator__pack(m, b);
+    return b;
+}
+
+static uint8_t *pack_frame(const char *worker_id, uint64_t counter, const uint8_t *body,
+                           size_t body_len, const uint8_t *nonce, const uint8_t *mac, size_t *len)
+{
+    Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
+    uint8_t *b;
+    f.worker_id = (char *)worker_id;
+    f.counter = counter;
+    f.body.data = (uint8_t *)body;
+    f.body.len = body_len;
+    if (nonce) {
+        f.nonce.data = (uint8_t *)nonce;
+        f.nonce.len = MGE_NONCE_LEN;
+    }
+    if (mac) {
+        f.mac.data = (uint8_t *)mac;
+        f.mac.len = MGE_HMAC_LEN;
+    }
+    *len = mge__link_frame__get_packed_size(&f);
+    b = malloc(*len ? *len : 1);
+    if (!b)
+        exit(2);
+    mge__link_frame__pack(&f, b);
+    return b;
+}
+
+struct outcome {
+    bool mac;     /* the reply carried a MAC */
+    bool refused; /* it said error */
+    size_t assign, cancel, acks;
+    char worker_id[64];
+};
+
+/* Describe reply @m as "<what>: mac=.. error=.. ..." and return what it held. */
+static struct outcome report(const char *what, nng_msg *m)
+{
+    struct outcome o = {0};
+    Mge__LinkReply *lr = mge__link_reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    Mge__ToWorker *tw = lr ? mge__to_worker__unpack(NULL, lr->body.len, lr->body.data) : NULL;
+    if (!tw) /* not even a reply of this protocol: count it as a refusal that says nothing */
+        tw = mge__to_worker__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    o.mac = lr && lr->mac.len;
+    if (tw) {
+        o.refused = tw->error && *tw->error;
+        o.assign = tw->n_assign;
+        o.cancel = tw->n_cancel;
+        o.acks = tw->n_acks;
+        snprintf(o.worker_id, sizeof(o.worker_id), "%s", tw->worker_id ? tw->worker_id : "");
+    }
+    printf("%s: mac=%d error=\"%s\" reregister=%d worker_id=\"%s\" assign=%zu cancel=%zu "
+           "acks=%zu\n",
+           what, o.mac, tw && tw->error ? tw->error : "", tw ? tw->reregister : 0, o.worker_id,
+           o.assign, o.cancel, o.acks);
+    mge__to_worker__free_unpacked(tw, NULL);
+    mge__link_reply__free_unpacked(lr, NULL);
+    nng_msg_free(m);
+    return o;
+}
+
+static bool is_refusal(struct outcome o)
+{
+    return o.refused && !o.mac && !o.assign && !o.cancel && !o.acks && !o.worker_id[0];
+}
+
+static int forge_heartbeat(const char *url, const char *wid, long long job, int attempt,
+                           const char *path)
+{
+    char ck1[1200], ck2[300];
+    const char *texts[4] = {
+        "{\"step\":99999,\"loss\":12345.0}",
+        "{\"summary\":true,\"steps\":99999,\"final_loss\":12345.0,\"forged\":true}", ck1, ck2};
+    int streams[4] = {2, 2, 3, 3};
+    Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
+    Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
+    Mge__RankReport rr = MGE__RANK_REPORT__INIT, *rrp[1] = {&rr};
+    Mge__Line ln[4], *lnp[4];
+    uint8_t zeros[MGE_HMAC_LEN] = {0}, *body, *frame;
+    size_t body_len, frame_len;
+    nng_socket s = dial(url);
+    bool all = true;
+
+    snprintf(ck1, sizeof(ck1), "ckpt-000099.mgeckpt 99 100 %s", path);
+    snprintf(ck2, sizeof(ck2), "ckpt-000098.mgeckpt 98 100 /etc/shadow");
+    for (int i = 0; i < 4; i++) {
+        mge__line__init(&ln[i]);
+        ln[i].job_id = job;
+        ln[i].attempt = attempt;
+        ln[i].seq = 1000000 + (uint64_t)i;
+        ln[i].stream = streams[i];
+        ln[i].text = (char *)texts[i];
+        ln[i].time_ms = 1795000000000;
+        lnp[i] = &ln[i];
+    }
+    rr.job_id = job; /* "rank 0 exited 0": would finish the job */
+    rr.attempt = attempt;
+    hb.worker_id = (char *)wid;
+    hb.n_ranks = 1;
+    hb.ranks = rrp;
+    hb.n_lines = 4;
+    hb.lines = lnp;
+    m.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
+    m.heartbeat = &hb;
+    body = pack_to_coordinator(&m, &body_len);
+
+    frame = pack_frame(wid, 1ull << 40, body, body_len, NULL, zeros, &frame_len);
+    all &= is_refusal(report("forged heartbeat (zero MAC)", roundtrip(s, frame, frame_len)));
+    free(frame);
+    frame = pack_frame(wid, 1ull << 41, body, body_len, NULL, NULL, &frame_len);
+    all &= is_refusal(report("forged heartbeat (no MAC)", roundtrip(s, frame, frame_len)));
+    free(frame);
+    /* the frame as workers sent it before issue 10: a bare ToCoordinator */
+    all &= is_refusal(report("forged heartbeat (old format)", roundtrip(s, body, body_len)));
+    free(body);
+    nng_close(s);
+    return all ? 0 : 1;
+}
+
+static int forge_flood(const char *url, const char *wid, int n)
+{
+    Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
+    Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
+    uint8_t zeros[MGE_HMAC_LEN] = {0}, *body, *frame;
+    size_t body_len, frame_len;
+    nng_socket s = dial(url);
+    int refused = 0;
+    hb.worker_id = (char *)wid;
+    m.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
+    m.heartbeat = &hb;
+    body = pack_to_coordinator(&m, &body_len);
+    for (int i = 0; i < n; i++) {
+        nng_msg *r;
+        Mge__LinkReply *lr;
+        frame =
+            pack_frame(wid, (uint64_t)i + (1ull << 42), body, body_len, NULL, zeros, &frame_len);
+        r = roundtrip(s, frame, frame_len);
+        lr = mge__link_reply__unpack(NULL, nng_msg_len(r), nng_msg_body(r));
+        refused += lr && !lr->mac.len;
+        mge__link_reply__free_unpacked(lr, NULL);
+        nng_msg_free(r);
+        free(frame);
+    }
+    printf("flood: %d forged heartbeats, %d refused\n", n, refused);
+    free(body);
+    nng_close(s);
+    return refused == n ? 0 : 1;
+}
+
+static int forge_register(const char *url, const char *name)
+{
+    Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
+    Mge__Register reg = MGE__REGISTER__INIT;
+    uint8_t nonce[MGE_NONCE_LEN], mac[MGE_HMAC_LEN], *body, *frame;
+    size_t body_len, frame_len;
+    nng_socket s = dial(url);
+    struct outcome o;
+    reg.name = (char *)name;
+    m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
+    m.register_ = &reg;
+    body = pack_to_coordinator(&m, &body_len);
+    if (mge_random_bytes(nonce, sizeof(nonce)) != 0 ||
+        mge_link_mac(MGE_LINK_MAC_REGISTER, "not-the-join-token", 18, "", 0, nonce, sizeof(nonce),
+                     body, body_len, mac) != 0)
+        return 2;
+    frame = pack_frame("", 0, body, body_len, nonce, mac, &frame_len);
+    o = report("forged register (wrong join token)", roundtrip(s, frame, frame_len));
+    free(frame);
+    free(body);
+    nng_close(s);
+    return is_refusal(o) ? 0 : 1;
+}
+
+/* A genuine session of this tool; frames and their MACs as the worker makes them. */
+struct session {
+    char id[64];
+    uint8_t key[MGE_HMAC_LEN];
+};
+
+/* Heartbeat @counter of session @se; @tamper: the body changes after its MAC was made. */
+static uint8_t *session_frame(const struct session *se, uint64_t counter, bool tamper, size_t *len)
+{
+    Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
+    Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
+    uint8_t mac[MGE_HMAC_LEN], *body, *frame;
+    size_t body_len;
+    hb.worker_id = (char *)se->id;
+    m.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
+    m.heartbeat = &hb;
+    body = pack_to_coordinator(&m, &body_len);
+    if (mge_link_mac(MGE_LINK_MAC_REQUEST, se->key, sizeof(se->key), se->id, counter, NULL, 0, body,
+                     body_len, mac) != 0)
+        exit(2);
+    if (tamper) { /* an unknown field 15 (varint 1), which the coordinator's parser would skip */
+        body = realloc(body, body_len + 2);
+        if (!body)
+            exit(2);
+        body[body_len++] = 15 << 3;
+        body[body_len++] = 1;
+    }
+    frame = pack_frame(se->id, counter, body, body_len, NULL, mac, len);
+    free(body);
+    return frame;
+}
+
+/*
+ * Register @name with the join token @join on @s: the session into @se, the Register frame
+ * sent into *@frame (malloc'ed, caller frees). 0 on success (the reply's MAC verified).
+ */
+static int session_register(nng_socket s, const char *join, const char *name, struct session *se,
+                            uint8_t **frame, size_t *frame_len)
+{
+    Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
+    Mge__Register reg = MGE__REGISTER__INIT;
+    Mge__Slots slots = MGE__SLOTS__INIT;
+    Mge__LinkReply *lr;
+    Mge__ToWorker *tw;
+    uint8_t cn[MGE_NONCE_LEN], mac[MGE_HMAC_LEN], *body;
+    size_t body_len;
+    nng_msg *rep;
+    int rc = 1;
+
+    slots.device = (char *)"cpu"; /* no cpus, no memory: nothing fits here */
+    reg.name = (char *)name;
+    reg.slots = &slots;
+    m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
+    m.register_ = &reg;
+    body = pack_to_coordinator(&m, &body_len);
+    if (mge_random_bytes(cn, sizeof(cn)) != 0 ||
+        mge_link_mac(MGE_LINK_MAC_REGISTER, join, strlen(join), "", 0, cn, sizeof(cn), body,
+                     body_len, mac) != 0)
+        exit(2);
+    *frame = pack_frame("", 0, body, body_len, cn, mac, frame_len);
+    free(body);
+    rep = roundtrip(s, *frame, *frame_len);
+    lr = mge__link_reply__unpack(NULL, nng_msg_len(rep), nng_msg_body(rep));
+    tw = lr ? mge__to_worker__unpack(NULL, lr->body.len, lr->body.data) : NULL;
+    if (tw && tw->worker_id && *tw->worker_id && lr->nonce.len == MGE_NONCE_LEN &&
+        mge_link_session_key(join, tw->worker_id, cn, lr->nonce.data, se->key) == 0 &&
+        mge_link_mac(MGE_LINK_MAC_REPLY, se->key, sizeof(se->key), tw->worker_id, 0, lr->nonce.data,
+                     lr->nonce.len, lr->body.data, lr->body.len, mac) == 0 &&
+        mge_ct_equal(mac, sizeof(mac), lr->mac.data, lr->mac.len)) {
+        snprintf(se->id, sizeof(se->id), "%s", tw->worker_id);
+        printf("genuine register: accepted as %s, reply MAC verified\n", se->id);
+        rc = 0;
+    } else {
+        printf("genuine register: failed (%s)\n", tw && tw->error ? tw->error : "no valid reply");
+    }
+    mge__to_worker__free_unpacked(tw, NULL);
+    mge__link_reply__free_unpacked(lr, NULL);
+    nng_msg_free(rep);
+    return rc;
+}
+
+static int forge_replay(const char *url, const char *join, const char *name)
+{
+    uint8_t *frame, *f1;
+    size_t frame_len, f1_len;
+    nng_socket s = dial(url);
+    struct session se, old;
+    bool good = true;
+
+    if (session_register(s, join, name, &se, &frame, &frame_len) != 0)
+        return 1;
+    /* the Register again, byte for byte: refused, and the session it started lives on */
+    good &= is_refusal(report("replayed register", roundtrip(s, frame, frame_len)));
+    free(frame);
+
+    f1 = session_frame(&se, 1, false, &f1_len);
+    good &= report("genuine frame 1", roundtrip(s, f1, f1_len)).mac;
+    good &= is_refusal(report("replayed frame 1 (same bytes)", roundtrip(s, f1, f1_len)));
+    free(f1);
+    frame = session_frame(&se, 5, true, &frame_len);
+    good &= is_refusal(report("frame 5 with a changed body", roundtrip(s, frame, frame_len)));
+    free(frame);
+    frame = session_frame(&se, 0, false, &frame_len); /* valid MAC, counter below the last */
+    good &= is_refusal(report("frame with counter 0", roundtrip(s, frame, frame_len)));
+    free(frame);
+    frame = session_frame(&se, 2, false, &frame_len);
+    good &= report("genuine frame 2", roundtrip(s, frame, frame_len)).mac;
+    free(frame);
+
+    /* a new Register of the name starts a new session: the old key is dead */
+    old = se;
+    if (session_register(s, join, name, &se, &frame, &frame_len) != 0)
+        return 1;
+    free(frame);
+    frame = session_frame(&old, 3, false, &frame_len);
+    good &= is_refusal(
+        report("frame 3 under the previous session's key", roundtrip(s, frame, frame_len)));
+    free(frame);
+    frame = session_frame(&se, 1, false, &frame_len);
+    good &= report("frame 1 of the new session", roundtrip(s, frame, frame_len)).mac;
+    free(frame);
+    nng_close(s);
+    return good ? 0 : 1;
+}
+
+static int forge_launch(const char *url, long long job, int attempt, int rank, const char *token,
+                        const char *command)
+{
+    Mge__LaunchRequest req = MGE__LAUNCH_REQUEST__INIT;
+    Mge__LaunchReply *rep;
+    uint8_t *buf;
+    size_t len;
+    nng_socket s = dial(url);
+    nng_msg *m;
+    int code;
+    req.job_id = job;
+    req.attempt = attempt;
+    req.rank = rank;
+    req.token = (char *)token;
+    req.command = (char *)command;
+    len = mge__launch_request__get_packed_size(&req);
+    buf = malloc(len ? len : 1);
+    if (!buf)
+        return 2;
+    mge__launch_request__pack(&req, buf);
+    m = roundtrip(s, buf, len);
+    rep = mge__launch_reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    printf("launch job %lld attempt %d rank %d: ok=%d error=\"%s\"\n", job, attempt, rank,
+           rep ? rep->ok : 0, rep && rep->error ? rep->error : "");
+    code = rep && rep->ok ? 1 : 0;
+    mge__launch_reply__free_unpacked(rep, NULL);
+    nng_msg_free(m);
+    free(buf);
+    nng_close(s);
+    return code;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 7 && !strcmp(argv[1], "heartbeat"))
+        return forge_heartbeat(argv[2], argv[3], atoll(argv[4]), atoi(argv[5]), argv[6]);
+    if (argc == 5 && !strcmp(argv[1], "flood"))
+        return forge_flood(argv[2], argv[3], atoi(argv[4]));
+    if (argc == 4 && !strcmp(argv[1], "register"))
+        return forge_register(argv[2], argv[3]);
+    if (argc == 5 && !strcmp(argv[1], "replay"))
+        return forge_replay(argv[2], argv[3], argv[4]);
+    if (argc == 8 && !strcmp(argv[1], "launch"))
+        return forge_launch(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), argv[6],
+                            argv[7]);
+    fprintf(stderr, "usage: see the top of tests/tools/mge-forge.c (an attack tool for tests)\n");
+    return 2;
+}
