@@ -1240,5 +1240,6 @@ void mge_sched_stats_get(struct mge_sched *s, struct mge_sched_stats *out)
     }
     for (size_t i = 0; i < s->n_r; i++)
         out->ranks_running += !s->r[i].exited;
+    out->fenced_reports = s->fenced;
     pthread_mutex_unlock(&s->mu);
 }

@@ -171,6 +171,7 @@ int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out);
 struct mge_sched_stats {
     int workers_ready, workers_draining, workers_lost;
     int ranks_running;
+    uint64_t fenced_reports;   /* running ranks and exits refused: not a current placement */
 };
 void mge_sched_stats_get(struct mge_sched *s, struct mge_sched_stats *out);
 
