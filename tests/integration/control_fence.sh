@@ -17,22 +17,36 @@ WORKER_TIMEOUT=2
 start_coord --progress-timeout 10 --startup-timeout 120
 start_worker wa
 
+# job_spec NAME WORKERS STEPS [EXTRA TRAIN KEYS]: the long MLP, one CPU per worker
+job_spec() {
+    printf 'name: %s\n%s\n%s\nresources: {workers: %s, cpus: 1}\n' "$1" "$LONG_MODEL" "$LONG_DATA" "$2"
+    printf 'train: {steps: %s, batch_size: 128, %s%s}\n' "$3" "$LONG_OPT" "${4:+, $4}"
+}
+# rank1_pid JOB: under mpirun, rank 1 is the mge-train whose parent is the orted that rank 1's
+# worker started (rank 0's parent is mpirun)
+rank1_pid() {
+    for p in $(rank_cmdlines "/job-$1/attempt-1/rank-0 " | cut -d' ' -f1); do
+        pp=$(awk '{print $4}' "/proc/$p/stat")
+        case $(tr '\0' ' ' <"/proc/$pp/cmdline" 2>/dev/null) in *orted*) echo "$p" ;; esac
+    done
+}
+# stop_detected JOB PID WHAT: SIGSTOP PID; JOB must fail within 15 s; its reason in $T/JOB.json
+stop_detected() {
+    kill -STOP "$2"
+    t0=$(date +%s.%N)
+    if wait_until 15 state_is "$1" failed; then
+        ok "$3 (pid $2) stopped: its job failed $(echo "$(date +%s.%N) - $t0" | bc -l | cut -c1-4) s later (<= 15 s)"
+    else
+        fail "$3 (pid $2) stopped: its job is still $(job_state "$1") 15 s later"
+    fi
+    api GET "/api/v1/jobs/$1" >"$T/$1.json"
+    echo "     reason: $(jq -r .failure_reason "$T/$1.json")"
+}
+
 # --- (a) a worker stopped past the timeout, then resumed ---
 STEPS=300
-cat >"$T/done.yaml" <<Y
-name: fence-done
-$LONG_MODEL
-$LONG_DATA
-resources: {cpus: 1}
-train: {steps: $STEPS, batch_size: 128, $LONG_OPT, checkpoint_every: 50}
-Y
-cat >"$T/forever.yaml" <<Y
-name: fence-forever
-$LONG_MODEL
-$LONG_DATA
-resources: {cpus: 1}
-train: {steps: 100000, batch_size: 128, $LONG_OPT}
-Y
+job_spec fence-done 1 $STEPS "checkpoint_every: 50" >"$T/done.yaml"
+job_spec fence-forever 1 100000 >"$T/forever.yaml"
 DONE=$(submit_yaml "$T/done.yaml")
 FOREVER=$(submit_yaml "$T/forever.yaml")
 check "both jobs run on wa" wait_until 20 sh -c "
@@ -52,9 +66,12 @@ check "the first job's attempt 2 runs to the end" wait_until 90 state_is "$DONE"
 check "the first job's attempt 1 (on the stopped worker) trained to its end too" \
     wait_until 90 eval "! ranks_alive '/job-$DONE/attempt-1/rank-0 '"
 check "the second job's attempt 1 still runs" kill -0 "$forever1"
-api GET "/api/v1/jobs/$DONE" | jq -S '{state, attempt, result, failure_reason}' >"$T/done-before.json"
-api GET "/api/v1/jobs/$DONE/metrics" | jq -S . >"$T/metrics-before.json"
-api GET "/api/v1/jobs/$DONE/checkpoints" | jq -S . >"$T/ckpt-before.json"
+snapshot() { # SUFFIX: what the API shows of the finished job
+    api GET "/api/v1/jobs/$DONE" | jq -S '{state, attempt, result, failure_reason}' >"$T/done-$1.json"
+    api GET "/api/v1/jobs/$DONE/metrics" | jq -S . >"$T/metrics-$1.json"
+    api GET "/api/v1/jobs/$DONE/checkpoints" | jq -S . >"$T/ckpt-$1.json"
+}
+snapshot before
 check "attempt 2's result is stored (steps_run < $STEPS: resumed)" jq -e --argjson n "$STEPS" '
     .result.steps == $n and .result.steps_run < $n' "$T/done-before.json"
 
@@ -71,9 +88,7 @@ check "the coordinator dropped attempt 1's output from wa (logged)" \
 check "... and told wa to cancel the old ranks (logged)" \
     grep -q "worker 'wa': rank of job $FOREVER attempt 1 rank 0 refused" "$T/coordinator.log"
 sleep 2 # a few more heartbeats: whatever wa still had to send is in
-api GET "/api/v1/jobs/$DONE" | jq -S '{state, attempt, result, failure_reason}' >"$T/done-after.json"
-api GET "/api/v1/jobs/$DONE/metrics" | jq -S . >"$T/metrics-after.json"
-api GET "/api/v1/jobs/$DONE/checkpoints" | jq -S . >"$T/ckpt-after.json"
+snapshot after
 check "the finished job's state and result are unchanged" cmp "$T/done-before.json" "$T/done-after.json"
 check "its metrics are unchanged" cmp "$T/metrics-before.json" "$T/metrics-after.json"
 check "its checkpoints are unchanged" cmp "$T/ckpt-before.json" "$T/ckpt-after.json"
@@ -85,80 +100,40 @@ check "its latest checkpoint is attempt 2's, on wb" sh -c "
 check "the second job is cancelled" wait_until 10 state_is "$FOREVER" cancelled
 
 # --- (b) a rank stopped: the watchdog ---
-cat >"$T/hang.yaml" <<Y
-name: fence-hang
-$LONG_MODEL
-$LONG_DATA
-resources: {cpus: 1}
-train: {steps: 100000, batch_size: 128, $LONG_OPT}
-Y
+job_spec fence-hang 1 100000 >"$T/hang.yaml"
 HANG=$(submit_yaml "$T/hang.yaml")
 check "the job to hang reaches step 20" wait_until 60 step_at_least "$HANG" 20
-line=$(rank_cmdlines "/job-$HANG/attempt-1/rank-0 ")
-hung=${line%% *}
-kill -STOP "$hung"
-t0=$(date +%s.%N)
+hung=$(rank_cmdlines "/job-$HANG/attempt-1/rank-0 " | cut -d' ' -f1)
 at=$(job_step "$HANG")
-if wait_until 15 state_is "$HANG" failed; then
-    ok "a SIGSTOPped rank's job failed $(echo "$(date +%s.%N) - $t0" | bc -l | cut -c1-4) s after the stop (<= 15 s)"
-else
-    fail "a SIGSTOPped rank's job is still $(job_state "$HANG") 15 s after the stop"
-fi
-api GET "/api/v1/jobs/$HANG" >"$T/hang.json"
-echo "     reason: $(jq -r .failure_reason "$T/hang.json")"
+stop_detected "$HANG" "$hung" "a one-rank job's rank"
 check "... with the step and the silent rank's worker in the reason, not requeued" jq -e --argjson at "$at" '
     (.failure_reason | test("^no progress for [0-9]+ s since step [0-9]+ [(]rank 0 on w[ab] silent[)]$"))
-    and (.failure_reason | capture("since step (?<s>[0-9]+)").s | tonumber) >= $at and .attempt == 1' "$T/hang.json"
+    and (.failure_reason | capture("since step (?<s>[0-9]+)").s | tonumber) >= $at and .attempt == 1' "$T/$HANG.json"
 check "... and the stopped rank is killed" wait_until 10 eval "! kill -0 $hung 2>/dev/null || [ \"\$(cut -d' ' -f3 /proc/$hung/stat)\" = Z ]"
 
-# with mpirun: rank 1 of a 2-worker job stopped (the others spin in MPI_Allreduce)
 MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
-if [ -n "$MPIRUN" ] && [ -x "$BIN/mge-launch" ]; then
-    cat >"$T/hang2.yaml" <<Y
-name: fence-hang2
-$LONG_MODEL
-$LONG_DATA
-resources: {workers: 2, cpus: 1}
-train: {steps: 100000, batch_size: 128, $LONG_OPT}
-Y
-    HANG2=$(submit_yaml "$T/hang2.yaml")
-    check "the 2-worker job to hang reaches step 20" wait_until 60 step_at_least "$HANG2" 20
-    # rank 1: the mge-train whose parent is the orted that rank 1's worker started
-    r1=""
-    for p in $(rank_cmdlines "/job-$HANG2/attempt-1/rank-0 " | cut -d' ' -f1); do
-        pp=$(awk '{print $4}' "/proc/$p/stat")
-        case $(tr '\0' ' ' <"/proc/$pp/cmdline" 2>/dev/null) in *orted*) r1=$p ;; esac
-    done
-    kill -STOP "$r1"
-    t0=$(date +%s.%N)
-    if wait_until 15 state_is "$HANG2" failed; then
-        ok "the 2-worker job with rank 1 (pid $r1) stopped failed $(echo "$(date +%s.%N) - $t0" | bc -l | cut -c1-4) s after the stop (<= 15 s)"
-    else
-        fail "the 2-worker job with rank 1 stopped is still $(job_state "$HANG2") 15 s after the stop"
-    fi
-    api GET "/api/v1/jobs/$HANG2" >"$T/hang2.json"
-    echo "     reason: $(jq -r .failure_reason "$T/hang2.json")"
-    check "... with the step and both ranks' workers in the reason" jq -e '
-        .failure_reason | test("^no progress for [0-9]+ s since step [0-9]+ [(]ranks 0-1 on w[ab], w[ab]: ")' "$T/hang2.json"
-    check "... and every rank of it ends" wait_until 10 eval "! ranks_alive '/job-$HANG2/attempt-1/rank-0 '"
-
-    # rank 1 killed: mpirun (rank 0) exits non-zero too, but the reason names rank 1
-    sed 's/name: fence-hang2/name: fence-kill1/' "$T/hang2.yaml" >"$T/kill1.yaml"
-    KILL1=$(submit_yaml "$T/kill1.yaml")
-    check "the 2-worker job to break reaches step 5" wait_until 60 step_at_least "$KILL1" 5
-    r1=""
-    for p in $(rank_cmdlines "/job-$KILL1/attempt-1/rank-0 " | cut -d' ' -f1); do
-        pp=$(awk '{print $4}' "/proc/$p/stat")
-        case $(tr '\0' ' ' <"/proc/$pp/cmdline" 2>/dev/null) in *orted*) r1=$p ;; esac
-    done
-    r1_worker=$(api GET "/api/v1/jobs/$KILL1" | jq -r '.placement[1].worker')
-    kill -9 "$r1"
-    check "rank 1 killed with SIGKILL: the job fails" wait_until 20 state_is "$KILL1" failed
-    api GET "/api/v1/jobs/$KILL1" >"$T/kill1.json"
-    echo "     reason: $(jq -r .failure_reason "$T/kill1.json")"
-    check "... and the reason names rank 1 and its worker $r1_worker, not rank 0" jq -e --arg w "$r1_worker" '
-        .failure_reason == "rank 1 killed by signal 9 on " + $w' "$T/kill1.json"
-else
-    echo "     (no mpirun: the 2-worker case is skipped)"
+if [ -z "$MPIRUN" ] || [ ! -x "$BIN/mge-launch" ]; then
+    echo "     (no mpirun or mge-launch: the 2-worker cases are skipped)"
+    finish
 fi
+# with mpirun: rank 1 of a 2-worker job stopped (the others spin in MPI_Allreduce)
+job_spec fence-hang2 2 100000 >"$T/hang2.yaml"
+HANG2=$(submit_yaml "$T/hang2.yaml")
+check "the 2-worker job to hang reaches step 20" wait_until 60 step_at_least "$HANG2" 20
+stop_detected "$HANG2" "$(rank1_pid "$HANG2")" "rank 1 of a 2-worker job"
+check "... with the step and both ranks' workers in the reason" jq -e '
+    .failure_reason | test("^no progress for [0-9]+ s since step [0-9]+ [(]ranks 0-1 on w[ab], w[ab]: ")' "$T/$HANG2.json"
+check "... and every rank of it ends" wait_until 10 eval "! ranks_alive '/job-$HANG2/attempt-1/rank-0 '"
+
+# --- (c) rank 1 killed: mpirun (rank 0) exits non-zero too, but the reason names rank 1 ---
+job_spec fence-kill1 2 100000 >"$T/kill1.yaml"
+KILL1=$(submit_yaml "$T/kill1.yaml")
+check "the 2-worker job to break reaches step 5" wait_until 60 step_at_least "$KILL1" 5
+r1_worker=$(api GET "/api/v1/jobs/$KILL1" | jq -r '.placement[1].worker')
+kill -9 "$(rank1_pid "$KILL1")"
+check "rank 1 killed with SIGKILL: the job fails" wait_until 20 state_is "$KILL1" failed
+api GET "/api/v1/jobs/$KILL1" >"$T/kill1.json"
+echo "     reason: $(jq -r .failure_reason "$T/kill1.json")"
+check "... and the reason names rank 1 and its worker $r1_worker, not rank 0" jq -e --arg w "$r1_worker" '
+    .failure_reason == "rank 1 killed by signal 9 on " + $w' "$T/kill1.json"
 finish
