@@ -22,10 +22,15 @@ job_spec() {
     printf 'name: %s\n%s\n%s\nresources: {workers: %s, cpus: 1}\n' "$1" "$LONG_MODEL" "$LONG_DATA" "$2"
     printf 'train: {steps: %s, batch_size: 128, %s%s}\n' "$3" "$LONG_OPT" "${4:+, $4}"
 }
+# attempt1_ranks JOB: "PID COMMAND" of the mge-train processes of JOB's attempt 1 started by this
+# test's workers (other tests may run jobs of the same ids); under mpirun every rank has rank
+# 0's --out. attempt1_alive JOB: any of them left.
+attempt1_ranks() { rank_cmdlines "--out $T/w-" | grep -F "/job-$1/attempt-1/rank-0 "; }
+attempt1_alive() { [ -n "$(attempt1_ranks "$1")" ]; }
 # rank1_pid JOB: under mpirun, rank 1 is the mge-train whose parent is the orted that rank 1's
 # worker started (rank 0's parent is mpirun)
 rank1_pid() {
-    for p in $(rank_cmdlines "/job-$1/attempt-1/rank-0 " | cut -d' ' -f1); do
+    for p in $(attempt1_ranks "$1" | cut -d' ' -f1); do
         pp=$(awk '{print $4}' "/proc/$p/stat")
         case $(tr '\0' ' ' <"/proc/$pp/cmdline" 2>/dev/null) in *orted*) echo "$p" ;; esac
     done
@@ -53,8 +58,8 @@ check "both jobs run on wa" wait_until 20 sh -c "
     [ \"\$(curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs?state=running' | jq '.jobs | length')\" = 2 ]"
 start_worker wb
 check "the first job's first checkpoint is indexed" wait_until 60 has_checkpoint "$DONE"
-done1=$(rank_cmdlines "/job-$DONE/attempt-1/rank-0 " | cut -d' ' -f1)
-forever1=$(rank_cmdlines "/job-$FOREVER/attempt-1/rank-0 " | cut -d' ' -f1)
+done1=$(attempt1_ranks "$DONE" | cut -d' ' -f1)
+forever1=$(attempt1_ranks "$FOREVER" | cut -d' ' -f1)
 check "attempt 1 of each job runs on wa (pids $done1, $forever1)" test -n "$done1" -a -n "$forever1"
 kill -STOP "$WORKER_PID_wa"
 ok "worker wa stopped (SIGSTOP) at step $(job_step "$DONE") of the first job"
@@ -64,7 +69,7 @@ check "both jobs are requeued and run attempt 2 on wb" wait_until 20 sh -c "
 check "the first job's attempt 2 runs to the end" wait_until 90 state_is "$DONE" succeeded
 # attempt 1 trains on meanwhile (its output waits in the stopped worker's pipes): let it end
 check "the first job's attempt 1 (on the stopped worker) trained to its end too" \
-    wait_until 90 eval "! ranks_alive '/job-$DONE/attempt-1/rank-0 '"
+    wait_until 90 eval "! attempt1_alive $DONE"
 check "the second job's attempt 1 still runs" kill -0 "$forever1"
 snapshot() { # SUFFIX: what the API shows of the finished job
     api GET "/api/v1/jobs/$DONE" | jq -S '{state, attempt, result, failure_reason}' >"$T/done-$1.json"
@@ -77,7 +82,7 @@ check "attempt 2's result is stored (steps_run < $STEPS: resumed)" jq -e --argjs
 
 kill -CONT "$WORKER_PID_wa"
 t0=$(date +%s.%N)
-if wait_until 10 eval "! kill -0 $forever1 2>/dev/null && ! ranks_alive '/job-$FOREVER/attempt-1/rank-0 '"; then
+if wait_until 10 eval "! kill -0 $forever1 2>/dev/null && ! attempt1_alive $FOREVER"; then
     ok "the second job's old rank (pid $forever1) ended $(echo "$(date +%s.%N) - $t0" | bc -l | cut -c1-4) s after SIGCONT (<= 10 s)"
 else
     fail "the second job's old rank (pid $forever1) still runs 10 s after SIGCONT"
@@ -103,7 +108,7 @@ check "the second job is cancelled" wait_until 10 state_is "$FOREVER" cancelled
 job_spec fence-hang 1 100000 >"$T/hang.yaml"
 HANG=$(submit_yaml "$T/hang.yaml")
 check "the job to hang reaches step 20" wait_until 60 step_at_least "$HANG" 20
-hung=$(rank_cmdlines "/job-$HANG/attempt-1/rank-0 " | cut -d' ' -f1)
+hung=$(attempt1_ranks "$HANG" | cut -d' ' -f1)
 at=$(job_step "$HANG")
 stop_detected "$HANG" "$hung" "a one-rank job's rank"
 check "... with the step and the silent rank's worker in the reason, not requeued" jq -e --argjson at "$at" '
@@ -123,7 +128,7 @@ check "the 2-worker job to hang reaches step 20" wait_until 60 step_at_least "$H
 stop_detected "$HANG2" "$(rank1_pid "$HANG2")" "rank 1 of a 2-worker job"
 check "... with the step and both ranks' workers in the reason" jq -e '
     .failure_reason | test("^no progress for [0-9]+ s since step [0-9]+ [(]ranks 0-1 on w[ab], w[ab]: ")' "$T/$HANG2.json"
-check "... and every rank of it ends" wait_until 10 eval "! ranks_alive '/job-$HANG2/attempt-1/rank-0 '"
+check "... and every rank of it ends" wait_until 10 eval "! attempt1_alive $HANG2"
 
 # --- (c) rank 1 killed: mpirun (rank 0) exits non-zero too, but the reason names rank 1 ---
 job_spec fence-kill1 2 100000 >"$T/kill1.yaml"
