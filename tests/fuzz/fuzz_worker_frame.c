@@ -4,7 +4,8 @@
  * registration, heartbeat with rank reports and lines into a real SQLite store, reply).
  * The store lives in a fresh temporary directory and holds job 1; the join token is "fuzz".
  * A heartbeat whose worker_id is "@" gets the id of a worker registered at setup (ids are
- * random), so that frames get past the worker check into line ingestion and the scheduler.
+ * random), so that frames get past the worker check into line ingestion and the scheduler;
+ * job 1 is placed on that worker, so its lines of attempt 1, rank 0 are stored.
  * Seeds: corpus/worker_frame/, written by gen_worker_frame_seeds.c.
  */
 #include <dirent.h>
@@ -45,17 +46,22 @@ static int insert_job(struct mge_store *st)
     return rc == MGE_OK && id == 1 ? 0 : -1;
 }
 
-/* Register worker "w1" through the frame path; its id into g_worker_id. */
+/* Register worker "w1" (2 CPUs) through the frame path; its id into g_worker_id. */
 static int register_worker(void)
 {
     Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
     Mge__Register reg = MGE__REGISTER__INIT;
+    Mge__Slots slots = MGE__SLOTS__INIT;
     Mge__ToWorker *tw;
     uint8_t buf[256], *reply = NULL;
     size_t len = 0;
     int ok;
     reg.name = (char *)"w1";
     reg.join_token = (char *)"fuzz";
+    slots.cpus = 2;
+    slots.memory_mb = 4096;
+    slots.device = (char *)"cpu";
+    reg.slots = &slots;
     m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
     m.register_ = &reg;
     if (mge__to_coordinator__get_packed_size(&m) > sizeof(buf))
@@ -133,7 +139,12 @@ static int setup(void)
     /* not started: frames are handled on the fuzzer's thread only */
     if (mge_rpc_set_sched(g_rpc, sched) != MGE_OK)
         return -1;
-    return register_worker();
+    if (register_worker() != 0)
+        return -1;
+    /* job 1 attempt 1 rank 0 on w1, so that the store takes w1's lines of it (it fences
+     * off lines that are not the current attempt's placement on the sending worker) */
+    mge_sched_tick(sched);
+    return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
