@@ -318,14 +318,21 @@ static void check_lost(struct mge_sched *s)
             worker_set_lost(s, (int)i);
 }
 
-/* Rank 0 of an attempt reported step @step at @line_ms (the worker's wall clock). Lock held. */
+/*
+ * Rank 0 of an attempt reported step @step at @line_ms (the worker's wall clock). The
+ * intervals between reports are measured on the worker's clock (lines come in batches); the
+ * first one, from the placement, on ours: it includes the start, so it only errs long, and
+ * it keeps a job that reports every few thousand steps from being taken for hung before its
+ * second report. Lock held.
+ */
 static void progress_note(struct mge_sched *s, struct resv *r, int64_t step, int64_t line_ms)
 {
     struct progress *p = &r->prog;
+    int64_t iv = p->step < 0 ? now_ms(s) - p->since : line_ms - p->last_line_ms;
     if (step <= p->step)
         return; /* an evaluation line of the same step, or a replay */
-    if (p->step >= 0 && line_ms >= p->last_line_ms) {
-        p->iv[p->next_iv] = line_ms - p->last_line_ms;
+    if (iv >= 0) {
+        p->iv[p->next_iv] = iv;
         p->next_iv = (p->next_iv + 1) % PROGRESS_IV_MAX;
         if (p->n_iv < PROGRESS_IV_MAX)
             p->n_iv++;
@@ -892,7 +899,8 @@ static bool mpirun_cause(struct mge_sched *s, const struct resv *ended, char *re
             found = true;
             break;
         }
-        if ((p = strstr(t, "Process name: [[")) && sscanf(p, "Process name: [[%*d,%*d],%d]", &named) == 1)
+        if ((p = strstr(t, "Process name: [[")) &&
+            sscanf(p, "Process name: [[%*d,%*d],%d]", &named) == 1)
             continue;
         if (named >= 0 && (p = strstr(t, "Exit code:")) && sscanf(p, "Exit code: %d", &code) == 1) {
             rank = named;

@@ -998,7 +998,9 @@ static int line_fence(struct mge_store *st, const char *worker_id, const struct 
         *state = sqlite3_column_int(s, 0);
     }
     sqlite3_reset(s);
-    return rc == SQLITE_ROW || rc == SQLITE_DONE ? MGE_OK : err_db(st, "cannot check a line's placement");
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return err_db(st, "cannot check a line's placement");
+    return MGE_OK;
 }
 
 int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,

@@ -83,8 +83,12 @@ static int64_t job_add(int workers, int cpus)
 static void worker_add_ranks(const char *name, bool launch, const struct mge_rank_report *ranks,
                              size_t n, char id[40], struct mge_sched_cmds *cmds)
 {
-    struct mge_worker_info info = {.name = name, .host = "h", .version = "t", .device = "cpu",
-                                   .launch_url = launch ? "tcp://127.0.0.1:1" : "", .cpus = 2,
+    struct mge_worker_info info = {.name = name,
+                                   .host = "h",
+                                   .version = "t",
+                                   .device = "cpu",
+                                   .launch_url = launch ? "tcp://127.0.0.1:1" : "",
+                                   .cpus = 2,
                                    .memory_mb = 1024};
     ck_assert_int_eq(mge_sched_worker_register(g_s, &info, ranks, n, id, cmds), MGE_OK);
 }
@@ -145,8 +149,13 @@ static bool has_cancel(const struct mge_sched_cmds *c, int64_t job, int attempt)
 static struct mge_store_line line(int64_t job, int attempt, int rank, uint64_t seq, int stream,
                                   const char *text, int64_t time_ms)
 {
-    struct mge_store_line l = {.job_id = job, .attempt = attempt, .rank = rank, .seq = seq,
-                               .stream = stream, .text = text, .time_ms = time_ms};
+    struct mge_store_line l = {.job_id = job,
+                               .attempt = attempt,
+                               .rank = rank,
+                               .seq = seq,
+                               .stream = stream,
+                               .text = text,
+                               .time_ms = time_ms};
     return l;
 }
 
@@ -158,8 +167,12 @@ static struct mge_rank_report running(int64_t job, int attempt, int rank)
 
 static struct mge_rank_report exited(int64_t job, int attempt, int rank, int code, int sig)
 {
-    struct mge_rank_report r = {.job_id = job, .attempt = attempt, .rank = rank,
-                                .exit_code = code, .term_signal = sig, .failure = ""};
+    struct mge_rank_report r = {.job_id = job,
+                                .attempt = attempt,
+                                .rank = rank,
+                                .exit_code = code,
+                                .term_signal = sig,
+                                .failure = ""};
     return r;
 }
 
@@ -422,8 +435,8 @@ START_TEST(test_sched_fence_stale_attempt)
     mge_sched_cmds_fini(&c);
     ck_assert_int_eq(job_row(job).state, MGE_JOB_SUCCEEDED);
     j = job_json(job);
-    ck_assert_double_eq(json_number_value(json_object_get(json_object_get(j, "result"),
-                                                          "final_loss")), 0.25);
+    ck_assert_double_eq(
+        json_number_value(json_object_get(json_object_get(j, "result"), "final_loss")), 0.25);
     ck_assert(json_is_null(json_object_get(j, "failure_reason")));
     json_decref(j);
     ck_assert_int_eq(mge_store_checkpoint_latest(g_st, job, &latest), MGE_OK);
@@ -489,8 +502,7 @@ static int64_t run_steps(const char *w1, int64_t steps, int64_t iv_ms)
  * One-rank job @job on @wid, silent from now on (its worker still beats): still running
  * @limit_ms - 1 ms later, failed at @limit_ms with reason @want, its rank cancelled.
  */
-static void assert_watchdog_fires(int64_t job, const char *wid, int64_t limit_ms,
-                                  const char *want)
+static void assert_watchdog_fires(int64_t job, const char *wid, int64_t limit_ms, const char *want)
 {
     struct mge_rank_report r = running(job, 1, 0);
     struct mge_sched_cmds c;
@@ -508,7 +520,10 @@ static void assert_watchdog_fires(int64_t job, const char *wid, int64_t limit_ms
     mge_sched_cmds_fini(&c);
 }
 
-/* The allowance: the 10 s floor, 5 x the median report interval, the startup allowance. */
+/*
+ * The allowance: the 10 s floor, 5 x the median report interval, the startup allowance; a
+ * first report 15 s after the start (log_every large) allows 75 s before the second.
+ */
 static const struct {
     int64_t steps, iv_ms, limit_ms;
     const char *want;
@@ -516,6 +531,7 @@ static const struct {
     {316, 100, 10000, "no progress for 10 s since step 316 (rank 0 on w1 silent)"},
     {5, 4000, 20000, "no progress for 20 s since step 5 (rank 0 on w1 silent)"},
     {0, 0, 60000, "no progress for 60 s since the start (rank 0 on w1 silent)"},
+    {1, 15000, 75000, "no progress for 75 s since step 1 (rank 0 on w1 silent)"},
 };
 
 START_TEST(test_sched_watchdog)
@@ -611,7 +627,8 @@ static Suite *sched_suite(void)
         {"requeue", test_sched_requeue_worker_lost, 1},
         {"fence", test_sched_fence_stale_attempt, 1},
         {"fence_ended", test_sched_fence_ended_job, 1},
-        {"watchdog", test_sched_watchdog, 3},
+        {"watchdog", test_sched_watchdog,
+         (int)(sizeof(watchdog_cases) / sizeof(watchdog_cases[0]))},
         {"watchdog_gang", test_sched_watchdog_gang, 1},
         {"gang_killed", test_sched_gang_names_killed_rank, 1},
         {"gang_failed", test_sched_gang_names_failed_rank, 1},
