@@ -869,12 +869,31 @@ static void rank_end_reason(char *out, size_t size, int rank, int code, int sig,
                  code == 2 ? " (bad input)" : "", where ? " on " : "", where ? where : "");
 }
 
+/* Does mpirun's line @t name a failed rank (*@rank), or the code it ended with (*@code)? */
+static bool mpirun_line_rank(const char *t, int *rank)
+{
+    const char *p;
+    return ((p = strstr(t, "Process name: [[")) &&
+            sscanf(p, "Process name: [[%*d,%*d],%d]", rank) == 1) ||
+           ((p = strstr(t, "MPI_ABORT was invoked on rank ")) &&
+            sscanf(p, "MPI_ABORT was invoked on rank %d", rank) == 1);
+}
+
+static bool mpirun_line_code(const char *t, int *code)
+{
+    const char *p;
+    return ((p = strstr(t, "Exit code:")) && sscanf(p, "Exit code: %d", code) == 1) ||
+           ((p = strstr(t, "with errorcode ")) && sscanf(p, "with errorcode %d", code) == 1);
+}
+
 /*
  * Rank 0 of gang @ended is mpirun: it exits non-zero because a rank failed, which may be
  * another one. Open MPI names the first failed rank on its stderr, which the store holds by
  * now (a worker reports an exit only with all of the rank's output before it):
  *   "mpirun noticed that process rank 1 with PID 11127 on node wb exited on signal 9 (Killed)."
  *   "  Process name: [[41239,1],1]" followed by "  Exit code:    2"
+ *   "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD" and "with errorcode 2."
+ *   (mge-train aborts the job when it fails on one rank)
  * Write "rank 1 killed by signal 9 on wb" (or "... exited with code 2 ...") into @reason and
  * return true, or false when the log names no rank. Lock held.
  */
@@ -899,14 +918,12 @@ static bool mpirun_cause(struct mge_sched *s, const struct resv *ended, char *re
             found = true;
             break;
         }
-        if ((p = strstr(t, "Process name: [[")) &&
-            sscanf(p, "Process name: [[%*d,%*d],%d]", &named) == 1)
-            continue;
-        if (named >= 0 && (p = strstr(t, "Exit code:")) && sscanf(p, "Exit code: %d", &code) == 1) {
+        if (named >= 0 && mpirun_line_code(t, &code)) {
             rank = named;
             found = true;
             break;
         }
+        mpirun_line_rank(t, &named);
     }
     json_decref(logs);
     if (!found || rank < 0 || rank >= ended->world)

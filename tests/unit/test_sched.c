@@ -607,6 +607,13 @@ START_TEST(test_sched_gang_names_failed_rank)
 }
 END_TEST
 
+START_TEST(test_sched_gang_names_aborting_rank)
+{
+    gang_killed("MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD",
+                "with errorcode 2.", "rank 1 exited with code 2 (bad input) on w2");
+}
+END_TEST
+
 START_TEST(test_sched_gang_no_mpirun_message)
 {
     gang_killed("something else", "entirely", "rank 0 exited with code 137");
@@ -632,6 +639,7 @@ static Suite *sched_suite(void)
         {"watchdog_gang", test_sched_watchdog_gang, 1},
         {"gang_killed", test_sched_gang_names_killed_rank, 1},
         {"gang_failed", test_sched_gang_names_failed_rank, 1},
+        {"gang_abort", test_sched_gang_names_aborting_rank, 1},
         {"gang_plain", test_sched_gang_no_mpirun_message, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
