@@ -49,8 +49,11 @@ stop_detected() {
 }
 
 # --- (a) a worker stopped past the timeout, then resumed ---
-STEPS=300
-job_spec fence-done 1 $STEPS "checkpoint_every: 50" >"$T/done.yaml"
+# From the first checkpoint (50) to the end is the margin to stop wa before attempt 1 ends.
+# A metric line every 10 steps: while wa is stopped, attempt 1's output waits in its stdout
+# socket, whose buffer holds only ~200 lines (a line per write); it must not block on it.
+STEPS=400
+job_spec fence-done 1 $STEPS "checkpoint_every: 50, log_every: 10" >"$T/done.yaml"
 job_spec fence-forever 1 100000 >"$T/forever.yaml"
 DONE=$(submit_yaml "$T/done.yaml")
 FOREVER=$(submit_yaml "$T/forever.yaml")
