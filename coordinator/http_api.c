@@ -802,6 +802,11 @@ static enum MHD_Result prom_metrics(struct mge_http *h, struct MHD_Connection *c
     P("# HELP mge_worker_requests_total Frames received from workers.\n"
       "# TYPE mge_worker_requests_total counter\n");
     P("mge_worker_requests_total %llu\n", (unsigned long long)mge_rpc_requests(h->rpc));
+    P("# HELP mge_fenced_total Worker reports dropped: not the current attempt's placement on\n"
+      "# that worker (a stale attempt), or output after the job ended.\n"
+      "# TYPE mge_fenced_total counter\n");
+    P("mge_fenced_total{what=\"lines\"} %llu\n", (unsigned long long)mge_store_lines_fenced(h->st));
+    P("mge_fenced_total{what=\"ranks\"} %llu\n", (unsigned long long)ss.fenced_reports);
     P("# HELP mge_http_request_duration_seconds API request latency.\n"
       "# TYPE mge_http_request_duration_seconds histogram\n");
     pthread_mutex_lock(&h->mu);

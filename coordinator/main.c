@@ -24,6 +24,7 @@ struct config {
     char *listen, *worker_listen, *state_dir, *token_file, *join_token_file, *ports_file;
     char *web_root, *restore_from;
     int worker_timeout_s, heartbeat_ms, http_threads, cancel_grace_ms;
+    int progress_timeout_s, startup_timeout_s; /* the watchdog; 0: off */
 };
 
 static void usage(FILE *f)
@@ -40,6 +41,11 @@ static void usage(FILE *f)
             "  --worker-timeout SEC          silence before a worker is lost (default 10)\n"
             "  --heartbeat-ms MS             heartbeat interval asked of workers (default 1000)\n"
             "  --cancel-grace-ms MS          SIGTERM to SIGKILL grace for ranks (default 5000)\n"
+            "  --progress-timeout SEC        a running job whose steps stop for max(SEC, 5 x its\n"
+            "                                median step-report interval) fails (default 10;\n"
+            "                                0: off)\n"
+            "  --startup-timeout SEC         ... and one with no step SEC after it was placed\n"
+            "                                (default 300; 0: off)\n"
             "  --http-threads N              HTTP thread pool size (default 4)\n"
             "  --ports-file FILE             write the bound addresses there once listening\n"
             "  --web-root DIR                dashboard files served at / (default: ../web next\n"
@@ -79,6 +85,10 @@ static bool config_set(struct config *c, const char *key, const char *val)
         i = &c->http_threads;
     else if (!strcmp(key, "cancel-grace-ms"))
         i = &c->cancel_grace_ms;
+    else if (!strcmp(key, "progress-timeout"))
+        i = &c->progress_timeout_s;
+    else if (!strcmp(key, "startup-timeout"))
+        i = &c->startup_timeout_s;
     else
         return false;
     if (s) {
@@ -207,7 +217,7 @@ static char *default_web_root(void)
 
 int main(int argc, char **argv)
 {
-    struct config c = {0};
+    struct config c = {.progress_timeout_s = 10, .startup_timeout_s = 300};
     struct mge_store *st = NULL;
     struct mge_sched *sched = NULL;
     struct mge_rpc *rpc = NULL;
@@ -308,6 +318,8 @@ int main(int argc, char **argv)
     }
     so.worker_timeout_ms = c.worker_timeout_s > 0 ? c.worker_timeout_s * 1000 : 10000;
     so.cancel_grace_ms = c.cancel_grace_ms;
+    so.progress_timeout_ms = c.progress_timeout_s > 0 ? c.progress_timeout_s * 1000 : -1;
+    so.startup_timeout_ms = c.startup_timeout_s > 0 ? c.startup_timeout_s * 1000 : -1;
     so.notify = mge_rpc_notify;
     so.notify_arg = rpc;
     rc = mge_sched_new(st, &so, &sched);

@@ -158,6 +158,27 @@ static int reply_error(const char *msg, bool reregister, uint8_t **reply, size_t
     return pack_reply(&tw, reply, len);
 }
 
+/* The cancels of @cmds as protobuf: *@cs and *@csp are mge_calloc'ed (caller frees both). */
+static int cancels_to_pb(const struct mge_sched_cmds *cmds, Mge__Cancel **cs, Mge__Cancel ***csp)
+{
+    *cs = NULL;
+    *csp = NULL;
+    if (!cmds->n_cancel)
+        return MGE_OK;
+    *cs = mge_calloc(cmds->n_cancel, sizeof(**cs));
+    *csp = mge_calloc(cmds->n_cancel, sizeof(**csp));
+    if (!*cs || !*csp)
+        return MGE_NOMEM;
+    for (size_t i = 0; i < cmds->n_cancel; i++) {
+        mge__cancel__init(&(*cs)[i]);
+        (*cs)[i].job_id = cmds->cancel[i].job_id;
+        (*cs)[i].attempt = cmds->cancel[i].attempt;
+        (*cs)[i].grace_ms = cmds->grace_ms;
+        (*csp)[i] = &(*cs)[i];
+    }
+    return MGE_OK;
+}
+
 /* Register @reg (its join token proven by the caller); its id into @id (or "" if refused). */
 static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], uint8_t **reply,
                            size_t *len)
@@ -165,6 +186,8 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
     Mge__ToWorker tw = MGE__TO_WORKER__INIT;
     struct mge_worker_info info;
     struct mge_rank_report *reps = NULL;
+    struct mge_sched_cmds cmds;
+    Mge__Cancel *cs = NULL, **csp = NULL;
     int rc;
 
     id[0] = '\0';
@@ -187,16 +210,27 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
             return MGE_NOMEM;
         reports_from_pb(reg->ranks, reg->n_ranks, reps);
     }
-    rc = mge_sched_worker_register(r->sched, &info, reps, reg->n_ranks, id);
+    rc = mge_sched_worker_register(r->sched, &info, reps, reg->n_ranks, id, &cmds);
     mge_free(reps);
     if (rc != MGE_OK) {
         id[0] = '\0';
+        mge_sched_cmds_fini(&cmds);
         return reply_error("registration failed", false, reply, len);
     }
-    tw.worker_id = id;
-    tw.notify_url = r->notify_url;
-    tw.heartbeat_ms = r->heartbeat_ms;
-    return pack_reply(&tw, reply, len);
+    /* ranks of attempts that are not current (it was lost and came back) end at once */
+    rc = cancels_to_pb(&cmds, &cs, &csp);
+    if (rc == MGE_OK) {
+        tw.worker_id = id;
+        tw.notify_url = r->notify_url;
+        tw.heartbeat_ms = r->heartbeat_ms;
+        tw.n_cancel = cmds.n_cancel;
+        tw.cancel = csp;
+        rc = pack_reply(&tw, reply, len);
+    }
+    mge_free(cs);
+    mge_free(csp);
+    mge_sched_cmds_fini(&cmds);
+    return rc;
 }
 
 static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **reply, size_t *len)
@@ -245,7 +279,8 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
         }
         reports_from_pb(hb->ranks, hb->n_ranks, reps);
     }
-    rc = mge_sched_worker_heartbeat(r->sched, hb->worker_id, reps, hb->n_ranks, &cmds);
+    rc = mge_sched_worker_heartbeat(r->sched, hb->worker_id, reps, hb->n_ranks, lines,
+                                    lines ? hb->n_lines : 0, &cmds);
     if (rc == MGE_NOENT) {
         rc = reply_error("unknown worker", true, reply, len);
         goto out_free;
@@ -335,21 +370,9 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
             asp[i] = &as[i];
         }
     }
-    if (cmds.n_cancel) {
-        cs = mge_calloc(cmds.n_cancel, sizeof(*cs));
-        csp = mge_calloc(cmds.n_cancel, sizeof(*csp));
-        if (!cs || !csp) {
-            rc = MGE_NOMEM;
-            goto out_free;
-        }
-        for (size_t i = 0; i < cmds.n_cancel; i++) {
-            mge__cancel__init(&cs[i]);
-            cs[i].job_id = cmds.cancel[i].job_id;
-            cs[i].attempt = cmds.cancel[i].attempt;
-            cs[i].grace_ms = cmds.grace_ms;
-            csp[i] = &cs[i];
-        }
-    }
+    rc = cancels_to_pb(&cmds, &cs, &csp);
+    if (rc != MGE_OK)
+        goto out_free;
     tw.n_assign = cmds.n_assign;
     tw.assign = asp;
     tw.n_cancel = cmds.n_cancel;

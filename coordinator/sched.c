@@ -16,6 +16,8 @@
 
 #define QUEUE_SCAN_MAX 256        /* queued jobs looked at per placement pass */
 #define CANCEL_RESEND_MS 3000     /* resend a cancel to a rank that still runs after this */
+#define PROGRESS_IV_MAX 64        /* step-report intervals kept for the watchdog's median */
+#define PROGRESS_MEDIAN_X 5       /* no report for this many median intervals: a hang */
 
 enum worker_state { W_READY, W_DRAINING, W_LOST };
 static const char *const worker_state_names[] = {"ready", "draining", "lost"};
@@ -36,6 +38,15 @@ struct worker {
     int fault_attempt;            /* attempt (job_worker_fault, worker_avoided) */
 };
 
+/* Step progress of an attempt, as rank 0's metric lines tell it (kept on rank 0's resv). */
+struct progress {
+    int64_t since;                /* scheduler ms: placement, then the last step report */
+    int64_t step;                 /* last step reported, -1 before the first */
+    int64_t last_line_ms;         /* the worker's time of that report (wall ms) */
+    int64_t iv[PROGRESS_IV_MAX];  /* ms between consecutive reports (the worker's clock) */
+    int n_iv, next_iv;
+};
+
 /* One placed rank. */
 struct resv {
     int64_t job_id;
@@ -50,6 +61,7 @@ struct resv {
     char token[40];               /* the attempt's launch token (world > 1) */
     bool failing;                 /* a rank of this gang ended badly: the rest are torn down */
     char fail_reason[256];        /* why, when failing */
+    struct progress prog;         /* rank 0: the attempt's step progress (the watchdog) */
 };
 
 /* A requeue the store could not write: the job stays running there until a retry succeeds. */
@@ -72,7 +84,14 @@ struct mge_sched {
     size_t n_r, cap_r;
     struct requeue_retry *retry;  /* retried every periodic tick (250 ms) */
     size_t n_retry, cap_retry;
+    uint64_t fenced;              /* exits and ranks refused: not the current placement */
 };
+
+/* The scheduler's clock (ms, monotonic unless a test gives its own). */
+static int64_t now_ms(const struct mge_sched *s)
+{
+    return s->opts.now_ms ? s->opts.now_ms(s->opts.now_arg) : mge_mono_ms();
+}
 
 static void assign_fini(struct mge_sched_assign *a)
 {
@@ -169,7 +188,7 @@ static void queue_cancel(struct mge_sched *s, int wi, int64_t job, int attempt)
 /* Mark attempt (@job, @attempt) decided; cancel its ranks that still run. */
 static void attempt_finish(struct mge_sched *s, int64_t job, int attempt, bool cancel_live)
 {
-    int64_t now = mge_mono_ms();
+    int64_t now = now_ms(s);
     for (size_t i = 0; i < s->n_r; i++) {
         struct resv *r = &s->r[i];
         if (r->job_id != job || (attempt > 0 && r->attempt != attempt))
@@ -385,10 +404,111 @@ static void worker_set_lost(struct mge_sched *s, int wi)
 
 static void check_lost(struct mge_sched *s)
 {
-    int64_t now = mge_mono_ms();
+    int64_t now = now_ms(s);
     for (size_t i = 0; i < s->n_w; i++)
         if (s->w[i].state != W_LOST && now - s->w[i].last_seen > s->opts.worker_timeout_ms)
             worker_set_lost(s, (int)i);
+}
+
+/*
+ * Rank 0 of an attempt reported step @step at @line_ms (the worker's wall clock). The
+ * intervals between reports are measured on the worker's clock (lines come in batches); the
+ * first one, from the placement, on ours: it includes the start, so it only errs long, and
+ * it keeps a job that reports every few thousand steps from being taken for hung before its
+ * second report. Lock held.
+ */
+static void progress_note(struct mge_sched *s, struct resv *r, int64_t step, int64_t line_ms)
+{
+    struct progress *p = &r->prog;
+    int64_t iv = p->step < 0 ? now_ms(s) - p->since : line_ms - p->last_line_ms;
+    if (step <= p->step)
+        return; /* an evaluation line of the same step, or a replay */
+    if (iv >= 0) {
+        p->iv[p->next_iv] = iv;
+        p->next_iv = (p->next_iv + 1) % PROGRESS_IV_MAX;
+        if (p->n_iv < PROGRESS_IV_MAX)
+            p->n_iv++;
+    }
+    p->step = step;
+    p->last_line_ms = line_ms;
+    p->since = now_ms(s);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* How long attempt progress @p may go without a step report before it is a hang, in ms. */
+static int64_t progress_allowance(const struct mge_sched *s, const struct progress *p)
+{
+    int64_t iv[PROGRESS_IV_MAX], median, limit = s->opts.progress_timeout_ms;
+    if (p->step < 0)
+        return s->opts.startup_timeout_ms;
+    if (p->n_iv == 0)
+        return limit;
+    memcpy(iv, p->iv, (size_t)p->n_iv * sizeof(*iv));
+    qsort(iv, (size_t)p->n_iv, sizeof(*iv), cmp_i64);
+    median = iv[p->n_iv / 2];
+    return median * PROGRESS_MEDIAN_X > limit ? median * PROGRESS_MEDIAN_X : limit;
+}
+
+/*
+ * Attempt @r0 (its rank 0) made no progress for @idle ms: fail the job with a reason that
+ * names the last step and the silent rank. Only rank 0 (the lead) prints steps, and in a gang
+ * its worker runs mpirun, whose output carries the lead's lines alone: when a gang stalls, the
+ * coordinator cannot tell which rank hangs, and the reason says so. Lock held.
+ */
+static void watchdog_fire(struct mge_sched *s, struct resv *r0, int64_t idle)
+{
+    char since[48], who[320], reason[512];
+    int off = 0;
+    bool changed = false;
+    if (r0->prog.step >= 0)
+        snprintf(since, sizeof(since), "step %lld", (long long)r0->prog.step);
+    else
+        snprintf(since, sizeof(since), "the start");
+    if (r0->world <= 1) {
+        snprintf(who, sizeof(who), "rank 0 on %s silent",
+                 r0->widx >= 0 ? s->w[r0->widx].name : "a lost worker");
+    } else {
+        off = snprintf(who, sizeof(who), "ranks 0-%d on", r0->world - 1);
+        for (int k = 0; k < r0->world && off > 0 && (size_t)off < sizeof(who); k++) {
+            const struct resv *o = resv_find(s, r0->job_id, r0->attempt, k);
+            off += snprintf(who + off, sizeof(who) - (size_t)off, "%s%s", k ? ", " : " ",
+                            o && o->widx >= 0 ? s->w[o->widx].name : "?");
+        }
+        if (off > 0 && (size_t)off < sizeof(who))
+            snprintf(who + off, sizeof(who) - (size_t)off,
+                     ": only rank 0 reports steps, so which rank hangs is not known");
+    }
+    snprintf(reason, sizeof(reason), "no progress for %lld s since %s (%s)",
+             (long long)(idle / 1000), since, who);
+    if (mge_store_job_set_state(s->st, r0->job_id, r0->attempt, MGE_JOB_FAILED, reason,
+                                &changed) != MGE_OK)
+        return; /* the next check tries again */
+    mge_log_warn("job %lld attempt %d: %s: ending its ranks", (long long)r0->job_id, r0->attempt,
+                 reason);
+    attempt_finish(s, r0->job_id, r0->attempt, true);
+    s->dirty = true;
+}
+
+/* End the running attempts whose steps stopped (see sched.h). Lock held. */
+static void watchdog_check(struct mge_sched *s)
+{
+    int64_t now = now_ms(s);
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        int64_t limit;
+        if (r->rank != 0 || r->finished || r->failing || r->exited)
+            continue;
+        if ((r->prog.step < 0 ? s->opts.startup_timeout_ms : s->opts.progress_timeout_ms) < 0)
+            continue; /* turned off */
+        limit = progress_allowance(s, &r->prog);
+        if (now - r->prog.since >= limit)
+            watchdog_fire(s, r, now - r->prog.since);
+    }
 }
 
 /* Try to place @j. Lock held. */
@@ -429,6 +549,8 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
     for (int k = 0; k < n; k++) {
         struct resv *r = &s->r[s->n_r++];
         memset(r, 0, sizeof(*r));
+        r->prog.since = now_ms(s);
+        r->prog.step = -1;
         if (n > 1)
             memcpy(r->token, token, sizeof(r->token));
         r->job_id = j->id;
@@ -469,18 +591,34 @@ static void schedule(struct mge_sched *s)
     mge_free(rows);
 }
 
+/* The periodic checks: lost workers, hung attempts, finished reservations. Lock held. */
+static void periodic(struct mge_sched *s)
+{
+    requeue_retry_run(s);
+    check_lost(s);
+    watchdog_check(s);
+    resv_gc(s);
+}
+
+void mge_sched_tick(struct mge_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    periodic(s);
+    s->dirty = false;
+    schedule(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void *sched_main(void *arg)
 {
     struct mge_sched *s = arg;
     int64_t last_periodic = 0;
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
-        int64_t now = mge_mono_ms();
+        int64_t now = mge_mono_ms(); /* the thread's pace is real time, whatever the clock */
         struct timespec ts;
         if (now - last_periodic >= 250) {
-            requeue_retry_run(s);
-            check_lost(s);
-            resv_gc(s);
+            periodic(s);
             last_periodic = now;
             if (now % 1000 < 250)
                 s->dirty = true; /* a slow safety net; kicks do the real work */
@@ -522,6 +660,10 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         s->opts.worker_timeout_ms = 10000;
     if (s->opts.cancel_grace_ms <= 0)
         s->opts.cancel_grace_ms = 5000;
+    if (s->opts.progress_timeout_ms == 0)
+        s->opts.progress_timeout_ms = 10000;
+    if (s->opts.startup_timeout_ms == 0)
+        s->opts.startup_timeout_ms = 300000;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
 
@@ -547,7 +689,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
                    : !strcmp(wr[i].state, "draining") ? W_DRAINING
                                                       : W_READY;
         /* A restart gives every known worker a full timeout to come back. */
-        w->last_seen = mge_mono_ms();
+        w->last_seen = now_ms(s);
         w->last_seen_wall = wr[i].registered_ms;
     }
     rc = mge_store_placements_active(st, &pl, &np);
@@ -577,6 +719,9 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         r->exited = pl[i].exited || wi < 0;
         r->exit_code = pl[i].exit_code;
         r->term_signal = pl[i].term_signal;
+        /* a restart gives a running attempt the startup allowance again */
+        r->prog.since = now_ms(s);
+        r->prog.step = -1;
     }
     for (size_t i = 0; i < s->n_r; i++) { /* world size = ranks of the same attempt */
         int world = 0;
@@ -608,7 +753,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
     }
     mge_log_info("scheduler: %zu worker(s), %zu placed rank(s) loaded", s->n_w, s->n_r);
     s->dirty = true;
-    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+    if (!s->opts.no_thread && pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         rc = MGE_ERR(MGE_INTERNAL, "cannot start the scheduler thread");
         goto err_free;
     }
@@ -634,7 +779,8 @@ void mge_sched_free(struct mge_sched *s)
     s->stop = true;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
+    if (!s->opts.no_thread)
+        pthread_join(s->thread, NULL);
     for (size_t i = 0; i < s->n_w; i++) {
         for (size_t k = 0; k < s->w[i].n_assign; k++)
             assign_fini(&s->w[i].assign[k]);
@@ -657,13 +803,29 @@ void mge_sched_kick(struct mge_sched *s)
     pthread_mutex_unlock(&s->mu);
 }
 
+/*
+ * Count and log report @rep of worker @wi, which is not a rank placed there (@r: the
+ * reservation of that rank elsewhere, or NULL), as refused. @what: "rank", "exit". Lock held.
+ */
+static void fence_refuse(struct mge_sched *s, int wi, const struct mge_rank_report *rep,
+                         const struct resv *r, const char *what)
+{
+    s->fenced++;
+    mge_log_warn("worker '%s': %s of job %lld attempt %d rank %d refused: %s", s->w[wi].name,
+                 what, (long long)rep->job_id, rep->attempt, rep->rank,
+                 r ? "that rank is not placed on this worker"
+                   : "not a current placement (a superseded attempt or an ended job)");
+}
+
 int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info *info,
-                              const struct mge_rank_report *ranks, size_t n, char id_out[40])
+                              const struct mge_rank_report *ranks, size_t n, char id_out[40],
+                              struct mge_sched_cmds *out)
 {
     struct mge_worker_row row;
     struct worker *w;
     int wi, rc;
 
+    memset(out, 0, sizeof(*out));
     memset(&row, 0, sizeof(row));
     snprintf(row.name, sizeof(row.name), "%s", info->name);
     snprintf(row.host, sizeof(row.host), "%s", info->host ? info->host : "");
@@ -700,7 +862,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     w->memory_mb = row.memory_mb;
     if (w->state == W_LOST)
         w->state = W_READY;
-    w->last_seen = mge_mono_ms();
+    w->last_seen = now_ms(s);
     w->last_seen_wall = row.registered_ms;
     /* A fresh worker process: ranks we placed there that it does not report are gone. */
     for (size_t i = 0; i < s->n_r; i++) {
@@ -722,6 +884,24 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
         assign_fini(&w->assign[i]);
     w->n_assign = 0;
     w->n_cancel = 0;
+    /* Running ranks of an attempt that is not current here (the worker was lost and came
+     * back, or the job ended meanwhile) end now: their cancels go back in this reply. */
+    for (size_t k = 0; k < n; k++) {
+        const struct resv *r;
+        if (!ranks[k].running)
+            continue;
+        r = resv_find(s, ranks[k].job_id, ranks[k].attempt, ranks[k].rank);
+        if (r && r->widx == wi && !r->finished)
+            continue;
+        if (!r || r->widx != wi)
+            fence_refuse(s, wi, &ranks[k], r, "rank");
+        queue_cancel(s, wi, ranks[k].job_id, ranks[k].attempt);
+    }
+    out->cancel = w->cancel;
+    out->n_cancel = w->n_cancel;
+    out->grace_ms = s->opts.cancel_grace_ms;
+    w->cancel = NULL;
+    w->n_cancel = w->cap_cancel = 0;
     memcpy(id_out, w->id, 40);
     mge_log_info("worker '%s' registered as %s (%d cpus, %lld MiB, %d gpus)", w->name, w->id,
                  w->cpus, (long long)w->memory_mb, w->gpus);
@@ -739,7 +919,7 @@ out_unlock:
  */
 static void gang_failing(struct mge_sched *s, int64_t job, int attempt, const char *reason)
 {
-    int64_t now = mge_mono_ms();
+    int64_t now = now_ms(s);
     bool all_exited = true, first = true;
     for (size_t i = 0; i < s->n_r; i++) {
         const struct resv *r = &s->r[i];
@@ -775,6 +955,81 @@ static void gang_failing(struct mge_sched *s, int64_t job, int attempt, const ch
     attempt_finish(s, job, attempt, false);
 }
 
+/* "rank 1 killed by signal 9[ on wb]" or "rank 0 exited with code 2 (bad input)[ on wa]". */
+static void rank_end_reason(char *out, size_t size, int rank, int code, int sig, const char *where)
+{
+    if (sig)
+        snprintf(out, size, "rank %d killed by signal %d%s%s", rank, sig, where ? " on " : "",
+                 where ? where : "");
+    else
+        snprintf(out, size, "rank %d exited with code %d%s%s%s", rank, code,
+                 code == 2 ? " (bad input)" : "", where ? " on " : "", where ? where : "");
+}
+
+/* Does mpirun's line @t name a failed rank (*@rank), or the code it ended with (*@code)? */
+static bool mpirun_line_rank(const char *t, int *rank)
+{
+    const char *p;
+    return ((p = strstr(t, "Process name: [[")) &&
+            sscanf(p, "Process name: [[%*d,%*d],%d]", rank) == 1) ||
+           ((p = strstr(t, "MPI_ABORT was invoked on rank ")) &&
+            sscanf(p, "MPI_ABORT was invoked on rank %d", rank) == 1);
+}
+
+static bool mpirun_line_code(const char *t, int *code)
+{
+    const char *p;
+    return ((p = strstr(t, "Exit code:")) && sscanf(p, "Exit code: %d", code) == 1) ||
+           ((p = strstr(t, "with errorcode ")) && sscanf(p, "with errorcode %d", code) == 1);
+}
+
+/*
+ * Rank 0 of gang @ended is mpirun: it exits non-zero because a rank failed, which may be
+ * another one. Open MPI names the first failed rank on its stderr, which the store holds by
+ * now (a worker reports an exit only with all of the rank's output before it):
+ *   "mpirun noticed that process rank 1 with PID 11127 on node wb exited on signal 9 (Killed)."
+ *   "  Process name: [[41239,1],1]" followed by "  Exit code:    2"
+ *   "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD" and "with errorcode 2."
+ *   (mge-train aborts the job when it fails on one rank)
+ * Write "rank 1 killed by signal 9 on wb" (or "... exited with code 2 ...") into @reason and
+ * return true, or false when the log names no rank. Lock held.
+ */
+static bool mpirun_cause(struct mge_sched *s, const struct resv *ended, char *reason, size_t size)
+{
+    json_t *logs = NULL, *l;
+    size_t i;
+    int rank = -1, sig = 0, code = 0, named = -1;
+    bool found = false;
+    const struct resv *r;
+
+    if (mge_store_logs(s->st, ended->job_id, 0, 200, &logs) != MGE_OK)
+        return false;
+    json_array_foreach(json_object_get(logs, "lines"), i, l)
+    {
+        const char *t = json_string_value(json_object_get(l, "text")), *p;
+        if (!t || json_integer_value(json_object_get(l, "attempt")) != ended->attempt)
+            continue;
+        if ((p = strstr(t, " noticed that process rank ")) &&
+            sscanf(p, " noticed that process rank %d with PID %*d on node %*s exited on signal %d",
+                   &rank, &sig) == 2) {
+            found = true;
+            break;
+        }
+        if (named >= 0 && mpirun_line_code(t, &code)) {
+            rank = named;
+            found = true;
+            break;
+        }
+        mpirun_line_rank(t, &named);
+    }
+    json_decref(logs);
+    if (!found || rank < 0 || rank >= ended->world)
+        return false;
+    r = resv_find(s, ended->job_id, ended->attempt, rank);
+    rank_end_reason(reason, size, rank, code, sig, r && r->widx >= 0 ? s->w[r->widx].name : "?");
+    return true;
+}
+
 /* Decide attempt (@job, @attempt) after one of its ranks ended. Lock held. */
 static void attempt_check(struct mge_sched *s, struct resv *ended)
 {
@@ -790,12 +1045,11 @@ static void attempt_check(struct mge_sched *s, struct resv *ended)
         return;
     }
     if (ended->exit_code != 0 || ended->term_signal != 0) {
-        if (ended->term_signal)
-            snprintf(reason, sizeof(reason), "rank %d killed by signal %d", ended->rank,
-                     ended->term_signal);
+        if (ended->world > 1 && ended->rank == 0 && mpirun_cause(s, ended, reason, sizeof(reason)))
+            ; /* the rank that failed first, as mpirun saw it */
         else
-            snprintf(reason, sizeof(reason), "rank %d exited with code %d%s", ended->rank,
-                     ended->exit_code, ended->exit_code == 2 ? " (bad input)" : "");
+            rank_end_reason(reason, sizeof(reason), ended->rank, ended->exit_code,
+                            ended->term_signal, NULL);
         if (ended->world > 1) {
             gang_failing(s, job, attempt, reason);
             return;
@@ -823,13 +1077,38 @@ static void attempt_check(struct mge_sched *s, struct resv *ended)
     }
 }
 
+/*
+ * The step progress in @lines from worker @wi: rank 0's metric lines ({"step": N, ...}) of
+ * the current attempt placed there (the store drops the others too). Lock held.
+ */
+static void progress_from_lines(struct mge_sched *s, int wi, const struct mge_store_line *lines,
+                                size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const struct mge_store_line *l = &lines[i];
+        struct resv *r;
+        json_t *o, *step;
+        if (l->stream != 2 || l->rank != 0 || !l->text)
+            continue;
+        r = resv_find(s, l->job_id, l->attempt, 0);
+        if (!r || r->widx != wi || r->finished)
+            continue;
+        o = json_loads(l->text, 0, NULL);
+        step = json_object_get(o, "step");
+        if (json_is_integer(step) && !json_object_get(o, "summary"))
+            progress_note(s, r, json_integer_value(step), l->time_ms);
+        json_decref(o);
+    }
+}
+
 int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
                                const struct mge_rank_report *ranks, size_t n,
+                               const struct mge_store_line *lines, size_t n_lines,
                                struct mge_sched_cmds *out)
 {
     struct worker *w;
     int wi, rc = MGE_OK;
-    int64_t now = mge_mono_ms();
+    int64_t now = now_ms(s);
 
     memset(out, 0, sizeof(*out));
     pthread_mutex_lock(&s->mu);
@@ -847,15 +1126,21 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
     }
     w->last_seen = now;
     w->last_seen_wall = mge_now_ms();
+    progress_from_lines(s, wi, lines, n_lines);
     out->acks = n ? mge_calloc(n, sizeof(*out->acks)) : NULL;
     for (size_t i = 0; i < n; i++) {
         const struct mge_rank_report *rep = &ranks[i];
         struct resv *r = resv_find(s, rep->job_id, rep->attempt, rep->rank);
         if (!r || r->widx != wi) {
-            /* A rank we do not know here (cancelled before a restart, superseded attempt). */
-            if (rep->running)
+            /* Not placed here in a live attempt (cancelled before a restart, a superseded
+             * attempt, another worker's rank): a running one ends, an exit changes nothing
+             * but is acked so that the worker stops reporting it. */
+            if (rep->running) {
                 queue_cancel(s, wi, rep->job_id, rep->attempt);
-            else if (out->acks)
+                continue;
+            }
+            fence_refuse(s, wi, rep, r, "exit");
+            if (out->acks)
                 out->acks[out->n_acks++] = (struct mge_sched_exit_ack){rep->job_id, rep->attempt,
                                                                         rep->rank};
             continue;
@@ -1079,5 +1364,6 @@ void mge_sched_stats_get(struct mge_sched *s, struct mge_sched_stats *out)
     }
     for (size_t i = 0; i < s->n_r; i++)
         out->ranks_running += !s->r[i].exited;
+    out->fenced_reports = s->fenced;
     pthread_mutex_unlock(&s->mu);
 }

@@ -8,6 +8,17 @@
  * rank each) or none. A worker silent for longer than the timeout is lost: its jobs fail
  * with "worker lost" and are queued again (a new attempt).
  *
+ * Fencing: only the current attempt's ranks, on the very worker the attempt placed them on,
+ * change a job. Exits from elsewhere are acknowledged and dropped (the store fences output
+ * lines the same way, see mge_store_lines_ingest), and a worker that reports ranks of an
+ * attempt that is not current (it was lost and came back, or the job ended) is told to cancel
+ * them in the reply to that very register or heartbeat.
+ *
+ * Watchdog: a running attempt that reports no step progress (rank 0's metric lines) for
+ * max(progress timeout, 5 x the median time between its step reports), or no step at all
+ * within the startup timeout, is ended: its ranks are cancelled and the job fails with a
+ * reason that names the last step and the silent rank(s).
+ *
  * A multi-rank attempt (a gang) runs as one mpirun started by rank 0's worker (its Assign
  * names every rank's worker), which starts the other ranks through their workers' launch
  * sockets (worker/launch.h), authenticated by a random token per attempt. Open MPI cannot
@@ -33,6 +44,13 @@ struct mge_sched;
 struct mge_sched_opts {
     int worker_timeout_ms;   /* silence after which a worker is lost (default 10000) */
     int cancel_grace_ms;     /* SIGTERM -> SIGKILL grace the workers are told (default 5000) */
+    int progress_timeout_ms; /* watchdog floor between step reports (0: 10000, < 0: off) */
+    int startup_timeout_ms;  /* watchdog allowance before the first step (0: 300000, < 0: off) */
+    /* The clock every decision reads, in ms (monotonic); NULL: mge_mono_ms(). Tests pass
+     * their own and drive the scheduler through time with mge_sched_tick(). */
+    int64_t (*now_ms)(void *arg);
+    void *now_arg;
+    bool no_thread;          /* tests: no scheduler thread; the caller runs mge_sched_tick() */
     /* Called (with the scheduler's lock held, so it must not call back) when @worker_id has
      * commands waiting; the RPC layer wakes the worker. May be NULL. */
     void (*notify)(void *arg, const char *worker_id);
@@ -109,19 +127,31 @@ void mge_sched_free(struct mge_sched *s);
 void mge_sched_kick(struct mge_sched *s);
 
 /*
- * A worker (re)registers. @ranks: what it runs now. Ranks it no longer runs that the
- * coordinator had placed on it are lost (their jobs are requeued). @id_out receives its id.
+ * One round of the scheduler's periodic work, now: lost-worker checks, the progress watchdog,
+ * and a placement pass. The scheduler thread runs it every 250 ms; with opts.no_thread the
+ * caller does (tests, with their own clock).
  */
-int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info *info,
-                              const struct mge_rank_report *ranks, size_t n, char id_out[40]);
+void mge_sched_tick(struct mge_sched *s);
 
 /*
- * A heartbeat from worker @id with its ranks. Records exits, finishes jobs, and moves the
- * worker's queued commands into @out (caller finis it, also on error).
- * MGE_NOENT: unknown worker (it must register).
+ * A worker (re)registers. @ranks: what it runs now. Ranks it no longer runs that the
+ * coordinator had placed on it are lost (their jobs are requeued); running ranks that are not
+ * the current attempt's placements on it are to be cancelled: @out (caller finis it, also on
+ * error) receives those cancels for the reply. @id_out receives its id.
+ */
+int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info *info,
+                              const struct mge_rank_report *ranks, size_t n, char id_out[40],
+                              struct mge_sched_cmds *out);
+
+/*
+ * A heartbeat from worker @id with its ranks and the output @lines it carried (already given
+ * to the store; the scheduler reads the step progress of metric lines from them). Records
+ * exits, finishes jobs, and moves the worker's queued commands into @out (caller finis it,
+ * also on error). MGE_NOENT: unknown worker (it must register).
  */
 int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
                                const struct mge_rank_report *ranks, size_t n,
+                               const struct mge_store_line *lines, size_t n_lines,
                                struct mge_sched_cmds *out);
 
 /* Whether @id names a known worker that is not lost (heartbeats from others are refused). */
@@ -142,6 +172,7 @@ int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out);
 struct mge_sched_stats {
     int workers_ready, workers_draining, workers_lost;
     int ranks_running;
+    uint64_t fenced_reports;   /* running ranks and exits refused: not a current placement */
 };
 void mge_sched_stats_get(struct mge_sched *s, struct mge_sched_stats *out);
 

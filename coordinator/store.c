@@ -81,7 +81,7 @@ enum sql_id {
     Q_METRIC_MAXSTEP,
     Q_JOB_RESULT,
     Q_CKPT_UPSERT,
-    Q_JOB_EXISTS,
+    Q_LINE_FENCE,
     Q_LOG_COUNT,
     Q_LOG_PRUNE,
     Q_EVENTS,
@@ -149,10 +149,13 @@ static const char *const sql_text[Q__COUNT] = {
                         " ON CONFLICT(job_id, name, step) DO UPDATE SET value = excluded.value,"
                         " time_ms = excluded.time_ms",
     [Q_METRIC_MAXSTEP] = "SELECT MAX(step) FROM metrics WHERE job_id = ? AND name = 'loss'",
-    [Q_JOB_RESULT] = "UPDATE jobs SET result = ? WHERE id = ?",
+    [Q_JOB_RESULT] = "UPDATE jobs SET result = ? WHERE id = ? AND attempt = ? AND state = 1",
     [Q_CKPT_UPSERT] = "INSERT OR REPLACE INTO checkpoints(job_id, name, step, size, path,"
                       " worker_id, time_ms) VALUES(?,?,?,?,?,?,?)",
-    [Q_JOB_EXISTS] = "SELECT 1 FROM jobs WHERE id = ?",
+    /* the job's state if (job, attempt, rank) is the current attempt's placement on worker ?4 */
+    [Q_LINE_FENCE] = "SELECT j.state FROM jobs j JOIN placements p ON p.job_id = j.id"
+                     " AND p.attempt = j.attempt WHERE j.id = ?1 AND j.attempt = ?2"
+                     " AND p.rank = ?3 AND p.worker_id = ?4",
     [Q_LOG_COUNT] = "SELECT COUNT(*) FROM events WHERE job_id = ? AND kind = 'log'",
     [Q_LOG_PRUNE] = "DELETE FROM events WHERE job_id = ?1 AND kind = 'log' AND id <="
                     " (SELECT id FROM events WHERE job_id = ?1 AND kind = 'log'"
@@ -203,6 +206,7 @@ struct mge_store {
     pthread_mutex_t hook_mu;       /* guards on_events*; held while the hook runs */
     void (*on_events)(void *arg, int64_t job_id); /* see mge_store_on_events() */
     void *on_events_arg;
+    uint64_t lines_fenced;         /* [mu] lines dropped: not the current placement's, or late */
 };
 
 static const char *const state_names[MGE_JOB__NSTATES] = {"queued", "running", "succeeded",
@@ -1104,11 +1108,12 @@ static int ingest_metric(struct mge_store *st, const struct mge_store_line *l)
     if (!json_is_object(o))
         goto out_decref;
     if (json_is_true(json_object_get(o, "summary")) || json_object_get(o, "final_loss")) {
-        /* the summary line ends the run */
+        /* the summary line ends the run (of a running job's current attempt only) */
         s = stmt_get(st, Q_JOB_RESULT);
         if (s) {
             sqlite3_bind_text(s, 1, l->text, -1, SQLITE_TRANSIENT);
             sqlite3_bind_int64(s, 2, l->job_id);
+            sqlite3_bind_int(s, 3, l->attempt);
             rc = exec_stmt(st, s);
         }
         goto out_decref;
@@ -1198,13 +1203,42 @@ static int ingest_checkpoint(struct mge_store *st, const char *worker_id,
     return exec_stmt(st, s);
 }
 
+/*
+ * Whether line @l from worker @worker_id is the current attempt's, from the worker that
+ * attempt placed its rank on; *@state receives the job's state when it is. Lock held.
+ */
+static int line_fence(struct mge_store *st, const char *worker_id, const struct mge_store_line *l,
+                      bool *current, int *state)
+{
+    sqlite3_stmt *s = stmt_get(st, Q_LINE_FENCE);
+    int rc;
+    *current = false;
+    if (!s)
+        return MGE_DB;
+    sqlite3_bind_int64(s, 1, l->job_id);
+    sqlite3_bind_int(s, 2, l->attempt);
+    sqlite3_bind_int(s, 3, l->rank);
+    sqlite3_bind_text(s, 4, worker_id, -1, SQLITE_TRANSIENT);
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        *current = true;
+        *state = sqlite3_column_int(s, 0);
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return err_db(st, "cannot check a line's placement");
+    return MGE_OK;
+}
+
 int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,
                            const struct mge_store_line *lines, size_t n)
 {
-    int rc;
+    int rc, state = 0;
     int64_t last_job = -1, prune_job = -1;
-    bool last_exists = false;
-    size_t logs_in_job = 0;
+    int last_attempt = -1, last_rank = -1;
+    bool current = false;
+    size_t logs_in_job = 0, dropped = 0;
+    const struct mge_store_line *first_dropped = NULL;
 
     if (n == 0)
         return MGE_OK;
@@ -1216,20 +1250,25 @@ int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,
         const struct mge_store_line *l = &lines[i];
         const char *kind = l->stream == 2 ? "metric" : l->stream == 3 ? "checkpoint" : "log";
         sqlite3_stmt *s;
-        if (l->job_id != last_job) {
-            s = stmt_get(st, Q_JOB_EXISTS);
-            if (!s) {
-                rc = MGE_DB;
+        if (l->job_id != last_job || l->attempt != last_attempt || l->rank != last_rank) {
+            rc = line_fence(st, worker_id, l, &current, &state);
+            if (rc != MGE_OK)
                 break;
-            }
-            sqlite3_bind_int64(s, 1, l->job_id);
-            last_exists = sqlite3_step(s) == SQLITE_ROW;
-            sqlite3_reset(s);
+            if (l->job_id != last_job)
+                logs_in_job = 0;
             last_job = l->job_id;
-            logs_in_job = 0;
+            last_attempt = l->attempt;
+            last_rank = l->rank;
         }
-        if (!last_exists)
+        /* A stale attempt (its worker was lost and came back) or another worker's rank is
+         * dropped; so are metrics and checkpoints that come after the job ended, so that a
+         * finished job's result, metrics and checkpoints stay as they were. The caller still
+         * acks them: the worker must stop sending them. */
+        if (!current || (l->stream >= 2 && mge_job_state_is_terminal(state))) {
+            if (!dropped++)
+                first_dropped = l;
             continue;
+        }
         s = stmt_get(st, Q_LINE_INSERT);
         if (!s) {
             rc = MGE_DB;
@@ -1265,11 +1304,27 @@ int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,
         rc = tx(st, Q_COMMIT);
     else
         tx(st, Q_ROLLBACK);
+    if (rc == MGE_OK && dropped) {
+        st->lines_fenced += dropped;
+        mge_log_warn("dropped %zu line(s) from worker %s: not from the current attempt's placement"
+                     " on it, or after the job ended (first: job %lld attempt %d rank %d)",
+                     dropped, worker_id, (long long)first_dropped->job_id, first_dropped->attempt,
+                     first_dropped->rank);
+    }
 out_unlock:
     pthread_mutex_unlock(&st->mu);
     if (rc == MGE_OK)
         events_notify_lines(st, lines, n);
     return rc;
+}
+
+uint64_t mge_store_lines_fenced(struct mge_store *st)
+{
+    uint64_t n;
+    pthread_mutex_lock(&st->mu);
+    n = st->lines_fenced;
+    pthread_mutex_unlock(&st->mu);
+    return n;
 }
 
 int mge_store_events(struct mge_store *st, int64_t job_id, int64_t after_id, int limit, json_t **out)

@@ -176,13 +176,20 @@ int mge_store_placement_exit(struct mge_store *st, int64_t job_id, int attempt, 
                              int exit_code, int term_signal);
 
 /*
- * Store a batch of lines in one transaction, idempotently (UNIQUE(job, attempt, rank, seq)).
- * Metric lines of rank 0 also become metrics rows; a summary line becomes the job's result;
- * checkpoint notices become checkpoint rows (@worker_id names the worker).
- * Lines of unknown jobs are dropped (and still count as stored).
+ * Store a batch of lines from worker @worker_id in one transaction, idempotently
+ * (UNIQUE(job, attempt, rank, seq)). Metric lines of rank 0 also become metrics rows; a
+ * summary line becomes the job's result; checkpoint notices become checkpoint rows.
+ * Fencing: only lines of the job's current attempt, from the worker that attempt placed the
+ * line's rank on, are stored; once the job has ended, only their log lines. The others
+ * (unknown jobs, a superseded attempt whose worker was lost and came back, another worker's
+ * rank) are dropped, logged at warn and counted, and still count as stored (MGE_OK), so that
+ * the caller acks them and the worker stops resending them.
  */
 int mge_store_lines_ingest(struct mge_store *st, const char *worker_id,
                            const struct mge_store_line *lines, size_t n);
+
+/* How many lines mge_store_lines_ingest() has dropped since the store was opened. */
+uint64_t mge_store_lines_fenced(struct mge_store *st);
 
 /*
  * Events of job @job_id with id > @after_id, oldest first, at most @limit, as a JSON array of

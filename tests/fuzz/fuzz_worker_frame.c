@@ -8,7 +8,8 @@
  *   odd:  a ToCoordinator body, which the harness seals the way a genuine worker does (a
  *         Register with a valid join token proof; anything else as the next frame of the
  *         session of worker "w1", registered at setup), so the fuzzer reaches what lies behind
- *         the MAC check. A heartbeat whose worker_id is "@" gets w1's id (ids are random).
+ *         the MAC check. A heartbeat whose worker_id is "@" gets w1's id (ids are random);
+ *         job 1 is placed on w1, so its lines of attempt 1, rank 0 are stored.
  * Seeds: corpus/worker_frame/, written by gen_worker_frame_seeds.c.
  */
 #include <dirent.h>
@@ -108,13 +109,18 @@ static void handle_sealed(const uint8_t *body, size_t body_len)
     mge_free(reply);
 }
 
-/* Register worker "w1" through the sealed frame path: its id and session key into g_*. */
+/* Register worker "w1" (2 CPUs) through the sealed frame path: its id and session key in g_*. */
 static int register_worker(void)
 {
     Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
     Mge__Register reg = MGE__REGISTER__INIT;
+    Mge__Slots slots = MGE__SLOTS__INIT;
     uint8_t buf[256];
     reg.name = (char *)"w1";
+    slots.cpus = 2;
+    slots.memory_mb = 4096;
+    slots.device = (char *)"cpu";
+    reg.slots = &slots;
     m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
     m.register_ = &reg;
     if (mge__to_coordinator__get_packed_size(&m) > sizeof(buf))
@@ -186,7 +192,12 @@ static int setup(void)
     /* not started: frames are handled on the fuzzer's thread only */
     if (mge_rpc_set_sched(g_rpc, sched) != MGE_OK)
         return -1;
-    return register_worker();
+    if (register_worker() != 0)
+        return -1;
+    /* job 1 attempt 1 rank 0 on w1, so that the store takes w1's lines of it (it fences
+     * off lines that are not the current attempt's placement on the sending worker) */
+    mge_sched_tick(sched);
+    return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

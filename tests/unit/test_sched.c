@@ -1,0 +1,675 @@
+/*
+ * test_sched.c: Check suite for coordinator/sched.c over a real SQLite store in a temporary
+ * directory, with the scheduler's clock in the test's hands (no scheduler thread: the test
+ * calls mge_sched_tick() after moving the clock). Placement, pending reasons, requeue on a
+ * lost worker, fencing of a superseded attempt (its lines, exit and checkpoints from the lost
+ * worker dropped; a returning worker told to cancel), the step-progress watchdog, and the
+ * naming of the rank that broke a gang.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/jobspec.h"
+#include "common/log.h"
+#include "coordinator/sched.h"
+#include "coordinator/store.h"
+
+static char g_dir[64];
+static struct mge_store *g_st;
+static struct mge_sched *g_s;
+static int64_t g_now; /* the scheduler's clock, ms */
+
+static int64_t fake_now(void *arg)
+{
+    (void)arg;
+    return g_now;
+}
+
+static void setup(void)
+{
+    struct mge_sched_opts o = {0};
+    snprintf(g_dir, sizeof(g_dir), "/tmp/mge-test-sched.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    mge_log_set_level(MGE_LOG_OFF);
+    ck_assert_int_eq(mge_store_open(g_dir, &g_st), MGE_OK);
+    g_now = 1000000;
+    o.worker_timeout_ms = 3000;
+    o.cancel_grace_ms = 1000;
+    o.progress_timeout_ms = 10000;
+    o.startup_timeout_ms = 60000;
+    o.now_ms = fake_now;
+    o.no_thread = true;
+    ck_assert_int_eq(mge_sched_new(g_st, &o, &g_s), MGE_OK);
+}
+
+static void teardown(void)
+{
+    static const char *const files[] = {"mge.db", "mge.db-wal", "mge.db-shm"};
+    char path[sizeof(g_dir) + 16];
+    mge_sched_free(g_s);
+    mge_store_close(g_st);
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", g_dir, files[i]);
+        unlink(path);
+    }
+    ck_assert_int_eq(rmdir(g_dir), 0); /* nothing else was left there */
+}
+
+/* A job of @workers workers with @cpus CPUs each; its id. */
+static int64_t job_add(int workers, int cpus)
+{
+    char yaml[512];
+    struct mge_jobspec *spec = NULL;
+    struct mge_spec_error err;
+    int64_t id = 0;
+    snprintf(yaml, sizeof(yaml),
+             "name: t\nmodel: {type: mlp, hidden: [8]}\n"
+             "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
+             "resources: {workers: %d, cpus: %d}\n"
+             "train: {steps: 1000, batch_size: 8, optimizer: {lr: 0.1}}\n",
+             workers, cpus);
+    ck_assert_int_eq(mge_jobspec_parse("<test>", yaml, strlen(yaml), NULL, 0, &spec, &err), MGE_OK);
+    ck_assert_int_eq(mge_store_job_insert(g_st, spec, "{}", 1000, &id), MGE_OK);
+    mge_jobspec_free(spec);
+    return id;
+}
+
+/* Register worker @name (2 CPUs; a launch socket when @launch) running @ranks. */
+static void worker_add_ranks(const char *name, bool launch, const struct mge_rank_report *ranks,
+                             size_t n, char id[40], struct mge_sched_cmds *cmds)
+{
+    struct mge_worker_info info = {.name = name,
+                                   .host = "h",
+                                   .version = "t",
+                                   .device = "cpu",
+                                   .launch_url = launch ? "tcp://127.0.0.1:1" : "",
+                                   .cpus = 2,
+                                   .memory_mb = 1024};
+    ck_assert_int_eq(mge_sched_worker_register(g_s, &info, ranks, n, id, cmds), MGE_OK);
+}
+
+static void worker_add(const char *name, bool launch, char id[40])
+{
+    struct mge_sched_cmds cmds;
+    worker_add_ranks(name, launch, NULL, 0, id, &cmds);
+    ck_assert_uint_eq(cmds.n_cancel, 0);
+    mge_sched_cmds_fini(&cmds);
+}
+
+/* What the RPC layer does with a heartbeat: lines to the store, then the scheduler. */
+static int beat(const char *wid, const struct mge_rank_report *ranks, size_t n,
+                const struct mge_store_line *lines, size_t n_lines, struct mge_sched_cmds *cmds)
+{
+    ck_assert_int_eq(mge_store_lines_ingest(g_st, wid, lines, n_lines), MGE_OK);
+    return mge_sched_worker_heartbeat(g_s, wid, ranks, n, lines, n_lines, cmds);
+}
+
+/* A heartbeat whose commands the test does not look at. */
+static void beat_quiet(const char *wid, const struct mge_rank_report *ranks, size_t n,
+                       const struct mge_store_line *lines, size_t n_lines)
+{
+    struct mge_sched_cmds cmds;
+    ck_assert_int_eq(beat(wid, ranks, n, lines, n_lines, &cmds), MGE_OK);
+    mge_sched_cmds_fini(&cmds);
+}
+
+static struct mge_job_row job_row(int64_t id)
+{
+    struct mge_job_row row;
+    ck_assert_int_eq(mge_store_job_row(g_st, id, &row), MGE_OK);
+    return row;
+}
+
+/* The job as the API shows it; caller json_decref()s. */
+static json_t *job_json(int64_t id)
+{
+    json_t *j = NULL;
+    ck_assert_int_eq(mge_store_job_get(g_st, id, &j), MGE_OK);
+    return j;
+}
+
+static const char *job_reason(json_t *j)
+{
+    return json_string_value(json_object_get(j, "failure_reason"));
+}
+
+static bool has_cancel(const struct mge_sched_cmds *c, int64_t job, int attempt)
+{
+    for (size_t i = 0; i < c->n_cancel; i++)
+        if (c->cancel[i].job_id == job && c->cancel[i].attempt == attempt)
+            return true;
+    return false;
+}
+
+static struct mge_store_line line(int64_t job, int attempt, int rank, uint64_t seq, int stream,
+                                  const char *text, int64_t time_ms)
+{
+    struct mge_store_line l = {.job_id = job,
+                               .attempt = attempt,
+                               .rank = rank,
+                               .seq = seq,
+                               .stream = stream,
+                               .text = text,
+                               .time_ms = time_ms};
+    return l;
+}
+
+static struct mge_rank_report running(int64_t job, int attempt, int rank)
+{
+    struct mge_rank_report r = {.job_id = job, .attempt = attempt, .rank = rank, .running = true};
+    return r;
+}
+
+static struct mge_rank_report exited(int64_t job, int attempt, int rank, int code, int sig)
+{
+    struct mge_rank_report r = {.job_id = job,
+                                .attempt = attempt,
+                                .rank = rank,
+                                .exit_code = code,
+                                .term_signal = sig,
+                                .failure = ""};
+    return r;
+}
+
+/* The metric named @name of job @id at @step, or -1 when there is none. */
+static double metric_at(int64_t id, const char *name, int64_t step)
+{
+    json_t *m = NULL, *e;
+    size_t i;
+    double v = -1;
+    ck_assert_int_eq(mge_store_metrics(g_st, id, name, -1, &m), MGE_OK);
+    json_array_foreach(json_object_get(m, "metrics"), i, e)
+    {
+        if (json_integer_value(json_object_get(e, "step")) == step)
+            v = json_number_value(json_object_get(e, "value"));
+    }
+    json_decref(m);
+    return v;
+}
+
+/*
+ * The next heartbeat of @wid brings exactly one Assign: one rank of attempt @attempt of @job,
+ * resuming from @resume (NULL: from the start).
+ */
+static void assert_assigned(const char *wid, int64_t job, int attempt, const char *resume)
+{
+    struct mge_sched_cmds c;
+    ck_assert_int_eq(beat(wid, NULL, 0, NULL, 0, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_assign, 1);
+    ck_assert_int_eq(c.assign[0].job_id, job);
+    ck_assert_int_eq(c.assign[0].attempt, attempt);
+    ck_assert_int_eq(c.assign[0].world, 1);
+    ck_assert_ptr_nonnull(strstr(c.assign[0].spec_yaml, "mlp"));
+    if (resume)
+        ck_assert_str_eq(c.assign[0].resume, resume);
+    else
+        ck_assert_ptr_null(c.assign[0].resume);
+    mge_sched_cmds_fini(&c);
+}
+
+/* Submit a job (as job_add), run a placement pass; the job is then in state @want. */
+static int64_t job_add_tick(int workers, int cpus, int want)
+{
+    int64_t job = job_add(workers, cpus);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(job).state, want);
+    return job;
+}
+
+/* A one-rank job placed on the only free worker @wid, which reports it running; its id. */
+static int64_t job_running_on(const char *wid)
+{
+    int64_t job = job_add_tick(1, 2, MGE_JOB_RUNNING);
+    struct mge_rank_report r = running(job, 1, 0);
+    beat_quiet(wid, &r, 1, NULL, 0);
+    return job;
+}
+
+/* A 2-rank job placed on new workers w1 (rank 0) and w2; its id. */
+static int64_t gang_placed(char w1[40], char w2[40])
+{
+    worker_add("w1", true, w1);
+    worker_add("w2", true, w2);
+    return job_add_tick(2, 1, MGE_JOB_RUNNING);
+}
+
+/* ---- placement ---- */
+
+START_TEST(test_sched_place_one_rank)
+{
+    char w1[40], w2[40];
+    int64_t job;
+    worker_add("w1", false, w1);
+    worker_add("w2", false, w2);
+    /* one worker gets its Assign; a second job of the same size goes to the other one */
+    job = job_add_tick(1, 2, MGE_JOB_RUNNING);
+    assert_assigned(w1, job, 1, NULL);
+    job = job_add_tick(1, 2, MGE_JOB_RUNNING);
+    assert_assigned(w2, job, 1, NULL);
+    /* a third one waits: both workers are full */
+    job_add_tick(1, 2, MGE_JOB_QUEUED);
+}
+END_TEST
+
+START_TEST(test_sched_place_gang)
+{
+    char w1[40], w2[40];
+    struct mge_sched_cmds c1, c2;
+    gang_placed(w1, w2);
+    ck_assert_int_eq(beat(w1, NULL, 0, NULL, 0, &c1), MGE_OK);
+    ck_assert_int_eq(beat(w2, NULL, 0, NULL, 0, &c2), MGE_OK);
+    ck_assert_uint_eq(c1.n_assign, 1);
+    ck_assert_uint_eq(c2.n_assign, 1);
+    ck_assert_int_eq(c1.assign[0].rank, 0);
+    ck_assert_int_eq(c1.assign[0].world, 2);
+    ck_assert_int_eq(c2.assign[0].rank, 1);
+    /* rank 0's worker runs mpirun: it gets every rank's worker and the attempt's token */
+    ck_assert_uint_eq(c1.assign[0].n_peers, 2);
+    ck_assert_str_eq(c1.assign[0].peers[1].name, "w2");
+    ck_assert_uint_eq(c2.assign[0].n_peers, 0);
+    ck_assert_uint_eq(strlen(c1.assign[0].launch_token), 32);
+    ck_assert_str_eq(c1.assign[0].launch_token, c2.assign[0].launch_token);
+    mge_sched_cmds_fini(&c1);
+    mge_sched_cmds_fini(&c2);
+}
+END_TEST
+
+/* ---- pending reasons ---- */
+
+static void assert_reason(int64_t job, const char *want)
+{
+    struct mge_job_row row = job_row(job);
+    char *why = mge_sched_pending_reason(g_s, &row);
+    ck_assert_ptr_nonnull(why);
+    ck_assert_str_eq(why, want);
+    mge_free(why);
+}
+
+START_TEST(test_sched_pending_reasons)
+{
+    char w1[40];
+    int64_t big, small, next;
+    json_t *out = NULL;
+    big = job_add(1, 4);
+    assert_reason(big, "needs 1 worker with 4 CPUs, no workers are connected");
+    worker_add("w1", false, w1);
+    assert_reason(big, "needs 1 worker with 4 CPUs, only 0 workers are that large");
+    small = job_add(1, 2);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(small).state, MGE_JOB_RUNNING);
+    next = job_add(1, 1);
+    assert_reason(next, "needs 1 worker with 1 CPU, 0 free");
+    ck_assert_int_eq(mge_sched_worker_drain(g_s, "w1", &out), MGE_OK);
+    json_decref(out);
+    assert_reason(next, "needs 1 worker with 1 CPU, all 1 connected worker are draining");
+}
+END_TEST
+
+/* ---- requeue on a lost worker ---- */
+
+/* Heartbeats from @wid with @n reports, every second for @ms, ticking after each. */
+static void run_for(int64_t ms, const char *wid, const struct mge_rank_report *ranks, size_t n)
+{
+    for (int64_t t = 0; t < ms; t += 1000) {
+        g_now += ms - t < 1000 ? ms - t : 1000;
+        if (wid)
+            beat_quiet(wid, ranks, n, NULL, 0);
+        mge_sched_tick(g_s);
+    }
+}
+
+START_TEST(test_sched_requeue_worker_lost)
+{
+    char w1[40], w2[40];
+    struct mge_sched_cmds c;
+    struct mge_rank_report r;
+    json_t *j;
+    int64_t job;
+    worker_add("w1", false, w1);
+    job = job_running_on(w1);
+    r = running(job, 1, 0);
+    worker_add("w2", false, w2);
+    /* w1 goes silent; w2 keeps beating. 2.9 s: nothing happens. */
+    run_for(2900, w2, NULL, 0);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    ck_assert(mge_sched_worker_known(g_s, w1));
+    /* past the 3 s timeout: w1 is lost, attempt 1 failed, attempt 2 placed on w2 */
+    run_for(200, w2, NULL, 0);
+    ck_assert(!mge_sched_worker_known(g_s, w1));
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    j = job_json(job);
+    ck_assert_str_eq(job_reason(j), "worker lost: w1");
+    json_decref(j);
+    assert_assigned(w2, job, 2, NULL);
+    /* a lost worker's heartbeat is refused: it must register again */
+    ck_assert_int_eq(mge_sched_worker_heartbeat(g_s, w1, &r, 1, NULL, 0, &c), MGE_NOENT);
+    mge_sched_cmds_fini(&c);
+}
+END_TEST
+
+/* ---- fencing ---- */
+
+START_TEST(test_sched_fence_stale_attempt)
+{
+    char w1[40], w2[40], w1b[40];
+    struct mge_sched_cmds c;
+    struct mge_rank_report r1 = {0}, r2;
+    struct mge_store_line l[4];
+    json_t *j, *ck;
+    char *latest = NULL;
+    uint64_t fenced0;
+    int64_t job;
+    const char *result2 = "{\"summary\":true,\"steps\":1000,\"final_loss\":0.25}";
+
+    /* checkpoint paths as the coordinator believes them: <workdir>/job-J/attempt-A/rank-R/NAME */
+    char p10[160], p20[160], p30[160], p1000[160], n10[200], n20[200], n30[200], n1000[200];
+
+    worker_add("w1", false, w1);
+    job = job_running_on(w1);
+    snprintf(p10, sizeof(p10), "/w1/job-%lld/attempt-1/rank-0/ckpt-000010.mgeckpt", (long long)job);
+    snprintf(p20, sizeof(p20), "/w2/job-%lld/attempt-2/rank-0/ckpt-000020.mgeckpt", (long long)job);
+    snprintf(p30, sizeof(p30), "/w1/job-%lld/attempt-1/rank-0/ckpt-000030.mgeckpt", (long long)job);
+    snprintf(p1000, sizeof(p1000), "/w1/job-%lld/attempt-1/rank-0/ckpt-001000.mgeckpt",
+             (long long)job);
+    snprintf(n10, sizeof(n10), "ckpt-000010.mgeckpt 10 100 %s", p10);
+    snprintf(n20, sizeof(n20), "ckpt-000020.mgeckpt 20 100 %s", p20);
+    snprintf(n30, sizeof(n30), "ckpt-000030.mgeckpt 30 100 %s", p30);
+    snprintf(n1000, sizeof(n1000), "ckpt-001000.mgeckpt 1000 100 %s", p1000);
+    r1 = running(job, 1, 0);
+    /* attempt 1 on w1 stores step 10 and a checkpoint */
+    l[0] = line(job, 1, 0, 1, 2, "{\"step\":10,\"loss\":2.0}", 1);
+    l[1] = line(job, 1, 0, 2, 3, n10, 2);
+    beat_quiet(w1, &r1, 1, l, 2);
+    ck_assert_double_eq(metric_at(job, "loss", 10), 2.0);
+    /* w1 stops (SIGSTOP): lost, attempt 2 on w2 */
+    worker_add("w2", false, w2);
+    run_for(3500, w2, NULL, 0);
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    assert_assigned(w2, job, 2, p10);
+    r2 = running(job, 2, 0);
+    l[0] = line(job, 2, 0, 1, 2, "{\"step\":11,\"loss\":1.5}", 3);
+    l[1] = line(job, 2, 0, 2, 3, n20, 4);
+    beat_quiet(w2, &r2, 1, l, 2);
+    ck_assert_double_eq(metric_at(job, "loss", 11), 1.5);
+
+    /* w1 comes back (SIGCONT): its heartbeat is refused, it registers again reporting
+     * attempt 1 as running, and the reply to that register cancels attempt 1 */
+    ck_assert_int_eq(mge_sched_worker_heartbeat(g_s, w1, &r1, 1, NULL, 0, &c), MGE_NOENT);
+    mge_sched_cmds_fini(&c);
+    worker_add_ranks("w1", false, &r1, 1, w1b, &c);
+    ck_assert_str_eq(w1b, w1);
+    ck_assert(has_cancel(&c, job, 1));
+    ck_assert_int_eq(c.grace_ms, 1000);
+    mge_sched_cmds_fini(&c);
+
+    /* its buffered output of attempt 1 (a later step, a checkpoint, the summary) is dropped,
+     * but the ingest succeeds so the lines are acked; the next heartbeat cancels again */
+    fenced0 = mge_store_lines_fenced(g_st);
+    l[0] = line(job, 1, 0, 3, 2, "{\"step\":12,\"loss\":9.0}", 5);
+    l[1] = line(job, 1, 0, 4, 3, n30, 6);
+    l[2] = line(job, 1, 0, 5, 2, "{\"summary\":true,\"steps\":1000,\"final_loss\":9.9}", 7);
+    l[3] = line(job, 1, 0, 6, 1, "stale stderr", 8);
+    ck_assert_int_eq(beat(w1, &r1, 1, l, 4, &c), MGE_OK);
+    ck_assert(has_cancel(&c, job, 1));
+    mge_sched_cmds_fini(&c);
+    ck_assert_uint_eq(mge_store_lines_fenced(g_st), fenced0 + 4);
+    ck_assert_double_eq(metric_at(job, "loss", 12), -1);
+    ck_assert_int_eq(mge_store_checkpoint_latest(g_st, job, &latest), MGE_OK);
+    ck_assert_str_eq(latest, p20);
+    mge_free(latest);
+    latest = NULL;
+    j = job_json(job);
+    ck_assert(json_is_null(json_object_get(j, "result")));
+    json_decref(j);
+
+    /* another worker's rank: w1 sending lines for attempt 2 rank 0 (placed on w2) */
+    l[0] = line(job, 2, 0, 3, 2, "{\"summary\":true,\"steps\":1000,\"final_loss\":7.7}", 9);
+    ck_assert_int_eq(mge_store_lines_ingest(g_st, w1, l, 1), MGE_OK);
+    ck_assert_uint_eq(mge_store_lines_fenced(g_st), fenced0 + 5);
+
+    /* attempt 2 ends; then attempt 1's exit and summary arrive: nothing changes */
+    l[0] = line(job, 2, 0, 3, 2, result2, 10);
+    r2 = exited(job, 2, 0, 0, 0);
+    beat_quiet(w2, &r2, 1, l, 1);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_SUCCEEDED);
+    l[0] = line(job, 1, 0, 7, 2, "{\"summary\":true,\"steps\":1000,\"final_loss\":9.9}", 11);
+    l[1] = line(job, 1, 0, 8, 3, n1000, 12);
+    r1 = exited(job, 1, 0, 1, 0);
+    ck_assert_int_eq(beat(w1, &r1, 1, l, 2, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_acks, 1); /* the stale exit is acked, so w1 stops reporting it */
+    ck_assert_int_eq(c.acks[0].attempt, 1);
+    mge_sched_cmds_fini(&c);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_SUCCEEDED);
+    j = job_json(job);
+    ck_assert_double_eq(
+        json_number_value(json_object_get(json_object_get(j, "result"), "final_loss")), 0.25);
+    ck_assert(json_is_null(json_object_get(j, "failure_reason")));
+    json_decref(j);
+    ck_assert_int_eq(mge_store_checkpoint_latest(g_st, job, &latest), MGE_OK);
+    ck_assert_str_eq(latest, p20);
+    mge_free(latest);
+    ck_assert_int_eq(mge_store_checkpoints(g_st, job, &ck), MGE_OK);
+    ck_assert_uint_eq(json_array_size(ck), 2); /* steps 10 (attempt 1, before) and 20 */
+    json_decref(ck);
+}
+END_TEST
+
+START_TEST(test_sched_fence_ended_job)
+{
+    char w1[40];
+    struct mge_sched_cmds c;
+    struct mge_rank_report r;
+    struct mge_store_line l[2];
+    json_t *j;
+    int64_t job;
+    worker_add("w1", false, w1);
+    job = job_running_on(w1);
+    r = running(job, 1, 0);
+    ck_assert_int_eq(mge_sched_job_cancel(g_s, job), MGE_OK);
+    /* the rank still prints: its log is kept, its metrics and summary are not */
+    l[0] = line(job, 1, 0, 1, 1, "got SIGTERM", 1);
+    l[1] = line(job, 1, 0, 2, 2, "{\"summary\":true,\"steps\":5,\"final_loss\":1.0}", 2);
+    ck_assert_int_eq(beat(w1, &r, 1, l, 2, &c), MGE_OK);
+    ck_assert(has_cancel(&c, job, 1));
+    mge_sched_cmds_fini(&c);
+    ck_assert_uint_eq(mge_store_lines_fenced(g_st), 1);
+    j = job_json(job);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "state")), "cancelled");
+    ck_assert(json_is_null(json_object_get(j, "result")));
+    json_decref(j);
+    /* a worker registering with a rank of the ended job is told to cancel it */
+    worker_add_ranks("w1", false, &r, 1, w1, &c);
+    ck_assert(has_cancel(&c, job, 1));
+    mge_sched_cmds_fini(&c);
+}
+END_TEST
+
+/* ---- the watchdog ---- */
+
+/* Run attempt 1 of a one-rank job on w1 to step @steps, a report every @iv_ms. */
+static int64_t run_steps(const char *w1, int64_t steps, int64_t iv_ms)
+{
+    struct mge_rank_report r;
+    struct mge_store_line l;
+    char text[64];
+    int64_t job = job_running_on(w1);
+    r = running(job, 1, 0);
+    for (int64_t k = 1; k <= steps; k++) {
+        g_now += iv_ms;
+        snprintf(text, sizeof(text), "{\"step\":%lld,\"loss\":1.0}", (long long)k);
+        l = line(job, 1, 0, (uint64_t)k, 2, text, 1000 + k * iv_ms);
+        beat_quiet(w1, &r, 1, &l, 1);
+        mge_sched_tick(g_s);
+    }
+    return job;
+}
+
+/*
+ * One-rank job @job on @wid, silent from now on (its worker still beats): still running
+ * @limit_ms - 1 ms later, failed at @limit_ms with reason @want, its rank cancelled.
+ */
+static void assert_watchdog_fires(int64_t job, const char *wid, int64_t limit_ms, const char *want)
+{
+    struct mge_rank_report r = running(job, 1, 0);
+    struct mge_sched_cmds c;
+    json_t *j;
+    run_for(limit_ms - 1, wid, &r, 1);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    run_for(1, wid, &r, 1);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_FAILED);
+    ck_assert_int_eq(job_row(job).attempt, 1); /* failed, not requeued */
+    j = job_json(job);
+    ck_assert_str_eq(job_reason(j), want);
+    json_decref(j);
+    ck_assert_int_eq(beat(wid, &r, 1, NULL, 0, &c), MGE_OK);
+    ck_assert(has_cancel(&c, job, 1));
+    mge_sched_cmds_fini(&c);
+}
+
+/*
+ * The allowance: the 10 s floor, 5 x the median report interval, the startup allowance; a
+ * first report 15 s after the start (log_every large) allows 75 s before the second.
+ */
+static const struct {
+    int64_t steps, iv_ms, limit_ms;
+    const char *want;
+} watchdog_cases[] = {
+    {316, 100, 10000, "no progress for 10 s since step 316 (rank 0 on w1 silent)"},
+    {5, 4000, 20000, "no progress for 20 s since step 5 (rank 0 on w1 silent)"},
+    {0, 0, 60000, "no progress for 60 s since the start (rank 0 on w1 silent)"},
+    {1, 15000, 75000, "no progress for 75 s since step 1 (rank 0 on w1 silent)"},
+};
+
+START_TEST(test_sched_watchdog)
+{
+    char w1[40];
+    worker_add("w1", false, w1);
+    assert_watchdog_fires(run_steps(w1, watchdog_cases[_i].steps, watchdog_cases[_i].iv_ms), w1,
+                          watchdog_cases[_i].limit_ms, watchdog_cases[_i].want);
+}
+END_TEST
+
+START_TEST(test_sched_watchdog_gang)
+{
+    char w1[40], w2[40];
+    struct mge_rank_report r0, r1;
+    struct mge_store_line l;
+    json_t *j;
+    int64_t job = gang_placed(w1, w2);
+    r0 = running(job, 1, 0);
+    r1 = running(job, 1, 1);
+    l = line(job, 1, 0, 1, 2, "{\"step\":7,\"loss\":1.0}", 1);
+    beat_quiet(w1, &r0, 1, &l, 1);
+    for (int k = 0; k < 10; k++) {
+        g_now += 1000;
+        beat_quiet(w1, &r0, 1, NULL, 0);
+        beat_quiet(w2, &r1, 1, NULL, 0);
+        mge_sched_tick(g_s);
+    }
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_FAILED);
+    j = job_json(job);
+    ck_assert_str_eq(job_reason(j), "no progress for 10 s since step 7 (ranks 0-1 on w1, w2: "
+                                    "only rank 0 reports steps, so which rank hangs is not known)");
+    json_decref(j);
+}
+END_TEST
+
+/* ---- which rank broke a gang ---- */
+
+static void gang_killed(const char *mpirun_line1, const char *mpirun_line2, const char *want)
+{
+    char w1[40], w2[40];
+    struct mge_rank_report r0, r1;
+    struct mge_store_line l[2];
+    json_t *j;
+    int64_t job = gang_placed(w1, w2);
+    /* as observed: rank 1's orted exits 0 first, then mpirun exits 137 with its message */
+    r1 = exited(job, 1, 1, 0, 0);
+    beat_quiet(w2, &r1, 1, NULL, 0);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    l[0] = line(job, 1, 0, 1, 1, mpirun_line1, 1);
+    l[1] = line(job, 1, 0, 2, 1, mpirun_line2, 2);
+    r0 = exited(job, 1, 0, 137, 0);
+    beat_quiet(w1, &r0, 1, l, 2);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_FAILED);
+    j = job_json(job);
+    ck_assert_str_eq(job_reason(j), want);
+    json_decref(j);
+}
+
+START_TEST(test_sched_gang_names_killed_rank)
+{
+    gang_killed("mpirun.openmpi noticed that process rank 1 with PID 11127 on node w2 exited on "
+                "signal 9 (Killed).",
+                "--------------------------------------------------------------------------",
+                "rank 1 killed by signal 9 on w2");
+}
+END_TEST
+
+START_TEST(test_sched_gang_names_failed_rank)
+{
+    gang_killed("  Process name: [[41239,1],1]", "  Exit code:    3",
+                "rank 1 exited with code 3 on w2");
+}
+END_TEST
+
+START_TEST(test_sched_gang_names_aborting_rank)
+{
+    gang_killed("MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD",
+                "with errorcode 2.", "rank 1 exited with code 2 (bad input) on w2");
+}
+END_TEST
+
+START_TEST(test_sched_gang_no_mpirun_message)
+{
+    gang_killed("something else", "entirely", "rank 0 exited with code 137");
+}
+END_TEST
+
+static Suite *sched_suite(void)
+{
+    Suite *s = suite_create("sched");
+    struct {
+        const char *name;
+        const TTest *t;
+        int loops;
+    } cases[] = {
+        {"place", test_sched_place_one_rank, 1},
+        {"place_gang", test_sched_place_gang, 1},
+        {"pending", test_sched_pending_reasons, 1},
+        {"requeue", test_sched_requeue_worker_lost, 1},
+        {"fence", test_sched_fence_stale_attempt, 1},
+        {"fence_ended", test_sched_fence_ended_job, 1},
+        {"watchdog", test_sched_watchdog,
+         (int)(sizeof(watchdog_cases) / sizeof(watchdog_cases[0]))},
+        {"watchdog_gang", test_sched_watchdog_gang, 1},
+        {"gang_killed", test_sched_gang_names_killed_rank, 1},
+        {"gang_failed", test_sched_gang_names_failed_rank, 1},
+        {"gang_abort", test_sched_gang_names_aborting_rank, 1},
+        {"gang_plain", test_sched_gang_no_mpirun_message, 1},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_loop_test(tc, cases[i].t, 0, cases[i].loops);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(sched_suite());
+    int failed;
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
