@@ -28,6 +28,7 @@
 #include "coordinator/sched.h"
 #include "coordinator/store.h"
 #include "proto/worker.pb-c.h"
+#include "tests/unit/support/scratch_dir.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -155,20 +156,7 @@ static size_t with_worker_id(const uint8_t *data, size_t size, uint8_t **out)
 static char g_dir[] = "/tmp/mge-fuzz-frame.XXXXXX";
 
 /* At exit (libFuzzer ends with exit()): the store's files and directory go. */
-static void remove_dir(void)
-{
-    DIR *d = opendir(g_dir);
-    struct dirent *de;
-    char path[sizeof(g_dir) + 300];
-    while (d && (de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(path, sizeof(path), "%s/%.250s", g_dir, de->d_name);
-            unlink(path);
-        }
-    if (d)
-        closedir(d);
-    rmdir(g_dir);
-}
+static void remove_dir(void) { mge_test_scratch_remove(g_dir); }
 
 static int setup(void)
 {

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "engine/ckpt.h"
 #include "proto/checkpoint.pb-c.h"
+#include "tests/unit/support/check_run.h"
 
 static char tmpdir[64];
 static char ckpath[128];
@@ -541,11 +542,4 @@ static Suite *ckpt_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(ckpt_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(ckpt_suite()); }

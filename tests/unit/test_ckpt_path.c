@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "coordinator/ckpt_path.h"
+#include "tests/unit/support/check_run.h"
 
 static char g_dir[] = "/tmp/mge-test-ckpt-path.XXXXXX";
 static char g_rank[512], g_file[600];
@@ -166,11 +167,4 @@ static Suite *ckpt_path_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(ckpt_path_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(ckpt_path_suite()); }

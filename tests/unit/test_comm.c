@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_int.h"
+#include "tests/unit/support/check_run.h"
 
 static const char *const env_vars[] = {"OMPI_COMM_WORLD_RANK",
                                        "OMPI_COMM_WORLD_SIZE",
@@ -401,11 +402,4 @@ static Suite *comm_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(comm_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(comm_suite()); }

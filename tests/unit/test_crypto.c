@@ -7,6 +7,7 @@
 
 #include "common/crypto.h"
 #include "common/err.h"
+#include "tests/unit/support/check_run.h"
 
 static void hex(const uint8_t *b, size_t n, char *out)
 {
@@ -109,11 +110,4 @@ static Suite *crypto_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(crypto_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(crypto_suite()); }

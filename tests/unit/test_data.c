@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/data.h"
+#include "tests/unit/support/check_run.h"
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist/"
 
@@ -825,11 +826,4 @@ static Suite *data_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(data_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(data_suite()); }

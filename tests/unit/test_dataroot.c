@@ -13,6 +13,7 @@
 #include "common/dataroot.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "tests/unit/support/check_run.h"
 
 static char dir[64], in[128], out[128];
 
@@ -158,12 +159,4 @@ static Suite *dataroot_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(dataroot_suite());
-    int failed;
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(dataroot_suite()); }

@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "engine/data.h"
+#include "tests/unit/support/check_run.h"
 
 /* Every key set to a value other than its default. */
 static const char FULL_IDX[] = "name: full-spec_1.0\n"
@@ -944,12 +945,4 @@ static Suite *jobspec_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(jobspec_suite());
-    int failed;
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(jobspec_suite()); }

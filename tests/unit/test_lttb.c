@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "common/lttb.h"
+#include "tests/unit/support/check_run.h"
 
 START_TEST(test_lttb_small_passthrough)
 {
@@ -69,12 +70,4 @@ static Suite *lttb_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(lttb_suite());
-    int failed;
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(lttb_suite()); }

@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "coordinator/sched.h"
 #include "coordinator/store.h"
+#include "tests/unit/support/check_run.h"
 
 static char g_dir[64];
 static struct mge_store *g_st;
@@ -664,12 +665,4 @@ static Suite *sched_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(sched_suite());
-    int failed;
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(sched_suite()); }

@@ -21,6 +21,8 @@
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "coordinator/store.h"
+#include "tests/unit/support/check_run.h"
+#include "tests/unit/support/scratch_dir.h"
 
 #define PAGE 4096 /* SQLite's default page size, the one the store uses */
 
@@ -33,20 +35,7 @@ static void dir_setup(void)
     ck_assert_ptr_nonnull(mkdtemp(g_dir));
 }
 
-static void dir_teardown(void)
-{
-    DIR *d = opendir(g_dir);
-    struct dirent *de;
-    char path[sizeof(g_dir) + 300];
-    while (d && (de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(path, sizeof(path), "%s/%.250s", g_dir, de->d_name);
-            unlink(path);
-        }
-    if (d)
-        closedir(d);
-    rmdir(g_dir);
-}
+static void dir_teardown(void) { mge_test_scratch_remove(g_dir); }
 
 static void path_in(char *buf, size_t n, const char *name)
 {
@@ -381,12 +370,4 @@ static Suite *store_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(store_suite());
-    int failed;
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(store_suite()); }

@@ -16,6 +16,7 @@
 #include "common/rng.h"
 #include "engine/engine.h"
 #include "engine/engine_int.h"
+#include "tests/unit/support/check_run.h"
 
 enum net { NET_CHAIN, NET_DROPOUT, NET_CONV, NET_BRANCHES };
 
@@ -310,11 +311,4 @@ static Suite *sublinear_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(sublinear_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return mge_test_run(sublinear_suite()); }
