@@ -1,4 +1,4 @@
-/* norm.c: CPU layer normalisation, embedding lookup and counter-based dropout. */
+/* norm.c: CPU layer and batch normalisation, embedding lookup and counter-based dropout. */
 #include <math.h>
 #include <string.h>
 
@@ -143,5 +143,111 @@ void mge_cpu_dropout_backward(float *dinp, const float *dout, int64_t n, float p
     for (int64_t i = 0; i < n; i++) {
         float g = mge_cpu_dropout_keep(seed, first + i, p) ? dout[i] * k : 0.0f;
         dinp[i] = acc ? dinp[i] + g : g;
+    }
+}
+
+/* ---- batch normalisation ---- */
+
+/* Sum of one channel's N planes of HW floats: float within a plane, double across planes. */
+static double plane_sum(const float *x, int64_t N, int64_t C, int64_t HW, int64_t c)
+{
+    double s = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        const float *p = x + (n * C + c) * HW;
+        float t = 0.0f;
+        for (int64_t i = 0; i < HW; i++)
+            t += p[i];
+        s += t;
+    }
+    return s;
+}
+
+MGE__CPU_CLONES
+void mge_cpu_batchnorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *w, const float *b, float *running_mean,
+                               float *running_var, int64_t N, int64_t C, int64_t HW, float eps,
+                               float momentum, int train)
+{
+    int64_t cnt = N * HW;
+#pragma omp parallel for schedule(static) if (N * C * HW > MGE__PAR_MIN && C > 1)
+    for (int64_t c = 0; c < C; c++) {
+        float m, s;
+        if (train) {
+            m = (float)(plane_sum(inp, N, C, HW, c) / (double)cnt);
+            double v = 0.0;
+            for (int64_t n = 0; n < N; n++) {
+                const float *p = inp + (n * C + c) * HW;
+                float t = 0.0f;
+                for (int64_t i = 0; i < HW; i++)
+                    t += (p[i] - m) * (p[i] - m);
+                v += t;
+            }
+            double var = v / (double)cnt;
+            s = (float)(1.0 / sqrt(var + (double)eps));
+            if (running_mean)
+                running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
+            if (running_var) {
+                double unbiased = cnt > 1 ? v / (double)(cnt - 1) : var;
+                running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (float)unbiased;
+            }
+        } else {
+            m = running_mean[c];
+            s = (float)(1.0 / sqrt((double)running_var[c] + (double)eps));
+        }
+        mean[c] = m;
+        rstd[c] = s;
+        float k = s * (w ? w[c] : 1.0f), off = (b ? b[c] : 0.0f) - m * k;
+        for (int64_t n = 0; n < N; n++) {
+            const float *p = inp + (n * C + c) * HW;
+            float *q = out + (n * C + c) * HW;
+            for (int64_t i = 0; i < HW; i++)
+                q[i] = p[i] * k + off;
+        }
+    }
+}
+
+/*
+ * dx = rstd w (dy - mean(dy) - xhat mean(dy xhat)), xhat = (x - mean) rstd; dw = sum dy xhat,
+ * db = sum dy, per channel (channels in parallel, planes in order within one).
+ */
+MGE__CPU_CLONES
+void mge_cpu_batchnorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                const float *inp, const float *w, const float *mean,
+                                const float *rstd, int64_t N, int64_t C, int64_t HW, int acc)
+{
+    int64_t cnt = N * HW;
+#pragma omp parallel for schedule(static) if (N * C * HW > MGE__PAR_MIN && C > 1)
+    for (int64_t c = 0; c < C; c++) {
+        float m = mean[c], s = rstd[c];
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + (n * C + c) * HW, *dy = dout + (n * C + c) * HW;
+            float t = 0.0f, u = 0.0f;
+            for (int64_t i = 0; i < HW; i++) {
+                t += dy[i];
+                u += dy[i] * (x[i] - m);
+            }
+            sdy += t;
+            sdyx += u;
+        }
+        float gsum = (float)sdy, gxhat = (float)(sdyx * (double)s); /* sum dy, sum dy xhat */
+        if (dw)
+            dw[c] = acc ? dw[c] + gxhat : gxhat;
+        if (db)
+            db[c] = acc ? db[c] + gsum : gsum;
+        if (!dinp)
+            continue;
+        float k = s * (w ? w[c] : 1.0f);
+        float a = gsum / (float)cnt, bx = gxhat / (float)cnt * s; /* per (x - m) */
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + (n * C + c) * HW, *dy = dout + (n * C + c) * HW;
+            float *dx = dinp + (n * C + c) * HW;
+            if (acc)
+                for (int64_t i = 0; i < HW; i++)
+                    dx[i] += k * (dy[i] - a - (x[i] - m) * bx);
+            else
+                for (int64_t i = 0; i < HW; i++)
+                    dx[i] = k * (dy[i] - a - (x[i] - m) * bx);
+        }
     }
 }

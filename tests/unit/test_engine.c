@@ -290,6 +290,117 @@ START_TEST(test_grad_layernorm_embedding_dropout)
 }
 END_TEST
 
+START_TEST(test_grad_batchnorm_residual_gap)
+{
+    /* _i == 0: affine batch norm; 1: without weight and bias. Then a residual add of the input
+     * and global average pooling: tanh(bn(x)) + x -> mean over H, W */
+    struct gc c;
+    gc_init(&c);
+    int64_t xs[4] = {3, 2, 3, 4}, cs[1] = {2};
+    int x = gc_param(&c, "x", 4, xs);
+    int w = _i == 0 ? gc_param(&c, "bn.weight", 1, cs) : -1;
+    int b = _i == 0 ? gc_param(&c, "bn.bias", 1, cs) : -1;
+    int rm = mge_buffer(c.g, "bn.running_mean", 1, cs, MGE_INIT_ZERO);
+    int rv = mge_buffer(c.g, "bn.running_var", 1, cs, MGE_INIT_ONE);
+    int y = mge_batchnorm2d(c.g, x, w, b, rm, rv, 1e-5f, 0.1f);
+    y = mge_global_avgpool2d(c.g, mge_add(c.g, mge_tanh(c.g, y), x)); /* tanh: no kink for FD */
+    ck_assert_int_eq(mge_value_ndim(c.g, y), 2);
+    ck_assert_int_eq(mge_value_shape(c.g, y)[1], 2);
+    gc_finish(&c, y);
+    /* buffers: no gradient, and outside the gradient arena (the optimiser's extent) */
+    int64_t np, ng;
+    mge_graph_params(c.g, &np);
+    mge_graph_grads(c.g, &ng);
+    ck_assert_int_eq(mge_graph_grad(c.g, rm), -1);
+    ck_assert_int_eq(mge_graph_grad(c.g, rv), -1);
+    ck_assert(mge_value_is_buffer(c.g, rm) && !mge_value_is_buffer(c.g, x));
+    ck_assert_int_lt(ng, np);
+    ck_assert_int_ge((float *)mge_value_data(c.g, rm) - mge_graph_params(c.g, NULL), ng);
+    ck_assert_int_ge((float *)mge_value_data(c.g, rv) - mge_graph_params(c.g, NULL), ng);
+    gc_check(&c);
+    gc_fini(&c);
+}
+END_TEST
+
+/*
+ * Training runs normalise with batch statistics and move the running ones as PyTorch does
+ * (momentum 0.1, unbiased variance); inference runs normalise with the running ones and leave
+ * them alone. Reference in double, tolerance 1e-5 relative.
+ */
+START_TEST(test_batchnorm_running_stats)
+{
+    struct mge_graph *g;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    enum { N = 4, C = 2, HW = 6 };
+    int64_t xs[4] = {N, C, 2, 3}, cs[1] = {C};
+    int x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+    int w = mge_param(g, "bn.weight", 1, cs, MGE_INIT_ONE, 1);
+    int b = mge_param(g, "bn.bias", 1, cs, MGE_INIT_ZERO, 1);
+    int rm = mge_buffer(g, "bn.running_mean", 1, cs, MGE_INIT_ZERO);
+    int rv = mge_buffer(g, "bn.running_var", 1, cs, MGE_INIT_ONE);
+    int y = mge_batchnorm2d(g, x, w, b, rm, rv, 1e-5f, 0.1f);
+    ck_assert_msg(y >= 0, "%s", mge_graph_error_msg(g));
+    ck_assert_int_eq(mge_graph_keep(g, y), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, 1);
+    float xd[N * C * HW], *wd = mge_value_data(g, w), *bd = mge_value_data(g, b);
+    const float *rmd = mge_value_data(g, rm), *rvd = mge_value_data(g, rv);
+    const float *yd = mge_value_data(g, y);
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 9);
+    for (int i = 0; i < N * C * HW; i++)
+        xd[i] = 3.0f * mge_rng_float(&rng) + (float)(i % 5);
+    wd[0] = 0.5f, wd[1] = -2.0f, bd[0] = 0.25f, bd[1] = 1.0f;
+    ck_assert_int_eq(mge_graph_bind(g, x, xd), MGE_OK);
+    double em[C] = {0}, ev[C] = {1, 1};
+    for (int round = 0; round < 2; round++) {
+        ck_assert_int_eq(mge_graph_run(g, MGE_RUN_FORWARD_TRAIN, round), MGE_OK);
+        for (int c = 0; c < C; c++) {
+            double m = 0, v = 0;
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < HW; i++)
+                    m += xd[(n * C + c) * HW + i];
+            m /= N * HW;
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < HW; i++)
+                    v += (xd[(n * C + c) * HW + i] - m) * (xd[(n * C + c) * HW + i] - m);
+            em[c] = 0.9 * em[c] + 0.1 * m;
+            ev[c] = 0.9 * ev[c] + 0.1 * v / (N * HW - 1);
+            ck_assert_double_eq_tol(rmd[c], em[c], 1e-5 * fabs(em[c]) + 1e-6);
+            ck_assert_double_eq_tol(rvd[c], ev[c], 1e-5 * fabs(ev[c]));
+            for (int n = 0; n < N; n++) /* training output: batch statistics */
+                for (int i = 0; i < HW; i++) {
+                    int k = (n * C + c) * HW + i;
+                    double want = (xd[k] - m) / sqrt(v / (N * HW) + 1e-5) * wd[c] + bd[c];
+                    ck_assert_double_eq_tol(yd[k], want, 1e-4 * fabs(want) + 1e-5);
+                }
+        }
+    }
+    float rm_before[C], rv_before[C];
+    memcpy(rm_before, rmd, sizeof(rm_before));
+    memcpy(rv_before, rvd, sizeof(rv_before));
+    ck_assert_int_eq(mge_graph_run(g, MGE_RUN_INFER, 2), MGE_OK);
+    ck_assert_mem_eq(rm_before, rmd, sizeof(rm_before)); /* inference leaves them alone */
+    ck_assert_mem_eq(rv_before, rvd, sizeof(rv_before));
+    for (int k = 0; k < N * C * HW; k++) { /* inference output: running statistics */
+        int c = (k / HW) % C;
+        double want = (xd[k] - em[c]) / sqrt(ev[c] + 1e-5) * wd[c] + bd[c];
+        ck_assert_double_eq_tol(yd[k], want, 1e-4 * fabs(want) + 1e-5);
+    }
+    /* bad shapes and trained (not buffer) running statistics are refused */
+    int bad = mge_batchnorm2d(g, w, w, b, rm, rv, 1e-5f, 0.1f);
+    ck_assert_int_lt(bad, 0);
+    mge_graph_free(g);
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+    w = mge_param(g, "w", 1, cs, MGE_INIT_ONE, 1);
+    ck_assert_int_lt(mge_batchnorm2d(g, x, -1, -1, w, w, 1e-5f, 0.1f), 0);
+    ck_assert_ptr_nonnull(strstr(mge_graph_error_msg(g), "buffers"));
+    mge_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_grad_fan_out)
 {
     /* x feeds three consumers and w is shared by two layers: gradients must accumulate */
@@ -751,6 +862,8 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_grad_shape_ops);
     tcase_add_loop_test(tc, test_grad_conv_pool, 0, 2);
     tcase_add_test(tc, test_grad_layernorm_embedding_dropout);
+    tcase_add_loop_test(tc, test_grad_batchnorm_residual_gap, 0, 2);
+    tcase_add_test(tc, test_batchnorm_running_stats);
     tcase_add_test(tc, test_grad_fan_out);
     suite_add_tcase(s, tc);
     tc = tcase_create("graph");
