@@ -80,7 +80,7 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
             return MGE_NOENT;
         }
         int c = d->channels > 0 ? d->channels : 1, h = d->image_h, w = d->image_w;
-        if (spec->model.type != MGE_MODEL_LENET) { /* flat features */
+        if (!mge_model_takes_images(spec->model.type)) { /* flat features */
             c = 1;
             h = 1;
             w = d->input_dim;

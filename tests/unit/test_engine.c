@@ -15,6 +15,7 @@
 #include "common/rng.h"
 #include "engine/engine.h"
 #include "engine/engine_int.h"
+#include "engine/model.h"
 #include "engine/optim.h"
 
 #define GC_EPS 1e-2f
@@ -397,6 +398,82 @@ START_TEST(test_batchnorm_running_stats)
     w = mge_param(g, "w", 1, cs, MGE_INIT_ONE, 1);
     ck_assert_int_lt(mge_batchnorm2d(g, x, -1, -1, w, w, 1e-5f, 0.1f), 0);
     ck_assert_ptr_nonnull(strstr(mge_graph_error_msg(g), "buffers"));
+    mge_graph_free(g);
+}
+END_TEST
+
+/*
+ * The resnet zoo model: PyTorch's parameter names and counts, option-B shortcuts only where the
+ * shape changes, kaiming-normal fan-out conv init, and the output shape. ResNet-20, width 16, on
+ * 1x28x28 with 10 classes: stem 144 + 32; layer1 3 x 4672; layer2 14528 + 2 x 18560; layer3
+ * 57728 + 2 x 73984; fc 650: 272186 trained floats; 21 batch norms (stem, 18 in blocks, 2
+ * in shortcuts), 2 buffers each.
+ */
+START_TEST(test_model_resnet)
+{
+    struct mge_jobspec spec;
+    memset(&spec, 0, sizeof(spec));
+    spec.model.type = MGE_MODEL_RESNET;
+    spec.model.depth = 20;
+    spec.model.width = 16;
+    struct mge_graph *g;
+    struct mge_model m;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    ck_assert_msg(mge_model_build(g, &spec, 4, 1, 28, 28, 10, &m) == MGE_OK, "%s",
+                  mge_graph_error_msg(g));
+    ck_assert_int_eq(mge_value_ndim(g, m.logits), 2);
+    ck_assert_int_eq(mge_value_shape(g, m.logits)[1], 10);
+    int64_t trained = 0;
+    int buffers = 0, convs = 0;
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        if (mge_value_is_buffer(g, v))
+            buffers++;
+        else
+            trained += mge_value_numel(g, v);
+        convs += mge_value_ndim(g, v) == 4;
+    }
+    ck_assert_int_eq(trained, 272186);
+    ck_assert_int_eq(buffers, 2 * 21);
+    ck_assert_int_eq(convs, 21); /* 19 3x3 + 2 downsample */
+    static const char *const names[] = {
+        "conv1.weight",           "bn1.weight",
+        "bn1.running_mean",       "layer1.0.conv1.weight",
+        "layer1.2.bn2.bias",      "layer2.0.downsample.0.weight",
+        "layer2.0.downsample.1.running_var", "layer3.2.conv2.weight",
+        "fc.weight",              "fc.bias",
+    };
+    for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+        int found = 0;
+        for (int i = 0; i < mge_graph_n_params(g) && !found; i++)
+            found = !strcmp(mge_value_name(g, mge_graph_param(g, i)), names[k]);
+        ck_assert_msg(found, "no parameter '%s'", names[k]);
+    }
+    for (int i = 0; i < mge_graph_n_params(g); i++) /* no shortcut conv where shapes agree */
+        ck_assert_ptr_null(strstr(mge_value_name(g, mge_graph_param(g, i)), "layer1.0.downsample"));
+    ck_assert_int_eq(mge_graph_backward(g, m.loss), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, 3);
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        const char *name = mge_value_name(g, v);
+        const float *d = mge_value_data(g, v);
+        int64_t n = mge_value_numel(g, v);
+        if (!strcmp(name, "layer3.1.conv1.weight")) { /* N(0, 2 / (64 * 9)): std 0.0589 */
+            double sum = 0, sq = 0;
+            for (int64_t k = 0; k < n; k++)
+                sum += d[k], sq += (double)d[k] * d[k];
+            ck_assert_double_le(fabs(sum / (double)n), 0.002);
+            ck_assert_double_eq_tol(sqrt(sq / (double)n), sqrt(2.0 / 576.0), 0.002);
+        }
+        if (strstr(name, "running_var") || (strstr(name, "bn") && strstr(name, ".weight")))
+            for (int64_t k = 0; k < n; k++)
+                ck_assert_float_eq(d[k], 1.0f);
+        if (strstr(name, "running_mean") || (strstr(name, "bn") && strstr(name, ".bias")))
+            for (int64_t k = 0; k < n; k++)
+                ck_assert_float_eq(d[k], 0.0f);
+    }
     mge_graph_free(g);
 }
 END_TEST
@@ -864,6 +941,7 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_grad_layernorm_embedding_dropout);
     tcase_add_loop_test(tc, test_grad_batchnorm_residual_gap, 0, 2);
     tcase_add_test(tc, test_batchnorm_running_stats);
+    tcase_add_test(tc, test_model_resnet);
     tcase_add_test(tc, test_grad_fan_out);
     suite_add_tcase(s, tc);
     tc = tcase_create("graph");
