@@ -148,18 +148,59 @@ void mge_cpu_dropout_backward(float *dinp, const float *dout, int64_t n, float p
 
 /* ---- batch normalisation ---- */
 
-/* Sum of one channel's N planes of HW floats: float within a plane, double across planes. */
-static double plane_sum(const float *x, int64_t N, int64_t C, int64_t HW, int64_t c)
+/*
+ * Per-plane sums in BN_LANES independent partial sums, added up in a fixed order at the end: the
+ * loops vectorise without reassociating (a single running float sum is bound by the adder's
+ * latency, 4x slower here), and results do not depend on the ISA clone or thread count.
+ */
+#define BN_LANES 16
+
+/* sum p[i] and sum (p[i] - m)^2 over one plane; @sq NULL: the first only. */
+static inline __attribute__((always_inline)) void plane_sums(const float *p, int64_t n, float m,
+                                                             float *sum, float *sq)
 {
-    double s = 0.0;
-    for (int64_t n = 0; n < N; n++) {
-        const float *p = x + (n * C + c) * HW;
-        float t = 0.0f;
-        for (int64_t i = 0; i < HW; i++)
-            t += p[i];
-        s += t;
+    float a[BN_LANES] = {0}, b[BN_LANES] = {0};
+    int64_t i = 0;
+    for (; i + BN_LANES <= n; i += BN_LANES)
+        for (int j = 0; j < BN_LANES; j++) {
+            float d = p[i + j] - m;
+            a[j] += p[i + j];
+            b[j] += d * d;
+        }
+    for (int j = 0; i < n; i++, j++) {
+        float d = p[i] - m;
+        a[j] += p[i];
+        b[j] += d * d;
     }
-    return s;
+    float s = 0.0f, t = 0.0f;
+    for (int j = 0; j < BN_LANES; j++)
+        s += a[j], t += b[j];
+    *sum = s;
+    if (sq)
+        *sq = t;
+}
+
+/* sum dy[i] and sum dy[i] (x[i] - m) over one plane. */
+static inline __attribute__((always_inline)) void plane_dots(const float *x, const float *dy,
+                                                             int64_t n, float m, float *sdy,
+                                                             float *sdyx)
+{
+    float a[BN_LANES] = {0}, b[BN_LANES] = {0};
+    int64_t i = 0;
+    for (; i + BN_LANES <= n; i += BN_LANES)
+        for (int j = 0; j < BN_LANES; j++) {
+            a[j] += dy[i + j];
+            b[j] += dy[i + j] * (x[i + j] - m);
+        }
+    for (int j = 0; i < n; i++, j++) {
+        a[j] += dy[i];
+        b[j] += dy[i] * (x[i] - m);
+    }
+    float s = 0.0f, t = 0.0f;
+    for (int j = 0; j < BN_LANES; j++)
+        s += a[j], t += b[j];
+    *sdy = s;
+    *sdyx = t;
 }
 
 MGE__CPU_CLONES
@@ -173,14 +214,17 @@ void mge_cpu_batchnorm_forward(float *out, float *mean, float *rstd, const float
     for (int64_t c = 0; c < C; c++) {
         float m, s;
         if (train) {
-            m = (float)(plane_sum(inp, N, C, HW, c) / (double)cnt);
-            double v = 0.0;
+            double sum = 0.0, v = 0.0;
             for (int64_t n = 0; n < N; n++) {
-                const float *p = inp + (n * C + c) * HW;
-                float t = 0.0f;
-                for (int64_t i = 0; i < HW; i++)
-                    t += (p[i] - m) * (p[i] - m);
-                v += t;
+                float ps;
+                plane_sums(inp + (n * C + c) * HW, HW, 0.0f, &ps, NULL);
+                sum += ps;
+            }
+            m = (float)(sum / (double)cnt);
+            for (int64_t n = 0; n < N; n++) {
+                float ps, pq;
+                plane_sums(inp + (n * C + c) * HW, HW, m, &ps, &pq);
+                v += pq;
             }
             double var = v / (double)cnt;
             s = (float)(1.0 / sqrt(var + (double)eps));
@@ -221,12 +265,8 @@ void mge_cpu_batchnorm_backward(float *dinp, float *dw, float *db, const float *
         float m = mean[c], s = rstd[c];
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t n = 0; n < N; n++) {
-            const float *x = inp + (n * C + c) * HW, *dy = dout + (n * C + c) * HW;
-            float t = 0.0f, u = 0.0f;
-            for (int64_t i = 0; i < HW; i++) {
-                t += dy[i];
-                u += dy[i] * (x[i] - m);
-            }
+            float t, u;
+            plane_dots(inp + (n * C + c) * HW, dout + (n * C + c) * HW, HW, m, &t, &u);
             sdy += t;
             sdyx += u;
         }
