@@ -160,7 +160,7 @@ expect2 "truncated checkpoint (resume)" "trunc.mgeckpt" "$BIN/mge-train" "$ROOT/
 expect2 "truncated checkpoint (infer)" "trunc.mgeckpt" "$BIN/mge-infer" "$T/trunc.mgeckpt"
 expect2 "checkpoint of another model" "fc1.w" "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --set 'model.hidden=[64]' --resume "$T/half/latest.mgeckpt"
 expect2 "no such spec" "nope.yaml" "$BIN/mge-train" "$T/nope.yaml"
-expect2 "resnet depth not 6n+2" "rn.yaml:3: model.depth" "$BIN/mge-train" "$T/rn.yaml" --set model.depth=9
+expect2 "resnet depth not 6n+2" "rn.yaml:2: model.depth: expected 6n+2" "$BIN/mge-train" "$T/rn.yaml" --set model.depth=9
 
 echo "train_cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]
