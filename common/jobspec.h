@@ -6,8 +6,8 @@
 #ifndef MGE_COMMON_JOBSPEC_H
 #define MGE_COMMON_JOBSPEC_H
 
-#include <stddef.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus

@@ -452,7 +452,8 @@ static int ad_forward_node(struct ad *ad, int ni)
     case MGE_OP_BATCHNORM: {
         struct mge_node n = {.op = f.op == MGE_OP_LAYERNORM ? MGE_OP_LAYERNORM_GRAD
                                                             : MGE_OP_BATCHNORM_GRAD,
-                             .in = {dy, f.in[0], f.in[1], f.out[1], f.out[2]}, .n_in = 5,
+                             .in = {dy, f.in[0], f.in[1], f.out[1], f.out[2]},
+                             .n_in = 5,
                              .n_out = 3};
         return ad_norm_grad(ad, &n, f.in);
     }

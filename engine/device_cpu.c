@@ -378,9 +378,9 @@ static int cpu_batchnorm(struct mge_graph *g, const struct mge_node *n)
     int running = !g->training || !n->backward; /* read (inference) or updated (training) */
     bn_geometry(g, n->in[0], &N, &C, &HW);
     mge_cpu_batchnorm_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, n->out[2]), F(g, n->in[0]),
-                              FOPT(g, n->in[1]), FOPT(g, n->in[2]),
-                              running ? F(g, n->in[3]) : NULL, running ? F(g, n->in[4]) : NULL, N,
-                              C, HW, n->a.bn.eps, n->a.bn.momentum, g->training);
+                              FOPT(g, n->in[1]), FOPT(g, n->in[2]), running ? F(g, n->in[3]) : NULL,
+                              running ? F(g, n->in[4]) : NULL, N, C, HW, n->a.bn.eps,
+                              n->a.bn.momentum, g->training);
     return MGE_OK;
 }
 

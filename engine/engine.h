@@ -65,8 +65,8 @@ int mge_input(struct mge_graph *g, const char *name, enum mge_dtype dt, int ndim
 enum mge_init {
     MGE_INIT_ZERO,
     MGE_INIT_ONE,
-    MGE_INIT_UNIFORM_FAN_IN,  /* U(-1/sqrt(fan), 1/sqrt(fan)): PyTorch's Linear/Conv default */
-    MGE_INIT_NORMAL_FAN_OUT,  /* N(0, 2/fan): kaiming_normal_(mode="fan_out", relu), torchvision */
+    MGE_INIT_UNIFORM_FAN_IN, /* U(-1/sqrt(fan), 1/sqrt(fan)): PyTorch's Linear/Conv default */
+    MGE_INIT_NORMAL_FAN_OUT, /* N(0, 2/fan): kaiming_normal_(mode="fan_out", relu), torchvision */
 };
 /* @fan_in: the fan the init uses (fan-in for UNIFORM_FAN_IN, fan-out for NORMAL_FAN_OUT). */
 int mge_param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,

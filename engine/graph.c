@@ -271,8 +271,7 @@ int mge_buffer(struct mge_graph *g, const char *name, int ndim, const int64_t *s
 
 int mge_value_is_buffer(const struct mge_graph *g, int v)
 {
-    return v >= 0 && v < g->n_values && g->values[v].kind == MGE_VALUE_PARAM &&
-           g->values[v].buffer;
+    return v >= 0 && v < g->n_values && g->values[v].kind == MGE_VALUE_PARAM && g->values[v].buffer;
 }
 
 /* ---- op builders ---- */
@@ -775,7 +774,8 @@ int mge_batchnorm2d(struct mge_graph *g, int x, int w, int b, int running_mean, 
                                "batchnorm2d: running mean and variance must be (%lld) buffers",
                                (long long)C);
     if (!(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
-        return mge__graph_fail(g, MGE_INVAL, "batchnorm2d: eps %g must be > 0, momentum %g in [0, 1]",
+        return mge__graph_fail(g, MGE_INVAL,
+                               "batchnorm2d: eps %g must be > 0, momentum %g in [0, 1]",
                                (double)eps, (double)momentum);
     int req = rg(g, x) || rg(g, w) || rg(g, b), xb = X->batched;
     int out = new_act(g, "batchnorm", 4, X->shape, xb, req); /* X may move from here on */
@@ -783,8 +783,11 @@ int mge_batchnorm2d(struct mge_graph *g, int x, int w, int b, int running_mean, 
     int rstd = new_act(g, "bn_rstd", 1, &C, 0, 0);
     if (out < 0 || mean < 0 || rstd < 0)
         return -g->err;
-    struct mge_node n = {.op = MGE_OP_BATCHNORM, .in = {x, w, b, running_mean, running_var},
-                         .n_in = 5, .out = {out, mean, rstd}, .n_out = 3};
+    struct mge_node n = {.op = MGE_OP_BATCHNORM,
+                         .in = {x, w, b, running_mean, running_var},
+                         .n_in = 5,
+                         .out = {out, mean, rstd},
+                         .n_out = 3};
     n.a.bn.eps = eps;
     n.a.bn.momentum = momentum;
     return emit(g, &n);

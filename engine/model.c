@@ -73,8 +73,8 @@ static int conv_relu_pool(struct mge_graph *g, const char *name, int x, int cin,
  * 0, eps 1e-5, momentum 0.1. Names are PyTorch's (layer1.0.conv1.weight, bn1.running_mean,
  * fc.weight), without num_batches_tracked (unused with a fixed momentum).
  */
-static int conv_bn(struct mge_graph *g, const char *conv, const char *bn, int x, int cin,
-                   int cout, int k, int stride)
+static int conv_bn(struct mge_graph *g, const char *conv, const char *bn, int x, int cin, int cout,
+                   int k, int stride)
 {
     char name[96];
     int64_t ws[4] = {cout, cin, k, k}, cs[1] = {cout};
@@ -92,8 +92,7 @@ static int conv_bn(struct mge_graph *g, const char *conv, const char *bn, int x,
 }
 
 /* relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), named @name (e.g. "layer2.0"). */
-static int basic_block(struct mge_graph *g, const char *name, int x, int cin, int cout,
-                       int stride)
+static int basic_block(struct mge_graph *g, const char *name, int x, int cin, int cout, int stride)
 {
     char c1[64], b1[64], c2[64], b2[64], dc[64], db[64];
     snprintf(c1, sizeof(c1), "%s.conv1", name);

@@ -181,9 +181,8 @@ static inline __attribute__((always_inline)) void plane_sums(const float *p, int
 }
 
 /* sum dy[i] and sum dy[i] (x[i] - m) over one plane. */
-static inline __attribute__((always_inline)) void plane_dots(const float *x, const float *dy,
-                                                             int64_t n, float m, float *sdy,
-                                                             float *sdyx)
+static inline __attribute__((always_inline)) void
+plane_dots(const float *x, const float *dy, int64_t n, float m, float *sdy, float *sdyx)
 {
     float a[BN_LANES] = {0}, b[BN_LANES] = {0};
     int64_t i = 0;

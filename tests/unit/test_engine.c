@@ -437,11 +437,16 @@ START_TEST(test_model_resnet)
     ck_assert_int_eq(buffers, 2 * 21);
     ck_assert_int_eq(convs, 21); /* 19 3x3 + 2 downsample */
     static const char *const names[] = {
-        "conv1.weight",           "bn1.weight",
-        "bn1.running_mean",       "layer1.0.conv1.weight",
-        "layer1.2.bn2.bias",      "layer2.0.downsample.0.weight",
-        "layer2.0.downsample.1.running_var", "layer3.2.conv2.weight",
-        "fc.weight",              "fc.bias",
+        "conv1.weight",
+        "bn1.weight",
+        "bn1.running_mean",
+        "layer1.0.conv1.weight",
+        "layer1.2.bn2.bias",
+        "layer2.0.downsample.0.weight",
+        "layer2.0.downsample.1.running_var",
+        "layer3.2.conv2.weight",
+        "fc.weight",
+        "fc.bias",
     };
     for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
         int found = 0;
