@@ -516,7 +516,7 @@ struct keydef {
 
 static const struct keydef model_keys[] = {
     {"type", NULL},  {"hidden", NULL},  {"activation", NULL}, {"layers", NULL},
-    {"width", NULL}, {"dropout", NULL}, {NULL, NULL},
+    {"width", NULL}, {"dropout", NULL}, {"depth", NULL},      {NULL, NULL},
 };
 static const struct keydef data_keys[] = {
     {"format", NULL},      {"train_images", NULL}, {"train_labels", NULL}, {"test_images", NULL},
@@ -1095,7 +1095,7 @@ static int forbid(struct ctx *c, const struct sect *s, const char *name, const c
 /* ------------------------------------------------------------------------------------------ */
 /* Validation: the sections                                                                    */
 
-static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", NULL};
+static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", "resnet", NULL};
 static const char *const act_names[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
 static const char *const format_names[] = {"idx", "synthetic", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
@@ -1160,11 +1160,31 @@ static int check_model(struct ctx *c, const struct sect *root, struct mge_model_
             return rc;
         if ((rc = get_int32(c, &s, "width", 1, 65536, &(int){1024}, &m->width, NULL)))
             return rc;
+    } else if (m->type == MGE_MODEL_RESNET) {
+        if ((rc = forbid(c, &s, "layers", why)))
+            return rc;
+        if ((rc = get_int32(c, &s, "width", 1, 4096, &(int){16}, &m->width, NULL)))
+            return rc;
     } else {
         if ((rc = forbid(c, &s, "layers", why)))
             return rc;
         if ((rc = forbid(c, &s, "width", why)))
             return rc;
+    }
+    m->depth = 20;
+    if (m->type == MGE_MODEL_RESNET) {
+        const struct tnode *k;
+        if ((rc = get_int32(c, &s, "depth", 8, 6 * 200 + 2, &(int){20}, &m->depth, NULL)))
+            return rc;
+        if ((m->depth - 2) % 6 != 0) {
+            sect_get(&s, "depth", &k);
+            return fail_at(c, k, "model.depth",
+                           "expected 6n+2 (8, 14, 20, 32, 44, 56, 110: CIFAR-style basic "
+                           "blocks, n per stage), got %d",
+                           m->depth);
+        }
+    } else if ((rc = forbid(c, &s, "depth", why))) {
+        return rc;
     }
     return MGE_OK;
 }
@@ -1783,7 +1803,12 @@ int64_t mge_jobspec_total_steps(const struct mge_jobspec *spec, int64_t train_si
 
 const char *mge_model_type_name(enum mge_model_type t)
 {
-    return (unsigned)t < 3 ? model_names[t] : "unknown";
+    return (unsigned)t <= MGE_MODEL_RESNET ? model_names[t] : "unknown";
+}
+
+bool mge_model_takes_images(enum mge_model_type t)
+{
+    return t == MGE_MODEL_LENET || t == MGE_MODEL_RESNET;
 }
 
 const char *mge_optim_type_name(enum mge_optim_type t)
@@ -1865,7 +1890,11 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, model, "layers",
          spec->model.type == MGE_MODEL_DEEP_MLP ? json_integer(spec->model.layers) : json_null());
     jset(&b, model, "width",
-         spec->model.type == MGE_MODEL_DEEP_MLP ? json_integer(spec->model.width) : json_null());
+         spec->model.type == MGE_MODEL_DEEP_MLP || spec->model.type == MGE_MODEL_RESNET
+             ? json_integer(spec->model.width)
+             : json_null());
+    jset(&b, model, "depth",
+         spec->model.type == MGE_MODEL_RESNET ? json_integer(spec->model.depth) : json_null());
     jset(&b, model, "dropout", jfloat(spec->model.dropout));
     jset(&b, root, "model", model);
 

@@ -6,6 +6,7 @@
 #ifndef MGE_COMMON_JOBSPEC_H
 #define MGE_COMMON_JOBSPEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,7 +22,7 @@ extern "C" {
 /* The most cores one rank may use: resources.cpus, mge-train --threads, mge-worker --cpus. */
 #define MGE_CPUS_MAX 4096
 
-enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP };
+enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP, MGE_MODEL_RESNET };
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
 enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC };
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
@@ -31,12 +32,14 @@ enum mge_sublinear_mode { MGE_SUBLINEAR_OFF, MGE_SUBLINEAR_ON, MGE_SUBLINEAR_AUT
 enum mge_backend { MGE_BACKEND_AUTO, MGE_BACKEND_LOCAL, MGE_BACKEND_MPI, MGE_BACKEND_NCCL };
 
 struct mge_model_spec {
-    enum mge_model_type type;      /* model.type: mlp | lenet | deep_mlp */
+    enum mge_model_type type;      /* model.type: mlp | lenet | deep_mlp | resnet */
     int hidden[MGE_SPEC_MAX_LAYERS]; /* model.hidden: list of hidden sizes (mlp) */
     int n_hidden;                  /* entries used in hidden[] */
     enum mge_activation activation; /* model.activation (default relu) */
     int layers;                    /* model.layers: deep_mlp depth (default 128) */
-    int width;                     /* model.width: deep_mlp width (default 1024) */
+    int width;                     /* model.width: deep_mlp width (default 1024); resnet's
+                                      first stage's channels (default 16) */
+    int depth;                     /* model.depth: resnet depth, 6n+2 (default 20) */
     float dropout;                 /* model.dropout: 0 = off (default 0) */
 };
 
@@ -167,6 +170,8 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec);
 
 /* Stable names of enum values as they appear in YAML ("sgd", "cosine", ...). */
 const char *mge_model_type_name(enum mge_model_type t);
+/* Whether model type @t takes images (N, C, H, W) rather than flat features. */
+bool mge_model_takes_images(enum mge_model_type t);
 const char *mge_optim_type_name(enum mge_optim_type t);
 
 #ifdef __cplusplus

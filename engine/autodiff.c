@@ -307,6 +307,47 @@ static int ad_binary(struct ad *ad, const struct mge_node *f, int dc)
     return MGE_OK;
 }
 
+/*
+ * A normalisation's backward @n (in: dy, x, w, mean, rstd; out: dx, dw, db) for inputs
+ * @vals = {x, w, b}: one kernel writes all three gradients with one accumulate flag, so where
+ * accumulation differs the odd ones go through zeroed temporaries added in afterwards.
+ */
+static int ad_norm_grad(struct ad *ad, struct mge_node *n, const int *vals)
+{
+    struct mge_graph *g = ad->g;
+    int outs[3] = {-1, -1, -1}, accs[3] = {0, 0, 0}, rc;
+    for (int i = 0; i < 3; i++)
+        if (vals[i] >= 0 && g->values[vals[i]].requires_grad &&
+            (rc = ad_dst(ad, vals[i], &outs[i], &accs[i])) < 0)
+            return rc;
+    int acc = accs[1] || accs[2] || (outs[1] < 0 && outs[2] < 0 && accs[0]);
+    int fix[3] = {-1, -1, -1};
+    for (int i = 0; i < 3; i++)
+        if (outs[i] >= 0 && accs[i] != acc) {
+            fix[i] = outs[i];
+            if ((outs[i] = ad_temp(ad, vals[i], "dnorm")) < 0)
+                return outs[i];
+        }
+    for (int i = 0; i < 3; i++)
+        n->out[i] = outs[i];
+    n->acc = acc;
+    if (acc) /* temporaries are added into, so start them from zero */
+        for (int i = 0; i < 3; i++)
+            if (fix[i] >= 0) {
+                struct mge_node z = {.op = MGE_OP_SCALE, .in = {outs[i]}, .n_in = 1,
+                                     .out = {outs[i]}, .n_out = 1};
+                z.a.red.scale = 0.0f;
+                if ((rc = ad_node(ad, &z)) < 0)
+                    return rc;
+            }
+    if ((rc = ad_node(ad, n)) < 0)
+        return rc;
+    for (int i = 0; i < 3; i++)
+        if (fix[i] >= 0 && (rc = ad_add_into(ad, fix[i], outs[i], accs[i])) < 0)
+            return rc;
+    return MGE_OK;
+}
+
 static int ad_forward_node(struct ad *ad, int ni)
 {
     struct mge_graph *g = ad->g;
@@ -407,39 +448,14 @@ static int ad_forward_node(struct ad *ad, int ni)
         n.a.drop = f.a.drop;
         return ad_emit_grad(ad, f.in[0], &n, 1);
     }
-    case MGE_OP_LAYERNORM: {
-        int x = f.in[0], w = f.in[1], b = f.in[2];
-        int outs[3] = {-1, -1, -1}, accs[3] = {0, 0, 0}, vals[3] = {x, w, b};
-        for (int i = 0; i < 3; i++)
-            if (g->values[vals[i]].requires_grad &&
-                (rc = ad_dst(ad, vals[i], &outs[i], &accs[i])) < 0)
-                return rc;
-        /* one kernel writes all three: where accumulation differs, go through temporaries */
-        int acc = accs[1] || accs[2] || (outs[1] < 0 && outs[2] < 0 && accs[0]);
-        int fix[3] = {-1, -1, -1};
-        for (int i = 0; i < 3; i++)
-            if (outs[i] >= 0 && accs[i] != acc) {
-                fix[i] = outs[i];
-                if ((outs[i] = ad_temp(ad, vals[i], "dln")) < 0)
-                    return outs[i];
-            }
-        struct mge_node n = {.op = MGE_OP_LAYERNORM_GRAD, .in = {dy, x, w, f.out[1], f.out[2]},
-                             .n_in = 5, .out = {outs[0], outs[1], outs[2]}, .n_out = 3, .acc = acc};
-        if (acc) /* temporaries are added into, so start them from zero */
-            for (int i = 0; i < 3; i++)
-                if (fix[i] >= 0) {
-                    struct mge_node z = {.op = MGE_OP_SCALE, .in = {outs[i]}, .n_in = 1,
-                                         .out = {outs[i]}, .n_out = 1};
-                    z.a.red.scale = 0.0f;
-                    if ((rc = ad_node(ad, &z)) < 0)
-                        return rc;
-                }
-        if ((rc = ad_node(ad, &n)) < 0)
-            return rc;
-        for (int i = 0; i < 3; i++)
-            if (fix[i] >= 0 && (rc = ad_add_into(ad, fix[i], outs[i], accs[i])) < 0)
-                return rc;
-        return MGE_OK;
+    case MGE_OP_LAYERNORM:
+    case MGE_OP_BATCHNORM: {
+        struct mge_node n = {.op = f.op == MGE_OP_LAYERNORM ? MGE_OP_LAYERNORM_GRAD
+                                                            : MGE_OP_BATCHNORM_GRAD,
+                             .in = {dy, f.in[0], f.in[1], f.out[1], f.out[2]},
+                             .n_in = 5,
+                             .n_out = 3};
+        return ad_norm_grad(ad, &n, f.in);
     }
     case MGE_OP_EMBEDDING: {
         struct mge_node n = {.op = MGE_OP_EMBEDDING_GRAD, .in = {dy, f.in[0]}, .n_in = 2,

@@ -358,6 +358,42 @@ static int cpu_layernorm_grad(struct mge_graph *g, const struct mge_node *n)
     return MGE_OK;
 }
 
+/* x (N, C, H, W) as (N, C, HW) at the current batch size. */
+static void bn_geometry(const struct mge_graph *g, int x, int64_t *N, int64_t *C, int64_t *HW)
+{
+    int64_t xs[MGE_MAX_DIMS];
+    mge__value_shape_now(g, x, xs);
+    *N = xs[0];
+    *C = xs[1];
+    *HW = xs[2] * xs[3];
+}
+
+/*
+ * Training runs update the running statistics; a recomputation of this op (a clone marked
+ * backward, made by the sublinear pass) normalises alike but must not update them again.
+ */
+static int cpu_batchnorm(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t N, C, HW;
+    int running = !g->training || !n->backward; /* read (inference) or updated (training) */
+    bn_geometry(g, n->in[0], &N, &C, &HW);
+    mge_cpu_batchnorm_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, n->out[2]), F(g, n->in[0]),
+                              FOPT(g, n->in[1]), FOPT(g, n->in[2]), running ? F(g, n->in[3]) : NULL,
+                              running ? F(g, n->in[4]) : NULL, N, C, HW, n->a.bn.eps,
+                              n->a.bn.momentum, g->training);
+    return MGE_OK;
+}
+
+static int cpu_batchnorm_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t N, C, HW;
+    bn_geometry(g, n->in[1], &N, &C, &HW);
+    mge_cpu_batchnorm_backward(FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
+                               F(g, n->in[0]), F(g, n->in[1]), FOPT(g, n->in[2]), F(g, n->in[3]),
+                               F(g, n->in[4]), N, C, HW, n->acc);
+    return MGE_OK;
+}
+
 static int cpu_embedding(struct mge_graph *g, const struct mge_node *n)
 {
     int ids = n->in[0], table = n->in[1];
@@ -427,6 +463,8 @@ const struct mge_ops_table mge__cpu_ops = {
         [MGE_OP_DROPOUT_GRAD] = cpu_dropout_grad,
         [MGE_OP_LAYERNORM] = cpu_layernorm,
         [MGE_OP_LAYERNORM_GRAD] = cpu_layernorm_grad,
+        [MGE_OP_BATCHNORM] = cpu_batchnorm,
+        [MGE_OP_BATCHNORM_GRAD] = cpu_batchnorm_grad,
         [MGE_OP_EMBEDDING] = cpu_embedding,
         [MGE_OP_EMBEDDING_GRAD] = cpu_embedding_grad,
         [MGE_OP_SCALE] = cpu_scale,

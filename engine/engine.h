@@ -62,9 +62,25 @@ const char *mge_graph_error_msg(const struct mge_graph *g);
 int mge_input(struct mge_graph *g, const char *name, enum mge_dtype dt, int ndim,
               const int64_t *shape, int batched);
 /* A trainable parameter (f32), initialised by mge_graph_init_params(). */
-enum mge_init { MGE_INIT_ZERO, MGE_INIT_ONE, MGE_INIT_UNIFORM_FAN_IN };
+enum mge_init {
+    MGE_INIT_ZERO,
+    MGE_INIT_ONE,
+    MGE_INIT_UNIFORM_FAN_IN, /* U(-1/sqrt(fan), 1/sqrt(fan)): PyTorch's Linear/Conv default */
+    MGE_INIT_NORMAL_FAN_OUT, /* N(0, 2/fan): kaiming_normal_(mode="fan_out", relu), torchvision */
+};
+/* @fan_in: the fan the init uses (fan-in for UNIFORM_FAN_IN, fan-out for NORMAL_FAN_OUT). */
 int mge_param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,
               enum mge_init init, int64_t fan_in);
+/*
+ * A buffer (PyTorch's register_buffer): state that lives beside the parameters (the parameter
+ * list, mge_graph_params, checkpoints) but has no gradient and is never touched by the
+ * optimiser; ops update it (batch norm's running statistics). Buffers sit after every trained
+ * parameter in the parameter arena, and the gradient arena covers the trained part only.
+ */
+int mge_buffer(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,
+               enum mge_init init);
+/* Whether parameter value @v is a buffer (0 for trained parameters and other values). */
+int mge_value_is_buffer(const struct mge_graph *g, int v);
 
 int mge_value_ndim(const struct mge_graph *g, int v);
 const int64_t *mge_value_shape(const struct mge_graph *g, int v);
@@ -114,6 +130,17 @@ int mge_avgpool2d(struct mge_graph *g, int x, int k, int stride, int pad);
 int mge_dropout(struct mge_graph *g, int x, float p);
 /* Over the last dimension C; w and b are (C). */
 int mge_layernorm(struct mge_graph *g, int x, int w, int b, float eps);
+/*
+ * Batch normalisation of x (N, C, H, W) per channel, as PyTorch's BatchNorm2d: w, b (C) trained
+ * (or -1: 1 and 0), running_mean and running_var (C) buffers (mge_buffer, init 0 and 1).
+ * Training runs normalise with the batch's statistics and update the running ones
+ * (r = (1 - momentum) r + momentum s, unbiased variance); inference runs use the running ones.
+ * Recomputation (mge_graph_sublinear) never updates them twice.
+ */
+int mge_batchnorm2d(struct mge_graph *g, int x, int w, int b, int running_mean, int running_var,
+                    float eps, float momentum);
+/* x (N, C, H, W) -> (N, C): the mean over H and W (a view and a mean; no copy). */
+int mge_global_avgpool2d(struct mge_graph *g, int x);
 /* ids int32 (..), table (V, C) -> (.., C). */
 int mge_embedding(struct mge_graph *g, int ids, int table);
 

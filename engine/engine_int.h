@@ -34,6 +34,8 @@
     X(DROPOUT_GRAD)    /* in: dy              out: dx */                                          \
     X(LAYERNORM)       /* in: x, w, b         out: y, mean, rstd */                               \
     X(LAYERNORM_GRAD)  /* in: dy, x, w, mean, rstd  out: dx, dw, db */                            \
+    X(BATCHNORM)       /* in: x, w, b, rmean, rvar  out: y, mean, rstd  attr: eps, momentum */    \
+    X(BATCHNORM_GRAD)  /* in: dy, x, w, mean, rstd  out: dx, dw, db */                            \
     X(EMBEDDING)       /* in: ids, table      out: y */                                           \
     X(EMBEDDING_GRAD)  /* in: dy, ids         out: dtable */                                      \
     X(SCALE)           /* in: x               out: y (+)= s * x  attr: red.scale */             \
@@ -63,6 +65,7 @@ struct mge_value {
     int requires_grad;
     int keep;                    /* live to the end of every run */
     int param_index;             /* PARAM/GRAD: index into the parameter list, else -1 */
+    int buffer;                  /* PARAM: state that is saved but not trained (running stats) */
     enum mge_init init;          /* PARAM */
     int64_t fan_in;              /* PARAM: for MGE_INIT_UNIFORM_FAN_IN */
     size_t offset;               /* bytes into its arena (PARAM/GRAD/ACT) */
@@ -89,6 +92,7 @@ struct mge_node {
         struct { int max, k, stride, pad; } pool;
         struct { float p; uint64_t salt; } drop;
         struct { float eps; } ln;
+        struct { float eps, momentum; } bn;
     } a;
 };
 

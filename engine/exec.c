@@ -132,6 +132,15 @@ void mge_graph_profile_print(const struct mge_graph *g, FILE *fp, int64_t runs)
     }
 }
 
+/* Two independent N(0, 1) draws (Box-Muller; u1 in (0, 1] so the log is finite). */
+static void rng_normal2(struct mge_rng *rng, float z[2])
+{
+    double u1 = 1.0 - (double)mge_rng_float(rng), u2 = (double)mge_rng_float(rng);
+    double r = sqrt(-2.0 * log(u1)), t = 2.0 * M_PI * u2;
+    z[0] = (float)(r * cos(t));
+    z[1] = (float)(r * sin(t));
+}
+
 void mge_graph_init_params(struct mge_graph *g, uint64_t seed)
 {
     g->seed = seed;
@@ -155,6 +164,18 @@ void mge_graph_init_params(struct mge_graph *g, uint64_t seed)
             float bound = 1.0f / sqrtf((float)(p->fan_in > 0 ? p->fan_in : 1));
             for (int64_t k = 0; k < n; k++)
                 d[k] = (2.0f * mge_rng_float(&rng) - 1.0f) * bound;
+            break;
+        }
+        case MGE_INIT_NORMAL_FAN_OUT: {
+            /* kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2 / fan_out) */
+            float std = sqrtf(2.0f / (float)(p->fan_in > 0 ? p->fan_in : 1));
+            for (int64_t k = 0; k < n; k += 2) {
+                float z[2];
+                rng_normal2(&rng, z);
+                d[k] = z[0] * std;
+                if (k + 1 < n)
+                    d[k + 1] = z[1] * std;
+            }
             break;
         }
         }

@@ -237,8 +237,8 @@ int mge_input(struct mge_graph *g, const char *name, enum mge_dtype dt, int ndim
     return v;
 }
 
-int mge_param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,
-              enum mge_init init, int64_t fan_in)
+static int add_param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,
+                     enum mge_init init, int64_t fan_in, int buffer)
 {
     int v = mge__graph_add_value(g, MGE_VALUE_PARAM, MGE_DTYPE_F32, ndim, shape, 0, name);
     if (v < 0)
@@ -248,12 +248,30 @@ int mge_param(struct mge_graph *g, const char *name, int ndim, const int64_t *sh
             return mge__graph_fail(g, MGE_EXISTS, "parameter '%s' defined twice", name);
     if (graph_grow((void **)&g->params, &g->cap_params, g->n_params + 1, sizeof(int)))
         return mge__graph_fail(g, MGE_NOMEM, "out of memory adding '%s'", name);
-    g->values[v].requires_grad = 1;
+    g->values[v].requires_grad = !buffer;
+    g->values[v].buffer = buffer;
     g->values[v].init = init;
     g->values[v].fan_in = fan_in;
     g->values[v].param_index = g->n_params;
     g->params[g->n_params++] = v;
     return v;
+}
+
+int mge_param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,
+              enum mge_init init, int64_t fan_in)
+{
+    return add_param(g, name, ndim, shape, init, fan_in, 0);
+}
+
+int mge_buffer(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,
+               enum mge_init init)
+{
+    return add_param(g, name, ndim, shape, init, 1, 1);
+}
+
+int mge_value_is_buffer(const struct mge_graph *g, int v)
+{
+    return v >= 0 && v < g->n_values && g->values[v].kind == MGE_VALUE_PARAM && g->values[v].buffer;
 }
 
 /* ---- op builders ---- */
@@ -726,6 +744,64 @@ int mge_layernorm(struct mge_graph *g, int x, int w, int b, float eps)
                          .out = {out, mean, rstd}, .n_out = 3};
     n.a.ln.eps = eps;
     return emit(g, &n);
+}
+
+/* Whether @v is a (C) vector: -1 (absent) passes when @optional. */
+static int is_channel_vector(const struct mge_graph *g, int v, int64_t C, int optional)
+{
+    if (v < 0)
+        return optional;
+    return v < g->n_values && g->values[v].ndim == 1 && g->values[v].shape[0] == C;
+}
+
+int mge_batchnorm2d(struct mge_graph *g, int x, int w, int b, int running_mean, int running_var,
+                    float eps, float momentum)
+{
+    if (check_value(g, x, "batchnorm2d") || (w >= 0 && check_value(g, w, "batchnorm2d")) ||
+        (b >= 0 && check_value(g, b, "batchnorm2d")) ||
+        check_value(g, running_mean, "batchnorm2d") || check_value(g, running_var, "batchnorm2d"))
+        return -g->err;
+    const struct mge_value *X = &g->values[x];
+    if (X->ndim != 4)
+        return mge__graph_fail(g, MGE_INVAL, "batchnorm2d: '%s' must be (N,C,H,W)", X->name);
+    int64_t C = X->shape[1];
+    if (!is_channel_vector(g, w, C, 1) || !is_channel_vector(g, b, C, 1))
+        return mge__graph_fail(g, MGE_INVAL, "batchnorm2d: weight and bias must be (%lld)",
+                               (long long)C);
+    if (!is_channel_vector(g, running_mean, C, 0) || !is_channel_vector(g, running_var, C, 0) ||
+        !mge_value_is_buffer(g, running_mean) || !mge_value_is_buffer(g, running_var))
+        return mge__graph_fail(g, MGE_INVAL,
+                               "batchnorm2d: running mean and variance must be (%lld) buffers",
+                               (long long)C);
+    if (!(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
+        return mge__graph_fail(g, MGE_INVAL,
+                               "batchnorm2d: eps %g must be > 0, momentum %g in [0, 1]",
+                               (double)eps, (double)momentum);
+    int req = rg(g, x) || rg(g, w) || rg(g, b), xb = X->batched;
+    int out = new_act(g, "batchnorm", 4, X->shape, xb, req); /* X may move from here on */
+    int mean = new_act(g, "bn_mean", 1, &C, 0, 0);
+    int rstd = new_act(g, "bn_rstd", 1, &C, 0, 0);
+    if (out < 0 || mean < 0 || rstd < 0)
+        return -g->err;
+    struct mge_node n = {.op = MGE_OP_BATCHNORM,
+                         .in = {x, w, b, running_mean, running_var},
+                         .n_in = 5,
+                         .out = {out, mean, rstd},
+                         .n_out = 3};
+    n.a.bn.eps = eps;
+    n.a.bn.momentum = momentum;
+    return emit(g, &n);
+}
+
+int mge_global_avgpool2d(struct mge_graph *g, int x)
+{
+    if (check_value(g, x, "global_avgpool2d"))
+        return -g->err;
+    const struct mge_value *X = &g->values[x];
+    if (X->ndim != 4)
+        return mge__graph_fail(g, MGE_INVAL, "global_avgpool2d: '%s' must be (N,C,H,W)", X->name);
+    int64_t shape[3] = {X->shape[0], X->shape[1], X->shape[2] * X->shape[3]};
+    return mge_mean(g, mge_reshape(g, x, 3, shape), 2);
 }
 
 int mge_embedding(struct mge_graph *g, int ids, int table)

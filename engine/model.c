@@ -20,13 +20,17 @@ static enum mge_act act_of(enum mge_activation a)
     return MGE_ACT_FN_RELU;
 }
 
-/* y = act(x @ W^T + b) with PyTorch's nn.Linear parameters and init. */
-static int linear_layer(struct mge_graph *g, const char *name, int x, int64_t in, int64_t out,
-                        enum mge_act act, float dropout)
+/* Parameter names: "w"/"b" in the first zoo models, PyTorch's state-dict names in resnet. */
+static const char *const short_names[2] = {"w", "b"};
+static const char *const torch_names[2] = {"weight", "bias"};
+
+/* y = act(x @ W^T + b) with PyTorch's nn.Linear parameters and init; @sfx names w and b. */
+static int linear_layer(struct mge_graph *g, const char *name, const char *const sfx[2], int x,
+                        int64_t in, int64_t out, enum mge_act act, float dropout)
 {
     char wn[64], bn[64];
-    snprintf(wn, sizeof(wn), "%s.w", name);
-    snprintf(bn, sizeof(bn), "%s.b", name);
+    snprintf(wn, sizeof(wn), "%s.%s", name, sfx[0]);
+    snprintf(bn, sizeof(bn), "%s.%s", name, sfx[1]);
     int64_t ws[2] = {out, in}, bs[1] = {out};
     int w = mge_param(g, wn, 2, ws, MGE_INIT_UNIFORM_FAN_IN, in);
     int b = mge_param(g, bn, 1, bs, MGE_INIT_UNIFORM_FAN_IN, in);
@@ -59,6 +63,70 @@ static int conv_relu_pool(struct mge_graph *g, const char *name, int x, int cin,
     return mge_relu(g, mge_maxpool2d(g, conv_layer(g, name, x, cin, cout, k, pad), 2, 2, 0));
 }
 
+/*
+ * ResNet, as torchvision writes it and He et al. (2016, section 4.2) shape it for CIFAR: a 3x3
+ * stem, three stages of n basic blocks (width, 2 width, 4 width channels; the 2nd and 3rd
+ * start with stride 2), global average pooling, a linear head; depth = 6n + 2. Where a block
+ * changes shape its shortcut is a 1x1 conv (stride 2) + batch norm (option B, torchvision's
+ * "downsample"), not zero padding (option A): it keeps every parameter a tensor PyTorch's
+ * ResNet has. Convs have no bias and kaiming-normal fan-out init; batch norms weight 1, bias
+ * 0, eps 1e-5, momentum 0.1. Names are PyTorch's (layer1.0.conv1.weight, bn1.running_mean,
+ * fc.weight), without num_batches_tracked (unused with a fixed momentum).
+ */
+static int conv_bn(struct mge_graph *g, const char *conv, const char *bn, int x, int cin, int cout,
+                   int k, int stride)
+{
+    char name[96];
+    int64_t ws[4] = {cout, cin, k, k}, cs[1] = {cout};
+    snprintf(name, sizeof(name), "%s.weight", conv);
+    int w = mge_param(g, name, 4, ws, MGE_INIT_NORMAL_FAN_OUT, (int64_t)cout * k * k);
+    snprintf(name, sizeof(name), "%s.weight", bn);
+    int bw = mge_param(g, name, 1, cs, MGE_INIT_ONE, 1);
+    snprintf(name, sizeof(name), "%s.bias", bn);
+    int bb = mge_param(g, name, 1, cs, MGE_INIT_ZERO, 1);
+    snprintf(name, sizeof(name), "%s.running_mean", bn);
+    int rm = mge_buffer(g, name, 1, cs, MGE_INIT_ZERO);
+    snprintf(name, sizeof(name), "%s.running_var", bn);
+    int rv = mge_buffer(g, name, 1, cs, MGE_INIT_ONE);
+    return mge_batchnorm2d(g, mge_conv2d(g, x, w, -1, stride, k / 2), bw, bb, rm, rv, 1e-5f, 0.1f);
+}
+
+/* relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), named @name (e.g. "layer2.0"). */
+static int basic_block(struct mge_graph *g, const char *name, int x, int cin, int cout, int stride)
+{
+    char c1[64], b1[64], c2[64], b2[64], dc[64], db[64];
+    snprintf(c1, sizeof(c1), "%s.conv1", name);
+    snprintf(b1, sizeof(b1), "%s.bn1", name);
+    snprintf(c2, sizeof(c2), "%s.conv2", name);
+    snprintf(b2, sizeof(b2), "%s.bn2", name);
+    int h = mge_relu(g, conv_bn(g, c1, b1, x, cin, cout, 3, stride));
+    h = conv_bn(g, c2, b2, h, cout, cout, 3, 1);
+    int sc = x;
+    if (stride != 1 || cin != cout) {
+        snprintf(dc, sizeof(dc), "%s.downsample.0", name);
+        snprintf(db, sizeof(db), "%s.downsample.1", name);
+        sc = conv_bn(g, dc, db, x, cin, cout, 1, stride);
+    }
+    return mge_relu(g, mge_add(g, h, sc));
+}
+
+static int resnet(struct mge_graph *g, const struct mge_model_spec *ms, int x, int c, int classes)
+{
+    int n = (ms->depth - 2) / 6, width = ms->width, cin = width;
+    char name[32];
+    int t = mge_relu(g, conv_bn(g, "conv1", "bn1", x, c, width, 3, 1));
+    for (int stage = 0; stage < 3; stage++) {
+        int cout = width << stage;
+        for (int i = 0; i < n; i++) {
+            snprintf(name, sizeof(name), "layer%d.%d", stage + 1, i);
+            t = basic_block(g, name, t, cin, cout, stage > 0 && i == 0 ? 2 : 1);
+            cin = cout;
+        }
+    }
+    t = mge_global_avgpool2d(g, t);
+    return linear_layer(g, "fc", torch_names, t, cin, classes, MGE_ACT_NONE, 0.0f);
+}
+
 int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t batch, int c,
                     int h, int w, int classes, struct mge_model *m)
 {
@@ -67,7 +135,11 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
     int x, t;
     char name[32];
 
-    if (ms->type == MGE_MODEL_LENET) {
+    if (ms->type == MGE_MODEL_RESNET) {
+        int64_t xs[4] = {batch, c, h, w};
+        x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+        t = resnet(g, ms, x, c, classes);
+    } else if (ms->type == MGE_MODEL_LENET) {
         int64_t xs[4] = {batch, c, h, w};
         x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
         /* LeNet-5: conv5(6, pad 2) pool2 conv5(16) pool2 fc120 fc84 fc10 */
@@ -75,9 +147,9 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
         t = conv_relu_pool(g, "conv2", t, 6, 16, 5, 0);
         t = mge_flatten(g, t);
         int64_t flat = t >= 0 ? mge_value_shape(g, t)[1] : 1;
-        t = linear_layer(g, "fc1", t, flat, 120, MGE_ACT_FN_RELU, ms->dropout);
-        t = linear_layer(g, "fc2", t, 120, 84, MGE_ACT_FN_RELU, ms->dropout);
-        t = linear_layer(g, "fc3", t, 84, classes, MGE_ACT_NONE, 0.0f);
+        t = linear_layer(g, "fc1", short_names, t, flat, 120, MGE_ACT_FN_RELU, ms->dropout);
+        t = linear_layer(g, "fc2", short_names, t, 120, 84, MGE_ACT_FN_RELU, ms->dropout);
+        t = linear_layer(g, "fc3", short_names, t, 84, classes, MGE_ACT_NONE, 0.0f);
     } else {
         int64_t xs[2] = {batch, dim};
         x = mge_input(g, "x", MGE_DTYPE_F32, 2, xs, 1);
@@ -87,11 +159,11 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
         for (int i = 0; i < n_hidden; i++) {
             int64_t out = ms->type == MGE_MODEL_DEEP_MLP ? ms->width : ms->hidden[i];
             snprintf(name, sizeof(name), "fc%d", i + 1);
-            t = linear_layer(g, name, t, in, out, act_of(ms->activation), ms->dropout);
+            t = linear_layer(g, name, short_names, t, in, out, act_of(ms->activation), ms->dropout);
             in = out;
         }
         snprintf(name, sizeof(name), "fc%d", n_hidden + 1);
-        t = linear_layer(g, name, t, in, classes, MGE_ACT_NONE, 0.0f);
+        t = linear_layer(g, name, short_names, t, in, classes, MGE_ACT_NONE, 0.0f);
     }
     m->x = x;
     m->y = mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1);

@@ -1,4 +1,4 @@
-/* model.h: the model zoo: graphs built from a job spec (mlp, lenet, deep_mlp). */
+/* model.h: the model zoo: graphs built from a job spec (mlp, lenet, deep_mlp, resnet). */
 #ifndef MGE_ENGINE_MODEL_H
 #define MGE_ENGINE_MODEL_H
 

@@ -741,7 +741,8 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
      * Parameters and gradients share one layout, so the optimiser walks both arenas (and its
      * state) element by element: the order in which backward first writes each gradient (the
      * last layer first: packs of gradients are ready front to back), then parameters that get
-     * no gradient, in creation order.
+     * no gradient, in creation order, then buffers (never trained): the gradient arena and the
+     * optimiser cover the trained prefix only.
      */
     int *order = mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1));
     char *placed = mge_calloc((size_t)(g->n_params ? g->n_params : 1), 1);
@@ -763,21 +764,24 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
             placed[pi] = 1;
             order[n_order++] = pi;
         }
-    for (int pi = 0; pi < g->n_params; pi++)
-        if (!placed[pi])
-            order[n_order++] = pi;
-    size_t off = 0;
+    for (int buffers = 0; buffers < 2; buffers++)
+        for (int pi = 0; pi < g->n_params; pi++)
+            if (!placed[pi] && g->values[g->params[pi]].buffer == buffers)
+                order[n_order++] = pi;
+    size_t off = 0, trained = 0;
     for (int k = 0; k < n_order; k++) {
         int pv = g->params[order[k]];
         g->values[pv].offset = off;
         if (g->grads && g->grads[order[k]] >= 0)
             g->values[g->grads[order[k]]].offset = off;
         off += align_up(mge__value_bytes(g, pv));
+        if (!g->values[pv].buffer)
+            trained = off;
     }
     mge_free(order);
     mge_free(placed);
     g->param_bytes = off;
-    g->grad_bytes = g->grads ? off : 0;
+    g->grad_bytes = g->grads ? trained : 0;
 
     /* activations */
     int n_items = 0;

@@ -69,6 +69,7 @@ static int op_is_cheap(enum mge_op op)
     case MGE_OP_POOL:
     case MGE_OP_DROPOUT:
     case MGE_OP_LAYERNORM:
+    case MGE_OP_BATCHNORM:
     case MGE_OP_PERMUTE:
         return 1;
     default:

@@ -80,7 +80,7 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
             return MGE_NOENT;
         }
         int c = d->channels > 0 ? d->channels : 1, h = d->image_h, w = d->image_w;
-        if (spec->model.type != MGE_MODEL_LENET) { /* flat features */
+        if (!mge_model_takes_images(spec->model.type)) { /* flat features */
             c = 1;
             h = 1;
             w = d->input_dim;
@@ -183,7 +183,8 @@ static int optim_ckpt_type(enum mge_optim_type t)
     return MGE_CKPT_OPTIM_NONE;
 }
 
-/* The i-th checkpoint tensor: parameters, then each optimiser state per parameter. */
+/* The i-th checkpoint tensor: parameters and buffers, then each optimiser state per trained
+ * parameter (buffers have none: the optimiser's arena ends before them). */
 static void ckpt_tensor_of(struct trainer *t, int pi, int state, struct mge_ckpt_tensor *ct,
                            char *name, size_t name_len)
 {
@@ -221,9 +222,13 @@ static int ckpt_save(struct trainer *t)
         rc = MGE_ERR(MGE_NOMEM, "cannot allocate checkpoint");
         goto out_free;
     }
-    for (int s = -1, k = 0; s < ns; s++)
-        for (int i = 0; i < np; i++, k++)
-            ckpt_tensor_of(t, i, s, &ts[k], names[k], sizeof(names[k]));
+    n = 0;
+    for (int s = -1; s < ns; s++)
+        for (int i = 0; i < np; i++)
+            if (s < 0 || !mge_value_is_buffer(t->g, mge_graph_param(t->g, i))) {
+                ckpt_tensor_of(t, i, s, &ts[n], names[n], sizeof(names[n]));
+                n++;
+            }
     ck.step = t->step;
     ck.epoch = t->epoch;
     ck.sampler_pos = t->pos;
@@ -269,6 +274,8 @@ static int ckpt_restore(struct trainer *t, const char *path)
     for (int s = -1; s < ns && rc == MGE_OK; s++)
         for (int i = 0; i < np; i++) {
             struct mge_ckpt_tensor want;
+            if (s >= 0 && mge_value_is_buffer(t->g, mge_graph_param(t->g, i)))
+                continue;
             ckpt_tensor_of(t, i, s, &want, name, sizeof(name));
             const struct mge_ckpt_tensor *have = mge_ckpt_find(ck, name);
             if (!have || have->dtype != MGE_CKPT_F32 || have->nbytes != want.nbytes) {
@@ -949,7 +956,8 @@ int mge_train_main(const struct mge_train_opts *o)
         code = rc == MGE_OK ? 0 : 2;
         goto out;
     }
-    int64_t n_params_f = (int64_t)(t.stats.param_bytes / sizeof(float));
+    /* the optimiser covers the trained parameters, the gradient arena's extent (no buffers) */
+    int64_t n_params_f = (int64_t)(t.stats.grad_bytes / sizeof(float));
     t.total_steps = mge_jobspec_total_steps(t.spec, t.train.n);
     /* from here on, what the process adds is the engine's planned memory (and the loader's) */
     if (!o->plan_only && !o->max_batch && rss_peak_reset() == 0)

@@ -286,28 +286,41 @@ static void conv_backend_init(void)
 }
 
 /*
- * "auto" is direct (which hands what it cannot do to im2col): on LeNet's convs at batch 128 it
- * took 5.1 ms per step on one thread against im2col's 9.6 and oneDNN's 13.0 (plain NCHW makes
- * oneDNN fall back to its gemm convolution); see tests/bench/run_conv.sh.
+ * "auto" is direct (which hands what it cannot do to im2col) unless a conv has many input
+ * channels and narrow output rows, where im2col wins. On LeNet's convs (1 and 6 input
+ * channels) at batch 128 direct took 5.1 ms per step on one thread against im2col's 9.6 and
+ * oneDNN's 13.0 (plain NCHW makes oneDNN fall back to its gemm convolution); see
+ * tests/bench/run_conv.sh. On ResNet-20's 3x3 convs at batch 128, one thread (fwd + bwd ms, the
+ * better of two runs on a loaded machine): 16 channels at 28x28 direct 19.1, im2col 21.7; 32 at
+ * 14x14 direct 21.5, im2col 20.4; 64 at 7x7 direct 46.7, im2col 24.3 (direct vectorises along
+ * an output row, 16 lanes: a 7-wide row leaves more than half of each vector empty).
  */
-static int conv_backend(int b)
+#define MGE__CONV_DIRECT_MAX_C 8  /* input channels direct always takes */
+#define MGE__CONV_DIRECT_MIN_Q 16 /* output width from which direct takes any channel count */
+
+static int conv_backend(int b, const struct mge_cpu_conv *cv)
 {
     if (b == MGE__CONV_AUTO) {
         pthread_once(&g_conv_once, conv_backend_init);
         b = g_conv_backend;
     }
-    return b == MGE__CONV_AUTO ? MGE__CONV_DIRECT : b;
+    if (b != MGE__CONV_AUTO)
+        return b;
+    if (cv && cv->C > MGE__CONV_DIRECT_MAX_C && cv->Q < MGE__CONV_DIRECT_MIN_Q)
+        return MGE__CONV_IM2COL;
+    return MGE__CONV_DIRECT;
 }
 
 const char *mge_cpu_conv_backend(void)
 {
-    return conv_names[conv_backend(MGE__CONV_AUTO)];
+    int b = conv_backend(MGE__CONV_AUTO, NULL);
+    return b == MGE__CONV_DIRECT && g_conv_backend == MGE__CONV_AUTO ? "auto" : conv_names[b];
 }
 
 size_t mge__conv_scratch_bytes_with(int backend, const struct mge_cpu_conv *cv)
 {
     size_t fallback = im2col_scratch_bytes(cv), b = 0;
-    switch (conv_backend(backend)) {
+    switch (conv_backend(backend, cv)) {
     case MGE__CONV_DNNL:
         b = mge__conv_dnnl_scratch_bytes(cv);
         break;
@@ -329,7 +342,7 @@ void mge__cpu_conv2d_forward_with(int backend, const struct mge_cpu_conv *cv, fl
                                   const float *inp, const float *w, const float *bias,
                                   void *scratch)
 {
-    switch (conv_backend(backend)) {
+    switch (conv_backend(backend, cv)) {
     case MGE__CONV_DNNL:
         if (mge__conv_dnnl_forward(cv, out, inp, w, bias, scratch) == 0)
             return;
@@ -348,7 +361,7 @@ void mge__cpu_conv2d_backward_with(int backend, const struct mge_cpu_conv *cv, f
                                    float *dw, float *dbias, const float *dout, const float *inp,
                                    const float *w, void *scratch, int acc)
 {
-    switch (conv_backend(backend)) {
+    switch (conv_backend(backend, cv)) {
     case MGE__CONV_DNNL:
         if (mge__conv_dnnl_backward(cv, dinp, dw, dbias, dout, inp, w, scratch, acc) == 0)
             return;

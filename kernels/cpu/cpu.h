@@ -140,8 +140,9 @@ void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *
                              const float *dout, const float *inp, const float *w, void *scratch,
                              int acc);
 
-/* Name of the conv backend in use ("im2col", "dnnl", "direct"); $MGE_CONV overrides the default.
- * Read once, at the first conv call. */
+/* Name of the conv backend in use ("im2col", "dnnl", "direct", or "auto": direct, except im2col
+ * for convs of more than 8 input channels and outputs narrower than 16); $MGE_CONV overrides
+ * the default. Read once, at the first conv call. */
 const char *mge_cpu_conv_backend(void);
 
 struct mge_cpu_pool {
@@ -165,6 +166,24 @@ void mge_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float
 void mge_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
                                 const float *inp, const float *w, const float *mean,
                                 const float *rstd, int64_t rows, int64_t C, int acc);
+/*
+ * Batch normalisation of inp viewed as (N, C, HW), per channel c (PyTorch's BatchNorm2d).
+ * @train != 0: normalise with the batch's mean and biased variance, write them to @mean and
+ * @rstd (C; rstd = 1/sqrt(var + eps)) and, when @running_mean/@running_var are not NULL,
+ * update them: r = (1 - momentum) r + momentum s, with the unbiased variance (N HW / (N HW - 1))
+ * for @running_var. @train == 0: normalise with the running statistics (which must be given)
+ * and write those to @mean and @rstd. Sums go plane by plane in a fixed order, in double, so
+ * results do not depend on the thread count. @w, @b (C) may be NULL (1 and 0).
+ */
+void mge_cpu_batchnorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *w, const float *b, float *running_mean,
+                               float *running_var, int64_t N, int64_t C, int64_t HW, float eps,
+                               float momentum, int train);
+/* Backward of a training-mode forward (batch statistics @mean, @rstd): dinp, dw, db (C) (+)=;
+ * any output may be NULL. */
+void mge_cpu_batchnorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                const float *inp, const float *w, const float *mean,
+                                const float *rstd, int64_t N, int64_t C, int64_t HW, int acc);
 /* out[n, :] = table[ids[n], :] (C floats); ids outside [0, V) are the caller's bug. */
 void mge_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
                                int64_t C);

@@ -107,6 +107,39 @@ expect_budget() {
 }
 expect_budget
 
+echo "-- resnet (ResNet-8, width 4): resume is bit-identical, running statistics included"
+cat > "$T/rn.yaml" <<EOF
+name: rn8
+model: {type: resnet, depth: 8, width: 4}
+data:
+  format: idx
+  train_images: /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+  train_labels: /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz
+  test_images: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
+  test_labels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+train:
+  steps: 12
+  batch_size: 32
+  optimizer: {type: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.0005}
+  seed: 3
+EOF
+"$BIN/mge-train" "$T/rn.yaml" --json --out "$T/rn-straight" > "$T/rn-straight.out" 2>"$T/err" || { bad "resnet exited $?"; cat "$T/err"; }
+"$BIN/mge-train" "$T/rn.yaml" --set train.steps=5 --json --out "$T/rn-half" > /dev/null 2>"$T/err" || { bad "resnet (5 steps) exited $?"; cat "$T/err"; }
+# the second half recomputes (sublinear): another plan, the same numbers
+"$BIN/mge-train" "$T/rn.yaml" --set memory.sublinear=true --resume "$T/rn-half/latest.mgeckpt" --json --out "$T/rn-resumed" > "$T/rn-resumed.out" 2>"$T/err" || { bad "resnet resume exited $?"; cat "$T/err"; }
+for k in final_loss test_loss test_accuracy; do
+    v1=$(json "$T/rn-straight.out" $k); v2=$(json "$T/rn-resumed.out" $k)
+    [ -n "$v1" ] && [ "$v1" = "$v2" ] && ok "resnet $k $v1 straight == $v2 resumed (sublinear)" || bad "resnet $k $v1 straight != $v2 resumed"
+done
+"$BIN/mge-infer" "$T/rn-straight/latest.mgeckpt" --json > "$T/rn-i1.out" 2>&1
+"$BIN/mge-infer" "$T/rn-resumed/latest.mgeckpt" --json > "$T/rn-i2.out" 2>&1
+i1=$(json "$T/rn-i1.out" accuracy); i2=$(json "$T/rn-i2.out" accuracy)
+[ -n "$i1" ] && [ "$i1" = "$i2" ] && [ "$i1" = "$(json "$T/rn-straight.out" test_accuracy)" ] \
+    && ok "mge-infer (running statistics) agrees: $i1" || bad "mge-infer accuracy $i1 / $i2 vs training $(json "$T/rn-straight.out" test_accuracy)"
+"$BIN/mge-train" --plan "$T/rn.yaml" --set memory.sublinear=true > "$T/rnplan.json" 2>&1
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["plans"]; sys.exit(0 if d["chosen"]["mode"] == "sublinear" and p["sublinear"]["activation_bytes"] < p["plain"]["activation_bytes"] and d["chosen"]["recompute_ops"] > 0 else 1)' "$T/rnplan.json" \
+    && ok "resnet --plan: sublinear keeps less than plain" || bad "resnet plan: $(cat "$T/rnplan.json")"
+
 echo "-- bad input: exit 2 and a message naming file, key and line"
 expect2() { # name, needle, command...
     name=$1; needle=$2; shift 2
@@ -131,6 +164,7 @@ for n in 0 -1 2x "" 4097 99999999999; do
     expect2 "--threads '$n'" "--threads: expected an integer between 1 and 4096, got '$n'" \
         "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --threads "$n"
 done
+expect2 "resnet depth not 6n+2" "rn.yaml:2: model.depth: expected 6n+2" "$BIN/mge-train" "$T/rn.yaml" --set model.depth=9
 
 echo "train_cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]

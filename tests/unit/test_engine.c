@@ -15,6 +15,7 @@
 #include "common/rng.h"
 #include "engine/engine.h"
 #include "engine/engine_int.h"
+#include "engine/model.h"
 #include "engine/optim.h"
 
 #define GC_EPS 1e-2f
@@ -287,6 +288,198 @@ START_TEST(test_grad_layernorm_embedding_dropout)
     /* dropout's mask depends on (seed, step): gc_loss and gc_check both run at step 7 */
     gc_check(&c);
     gc_fini(&c);
+}
+END_TEST
+
+START_TEST(test_grad_batchnorm_residual_gap)
+{
+    /* _i == 0: affine batch norm; 1: without weight and bias. Then a residual add of the input
+     * and global average pooling: tanh(bn(x)) + x -> mean over H, W */
+    struct gc c;
+    gc_init(&c);
+    int64_t xs[4] = {3, 2, 3, 4}, cs[1] = {2};
+    int x = gc_param(&c, "x", 4, xs);
+    int w = _i == 0 ? gc_param(&c, "bn.weight", 1, cs) : -1;
+    int b = _i == 0 ? gc_param(&c, "bn.bias", 1, cs) : -1;
+    int rm = mge_buffer(c.g, "bn.running_mean", 1, cs, MGE_INIT_ZERO);
+    int rv = mge_buffer(c.g, "bn.running_var", 1, cs, MGE_INIT_ONE);
+    int y = mge_batchnorm2d(c.g, x, w, b, rm, rv, 1e-5f, 0.1f);
+    y = mge_global_avgpool2d(c.g, mge_add(c.g, mge_tanh(c.g, y), x)); /* tanh: no kink for FD */
+    ck_assert_int_eq(mge_value_ndim(c.g, y), 2);
+    ck_assert_int_eq(mge_value_shape(c.g, y)[1], 2);
+    gc_finish(&c, y);
+    /* buffers: no gradient, and outside the gradient arena (the optimiser's extent) */
+    int64_t np, ng;
+    mge_graph_params(c.g, &np);
+    mge_graph_grads(c.g, &ng);
+    ck_assert_int_eq(mge_graph_grad(c.g, rm), -1);
+    ck_assert_int_eq(mge_graph_grad(c.g, rv), -1);
+    ck_assert(mge_value_is_buffer(c.g, rm) && !mge_value_is_buffer(c.g, x));
+    ck_assert_int_lt(ng, np);
+    ck_assert_int_ge((float *)mge_value_data(c.g, rm) - mge_graph_params(c.g, NULL), ng);
+    ck_assert_int_ge((float *)mge_value_data(c.g, rv) - mge_graph_params(c.g, NULL), ng);
+    gc_check(&c);
+    gc_fini(&c);
+}
+END_TEST
+
+/*
+ * Training runs normalise with batch statistics and move the running ones as PyTorch does
+ * (momentum 0.1, unbiased variance); inference runs normalise with the running ones and leave
+ * them alone. Reference in double, tolerance 1e-5 relative.
+ */
+START_TEST(test_batchnorm_running_stats)
+{
+    struct mge_graph *g;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    enum { N = 4, C = 2, HW = 6 };
+    int64_t xs[4] = {N, C, 2, 3}, cs[1] = {C};
+    int x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+    int w = mge_param(g, "bn.weight", 1, cs, MGE_INIT_ONE, 1);
+    int b = mge_param(g, "bn.bias", 1, cs, MGE_INIT_ZERO, 1);
+    int rm = mge_buffer(g, "bn.running_mean", 1, cs, MGE_INIT_ZERO);
+    int rv = mge_buffer(g, "bn.running_var", 1, cs, MGE_INIT_ONE);
+    int y = mge_batchnorm2d(g, x, w, b, rm, rv, 1e-5f, 0.1f);
+    ck_assert_msg(y >= 0, "%s", mge_graph_error_msg(g));
+    ck_assert_int_eq(mge_graph_keep(g, y), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, 1);
+    float xd[N * C * HW], *wd = mge_value_data(g, w), *bd = mge_value_data(g, b);
+    const float *rmd = mge_value_data(g, rm), *rvd = mge_value_data(g, rv);
+    const float *yd = mge_value_data(g, y);
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 9);
+    for (int i = 0; i < N * C * HW; i++)
+        xd[i] = 3.0f * mge_rng_float(&rng) + (float)(i % 5);
+    wd[0] = 0.5f, wd[1] = -2.0f, bd[0] = 0.25f, bd[1] = 1.0f;
+    ck_assert_int_eq(mge_graph_bind(g, x, xd), MGE_OK);
+    double em[C] = {0}, ev[C] = {1, 1};
+    for (int round = 0; round < 2; round++) {
+        ck_assert_int_eq(mge_graph_run(g, MGE_RUN_FORWARD_TRAIN, round), MGE_OK);
+        for (int c = 0; c < C; c++) {
+            double m = 0, v = 0;
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < HW; i++)
+                    m += xd[(n * C + c) * HW + i];
+            m /= N * HW;
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < HW; i++)
+                    v += (xd[(n * C + c) * HW + i] - m) * (xd[(n * C + c) * HW + i] - m);
+            em[c] = 0.9 * em[c] + 0.1 * m;
+            ev[c] = 0.9 * ev[c] + 0.1 * v / (N * HW - 1);
+            ck_assert_double_eq_tol(rmd[c], em[c], 1e-5 * fabs(em[c]) + 1e-6);
+            ck_assert_double_eq_tol(rvd[c], ev[c], 1e-5 * fabs(ev[c]));
+            for (int n = 0; n < N; n++) /* training output: batch statistics */
+                for (int i = 0; i < HW; i++) {
+                    int k = (n * C + c) * HW + i;
+                    double want = (xd[k] - m) / sqrt(v / (N * HW) + 1e-5) * wd[c] + bd[c];
+                    ck_assert_double_eq_tol(yd[k], want, 1e-4 * fabs(want) + 1e-5);
+                }
+        }
+    }
+    float rm_before[C], rv_before[C];
+    memcpy(rm_before, rmd, sizeof(rm_before));
+    memcpy(rv_before, rvd, sizeof(rv_before));
+    ck_assert_int_eq(mge_graph_run(g, MGE_RUN_INFER, 2), MGE_OK);
+    ck_assert_mem_eq(rm_before, rmd, sizeof(rm_before)); /* inference leaves them alone */
+    ck_assert_mem_eq(rv_before, rvd, sizeof(rv_before));
+    for (int k = 0; k < N * C * HW; k++) { /* inference output: running statistics */
+        int c = (k / HW) % C;
+        double want = (xd[k] - em[c]) / sqrt(ev[c] + 1e-5) * wd[c] + bd[c];
+        ck_assert_double_eq_tol(yd[k], want, 1e-4 * fabs(want) + 1e-5);
+    }
+    /* bad shapes and trained (not buffer) running statistics are refused */
+    int bad = mge_batchnorm2d(g, w, w, b, rm, rv, 1e-5f, 0.1f);
+    ck_assert_int_lt(bad, 0);
+    mge_graph_free(g);
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+    w = mge_param(g, "w", 1, cs, MGE_INIT_ONE, 1);
+    ck_assert_int_lt(mge_batchnorm2d(g, x, -1, -1, w, w, 1e-5f, 0.1f), 0);
+    ck_assert_ptr_nonnull(strstr(mge_graph_error_msg(g), "buffers"));
+    mge_graph_free(g);
+}
+END_TEST
+
+/*
+ * The resnet zoo model: PyTorch's parameter names and counts, option-B shortcuts only where the
+ * shape changes, kaiming-normal fan-out conv init, and the output shape. ResNet-20, width 16, on
+ * 1x28x28 with 10 classes: stem 144 + 32; layer1 3 x 4672; layer2 14528 + 2 x 18560; layer3
+ * 57728 + 2 x 73984; fc 650: 272186 trained floats; 21 batch norms (stem, 18 in blocks, 2
+ * in shortcuts), 2 buffers each.
+ */
+START_TEST(test_model_resnet)
+{
+    struct mge_jobspec spec;
+    memset(&spec, 0, sizeof(spec));
+    spec.model.type = MGE_MODEL_RESNET;
+    spec.model.depth = 20;
+    spec.model.width = 16;
+    struct mge_graph *g;
+    struct mge_model m;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    ck_assert_msg(mge_model_build(g, &spec, 4, 1, 28, 28, 10, &m) == MGE_OK, "%s",
+                  mge_graph_error_msg(g));
+    ck_assert_int_eq(mge_value_ndim(g, m.logits), 2);
+    ck_assert_int_eq(mge_value_shape(g, m.logits)[1], 10);
+    int64_t trained = 0;
+    int buffers = 0, convs = 0;
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        if (mge_value_is_buffer(g, v))
+            buffers++;
+        else
+            trained += mge_value_numel(g, v);
+        convs += mge_value_ndim(g, v) == 4;
+    }
+    ck_assert_int_eq(trained, 272186);
+    ck_assert_int_eq(buffers, 2 * 21);
+    ck_assert_int_eq(convs, 21); /* 19 3x3 + 2 downsample */
+    static const char *const names[] = {
+        "conv1.weight",
+        "bn1.weight",
+        "bn1.running_mean",
+        "layer1.0.conv1.weight",
+        "layer1.2.bn2.bias",
+        "layer2.0.downsample.0.weight",
+        "layer2.0.downsample.1.running_var",
+        "layer3.2.conv2.weight",
+        "fc.weight",
+        "fc.bias",
+    };
+    for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+        int found = 0;
+        for (int i = 0; i < mge_graph_n_params(g) && !found; i++)
+            found = !strcmp(mge_value_name(g, mge_graph_param(g, i)), names[k]);
+        ck_assert_msg(found, "no parameter '%s'", names[k]);
+    }
+    for (int i = 0; i < mge_graph_n_params(g); i++) /* no shortcut conv where shapes agree */
+        ck_assert_ptr_null(strstr(mge_value_name(g, mge_graph_param(g, i)), "layer1.0.downsample"));
+    ck_assert_int_eq(mge_graph_backward(g, m.loss), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, 3);
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        const char *name = mge_value_name(g, v);
+        const float *d = mge_value_data(g, v);
+        int64_t n = mge_value_numel(g, v);
+        if (!strcmp(name, "layer3.1.conv1.weight")) { /* N(0, 2 / (64 * 9)): std 0.0589 */
+            double sum = 0, sq = 0;
+            for (int64_t k = 0; k < n; k++)
+                sum += d[k], sq += (double)d[k] * d[k];
+            ck_assert_double_le(fabs(sum / (double)n), 0.002);
+            ck_assert_double_eq_tol(sqrt(sq / (double)n), sqrt(2.0 / 576.0), 0.002);
+        }
+        if (strstr(name, "running_var") || (strstr(name, "bn") && strstr(name, ".weight")))
+            for (int64_t k = 0; k < n; k++)
+                ck_assert_float_eq(d[k], 1.0f);
+        if (strstr(name, "running_mean") || (strstr(name, "bn") && strstr(name, ".bias")))
+            for (int64_t k = 0; k < n; k++)
+                ck_assert_float_eq(d[k], 0.0f);
+    }
+    mge_graph_free(g);
 }
 END_TEST
 
@@ -751,6 +944,9 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_grad_shape_ops);
     tcase_add_loop_test(tc, test_grad_conv_pool, 0, 2);
     tcase_add_test(tc, test_grad_layernorm_embedding_dropout);
+    tcase_add_loop_test(tc, test_grad_batchnorm_residual_gap, 0, 2);
+    tcase_add_test(tc, test_batchnorm_running_stats);
+    tcase_add_test(tc, test_model_resnet);
     tcase_add_test(tc, test_grad_fan_out);
     suite_add_tcase(s, tc);
     tc = tcase_create("graph");

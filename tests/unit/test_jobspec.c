@@ -386,7 +386,13 @@ static const struct err_case err_cases[] = {
     {HEAD TRAIN "model: 3\n", MGE_SPEC, 12, "model", "duplicate key"},
     {"name: t\nmodel: [mlp]\n", MGE_SPEC, 2, "model", "expected a mapping, got a list"},
     {"name: t\nmodel:\n  type: mpl\n", MGE_SPEC, 3, "model.type",
-     "expected one of mlp, lenet, deep_mlp, got 'mpl' (did you mean 'mlp'?)"},
+     "expected one of mlp, lenet, deep_mlp, resnet, got 'mpl' (did you mean 'mlp'?)"},
+    {"name: t\nmodel:\n  type: resnet\n  depth: 21\n", MGE_SPEC, 4, "model.depth",
+     "expected 6n+2 (8, 14, 20, 32, 44, 56, 110: CIFAR-style basic blocks, n per stage), got 21"},
+    {"name: t\nmodel:\n  type: resnet\n  depth: 2\n", MGE_SPEC, 4, "model.depth",
+     "expected an integer between 8 and 1202, got '2'"},
+    {"name: t\nmodel:\n  type: resnet\n  width: 0\n", MGE_SPEC, 4, "model.width",
+     "expected an integer between 1 and 4096, got '0'"},
     {"name: t\nmodel:\n  type: mlp\n  hidden: 512\n", MGE_SPEC, 4, "model.hidden",
      "expected a list of 0 to 64 integers, got '512'"},
     {"name: t\nmodel:\n  type: mlp\n  hidden: [512,\n    x]\n", MGE_SPEC, 5, "model.hidden",
@@ -440,6 +446,10 @@ static const struct err_case err_cases[] = {
      "not used by model type 'lenet'"},
     {"name: t\nmodel:\n  type: mlp\n  hidden: [1]\n  layers: 3\n", MGE_SPEC, 5, "model.layers",
      "not used by model type 'mlp'"},
+    {"name: t\nmodel:\n  type: mlp\n  hidden: [1]\n  depth: 20\n", MGE_SPEC, 5, "model.depth",
+     "not used by model type 'mlp'"},
+    {"name: t\nmodel:\n  type: resnet\n  layers: 3\n", MGE_SPEC, 4, "model.layers",
+     "not used by model type 'resnet'"},
     {HEAD TRAIN "    type: adam\n    momentum: 0.9\n", MGE_SPEC, 13, "train.optimizer.momentum",
      "not used by optimizer type 'adam'"},
     {HEAD TRAIN "    nesterov: true\n", MGE_SPEC, 12, "train.optimizer.nesterov",
@@ -714,6 +724,32 @@ START_TEST(test_jobspec_to_json_shape)
 }
 END_TEST
 
+/* resnet: depth and width default to ResNet-20 of width 16 and survive the JSON form. */
+START_TEST(test_jobspec_resnet)
+{
+    struct mge_jobspec *s = parse_ok("name: r\nmodel: {type: resnet}\ndata: {format: synthetic}\n"
+                                     "train: {steps: 1, batch_size: 2, optimizer: {lr: 0.1}}\n",
+                                     NULL, 0);
+    ck_assert_int_eq(s->model.depth, 20);
+    ck_assert_int_eq(s->model.width, 16);
+    ck_assert_str_eq(mge_model_type_name(s->model.type), "resnet");
+    mge_jobspec_free(s);
+    s = parse_ok("name: r\nmodel: {type: resnet, depth: 56, width: 8}\ndata: {format: synthetic}\n"
+                 "train: {steps: 1, batch_size: 2, optimizer: {lr: 0.1}}\n",
+                 NULL, 0);
+    char *text = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(text, "\"depth\":56"));
+    ck_assert_ptr_nonnull(strstr(text, "\"width\":8"));
+    struct mge_jobspec *back = parse_ok(text, NULL, 0);
+    ck_assert_int_eq(back->model.type, MGE_MODEL_RESNET);
+    ck_assert_int_eq(back->model.depth, 56);
+    ck_assert_int_eq(back->model.width, 8);
+    mge_jobspec_free(back);
+    mge_free(text);
+    mge_jobspec_free(s);
+}
+END_TEST
+
 START_TEST(test_jobspec_total_steps)
 {
     struct mge_jobspec *s = parse_ok(MINIMAL, (const char *[]){"train.epochs=3"}, 1);
@@ -750,8 +786,9 @@ static const char *example_path(char *buf, size_t cap, const char *name)
 
 START_TEST(test_jobspec_load_examples)
 {
-    static const char *const names[] = {"fmnist-mlp.yaml", "fmnist-lenet.yaml", "deep-mlp.yaml"};
-    for (size_t i = 0; i < 3; i++) {
+    static const char *const names[] = {"fmnist-mlp.yaml", "fmnist-lenet.yaml", "deep-mlp.yaml",
+                                        "fmnist-resnet20.yaml"};
+    for (size_t i = 0; i < 4; i++) {
         char path[256];
         struct mge_jobspec *s = NULL;
         struct mge_spec_error err;
@@ -768,6 +805,11 @@ START_TEST(test_jobspec_load_examples)
         } else if (i == 1) {
             ck_assert_int_eq(s->model.type, MGE_MODEL_LENET);
             ck_assert_int_eq(s->train.epochs, 2);
+        } else if (i == 3) {
+            ck_assert_int_eq(s->model.type, MGE_MODEL_RESNET);
+            ck_assert_int_eq(s->model.depth, 20);
+            ck_assert_int_eq(s->model.width, 16);
+            ck_assert(mge_model_takes_images(s->model.type));
         } else {
             ck_assert_int_eq(s->model.type, MGE_MODEL_DEEP_MLP);
             ck_assert_int_eq(s->model.layers, 128);
@@ -927,6 +969,7 @@ static Suite *jobspec_suite(void)
     tc = tcase_create("forms");
     tcase_add_test(tc, test_jobspec_round_trip);
     tcase_add_test(tc, test_jobspec_to_json_shape);
+    tcase_add_test(tc, test_jobspec_resnet);
     tcase_add_test(tc, test_jobspec_total_steps);
     tcase_add_test(tc, test_jobspec_names);
     suite_add_tcase(s, tc);

@@ -18,7 +18,25 @@
 #include "engine/engine_int.h"
 #include "tests/unit/support/check_run.h"
 
-enum net { NET_CHAIN, NET_DROPOUT, NET_CONV, NET_BRANCHES };
+enum net { NET_CHAIN, NET_DROPOUT, NET_CONV, NET_BRANCHES, NET_RESNET };
+
+/* conv 3x3 (no bias) -> batch norm with its buffers, named after @i and @j. */
+static int conv_bn(struct mge_graph *g, int t, int cin, int i, int j)
+{
+    char name[32];
+    int64_t ws[4] = {4, cin, 3, 3}, cs[1] = {4};
+    snprintf(name, sizeof(name), "l%d.conv%d.weight", i, j);
+    int w = mge_param(g, name, 4, ws, MGE_INIT_NORMAL_FAN_OUT, 4 * 9);
+    snprintf(name, sizeof(name), "l%d.bn%d.weight", i, j);
+    int bw = mge_param(g, name, 1, cs, MGE_INIT_ONE, 1);
+    snprintf(name, sizeof(name), "l%d.bn%d.bias", i, j);
+    int bb = mge_param(g, name, 1, cs, MGE_INIT_ZERO, 1);
+    snprintf(name, sizeof(name), "l%d.bn%d.running_mean", i, j);
+    int rm = mge_buffer(g, name, 1, cs, MGE_INIT_ZERO);
+    snprintf(name, sizeof(name), "l%d.bn%d.running_var", i, j);
+    int rv = mge_buffer(g, name, 1, cs, MGE_INIT_ONE);
+    return mge_batchnorm2d(g, mge_conv2d(g, t, w, -1, 1, 1), bw, bb, rm, rv, 1e-5f, 0.1f);
+}
 
 struct built {
     struct mge_graph *g;
@@ -36,7 +54,16 @@ static int build(enum net kind, int layers, enum mge_remat mode, size_t budget, 
     b->g = g;
     int64_t ys[1] = {8};
     int t;
-    if (kind == NET_CONV) {
+    if (kind == NET_RESNET) { /* stem, then basic blocks: relu(bn(conv(relu(bn(conv t)))) + t) */
+        int64_t xs[4] = {8, 2, 12, 12};
+        b->x = t = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+        t = mge_relu(g, conv_bn(g, t, 2, 0, 0));
+        for (int i = 1; i <= layers; i++) {
+            int h = mge_relu(g, conv_bn(g, t, 4, i, 1));
+            t = mge_relu(g, mge_add(g, conv_bn(g, h, 4, i, 2), t));
+        }
+        t = mge_global_avgpool2d(g, t);
+    } else if (kind == NET_CONV) {
         int64_t xs[4] = {8, 2, 12, 12};
         b->x = t = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
         int c = 2;
@@ -109,7 +136,7 @@ START_TEST(test_bit_identical)
 {
     /* _i: network kind; each compared plain vs sublinear vs light */
     enum net kind = (enum net)_i;
-    int layers = kind == NET_CONV ? 4 : 12;
+    int layers = kind == NET_CONV || kind == NET_RESNET ? 4 : 12;
     struct built plain, sub, light;
     float *g0, *g1, *g2;
     int64_t n0, n1, n2;
@@ -117,6 +144,14 @@ START_TEST(test_bit_identical)
     ck_assert_int_eq(build(kind, layers, MGE_REMAT_SUBLINEAR, 0, &sub), MGE_OK);
     ck_assert_int_eq(build(kind, layers, MGE_REMAT_LIGHT, 0, &light), MGE_OK);
     float l0 = step(&plain, &g0, &n0), l1 = step(&sub, &g1, &n1), l2 = step(&light, &g2, &n2);
+    /* parameters and buffers (batch norm's running statistics: updated once, not per clone) */
+    int64_t p0, p1, p2;
+    const float *pa0 = mge_graph_params(plain.g, &p0), *pa1 = mge_graph_params(sub.g, &p1);
+    const float *pa2 = mge_graph_params(light.g, &p2);
+    ck_assert_int_eq(p0, p1);
+    ck_assert_int_eq(p0, p2);
+    ck_assert_mem_eq(pa0, pa1, sizeof(float) * (size_t)p0);
+    ck_assert_mem_eq(pa0, pa2, sizeof(float) * (size_t)p0);
     ck_assert_mem_eq(&l0, &l1, sizeof(float));
     ck_assert_mem_eq(&l0, &l2, sizeof(float));
     ck_assert_int_eq(n0, n1);
@@ -125,6 +160,12 @@ START_TEST(test_bit_identical)
     ck_assert_mem_eq(g0, g2, sizeof(float) * (size_t)n0);
     if (kind != NET_CONV) /* conv nets this small have their peak in the first layer */
         ck_assert_msg(sub.chosen.recompute_ops > 0, "sublinear recomputed nothing");
+    if (kind == NET_RESNET) { /* batch norms are among what light mode recomputes */
+        int bn_clones = 0;
+        for (int ni = light.g->n_forward; ni < light.g->n_nodes; ni++)
+            bn_clones += light.g->nodes[ni].op == MGE_OP_BATCHNORM;
+        ck_assert_msg(bn_clones > 0, "light mode recomputed no batch norm");
+    }
     ck_assert_uint_le(sub.st.activation_bytes, plain.st.activation_bytes);
     mge_free(g0);
     mge_free(g1);
@@ -295,7 +336,7 @@ static Suite *sublinear_suite(void)
 {
     Suite *s = suite_create("sublinear");
     TCase *tc = tcase_create("identical");
-    tcase_add_loop_test(tc, test_bit_identical, NET_CHAIN, NET_BRANCHES + 1);
+    tcase_add_loop_test(tc, test_bit_identical, NET_CHAIN, NET_RESNET + 1);
     suite_add_tcase(s, tc);
     tc = tcase_create("plans");
     tcase_add_test(tc, test_chain_memory_shrinks);
