@@ -17,6 +17,7 @@
 #include "engine/engine_int.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "tests/unit/support/check_run.h"
 
 #define GC_EPS 1e-2f
 #define GC_ATOL 5e-3
@@ -971,11 +972,4 @@ static Suite *engine_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(engine_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return mge_test_run(engine_suite()); }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_int.h"
+#include "tests/unit/support/check_run.h"
 
 /*
  * Tolerances. Against a naive reference: rel 1e-5 / abs 1e-5 (same float maths, different
@@ -1209,11 +1210,4 @@ static Suite *kernels_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(kernels_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return mge_test_run(kernels_suite()); }
