@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """engine.py: mge-train against PyTorch on the same jobs, side by side in one run.
 
-For each model (MLP 784-512-512-10 and LeNet-5 on Fashion-MNIST, batch 128, SGD momentum):
+For each model (MLP 784-512-512-10, LeNet-5 and ResNet-20 on Fashion-MNIST, batch 128, SGD
+momentum):
 runs mge and PyTorch alternately (ROUNDS rounds), each for STEPS training steps with THREADS
 threads, and prints samples/s from the median step time (robust on a shared machine), the
 throughput ratio mge/PyTorch, and both peak RSS figures. PyTorch runs at its best here: with
@@ -20,7 +21,8 @@ THREADS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 ROUNDS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-JOBS = [("mlp", "examples/fmnist-mlp.yaml", 469), ("lenet", "examples/fmnist-lenet.yaml", 300)]
+JOBS = [("mlp", "examples/fmnist-mlp.yaml", 469), ("lenet", "examples/fmnist-lenet.yaml", 300),
+        ("resnet20", "examples/fmnist-resnet20.yaml", 60)]
 TORCH_LIB = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 
 
@@ -80,11 +82,11 @@ def main():
                     if best[side] is None or r["median_ms"] < best[side]["median_ms"]:
                         best[side] = r
             rows.append((model, best["mge"], best["torch"]))
-    print("  %-6s %14s %14s %9s %10s %10s %9s" % ("model", "mge samples/s", "torch samples/s",
+    print("  %-8s %14s %14s %9s %10s %10s %9s" % ("model", "mge samples/s", "torch samples/s",
                                                  "ratio", "mge RSS", "torch RSS", "RSS ratio"))
     for model, m, t in rows:
         ms, ts = 128e3 / m["median_ms"], 128e3 / t["median_ms"]
-        print("  %-6s %14.0f %14.0f %8.2fx %8.1fMi %8.1fMi %8.2fx" % (
+        print("  %-8s %14.0f %14.0f %8.2fx %8.1fMi %8.1fMi %8.2fx" % (
             model, ms, ts, ms / ts, m["rss"] / 2**20, t["rss"] / 2**20, m["rss"] / t["rss"]))
     with open("/proc/loadavg") as f:
         print("  load average at end: %s" % f.read().split()[0])

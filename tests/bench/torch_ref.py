@@ -5,7 +5,7 @@ Same model, init family, optimiser, batch, epochs and data (Debian's Fashion-MNI
 scaled to [0, 1], reshuffled every epoch). samples/s counts the training loop only (batch
 gather, forward, backward, update), as mge-train does. Prints one JSON object.
 
-Usage: torch_ref.py mlp|lenet|deep-mlp EPOCHS THREADS [STEPS]
+Usage: torch_ref.py mlp|lenet|resnet20|deep-mlp EPOCHS THREADS [STEPS]
 """
 import gzip
 import json
@@ -38,7 +38,53 @@ def model_of(kind):
                              nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                              nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
                              nn.Linear(84, 10))
+    if kind.startswith("resnet"):
+        return ResNet(int(kind[len("resnet"):] or 20))
     raise SystemExit("unknown model " + kind)
+
+
+class Block(nn.Module):
+    """A CIFAR-style basic block with a 1x1 conv + batch-norm shortcut where the shape changes
+    (option B), as examples/fmnist-resnet20.yaml builds it."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet(nn.Module):
+    def __init__(self, depth, width=16, classes=10):
+        super().__init__()
+        n = (depth - 2) // 6
+        self.conv1 = nn.Conv2d(1, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        layers, cin = [], width
+        for i, stride in enumerate((1, 2, 2)):
+            cout = width << i
+            layers.append(nn.Sequential(*[Block(cin if b == 0 else cout, cout,
+                                                stride if b == 0 else 1) for b in range(n)]))
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x):
+        x = self.layers(torch.relu(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
 def main():
