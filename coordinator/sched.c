@@ -298,7 +298,7 @@ static void job_worker_lost(struct mge_sched *s, int64_t job, int attempt, const
     char reason[256];
     int rc;
     snprintf(reason, sizeof(reason), "worker lost: %s", wname);
-    rc = mge_store_job_requeue(s->st, job, attempt, reason, &requeued);
+    rc = mge_store_job_requeue(s->st, job, attempt, reason, false, &requeued);
     attempt_finish(s, job, attempt, true);
     if (rc == MGE_OK) {
         mge_log_warn("job %lld attempt %d: %s (%s)", (long long)job, attempt, reason,
@@ -329,7 +329,7 @@ static void requeue_retry_run(struct mge_sched *s)
     for (size_t i = 0; i < s->n_retry; i++) {
         struct requeue_retry *q = &s->retry[i];
         bool requeued = false;
-        if (mge_store_job_requeue(s->st, q->job_id, q->attempt, q->reason, &requeued) !=
+        if (mge_store_job_requeue(s->st, q->job_id, q->attempt, q->reason, false, &requeued) !=
             MGE_OK) {
             s->retry[k++] = *q;
             continue;
@@ -344,7 +344,7 @@ static void requeue_retry_run(struct mge_sched *s)
 /*
  * Worker faults: rank @r ended before it ran because of its worker (@why: its disk is full, it
  * cannot start mge-train), not because of the job, which must not fail as bad input. As with a
- * lost worker the attempt ends and the job is queued again (it counts as an attempt); its next
+ * lost worker the attempt ends and the job is queued again (not charged to its restarts); its next
  * attempt avoids that worker while enough others could hold its ranks (worker_avoided).
  * Lock held.
  */
@@ -354,7 +354,7 @@ static void job_worker_fault(struct mge_sched *s, struct resv *r, const char *wh
     char reason[512];
     bool requeued = false;
     snprintf(reason, sizeof(reason), "worker %s: %s", w->name, why);
-    if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, &requeued) != MGE_OK)
+    if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, false, &requeued) != MGE_OK)
         mge_log_error("job %lld attempt %d: %s: cannot requeue it", (long long)r->job_id,
                       r->attempt, reason);
     mge_log_warn("job %lld attempt %d: %s (%s)", (long long)r->job_id, r->attempt, reason,
@@ -455,6 +455,38 @@ static int64_t progress_allowance(const struct mge_sched *s, const struct progre
 }
 
 /*
+ * The watchdog found elastic attempt @r0 (its rank 0) hung (@reason): end its ranks and queue
+ * the job again at once (a re-form, not charged to its restarts). The silent member, when
+ * known (its worker's heartbeats stopped more than half a worker timeout ago, before it is
+ * lost), is left out of the next incarnation (worker_avoided) while enough others remain.
+ * Lock held.
+ */
+static void watchdog_reform(struct mge_sched *s, struct resv *r0, const char *reason)
+{
+    int64_t now = now_ms(s), worst = s->opts.worker_timeout_ms / 2;
+    int silent = -1;
+    bool requeued = false;
+    for (int k = 0; k < r0->world; k++) {
+        const struct resv *o = resv_find(s, r0->job_id, r0->attempt, k);
+        if (o && o->widx >= 0 && now - s->w[o->widx].last_seen > worst) {
+            worst = now - s->w[o->widx].last_seen;
+            silent = o->widx;
+        }
+    }
+    if (mge_store_job_requeue(s->st, r0->job_id, r0->attempt, reason, false, &requeued) != MGE_OK)
+        return; /* the next check tries again */
+    if (silent >= 0) {
+        s->w[silent].fault_job = r0->job_id;
+        s->w[silent].fault_attempt = r0->attempt;
+    }
+    mge_log_warn("job %lld attempt %d: %s: re-forming it%s%s", (long long)r0->job_id,
+                 r0->attempt, reason, silent >= 0 ? " without " : "",
+                 silent >= 0 ? s->w[silent].name : "");
+    attempt_finish(s, r0->job_id, r0->attempt, true);
+    s->dirty = true;
+}
+
+/*
  * Attempt @r0 (its rank 0) made no progress for @idle ms: fail the job with a reason that
  * names the last step and the silent rank. Only rank 0 (the lead) prints steps, and in a gang
  * its worker runs mpirun, whose output carries the lead's lines alone: when a gang stalls, the
@@ -462,6 +494,7 @@ static int64_t progress_allowance(const struct mge_sched *s, const struct progre
  */
 static void watchdog_fire(struct mge_sched *s, struct resv *r0, int64_t idle)
 {
+    struct mge_job_row row;
     char since[48], who[320], reason[512];
     int off = 0;
     bool changed = false;
@@ -485,6 +518,10 @@ static void watchdog_fire(struct mge_sched *s, struct resv *r0, int64_t idle)
     }
     snprintf(reason, sizeof(reason), "no progress for %lld s since %s (%s)",
              (long long)(idle / 1000), since, who);
+    if (mge_store_job_row(s->st, r0->job_id, &row) == MGE_OK && row.workers_min < row.workers_max) {
+        watchdog_reform(s, r0, reason);
+        return;
+    }
     if (mge_store_job_set_state(s->st, r0->job_id, r0->attempt, MGE_JOB_FAILED, reason,
                                 &changed) != MGE_OK)
         return; /* the next check tries again */
