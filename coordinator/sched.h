@@ -6,7 +6,9 @@
  * so a restarted coordinator rebuilds them from SQLite. Jobs are placed by priority, then
  * submission order; a job gets all of its ranks (workers_min..workers_max workers, one
  * rank each) or none. A worker silent for longer than the timeout is lost: its jobs fail
- * with "worker lost" and are queued again (a new attempt).
+ * with "worker lost" and are queued again (a new attempt, or incarnation, placed on the
+ * workers free then: an elastic job goes on with at least workers_min). Such infrastructure
+ * requeues are not charged to the job's restarts (mge_store_job_requeue).
  *
  * Fencing: only the current attempt's ranks, on the very worker the attempt placed them on,
  * change a job. Exits from elsewhere are acknowledged and dropped (the store fences output
@@ -17,7 +19,9 @@
  * Watchdog: a running attempt that reports no step progress (rank 0's metric lines) for
  * max(progress timeout, 5 x the median time between its step reports), or no step at all
  * within the startup timeout, is ended: its ranks are cancelled and the job fails with a
- * reason that names the last step and the silent rank(s).
+ * reason that names the last step and the silent rank(s). An elastic job (workers_min <
+ * workers_max) is re-formed instead: requeued, not charged, and without the member whose
+ * worker had gone quiet, when one had.
  *
  * A multi-rank attempt (a gang) runs as one mpirun started by rank 0's worker (its Assign
  * names every rank's worker), which starts the other ranks through their workers' launch

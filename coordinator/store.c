@@ -138,8 +138,8 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_PLACEMENTS_ACTIVE] = "SELECT p.job_id, p.attempt, p.rank, p.worker_id, p.exited,"
                             " p.exit_code, p.term_signal FROM placements p JOIN jobs j"
                             " ON j.id = p.job_id AND j.attempt = p.attempt WHERE j.state = 1",
-    [Q_JOB_STATE_GET] = "SELECT state, attempt, max_attempts - 1 - restarts FROM jobs"
-                        " WHERE id = ?",
+    [Q_JOB_STATE_GET] = "SELECT state, attempt, max_attempts - 1 - restarts,"
+                        " attempt - 1 - restarts FROM jobs WHERE id = ?",
     [Q_JOB_STATE_SET] = "UPDATE jobs SET state = ?1,"
                         " started_ms = CASE WHEN ?1 = 1 THEN ?2 ELSE started_ms END,"
                         " finished_ms = CASE WHEN ?1 >= 2 THEN ?2 ELSE finished_ms END,"
@@ -983,8 +983,10 @@ out_unlock:
     return MGE_OK;
 }
 
-/* Current state and attempt of a job, and how many restarts it may still be charged. Lock held. */
-static int job_state_get(struct mge_store *st, int64_t id, int *state, int *attempt, int *left)
+/* Current state and attempt of a job; how many restarts it may still be charged (@left) and how
+ * many it was not (@infra); both may be NULL. Lock held. */
+static int job_state_get(struct mge_store *st, int64_t id, int *state, int *attempt, int *left,
+                         int *infra)
 {
     sqlite3_stmt *s = stmt_get(st, Q_JOB_STATE_GET);
     int rc;
@@ -997,6 +999,8 @@ static int job_state_get(struct mge_store *st, int64_t id, int *state, int *atte
         *attempt = sqlite3_column_int(s, 1);
         if (left)
             *left = sqlite3_column_int(s, 2);
+        if (infra)
+            *infra = sqlite3_column_int(s, 3);
     }
     sqlite3_reset(s);
     return rc;
@@ -1050,7 +1054,7 @@ int mge_store_job_set_state(struct mge_store *st, int64_t id, int attempt, enum 
     rc = tx(st, Q_BEGIN);
     if (rc != MGE_OK)
         goto out_unlock;
-    rc = job_state_get(st, id, &cur, &cur_attempt, NULL);
+    rc = job_state_get(st, id, &cur, &cur_attempt, NULL, NULL);
     if (rc != MGE_OK)
         goto out_rollback;
     if (mge_job_state_is_terminal(cur) || (attempt > 0 && attempt != cur_attempt) ||
@@ -1078,7 +1082,7 @@ out_unlock:
 int mge_store_job_requeue(struct mge_store *st, int64_t id, int attempt, const char *reason,
                           bool charged, bool *requeued)
 {
-    int cur, cur_attempt, left, rc;
+    int cur, cur_attempt, left, infra, rc;
     int64_t now = mge_now_ms();
     sqlite3_stmt *s;
     *requeued = false;
@@ -1086,14 +1090,14 @@ int mge_store_job_requeue(struct mge_store *st, int64_t id, int attempt, const c
     rc = tx(st, Q_BEGIN);
     if (rc != MGE_OK)
         goto out_unlock;
-    rc = job_state_get(st, id, &cur, &cur_attempt, &left);
+    rc = job_state_get(st, id, &cur, &cur_attempt, &left, &infra);
     if (rc != MGE_OK)
         goto out_rollback;
     if (mge_job_state_is_terminal(cur) || attempt != cur_attempt) {
         rc = tx(st, Q_COMMIT);
         goto out_unlock;
     }
-    if (charged && left <= 0) {
+    if (charged ? left <= 0 : infra >= MGE_STORE_INFRA_RESTARTS_MAX) {
         rc = job_state_set(st, id, cur_attempt, MGE_JOB_FAILED, reason, now);
     } else {
         /* The attempt failed (an event says so and why); the job itself goes back in line. */

@@ -846,6 +846,23 @@ START_TEST(test_sched_elastic_infra_not_charged)
 }
 END_TEST
 
+/* Requeues not charged stop at the safety net: a fault that recurs at once cannot loop. */
+START_TEST(test_sched_elastic_infra_cap)
+{
+    bool requeued = false;
+    int64_t job = job_add_workers("{min: 2, max: 3}", 1);
+    for (int a = 1; a <= MGE_STORE_INFRA_RESTARTS_MAX; a++) {
+        ck_assert_int_eq(mge_store_job_requeue(g_st, job, a, "worker w1: disk full", false,
+                                               &requeued), MGE_OK);
+        ck_assert(requeued);
+    }
+    ck_assert_int_eq(mge_store_job_requeue(g_st, job, MGE_STORE_INFRA_RESTARTS_MAX + 1,
+                                           "worker w1: disk full", false, &requeued), MGE_OK);
+    ck_assert(!requeued);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_FAILED);
+}
+END_TEST
+
 /* The watchdog re-forms an elastic job (requeued, not failed), without the member that went
  * quiet when it knows one. */
 START_TEST(test_sched_elastic_watchdog_reform)
@@ -910,6 +927,7 @@ static Suite *sched_suite(void)
         {"elastic_shrink", test_sched_elastic_shrink, 1},
         {"elastic_below_min", test_sched_elastic_waits_below_min, 1},
         {"elastic_infra", test_sched_elastic_infra_not_charged, 1},
+        {"elastic_cap", test_sched_elastic_infra_cap, 1},
         {"elastic_watchdog", test_sched_elastic_watchdog_reform, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
