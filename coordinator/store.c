@@ -208,7 +208,8 @@ static const char *const sql_text[Q__COUNT] = {
     /* an incarnation starts from the checkpoint its Assign resumes (sched.c queue_assign) */
     [Q_INC_INSERT] = "INSERT OR REPLACE INTO incarnations(job_id, attempt, world, start_step,"
                      " started_ms) VALUES(?1, ?2, ?3, CASE WHEN ?2 > 1 THEN COALESCE((SELECT"
-                     " MAX(step) FROM checkpoints WHERE job_id = ?1), 0) ELSE 0 END, ?4)",
+                     " MAX(step) FROM checkpoints WHERE job_id = ?1 AND name <> 'latest'), 0)"
+                     " ELSE 0 END, ?4)",
     [Q_INC_RESIZED] = "UPDATE incarnations SET reason = COALESCE(reason, 'ended') || '; resized '"
                       " || world || ' -> ' || ?3 WHERE job_id = ?1 AND attempt = ?2 - 1"
                       " AND world != ?3",
