@@ -1364,6 +1364,41 @@ json_t *mge_sched_workers_json(struct mge_sched *s)
     return arr;
 }
 
+/*
+ * Worker @wi was drained: an elastic job running there is re-formed without it (requeued, not
+ * charged) when enough other ready workers could hold its ranks (by their total slots);
+ * otherwise, and for a job of a fixed size, its ranks there finish normally. Lock held.
+ */
+static void drain_reform(struct mge_sched *s, int wi)
+{
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        struct mge_job_row row;
+        char reason[200];
+        bool requeued = false;
+        int others = 0;
+        if (r->widx != wi || r->finished || r->failing || r->exited ||
+            mge_store_job_row(s->st, r->job_id, &row) != MGE_OK ||
+            row.workers_min >= row.workers_max || row.attempt != r->attempt)
+            continue;
+        for (size_t k = 0; k < s->n_w; k++)
+            if ((int)k != wi && worker_usable(&s->w[k]) && (row.workers_max == 1 ||
+                s->w[k].launch_url[0]) &&
+                fits(&s->w[k], &row, s->w[k].cpus, s->w[k].gpus, s->w[k].memory_mb))
+                others++;
+        if (others < row.workers_min)
+            continue;
+        snprintf(reason, sizeof(reason), "worker %s drained", s->w[wi].name);
+        if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, false, &requeued) !=
+            MGE_OK)
+            continue; /* its ranks run on; the drain itself is stored */
+        mge_log_info("job %lld attempt %d: %s: re-forming it", (long long)r->job_id, r->attempt,
+                     reason);
+        attempt_finish(s, r->job_id, r->attempt, true);
+        s->dirty = true;
+    }
+}
+
 int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out)
 {
     int wi, rc = MGE_OK;
@@ -1380,6 +1415,9 @@ int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out)
         s->w[wi].state = W_DRAINING;
         mge_store_worker_set_state(s->st, s->w[wi].id, "draining");
         mge_log_info("worker '%s' draining", s->w[wi].name);
+        drain_reform(s, wi);
+        if (s->dirty)
+            pthread_cond_signal(&s->cv);
     }
     *out = worker_json(s, wi);
 out_unlock:

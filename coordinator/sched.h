@@ -170,7 +170,11 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *ro
 /* Workers as a JSON array (caller owns). */
 json_t *mge_sched_workers_json(struct mge_sched *s);
 
-/* Drain worker @id: no new ranks go there. *@out: the worker as JSON. MGE_NOENT. */
+/*
+ * Drain worker @id: no new ranks go there; an elastic job running there is re-formed without
+ * it when enough other ready workers could hold it (not charged to its restarts); other ranks
+ * there finish normally. *@out: the worker as JSON. MGE_NOENT.
+ */
 int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out);
 
 struct mge_sched_stats {

@@ -4,7 +4,8 @@
 # job goes on as a new incarnation of the two survivors, from its newest checkpoint (the
 # recovery time, from the kill to the first step the new incarnation completes, is printed).
 # The killed worker comes back (idle: the job does not grow yet) and another member is killed,
-# twice more (once rank 0's, which runs mpirun): the job is never failed, no restart is charged to it, it succeeds with every
+# twice more (once rank 0's, which runs mpirun); then a member is drained, which re-forms the
+# job without it: the job is never failed, no restart is charged to it, it succeeds with every
 # loss step stored once, and GET /jobs/{id} and mgectl get show the incarnations: members,
 # start steps, "worker lost: W at step N; resized 3 -> 2".
 # Exit 77 (skip) without Open MPI's mpirun.
@@ -84,22 +85,32 @@ RECOVERY=""
 lose 1 -1
 lose 2 0   # rank 0's worker runs mpirun and holds the checkpoints (one file system here)
 lose 3 -1
-check "the job succeeds after losing a worker three times" wait_until 120 state_is "$JOB" succeeded
+# draining a member (two others are ready) re-forms the job without it
+check "incarnation 4 made a checkpoint" wait_until 60 ckpt_after "$(inc_field 4 .start_step)"
+drained=$(inc_field 4 '.members[-1]')
+"$BIN/mgectl" drain "$drained" >/dev/null
+check "mgectl drain $drained: incarnation 5 runs without it" wait_until 30 sh -c "
+    curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
+    jq -e --arg d '$drained' '.incarnations[4].world == 2 and all(.incarnations[4].members[]; . != \$d)' >/dev/null"
+check "... and incarnation 4 says it was drained" jq -e -n --arg d "$drained" \
+    --argjson i "$(api GET "/api/v1/jobs/$JOB" | jq '.incarnations[3]')" '
+    $i.ended == "requeued" and $i.infra and ($i.reason | test("^worker " + $d + " drained at step [0-9]+$"))'
+check "the job succeeds after losing a worker three times and a drain" wait_until 120 state_is "$JOB" succeeded
 echo "     recovery (kill -9 -> first step of the next incarnation, worker timeout $WORKER_TIMEOUT s):$RECOVERY s"
 api GET "/api/v1/jobs/$JOB" >"$T/job.json"
-check "4 incarnations, no restart charged to the job" jq -e '
-    .attempt == 4 and .restarts == 0 and (.incarnations | length) == 4
-    and [.incarnations[].world] == [3, 2, 2, 2] and .incarnations[3].ended == "succeeded"' "$T/job.json"
+check "5 incarnations, no restart charged to the job" jq -e '
+    .attempt == 5 and .restarts == 0 and (.incarnations | length) == 5
+    and [.incarnations[].world] == [3, 2, 2, 2, 2] and .incarnations[4].ended == "succeeded"' "$T/job.json"
 check "incarnation 1 says: a worker lost at a step, resized 3 -> 2" jq -e '
     .incarnations[0].reason | test("^worker lost: w[abc] at step [0-9]+; resized 3 -> 2$")' "$T/job.json"
 check "each incarnation after the first resumed from a checkpoint (a multiple of 20)" jq -e '
     all(.incarnations[1:][]; .start_step > 0 and .start_step % 20 == 0)' "$T/job.json"
-check "the result counts every step; incarnation 4 ran only the steps after its checkpoint" \
-    jq -e --argjson n "$STEPS" '.result.steps == $n and .result.steps_run == $n - .incarnations[3].start_step' "$T/job.json"
+check "the result counts every step; incarnation 5 ran only the steps after its checkpoint" \
+    jq -e --argjson n "$STEPS" '.result.steps == $n and .result.steps_run == $n - .incarnations[4].start_step' "$T/job.json"
 check "loss steps 1..$STEPS are all stored once" loss_steps_exact "$JOB" "$STEPS"
 "$BIN/mgectl" get "$JOB" >"$T/get.txt"
 check "mgectl get shows the incarnations" sh -c "
     grep -q 'incarnations (0 restarts charged to the job):' '$T/get.txt' &&
     grep -Eq '^    1 +\\[\"wa\",\"wb\",\"wc\"\\] from step 0: requeued: worker lost: ' '$T/get.txt' &&
-    grep -Eq '^    4 +\\[.*\\] from step [0-9]+: succeeded$' '$T/get.txt'"
+    grep -Eq '^    5 +\\[.*\\] from step [0-9]+: succeeded$' '$T/get.txt'"
 finish

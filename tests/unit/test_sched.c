@@ -5,7 +5,8 @@
  * lost worker, fencing of a superseded attempt (its lines, exit and checkpoints from the lost
  * worker dropped; a returning worker told to cancel), the step-progress watchdog, the
  * naming of the rank that broke a gang, and elastic jobs (shrink on a lost worker, waiting
- * below min, infrastructure restarts not charged, the watchdog's re-form, incarnation rows).
+ * below min, infrastructure restarts not charged, the watchdog's re-form, a drain's re-form,
+ * incarnation rows).
  */
 #include <check.h>
 #include <stdio.h>
@@ -846,6 +847,38 @@ START_TEST(test_sched_elastic_infra_not_charged)
 }
 END_TEST
 
+/* Draining a member re-forms an elastic job without it while enough others remain; a
+ * fixed-size job's ranks there finish normally. */
+START_TEST(test_sched_elastic_drain)
+{
+    char w[3][40];
+    json_t *out = NULL, *inc;
+    int64_t job = elastic_placed(w);
+    ck_assert_int_eq(mge_sched_worker_drain(g_s, "w2", &out), MGE_OK);
+    json_decref(out);
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    inc = incarnation(job, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "reason")),
+                     "worker w2 drained at step 40");
+    ck_assert(json_is_true(json_object_get(inc, "infra")));
+    json_decref(inc);
+    for (int k = 0; k < 3; k++) {
+        struct mge_rank_report e = exited(job, 1, k, 0, 15);
+        beat_quiet(w[k], &e, 1, NULL, 0);
+    }
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    inc = incarnation(job, 1);
+    assert_members(inc, "w1,w3");
+    json_decref(inc);
+    /* draining w3 now would leave one worker, fewer than min: the job runs on there */
+    ck_assert_int_eq(mge_sched_worker_drain(g_s, "w3", &out), MGE_OK);
+    json_decref(out);
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+}
+END_TEST
+
 /* Requeues not charged stop at the safety net: a fault that recurs at once cannot loop. */
 START_TEST(test_sched_elastic_infra_cap)
 {
@@ -928,6 +961,7 @@ static Suite *sched_suite(void)
         {"elastic_below_min", test_sched_elastic_waits_below_min, 1},
         {"elastic_infra", test_sched_elastic_infra_not_charged, 1},
         {"elastic_cap", test_sched_elastic_infra_cap, 1},
+        {"elastic_drain", test_sched_elastic_drain, 1},
         {"elastic_watchdog", test_sched_elastic_watchdog_reform, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
