@@ -847,6 +847,24 @@ START_TEST(test_sched_elastic_infra_not_charged)
 }
 END_TEST
 
+/*
+ * Ranks 0..2 of attempt 1 of @job on @w report their end (cancelled: signal @sig); after a
+ * placement pass the job runs again, incarnation 2 on @members ("w1,w3").
+ */
+static void reformed_on(char w[3][40], int64_t job, int sig, const char *members)
+{
+    json_t *inc;
+    for (int k = 0; k < 3; k++) {
+        struct mge_rank_report e = exited(job, 1, k, 0, sig);
+        beat_quiet(w[k], &e, 1, NULL, 0);
+    }
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    inc = incarnation(job, 1);
+    assert_members(inc, members);
+    json_decref(inc);
+}
+
 /* Draining a member re-forms an elastic job without it while enough others remain; a
  * fixed-size job's ranks there finish normally. */
 START_TEST(test_sched_elastic_drain)
@@ -862,15 +880,7 @@ START_TEST(test_sched_elastic_drain)
                      "worker w2 drained at step 40");
     ck_assert(json_is_true(json_object_get(inc, "infra")));
     json_decref(inc);
-    for (int k = 0; k < 3; k++) {
-        struct mge_rank_report e = exited(job, 1, k, 0, 15);
-        beat_quiet(w[k], &e, 1, NULL, 0);
-    }
-    mge_sched_tick(g_s);
-    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
-    inc = incarnation(job, 1);
-    assert_members(inc, "w1,w3");
-    json_decref(inc);
+    reformed_on(w, job, 15, "w1,w3");
     /* draining w3 now would leave one worker, fewer than min: the job runs on there */
     ck_assert_int_eq(mge_sched_worker_drain(g_s, "w3", &out), MGE_OK);
     json_decref(out);
@@ -924,15 +934,7 @@ START_TEST(test_sched_elastic_watchdog_reform)
                                  "no progress for 10 s since step 40"));
     json_decref(inc);
     /* every rank ends (w3 is back in time); w3 is left out of the next incarnation */
-    for (int k = 0; k < 3; k++) {
-        struct mge_rank_report e = exited(job, 1, k, 0, 9);
-        beat_quiet(w[k], &e, 1, NULL, 0);
-    }
-    mge_sched_tick(g_s);
-    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
-    inc = incarnation(job, 1);
-    assert_members(inc, "w1,w2");
-    json_decref(inc);
+    reformed_on(w, job, 9, "w1,w2");
 }
 END_TEST
 
