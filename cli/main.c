@@ -517,7 +517,8 @@ static int cmd_get(int argc, char **argv)
                        (long long)json_integer_value(json_object_get(inc, "incarnation")),
                        members ? members : "?",
                        (long long)json_integer_value(json_object_get(inc, "start_step")),
-                       json_is_string(json_object_get(inc, "ended")) ? str(inc, "ended") : "running",
+                       json_is_string(json_object_get(inc, "ended")) ? str(inc, "ended")
+                                                                     : "running",
                        json_is_string(json_object_get(inc, "reason")) ? ": " : "",
                        json_is_string(json_object_get(inc, "reason")) ? str(inc, "reason") : "");
                 free(members);

@@ -344,8 +344,8 @@ static void requeue_retry_run(struct mge_sched *s)
 /*
  * Worker faults: rank @r ended before it ran because of its worker (@why: its disk is full, it
  * cannot start mge-train), not because of the job, which must not fail as bad input. As with a
- * lost worker the attempt ends and the job is queued again (not charged to its restarts); its next
- * attempt avoids that worker while enough others could hold its ranks (worker_avoided).
+ * lost worker the attempt ends and the job is queued again (not charged to its restarts); its
+ * next attempt avoids that worker while enough others could hold its ranks (worker_avoided).
  * Lock held.
  */
 static void job_worker_fault(struct mge_sched *s, struct resv *r, const char *why)
@@ -364,19 +364,27 @@ static void job_worker_fault(struct mge_sched *s, struct resv *r, const char *wh
     attempt_finish(s, r->job_id, r->attempt, true);
 }
 
-/* Whether worker @wi faulted the previous attempt of @j and enough other ready workers could
- * hold its ranks (by their total slots, busy or not): then @j waits for them. Lock held. */
-static bool worker_avoided(const struct mge_sched *s, int wi, const struct mge_job_row *j)
+/* How many ready workers other than @wi could hold a rank of @j by their total slots (busy
+ * or not), with a launch socket when @j may have several ranks. Lock held. */
+static int workers_could_hold(const struct mge_sched *s, int wi, const struct mge_job_row *j)
 {
     int others = 0;
-    if (s->w[wi].fault_job != j->id || s->w[wi].fault_attempt != j->attempt - 1)
-        return false;
     for (size_t i = 0; i < s->n_w; i++) {
         const struct worker *o = &s->w[i];
-        if ((int)i != wi && worker_usable(o) && fits(o, j, o->cpus, o->gpus, o->memory_mb))
+        if ((int)i != wi && worker_usable(o) && (j->workers_max <= 1 || o->launch_url[0]) &&
+            fits(o, j, o->cpus, o->gpus, o->memory_mb))
             others++;
     }
-    return others >= (j->workers_min > 0 ? j->workers_min : 1);
+    return others;
+}
+
+/* Whether worker @wi faulted the previous attempt of @j and enough other ready workers could
+ * hold its ranks (workers_could_hold): then @j waits for them. Lock held. */
+static bool worker_avoided(const struct mge_sched *s, int wi, const struct mge_job_row *j)
+{
+    if (s->w[wi].fault_job != j->id || s->w[wi].fault_attempt != j->attempt - 1)
+        return false;
+    return workers_could_hold(s, wi, j) >= (j->workers_min > 0 ? j->workers_min : 1);
 }
 
 static void worker_set_lost(struct mge_sched *s, int wi)
@@ -479,9 +487,8 @@ static void watchdog_reform(struct mge_sched *s, struct resv *r0, const char *re
         s->w[silent].fault_job = r0->job_id;
         s->w[silent].fault_attempt = r0->attempt;
     }
-    mge_log_warn("job %lld attempt %d: %s: re-forming it%s%s", (long long)r0->job_id,
-                 r0->attempt, reason, silent >= 0 ? " without " : "",
-                 silent >= 0 ? s->w[silent].name : "");
+    mge_log_warn("job %lld attempt %d: %s: re-forming it%s%s", (long long)r0->job_id, r0->attempt,
+                 reason, silent >= 0 ? " without " : "", silent >= 0 ? s->w[silent].name : "");
     attempt_finish(s, r0->job_id, r0->attempt, true);
     s->dirty = true;
 }
@@ -1376,21 +1383,13 @@ static void drain_reform(struct mge_sched *s, int wi)
         struct mge_job_row row;
         char reason[200];
         bool requeued = false;
-        int others = 0;
         if (r->widx != wi || r->finished || r->failing || r->exited ||
             mge_store_job_row(s->st, r->job_id, &row) != MGE_OK ||
-            row.workers_min >= row.workers_max || row.attempt != r->attempt)
-            continue;
-        for (size_t k = 0; k < s->n_w; k++)
-            if ((int)k != wi && worker_usable(&s->w[k]) && (row.workers_max == 1 ||
-                s->w[k].launch_url[0]) &&
-                fits(&s->w[k], &row, s->w[k].cpus, s->w[k].gpus, s->w[k].memory_mb))
-                others++;
-        if (others < row.workers_min)
+            row.workers_min >= row.workers_max || row.attempt != r->attempt ||
+            workers_could_hold(s, wi, &row) < row.workers_min)
             continue;
         snprintf(reason, sizeof(reason), "worker %s drained", s->w[wi].name);
-        if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, false, &requeued) !=
-            MGE_OK)
+        if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, false, &requeued) != MGE_OK)
             continue; /* its ranks run on; the drain itself is stored */
         mge_log_info("job %lld attempt %d: %s: re-forming it", (long long)r->job_id, r->attempt,
                      reason);

@@ -123,7 +123,8 @@ static const char *const sql_text[Q__COUNT] = {
                      " VALUES(?,0,?,?,?,?,?,?,?,?,?,?,?)",
     [Q_EVENT_STATE] = "INSERT INTO events(job_id, kind, data, time_ms) VALUES(?, 'state', ?, ?)",
     [Q_JOB_GET] = "SELECT id, name, state, priority, attempt, spec_json, created_ms, started_ms,"
-                  " finished_ms, failure_reason, result, total_steps, restarts FROM jobs WHERE id = ?",
+                  " finished_ms, failure_reason, result, total_steps, restarts FROM jobs"
+                  " WHERE id = ?",
     [Q_JOB_ROW] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
                   " memory_mb, device FROM jobs WHERE id = ?",
     [Q_JOB_SPEC] = "SELECT spec_yaml FROM jobs WHERE id = ?",
@@ -215,10 +216,10 @@ static const char *const sql_text[Q__COUNT] = {
                       " AND world != ?3",
     /* the reason gets the last step this incarnation's rank 0 reported (its metric lines) */
     [Q_INC_END] = "UPDATE incarnations SET ended_ms = ?3, ended = ?4, infra = ?6, reason = ?5 ||"
-                  " COALESCE(' at step ' || (SELECT MAX(json_extract(e.data, '$.step')) FROM events e"
-                  " WHERE e.job_id = ?1 AND e.attempt = ?2 AND e.stream = 2 AND e.rank = 0"
-                  " AND json_valid(e.data)), '') WHERE job_id = ?1 AND attempt = ?2"
-                  " AND ended_ms IS NULL",
+                  " COALESCE(' at step ' || (SELECT MAX(json_extract(e.data, '$.step'))"
+                  " FROM events e WHERE e.job_id = ?1 AND e.attempt = ?2 AND e.stream = 2"
+                  " AND e.rank = 0 AND json_valid(e.data)), '') WHERE job_id = ?1"
+                  " AND attempt = ?2 AND ended_ms IS NULL",
     [Q_INC_LIST] = "SELECT i.attempt, i.world, i.start_step, i.started_ms, i.ended_ms, i.ended,"
                    " i.reason, i.infra, (SELECT group_concat(name, ',') FROM (SELECT w.name"
                    " FROM placements p LEFT JOIN workers w ON w.id = p.worker_id"
@@ -703,8 +704,8 @@ static int incarnations_json(struct mge_store *st, int64_t id, json_t **out)
                            sqlite3_column_int(s, 0), "world", sqlite3_column_int(s, 1), "members",
                            members ? members : json_null(), "start_step",
                            (json_int_t)sqlite3_column_int64(s, 2), "started_at", json_time(s, 3),
-                           "ended_at", json_time(s, 4), "ended", json_text_or_null(s, 5),
-                           "reason", json_text_or_null(s, 6), "infra", sqlite3_column_int(s, 7)));
+                           "ended_at", json_time(s, 4), "ended", json_text_or_null(s, 5), "reason",
+                           json_text_or_null(s, 6), "infra", sqlite3_column_int(s, 7)));
     }
     sqlite3_reset(s);
     if (rc != MGE_OK) {

@@ -700,8 +700,9 @@ static int64_t elastic_placed(char w[3][40])
         r = running(job, 1, k);
         beat_quiet(w[k], &r, 1, NULL, 0);
     }
-    snprintf(note, sizeof(note), "ckpt-000030.mgeckpt 30 100 /w1/job-%lld/attempt-1/rank-0/"
-             "ckpt-000030.mgeckpt", (long long)job);
+    snprintf(note, sizeof(note),
+             "ckpt-000030.mgeckpt 30 100 /w1/job-%lld/attempt-1/rank-0/ckpt-000030.mgeckpt",
+             (long long)job);
     l[0] = line(job, 1, 0, 1, 3, note, 1);
     l[1] = line(job, 1, 0, 2, 2, "{\"step\":40,\"loss\":1.0}", 2);
     r = running(job, 1, 0);
@@ -895,12 +896,13 @@ START_TEST(test_sched_elastic_infra_cap)
     bool requeued = false;
     int64_t job = job_add_workers("{min: 2, max: 3}", 1);
     for (int a = 1; a <= MGE_STORE_INFRA_RESTARTS_MAX; a++) {
-        ck_assert_int_eq(mge_store_job_requeue(g_st, job, a, "worker w1: disk full", false,
-                                               &requeued), MGE_OK);
+        ck_assert_int_eq(
+            mge_store_job_requeue(g_st, job, a, "worker w1: disk full", false, &requeued), MGE_OK);
         ck_assert(requeued);
     }
     ck_assert_int_eq(mge_store_job_requeue(g_st, job, MGE_STORE_INFRA_RESTARTS_MAX + 1,
-                                           "worker w1: disk full", false, &requeued), MGE_OK);
+                                           "worker w1: disk full", false, &requeued),
+                     MGE_OK);
     ck_assert(!requeued);
     ck_assert_int_eq(job_row(job).state, MGE_JOB_FAILED);
 }
