@@ -504,6 +504,26 @@ static int cmd_get(int argc, char **argv)
                 printf("\n");
             }
         }
+        if (json_array_size(json_object_get(o, "incarnations")) > 1) {
+            json_t *inc;
+            size_t i;
+            printf("  incarnations (%lld restart%s charged to the job):\n",
+                   (long long)json_integer_value(json_object_get(o, "restarts")),
+                   json_integer_value(json_object_get(o, "restarts")) == 1 ? "" : "s");
+            json_array_foreach(json_object_get(o, "incarnations"), i, inc)
+            {
+                char *members = json_dumps(json_object_get(inc, "members"), JSON_COMPACT);
+                printf("    %-3lld %s from step %lld: %s%s%s\n",
+                       (long long)json_integer_value(json_object_get(inc, "incarnation")),
+                       members ? members : "?",
+                       (long long)json_integer_value(json_object_get(inc, "start_step")),
+                       json_is_string(json_object_get(inc, "ended")) ? str(inc, "ended")
+                                                                     : "running",
+                       json_is_string(json_object_get(inc, "reason")) ? ": " : "",
+                       json_is_string(json_object_get(inc, "reason")) ? str(inc, "reason") : "");
+                free(members);
+            }
+        }
         printf("  progress:  step %lld/%lld\n",
                (long long)json_integer_value(json_object_get(p, "step")),
                (long long)json_integer_value(json_object_get(p, "total_steps")));

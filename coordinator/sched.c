@@ -298,7 +298,7 @@ static void job_worker_lost(struct mge_sched *s, int64_t job, int attempt, const
     char reason[256];
     int rc;
     snprintf(reason, sizeof(reason), "worker lost: %s", wname);
-    rc = mge_store_job_requeue(s->st, job, attempt, reason, &requeued);
+    rc = mge_store_job_requeue(s->st, job, attempt, reason, false, &requeued);
     attempt_finish(s, job, attempt, true);
     if (rc == MGE_OK) {
         mge_log_warn("job %lld attempt %d: %s (%s)", (long long)job, attempt, reason,
@@ -329,7 +329,7 @@ static void requeue_retry_run(struct mge_sched *s)
     for (size_t i = 0; i < s->n_retry; i++) {
         struct requeue_retry *q = &s->retry[i];
         bool requeued = false;
-        if (mge_store_job_requeue(s->st, q->job_id, q->attempt, q->reason, &requeued) !=
+        if (mge_store_job_requeue(s->st, q->job_id, q->attempt, q->reason, false, &requeued) !=
             MGE_OK) {
             s->retry[k++] = *q;
             continue;
@@ -344,8 +344,8 @@ static void requeue_retry_run(struct mge_sched *s)
 /*
  * Worker faults: rank @r ended before it ran because of its worker (@why: its disk is full, it
  * cannot start mge-train), not because of the job, which must not fail as bad input. As with a
- * lost worker the attempt ends and the job is queued again (it counts as an attempt); its next
- * attempt avoids that worker while enough others could hold its ranks (worker_avoided).
+ * lost worker the attempt ends and the job is queued again (not charged to its restarts); its
+ * next attempt avoids that worker while enough others could hold its ranks (worker_avoided).
  * Lock held.
  */
 static void job_worker_fault(struct mge_sched *s, struct resv *r, const char *why)
@@ -354,7 +354,7 @@ static void job_worker_fault(struct mge_sched *s, struct resv *r, const char *wh
     char reason[512];
     bool requeued = false;
     snprintf(reason, sizeof(reason), "worker %s: %s", w->name, why);
-    if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, &requeued) != MGE_OK)
+    if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, false, &requeued) != MGE_OK)
         mge_log_error("job %lld attempt %d: %s: cannot requeue it", (long long)r->job_id,
                       r->attempt, reason);
     mge_log_warn("job %lld attempt %d: %s (%s)", (long long)r->job_id, r->attempt, reason,
@@ -364,19 +364,27 @@ static void job_worker_fault(struct mge_sched *s, struct resv *r, const char *wh
     attempt_finish(s, r->job_id, r->attempt, true);
 }
 
-/* Whether worker @wi faulted the previous attempt of @j and enough other ready workers could
- * hold its ranks (by their total slots, busy or not): then @j waits for them. Lock held. */
-static bool worker_avoided(const struct mge_sched *s, int wi, const struct mge_job_row *j)
+/* How many ready workers other than @wi could hold a rank of @j by their total slots (busy
+ * or not), with a launch socket when @j may have several ranks. Lock held. */
+static int workers_could_hold(const struct mge_sched *s, int wi, const struct mge_job_row *j)
 {
     int others = 0;
-    if (s->w[wi].fault_job != j->id || s->w[wi].fault_attempt != j->attempt - 1)
-        return false;
     for (size_t i = 0; i < s->n_w; i++) {
         const struct worker *o = &s->w[i];
-        if ((int)i != wi && worker_usable(o) && fits(o, j, o->cpus, o->gpus, o->memory_mb))
+        if ((int)i != wi && worker_usable(o) && (j->workers_max <= 1 || o->launch_url[0]) &&
+            fits(o, j, o->cpus, o->gpus, o->memory_mb))
             others++;
     }
-    return others >= (j->workers_min > 0 ? j->workers_min : 1);
+    return others;
+}
+
+/* Whether worker @wi faulted the previous attempt of @j and enough other ready workers could
+ * hold its ranks (workers_could_hold): then @j waits for them. Lock held. */
+static bool worker_avoided(const struct mge_sched *s, int wi, const struct mge_job_row *j)
+{
+    if (s->w[wi].fault_job != j->id || s->w[wi].fault_attempt != j->attempt - 1)
+        return false;
+    return workers_could_hold(s, wi, j) >= (j->workers_min > 0 ? j->workers_min : 1);
 }
 
 static void worker_set_lost(struct mge_sched *s, int wi)
@@ -455,6 +463,37 @@ static int64_t progress_allowance(const struct mge_sched *s, const struct progre
 }
 
 /*
+ * The watchdog found elastic attempt @r0 (its rank 0) hung (@reason): end its ranks and queue
+ * the job again at once (a re-form, not charged to its restarts). The silent member, when
+ * known (its worker's heartbeats stopped more than half a worker timeout ago, before it is
+ * lost), is left out of the next incarnation (worker_avoided) while enough others remain.
+ * Lock held.
+ */
+static void watchdog_reform(struct mge_sched *s, struct resv *r0, const char *reason)
+{
+    int64_t now = now_ms(s), worst = s->opts.worker_timeout_ms / 2;
+    int silent = -1;
+    bool requeued = false;
+    for (int k = 0; k < r0->world; k++) {
+        const struct resv *o = resv_find(s, r0->job_id, r0->attempt, k);
+        if (o && o->widx >= 0 && now - s->w[o->widx].last_seen > worst) {
+            worst = now - s->w[o->widx].last_seen;
+            silent = o->widx;
+        }
+    }
+    if (mge_store_job_requeue(s->st, r0->job_id, r0->attempt, reason, false, &requeued) != MGE_OK)
+        return; /* the next check tries again */
+    if (silent >= 0) {
+        s->w[silent].fault_job = r0->job_id;
+        s->w[silent].fault_attempt = r0->attempt;
+    }
+    mge_log_warn("job %lld attempt %d: %s: re-forming it%s%s", (long long)r0->job_id, r0->attempt,
+                 reason, silent >= 0 ? " without " : "", silent >= 0 ? s->w[silent].name : "");
+    attempt_finish(s, r0->job_id, r0->attempt, true);
+    s->dirty = true;
+}
+
+/*
  * Attempt @r0 (its rank 0) made no progress for @idle ms: fail the job with a reason that
  * names the last step and the silent rank. Only rank 0 (the lead) prints steps, and in a gang
  * its worker runs mpirun, whose output carries the lead's lines alone: when a gang stalls, the
@@ -462,6 +501,7 @@ static int64_t progress_allowance(const struct mge_sched *s, const struct progre
  */
 static void watchdog_fire(struct mge_sched *s, struct resv *r0, int64_t idle)
 {
+    struct mge_job_row row;
     char since[48], who[320], reason[512];
     int off = 0;
     bool changed = false;
@@ -485,6 +525,10 @@ static void watchdog_fire(struct mge_sched *s, struct resv *r0, int64_t idle)
     }
     snprintf(reason, sizeof(reason), "no progress for %lld s since %s (%s)",
              (long long)(idle / 1000), since, who);
+    if (mge_store_job_row(s->st, r0->job_id, &row) == MGE_OK && row.workers_min < row.workers_max) {
+        watchdog_reform(s, r0, reason);
+        return;
+    }
     if (mge_store_job_set_state(s->st, r0->job_id, r0->attempt, MGE_JOB_FAILED, reason,
                                 &changed) != MGE_OK)
         return; /* the next check tries again */
@@ -1327,6 +1371,33 @@ json_t *mge_sched_workers_json(struct mge_sched *s)
     return arr;
 }
 
+/*
+ * Worker @wi was drained: an elastic job running there is re-formed without it (requeued, not
+ * charged) when enough other ready workers could hold its ranks (by their total slots);
+ * otherwise, and for a job of a fixed size, its ranks there finish normally. Lock held.
+ */
+static void drain_reform(struct mge_sched *s, int wi)
+{
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r = &s->r[i];
+        struct mge_job_row row;
+        char reason[200];
+        bool requeued = false;
+        if (r->widx != wi || r->finished || r->failing || r->exited ||
+            mge_store_job_row(s->st, r->job_id, &row) != MGE_OK ||
+            row.workers_min >= row.workers_max || row.attempt != r->attempt ||
+            workers_could_hold(s, wi, &row) < row.workers_min)
+            continue;
+        snprintf(reason, sizeof(reason), "worker %s drained", s->w[wi].name);
+        if (mge_store_job_requeue(s->st, r->job_id, r->attempt, reason, false, &requeued) != MGE_OK)
+            continue; /* its ranks run on; the drain itself is stored */
+        mge_log_info("job %lld attempt %d: %s: re-forming it", (long long)r->job_id, r->attempt,
+                     reason);
+        attempt_finish(s, r->job_id, r->attempt, true);
+        s->dirty = true;
+    }
+}
+
 int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out)
 {
     int wi, rc = MGE_OK;
@@ -1343,6 +1414,9 @@ int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out)
         s->w[wi].state = W_DRAINING;
         mge_store_worker_set_state(s->st, s->w[wi].id, "draining");
         mge_log_info("worker '%s' draining", s->w[wi].name);
+        drain_reform(s, wi);
+        if (s->dirty)
+            pthread_cond_signal(&s->cv);
     }
     *out = worker_json(s, wi);
 out_unlock:

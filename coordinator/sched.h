@@ -6,7 +6,9 @@
  * so a restarted coordinator rebuilds them from SQLite. Jobs are placed by priority, then
  * submission order; a job gets all of its ranks (workers_min..workers_max workers, one
  * rank each) or none. A worker silent for longer than the timeout is lost: its jobs fail
- * with "worker lost" and are queued again (a new attempt).
+ * with "worker lost" and are queued again (a new attempt, or incarnation, placed on the
+ * workers free then: an elastic job goes on with at least workers_min). Such infrastructure
+ * requeues are not charged to the job's restarts (mge_store_job_requeue).
  *
  * Fencing: only the current attempt's ranks, on the very worker the attempt placed them on,
  * change a job. Exits from elsewhere are acknowledged and dropped (the store fences output
@@ -17,7 +19,9 @@
  * Watchdog: a running attempt that reports no step progress (rank 0's metric lines) for
  * max(progress timeout, 5 x the median time between its step reports), or no step at all
  * within the startup timeout, is ended: its ranks are cancelled and the job fails with a
- * reason that names the last step and the silent rank(s).
+ * reason that names the last step and the silent rank(s). An elastic job (workers_min <
+ * workers_max) is re-formed instead: requeued, not charged, and without the member whose
+ * worker had gone quiet, when one had.
  *
  * A multi-rank attempt (a gang) runs as one mpirun started by rank 0's worker (its Assign
  * names every rank's worker), which starts the other ranks through their workers' launch
@@ -166,7 +170,11 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *ro
 /* Workers as a JSON array (caller owns). */
 json_t *mge_sched_workers_json(struct mge_sched *s);
 
-/* Drain worker @id: no new ranks go there. *@out: the worker as JSON. MGE_NOENT. */
+/*
+ * Drain worker @id: no new ranks go there; an elastic job running there is re-formed without
+ * it when enough other ready workers could hold it (not charged to its restarts); other ranks
+ * there finish normally. *@out: the worker as JSON. MGE_NOENT.
+ */
 int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out);
 
 struct mge_sched_stats {

@@ -58,6 +58,13 @@ static const char *const migrations[] = {
     "ALTER TABLE workers ADD COLUMN launch_url TEXT NOT NULL DEFAULT '';",
     /* 3: facts about the database itself: the open marker (see db_mark_open) */
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    /* 4: elastic jobs: incarnations (one per attempt: size, start step, how it ended) and the
+     * restarts charged to the job itself (infrastructure requeues are not) */
+    "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0;"
+    "CREATE TABLE incarnations("
+    " job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, world INTEGER NOT NULL,"
+    " start_step INTEGER NOT NULL, started_ms INTEGER NOT NULL, ended_ms INTEGER, ended TEXT,"
+    " reason TEXT, infra INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, attempt));",
 };
 
 enum sql_id {
@@ -100,6 +107,10 @@ enum sql_id {
     Q_WORKER_UPDATE,
     Q_WORKER_STATE,
     Q_WORKERS_ALL,
+    Q_INC_INSERT,
+    Q_INC_RESIZED,
+    Q_INC_END,
+    Q_INC_LIST,
     Q_BEGIN,
     Q_COMMIT,
     Q_ROLLBACK,
@@ -112,7 +123,8 @@ static const char *const sql_text[Q__COUNT] = {
                      " VALUES(?,0,?,?,?,?,?,?,?,?,?,?,?)",
     [Q_EVENT_STATE] = "INSERT INTO events(job_id, kind, data, time_ms) VALUES(?, 'state', ?, ?)",
     [Q_JOB_GET] = "SELECT id, name, state, priority, attempt, spec_json, created_ms, started_ms,"
-                  " finished_ms, failure_reason, result, total_steps FROM jobs WHERE id = ?",
+                  " finished_ms, failure_reason, result, total_steps, restarts FROM jobs"
+                  " WHERE id = ?",
     [Q_JOB_ROW] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
                   " memory_mb, device FROM jobs WHERE id = ?",
     [Q_JOB_SPEC] = "SELECT spec_yaml FROM jobs WHERE id = ?",
@@ -127,14 +139,15 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_PLACEMENTS_ACTIVE] = "SELECT p.job_id, p.attempt, p.rank, p.worker_id, p.exited,"
                             " p.exit_code, p.term_signal FROM placements p JOIN jobs j"
                             " ON j.id = p.job_id AND j.attempt = p.attempt WHERE j.state = 1",
-    [Q_JOB_STATE_GET] = "SELECT state, attempt, max_attempts FROM jobs WHERE id = ?",
+    [Q_JOB_STATE_GET] = "SELECT state, attempt, max_attempts - 1 - restarts,"
+                        " attempt - 1 - restarts FROM jobs WHERE id = ?",
     [Q_JOB_STATE_SET] = "UPDATE jobs SET state = ?1,"
                         " started_ms = CASE WHEN ?1 = 1 THEN ?2 ELSE started_ms END,"
                         " finished_ms = CASE WHEN ?1 >= 2 THEN ?2 ELSE finished_ms END,"
                         " failure_reason = CASE WHEN ?1 = 2 THEN NULL"
                         " ELSE COALESCE(?3, failure_reason) END WHERE id = ?4",
     [Q_JOB_REQUEUE] = "UPDATE jobs SET state = 0, attempt = attempt + 1, failure_reason = ?1,"
-                      " started_ms = NULL WHERE id = ?2",
+                      " started_ms = NULL, restarts = restarts + ?3 WHERE id = ?2",
     [Q_PLACE_INSERT] = "INSERT OR REPLACE INTO placements(job_id, attempt, rank, worker_id)"
                        " VALUES(?,?,?,?)",
     [Q_PLACE_EXIT] = "UPDATE placements SET exited = 1, exit_code = ?, term_signal = ?"
@@ -193,6 +206,25 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_WORKER_STATE] = "UPDATE workers SET state = ? WHERE id = ?",
     [Q_WORKERS_ALL] = "SELECT id, name, host, cpus, gpus, memory_mb, device, version, state,"
                       " registered_ms, launch_url FROM workers ORDER BY name",
+    /* an incarnation starts from the checkpoint its Assign resumes (sched.c queue_assign) */
+    [Q_INC_INSERT] = "INSERT OR REPLACE INTO incarnations(job_id, attempt, world, start_step,"
+                     " started_ms) VALUES(?1, ?2, ?3, CASE WHEN ?2 > 1 THEN COALESCE((SELECT"
+                     " MAX(step) FROM checkpoints WHERE job_id = ?1 AND name <> 'latest'), 0)"
+                     " ELSE 0 END, ?4)",
+    [Q_INC_RESIZED] = "UPDATE incarnations SET reason = COALESCE(reason, 'ended') || '; resized '"
+                      " || world || ' -> ' || ?3 WHERE job_id = ?1 AND attempt = ?2 - 1"
+                      " AND world != ?3",
+    /* the reason gets the last step this incarnation's rank 0 reported (its metric lines) */
+    [Q_INC_END] = "UPDATE incarnations SET ended_ms = ?3, ended = ?4, infra = ?6, reason = ?5 ||"
+                  " COALESCE(' at step ' || (SELECT MAX(json_extract(e.data, '$.step'))"
+                  " FROM events e WHERE e.job_id = ?1 AND e.attempt = ?2 AND e.stream = 2"
+                  " AND e.rank = 0 AND json_valid(e.data)), '') WHERE job_id = ?1"
+                  " AND attempt = ?2 AND ended_ms IS NULL",
+    [Q_INC_LIST] = "SELECT i.attempt, i.world, i.start_step, i.started_ms, i.ended_ms, i.ended,"
+                   " i.reason, i.infra, (SELECT group_concat(name, ',') FROM (SELECT w.name"
+                   " FROM placements p LEFT JOIN workers w ON w.id = p.worker_id"
+                   " WHERE p.job_id = i.job_id AND p.attempt = i.attempt ORDER BY p.rank))"
+                   " FROM incarnations i WHERE i.job_id = ? ORDER BY i.attempt",
     [Q_BEGIN] = "BEGIN IMMEDIATE",
     [Q_COMMIT] = "COMMIT",
     [Q_ROLLBACK] = "ROLLBACK",
@@ -646,11 +678,49 @@ static int placement_json(struct mge_store *st, int64_t id, int attempt, json_t 
     return MGE_OK;
 }
 
+/* The incarnations of job @id, oldest first, as a new JSON array in *@out. Lock held. */
+static int incarnations_json(struct mge_store *st, int64_t id, json_t **out)
+{
+    json_t *arr = json_array();
+    sqlite3_stmt *s = stmt_get(st, Q_INC_LIST);
+    bool row;
+    int rc;
+    *out = NULL;
+    if (!arr || !s) {
+        json_decref(arr);
+        return !s ? MGE_DB : MGE_NOMEM;
+    }
+    sqlite3_bind_int64(s, 1, id);
+    while ((rc = step_row(st, s, &row)) == MGE_OK && row) {
+        json_t *members = json_array();
+        const char *names = (const char *)sqlite3_column_text(s, 8);
+        while (members && names && *names) { /* worker names have no ',' (MPI host names) */
+            size_t len = strcspn(names, ",");
+            json_array_append_new(members, json_stringn(names, len));
+            names += len + (names[len] == ',');
+        }
+        json_array_append_new(
+            arr, json_pack("{s:i, s:i, s:o, s:I, s:o, s:o, s:o, s:o, s:b}", "incarnation",
+                           sqlite3_column_int(s, 0), "world", sqlite3_column_int(s, 1), "members",
+                           members ? members : json_null(), "start_step",
+                           (json_int_t)sqlite3_column_int64(s, 2), "started_at", json_time(s, 3),
+                           "ended_at", json_time(s, 4), "ended", json_text_or_null(s, 5), "reason",
+                           json_text_or_null(s, 6), "infra", sqlite3_column_int(s, 7)));
+    }
+    sqlite3_reset(s);
+    if (rc != MGE_OK) {
+        json_decref(arr);
+        return rc;
+    }
+    *out = arr;
+    return MGE_OK;
+}
+
 int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
 {
     sqlite3_stmt *s;
-    json_t *o = NULL, *spec, *latest = NULL, *placement = NULL, *result = json_null();
-    int rc = MGE_OK, attempt, state;
+    json_t *o = NULL, *spec, *latest = NULL, *placement = NULL, *incs, *result = json_null();
+    int rc = MGE_OK, attempt, state, restarts;
     int64_t total, step = 0;
     bool row;
 
@@ -679,6 +749,7 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
         }
     }
     total = sqlite3_column_int64(s, 11);
+    restarts = sqlite3_column_int(s, 12);
     o = json_pack("{s:I, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "id", (json_int_t)id,
                   "name", (const char *)sqlite3_column_text(s, 1), "state",
                   mge_job_state_name(state), "priority", sqlite3_column_int(s, 3), "attempt",
@@ -694,6 +765,11 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
     if (rc != MGE_OK)
         goto out_decref;
     json_object_set_new(o, "placement", placement);
+    rc = incarnations_json(st, id, &incs);
+    if (rc != MGE_OK)
+        goto out_decref;
+    json_object_set_new(o, "incarnations", incs);
+    json_object_set_new(o, "restarts", json_integer(restarts));
     /* the attempt is the incarnation: one mpirun (or one process) per attempt */
     json_object_set_new(o, "incarnation", json_integer(attempt));
     latest = json_object();
@@ -909,8 +985,10 @@ out_unlock:
     return MGE_OK;
 }
 
-/* Current state and attempt of a job. Lock held. */
-static int job_state_get(struct mge_store *st, int64_t id, int *state, int *attempt, int *max_att)
+/* Current state and attempt of a job; how many restarts it may still be charged (@left) and how
+ * many it was not (@infra); both may be NULL. Lock held. */
+static int job_state_get(struct mge_store *st, int64_t id, int *state, int *attempt, int *left,
+                         int *infra)
 {
     sqlite3_stmt *s = stmt_get(st, Q_JOB_STATE_GET);
     int rc;
@@ -921,14 +999,33 @@ static int job_state_get(struct mge_store *st, int64_t id, int *state, int *atte
     if (rc == MGE_OK) {
         *state = sqlite3_column_int(s, 0);
         *attempt = sqlite3_column_int(s, 1);
-        if (max_att)
-            *max_att = sqlite3_column_int(s, 2);
+        if (left)
+            *left = sqlite3_column_int(s, 2);
+        if (infra)
+            *infra = sqlite3_column_int(s, 3);
     }
     sqlite3_reset(s);
     return rc;
 }
 
-/* Set state and append the event. Lock held, inside a transaction. */
+/* End incarnation @attempt of job @id: @how ("succeeded", "requeued", ...), @reason (may be
+ * NULL), @infra (the infrastructure's fault, not charged to the job). Lock held, in a tx. */
+static int incarnation_end(struct mge_store *st, int64_t id, int attempt, const char *how,
+                           const char *reason, bool infra, int64_t now)
+{
+    sqlite3_stmt *s = stmt_get(st, Q_INC_END);
+    if (!s)
+        return MGE_DB;
+    sqlite3_bind_int64(s, 1, id);
+    sqlite3_bind_int(s, 2, attempt);
+    sqlite3_bind_int64(s, 3, now);
+    sqlite3_bind_text(s, 4, how, -1, SQLITE_STATIC);
+    bind_text_or_null(s, 5, reason);
+    sqlite3_bind_int(s, 6, infra);
+    return exec_stmt(st, s);
+}
+
+/* Set state and append the event; a terminal state ends the incarnation. Lock held, in a tx. */
 static int job_state_set(struct mge_store *st, int64_t id, int attempt, enum mge_job_state state,
                          const char *reason, int64_t now)
 {
@@ -943,6 +1040,8 @@ static int job_state_set(struct mge_store *st, int64_t id, int attempt, enum mge
     rc = exec_stmt(st, s);
     if (rc == MGE_OK)
         rc = event_state(st, id, state, attempt, reason, now);
+    if (rc == MGE_OK && mge_job_state_is_terminal(state))
+        rc = incarnation_end(st, id, attempt, mge_job_state_name(state), reason, false, now);
     return rc;
 }
 
@@ -957,7 +1056,7 @@ int mge_store_job_set_state(struct mge_store *st, int64_t id, int attempt, enum 
     rc = tx(st, Q_BEGIN);
     if (rc != MGE_OK)
         goto out_unlock;
-    rc = job_state_get(st, id, &cur, &cur_attempt, NULL);
+    rc = job_state_get(st, id, &cur, &cur_attempt, NULL, NULL);
     if (rc != MGE_OK)
         goto out_rollback;
     if (mge_job_state_is_terminal(cur) || (attempt > 0 && attempt != cur_attempt) ||
@@ -983,9 +1082,9 @@ out_unlock:
 }
 
 int mge_store_job_requeue(struct mge_store *st, int64_t id, int attempt, const char *reason,
-                          bool *requeued)
+                          bool charged, bool *requeued)
 {
-    int cur, cur_attempt, max_att, rc;
+    int cur, cur_attempt, left, infra, rc;
     int64_t now = mge_now_ms();
     sqlite3_stmt *s;
     *requeued = false;
@@ -993,22 +1092,25 @@ int mge_store_job_requeue(struct mge_store *st, int64_t id, int attempt, const c
     rc = tx(st, Q_BEGIN);
     if (rc != MGE_OK)
         goto out_unlock;
-    rc = job_state_get(st, id, &cur, &cur_attempt, &max_att);
+    rc = job_state_get(st, id, &cur, &cur_attempt, &left, &infra);
     if (rc != MGE_OK)
         goto out_rollback;
     if (mge_job_state_is_terminal(cur) || attempt != cur_attempt) {
         rc = tx(st, Q_COMMIT);
         goto out_unlock;
     }
-    if (cur_attempt >= max_att) {
+    if (charged ? left <= 0 : infra >= MGE_STORE_INFRA_RESTARTS_MAX) {
         rc = job_state_set(st, id, cur_attempt, MGE_JOB_FAILED, reason, now);
     } else {
         /* The attempt failed (an event says so and why); the job itself goes back in line. */
         rc = event_state(st, id, MGE_JOB_FAILED, cur_attempt, reason, now);
+        if (rc == MGE_OK)
+            rc = incarnation_end(st, id, cur_attempt, "requeued", reason, !charged, now);
         s = rc == MGE_OK ? stmt_get(st, Q_JOB_REQUEUE) : NULL;
         if (s) {
             bind_text_or_null(s, 1, reason);
             sqlite3_bind_int64(s, 2, id);
+            sqlite3_bind_int(s, 3, charged);
             rc = exec_stmt(st, s);
         } else if (rc == MGE_OK) {
             rc = MGE_DB;
@@ -1053,6 +1155,19 @@ int mge_store_job_place(struct mge_store *st, int64_t id, int attempt,
         sqlite3_bind_int(s, 2, attempt);
         sqlite3_bind_int(s, 3, pl[i].rank);
         sqlite3_bind_text(s, 4, pl[i].worker_id, -1, SQLITE_TRANSIENT);
+        rc = exec_stmt(st, s);
+    }
+    for (enum sql_id q = Q_INC_INSERT; rc == MGE_OK && q <= Q_INC_RESIZED; q++) {
+        sqlite3_stmt *s = stmt_get(st, q);
+        if (!s) {
+            rc = MGE_DB;
+            break;
+        }
+        sqlite3_bind_int64(s, 1, id);
+        sqlite3_bind_int(s, 2, attempt);
+        sqlite3_bind_int(s, 3, n);
+        if (q == Q_INC_INSERT)
+            sqlite3_bind_int64(s, 4, mge_now_ms());
         rc = exec_stmt(st, s);
     }
     if (rc == MGE_OK)

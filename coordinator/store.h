@@ -160,14 +160,25 @@ int mge_store_placements_active(struct mge_store *st, struct mge_placement **out
 int mge_store_job_set_state(struct mge_store *st, int64_t id, int attempt, enum mge_job_state state,
                             const char *reason, bool *changed);
 
+/* Requeues not charged to a job after which it fails anyway (see mge_store_job_requeue). */
+#define MGE_STORE_INFRA_RESTARTS_MAX 100
+
 /*
- * Record a failure of attempt @attempt with @reason and queue the job again (attempt + 1),
- * or fail it for good when it has no attempts left. *@requeued says which.
+ * Record a failure of attempt @attempt with @reason, end its incarnation ("requeued") and
+ * queue the job again (attempt + 1). @charged: the job's own failure, which counts against its
+ * restarts (max_attempts - 1): with none left the job fails for good instead. A failure of the
+ * infrastructure (a lost worker, a worker fault, a re-form) is not charged; it requeues up to
+ * MGE_STORE_INFRA_RESTARTS_MAX times (a safety net: a fault that recurs at once, on the only
+ * worker there is, would otherwise loop for ever). *@requeued says which.
  */
 int mge_store_job_requeue(struct mge_store *st, int64_t id, int attempt, const char *reason,
-                          bool *requeued);
+                          bool charged, bool *requeued);
 
-/* Place attempt @attempt of job @id: @n placements, state -> running, one transaction. */
+/*
+ * Place attempt @attempt of job @id: @n placements, its incarnation row (size @n, start step =
+ * the newest checkpoint's when @attempt > 1; the previous incarnation's reason gets
+ * "; resized A -> n" when its size differs), state -> running, one transaction.
+ */
 int mge_store_job_place(struct mge_store *st, int64_t id, int attempt,
                         const struct mge_placement *pl, int n);
 

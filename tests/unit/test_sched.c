@@ -3,8 +3,10 @@
  * directory, with the scheduler's clock in the test's hands (no scheduler thread: the test
  * calls mge_sched_tick() after moving the clock). Placement, pending reasons, requeue on a
  * lost worker, fencing of a superseded attempt (its lines, exit and checkpoints from the lost
- * worker dropped; a returning worker told to cancel), the step-progress watchdog, and the
- * naming of the rank that broke a gang.
+ * worker dropped; a returning worker told to cancel), the step-progress watchdog, the
+ * naming of the rank that broke a gang, and elastic jobs (shrink on a lost worker, waiting
+ * below min, infrastructure restarts not charged, the watchdog's re-form, a drain's re-form,
+ * incarnation rows).
  */
 #include <check.h>
 #include <stdio.h>
@@ -61,8 +63,8 @@ static void teardown(void)
     ck_assert_int_eq(rmdir(g_dir), 0); /* nothing else was left there */
 }
 
-/* A job of @workers workers with @cpus CPUs each; its id. */
-static int64_t job_add(int workers, int cpus)
+/* A job of @workers ("2" or "{min: 2, max: 3}") workers with @cpus CPUs each; its id. */
+static int64_t job_add_workers(const char *workers, int cpus)
 {
     char yaml[512];
     struct mge_jobspec *spec = NULL;
@@ -71,13 +73,20 @@ static int64_t job_add(int workers, int cpus)
     snprintf(yaml, sizeof(yaml),
              "name: t\nmodel: {type: mlp, hidden: [8]}\n"
              "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
-             "resources: {workers: %d, cpus: %d}\n"
+             "resources: {workers: %s, cpus: %d}\n"
              "train: {steps: 1000, batch_size: 8, optimizer: {lr: 0.1}}\n",
              workers, cpus);
     ck_assert_int_eq(mge_jobspec_parse("<test>", yaml, strlen(yaml), NULL, 0, &spec, &err), MGE_OK);
     ck_assert_int_eq(mge_store_job_insert(g_st, spec, "{}", 1000, &id), MGE_OK);
     mge_jobspec_free(spec);
     return id;
+}
+
+static int64_t job_add(int workers, int cpus)
+{
+    char n[16];
+    snprintf(n, sizeof(n), "%d", workers);
+    return job_add_workers(n, cpus);
 }
 
 /* Register worker @name (2 CPUs; a launch socket when @launch) running @ranks. */
@@ -633,6 +642,304 @@ START_TEST(test_sched_gang_no_mpirun_message)
 }
 END_TEST
 
+/* ---- elastic jobs: {min, max} ---- */
+
+/* Incarnation @k (0-based) of job @id as the API shows it; caller json_decref()s. */
+static json_t *incarnation(int64_t id, size_t k)
+{
+    json_t *j = job_json(id), *inc = json_array_get(json_object_get(j, "incarnations"), k);
+    ck_assert_ptr_nonnull(inc);
+    json_incref(inc);
+    json_decref(j);
+    return inc;
+}
+
+static void assert_members(json_t *inc, const char *want)
+{
+    json_t *m;
+    size_t i;
+    char got[128] = "";
+    json_array_foreach(json_object_get(inc, "members"), i, m)
+    {
+        strncat(got, i ? "," : "", sizeof(got) - strlen(got) - 1);
+        strncat(got, json_string_value(m), sizeof(got) - strlen(got) - 1);
+    }
+    ck_assert_str_eq(got, want);
+}
+
+/* The next heartbeat of @wid brings one Assign of @job: rank @rank of a world of @world. */
+static void assert_assigned_rank(const char *wid, int64_t job, int attempt, int rank, int world)
+{
+    struct mge_sched_cmds c;
+    ck_assert_int_eq(beat(wid, NULL, 0, NULL, 0, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_assign, 1);
+    ck_assert_int_eq(c.assign[0].job_id, job);
+    ck_assert_int_eq(c.assign[0].attempt, attempt);
+    ck_assert_int_eq(c.assign[0].rank, rank);
+    ck_assert_int_eq(c.assign[0].world, world);
+    mge_sched_cmds_fini(&c);
+}
+
+/*
+ * Workers w1, w2, w3 (2 CPUs each) and a {min: 2, max: 3} job of 2 CPUs a rank, placed on all
+ * three, which report it running; rank 0 reports step 40 and a checkpoint at step 30.
+ */
+static int64_t elastic_placed(char w[3][40])
+{
+    struct mge_rank_report r;
+    struct mge_store_line l[2];
+    char note[200];
+    int64_t job;
+    worker_add("w1", true, w[0]);
+    worker_add("w2", true, w[1]);
+    worker_add("w3", true, w[2]);
+    job = job_add_workers("{min: 2, max: 3}", 2);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    for (int k = 0; k < 3; k++) {
+        r = running(job, 1, k);
+        beat_quiet(w[k], &r, 1, NULL, 0);
+    }
+    snprintf(note, sizeof(note),
+             "ckpt-000030.mgeckpt 30 100 /w1/job-%lld/attempt-1/rank-0/ckpt-000030.mgeckpt",
+             (long long)job);
+    l[0] = line(job, 1, 0, 1, 3, note, 1);
+    l[1] = line(job, 1, 0, 2, 2, "{\"step\":40,\"loss\":1.0}", 2);
+    r = running(job, 1, 0);
+    beat_quiet(w[0], &r, 1, l, 2);
+    return job;
+}
+
+/* Workers @a and @b report rank @ra / @rb of attempt @attempt ended by the cancel. */
+static void ranks_cancelled(const char *a, int ra, const char *b, int rb, int64_t job, int attempt)
+{
+    struct mge_rank_report r = exited(job, attempt, ra, 0, 15);
+    beat_quiet(a, &r, 1, NULL, 0);
+    r = exited(job, attempt, rb, 0, 15);
+    beat_quiet(b, &r, 1, NULL, 0);
+}
+
+START_TEST(test_sched_elastic_shrink)
+{
+    char w[3][40];
+    struct mge_rank_report r[2];
+    json_t *inc;
+    int64_t job = elastic_placed(w);
+    /* w3 goes silent past the 3 s timeout: attempt 1 ends, the job is queued again at once */
+    r[0] = running(job, 1, 0);
+    r[1] = running(job, 1, 1);
+    for (int t = 0; t < 4; t++) {
+        g_now += 1000;
+        beat_quiet(w[0], &r[0], 1, NULL, 0);
+        beat_quiet(w[1], &r[1], 1, NULL, 0);
+        mge_sched_tick(g_s);
+    }
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    /* the survivors' slots are taken until their ranks of attempt 1 end */
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_QUEUED);
+    ranks_cancelled(w[0], 0, w[1], 1, job, 1);
+    mge_sched_tick(g_s);
+    /* 2 >= min: attempt 2 runs on the two survivors, from the checkpoint */
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    assert_assigned_rank(w[0], job, 2, 0, 2);
+    assert_assigned_rank(w[1], job, 2, 1, 2);
+    inc = incarnation(job, 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "world")), 3);
+    assert_members(inc, "w1,w2,w3");
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "start_step")), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "ended")), "requeued");
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "reason")),
+                     "worker lost: w3 at step 40; resized 3 -> 2");
+    ck_assert(json_is_true(json_object_get(inc, "infra")));
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(inc, "ended_at")));
+    json_decref(inc);
+    inc = incarnation(job, 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "world")), 2);
+    assert_members(inc, "w1,w2");
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "start_step")), 30);
+    ck_assert(json_is_null(json_object_get(inc, "ended")));
+    ck_assert(json_is_null(json_object_get(inc, "ended_at")));
+    json_decref(inc);
+}
+END_TEST
+
+START_TEST(test_sched_elastic_waits_below_min)
+{
+    char w[3][40], again[40];
+    struct mge_rank_report r = {0};
+    json_t *j;
+    int64_t job = elastic_placed(w);
+    struct mge_job_row row;
+    char *why;
+    /* w2 and w3 go silent: one worker is left, fewer than min */
+    r = running(job, 1, 0);
+    run_for(3500, w[0], &r, 1);
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    r = exited(job, 1, 0, 0, 15);
+    beat_quiet(w[0], &r, 1, NULL, 0);
+    run_for(5000, w[0], NULL, 0);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_QUEUED);
+    row = job_row(job);
+    why = mge_sched_pending_reason(g_s, &row);
+    ck_assert_str_eq(why, "needs 2 workers with 2 CPUs, only 1 worker is that large");
+    mge_free(why);
+    /* w2 comes back: two workers again, attempt 2 starts with them */
+    worker_add("w2", true, again);
+    ck_assert_str_eq(again, w[1]);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    j = incarnation(job, 1);
+    assert_members(j, "w1,w2");
+    json_decref(j);
+    j = job_json(job);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "restarts")), 0);
+    json_decref(j);
+}
+END_TEST
+
+/* Losing a worker five times does not fail the job; failures charged to it do, after two. */
+START_TEST(test_sched_elastic_infra_not_charged)
+{
+    char w[3][40], back[40];
+    struct mge_rank_report r[2];
+    bool requeued = false;
+    json_t *j;
+    int64_t job = elastic_placed(w);
+    static const char *const names[] = {"w1", "w2", "w3"};
+    for (int round = 1; round <= 5; round++) {
+        /* attempt `round` runs on w1, w2, w3 (ranks 0, 1, 2): w3, w2, w3, ... goes silent */
+        int lost = round % 2 ? 2 : 1, keep = 3 - lost;
+        r[0] = running(job, round, 0);
+        r[1] = running(job, round, keep);
+        for (int t = 0; t < 4; t++) {
+            g_now += 1000;
+            beat_quiet(w[0], &r[0], 1, NULL, 0);
+            beat_quiet(w[keep], &r[1], 1, NULL, 0);
+            mge_sched_tick(g_s);
+        }
+        ck_assert_int_eq(job_row(job).attempt, round + 1);
+        ranks_cancelled(w[0], 0, w[keep], keep, job, round);
+        worker_add(names[lost], true, back); /* it comes back, idle, and is taken again */
+        mge_sched_tick(g_s);
+        ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+        for (int k = 0; k < 3; k++) {
+            struct mge_sched_cmds c;
+            ck_assert_int_eq(beat(w[k], NULL, 0, NULL, 0, &c), MGE_OK);
+            ck_assert_uint_eq(c.n_assign, 1);
+            mge_sched_cmds_fini(&c);
+        }
+    }
+    ck_assert_int_eq(job_row(job).attempt, 6);
+    j = job_json(job);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "restarts")), 0);
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "incarnations")), 6);
+    json_decref(j);
+    /* failures of the job itself are charged: max_attempts 3 leaves two restarts */
+    ck_assert_int_eq(mge_store_job_requeue(g_st, job, 6, "nan loss", true, &requeued), MGE_OK);
+    ck_assert(requeued);
+    ck_assert_int_eq(mge_store_job_requeue(g_st, job, 7, "nan loss", true, &requeued), MGE_OK);
+    ck_assert(requeued);
+    ck_assert_int_eq(mge_store_job_requeue(g_st, job, 8, "nan loss", true, &requeued), MGE_OK);
+    ck_assert(!requeued);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_FAILED);
+    j = incarnation(job, 5);
+    ck_assert(!json_is_true(json_object_get(j, "infra")));
+    json_decref(j);
+}
+END_TEST
+
+/*
+ * Ranks 0..2 of attempt 1 of @job on @w report their end (cancelled: signal @sig); after a
+ * placement pass the job runs again, incarnation 2 on @members ("w1,w3").
+ */
+static void reformed_on(char w[3][40], int64_t job, int sig, const char *members)
+{
+    json_t *inc;
+    for (int k = 0; k < 3; k++) {
+        struct mge_rank_report e = exited(job, 1, k, 0, sig);
+        beat_quiet(w[k], &e, 1, NULL, 0);
+    }
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    inc = incarnation(job, 1);
+    assert_members(inc, members);
+    json_decref(inc);
+}
+
+/* Draining a member re-forms an elastic job without it while enough others remain; a
+ * fixed-size job's ranks there finish normally. */
+START_TEST(test_sched_elastic_drain)
+{
+    char w[3][40];
+    json_t *out = NULL, *inc;
+    int64_t job = elastic_placed(w);
+    ck_assert_int_eq(mge_sched_worker_drain(g_s, "w2", &out), MGE_OK);
+    json_decref(out);
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    inc = incarnation(job, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "reason")),
+                     "worker w2 drained at step 40");
+    ck_assert(json_is_true(json_object_get(inc, "infra")));
+    json_decref(inc);
+    reformed_on(w, job, 15, "w1,w3");
+    /* draining w3 now would leave one worker, fewer than min: the job runs on there */
+    ck_assert_int_eq(mge_sched_worker_drain(g_s, "w3", &out), MGE_OK);
+    json_decref(out);
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+}
+END_TEST
+
+/* Requeues not charged stop at the safety net: a fault that recurs at once cannot loop. */
+START_TEST(test_sched_elastic_infra_cap)
+{
+    bool requeued = false;
+    int64_t job = job_add_workers("{min: 2, max: 3}", 1);
+    for (int a = 1; a <= MGE_STORE_INFRA_RESTARTS_MAX; a++) {
+        ck_assert_int_eq(
+            mge_store_job_requeue(g_st, job, a, "worker w1: disk full", false, &requeued), MGE_OK);
+        ck_assert(requeued);
+    }
+    ck_assert_int_eq(mge_store_job_requeue(g_st, job, MGE_STORE_INFRA_RESTARTS_MAX + 1,
+                                           "worker w1: disk full", false, &requeued),
+                     MGE_OK);
+    ck_assert(!requeued);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_FAILED);
+}
+END_TEST
+
+/* The watchdog re-forms an elastic job (requeued, not failed), without the member that went
+ * quiet when it knows one. */
+START_TEST(test_sched_elastic_watchdog_reform)
+{
+    char w[3][40];
+    struct mge_rank_report r[3];
+    json_t *inc;
+    int64_t job = elastic_placed(w);
+    for (int k = 0; k < 3; k++)
+        r[k] = running(job, 1, k);
+    /* no step after 40 for 10 s; w3's heartbeats stopped 2 s before that */
+    for (int t = 0; t < 10; t++) {
+        g_now += 1000;
+        beat_quiet(w[0], &r[0], 1, NULL, 0);
+        beat_quiet(w[1], &r[1], 1, NULL, 0);
+        if (t < 8)
+            beat_quiet(w[2], &r[2], 1, NULL, 0);
+        mge_sched_tick(g_s);
+    }
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_QUEUED);
+    inc = incarnation(job, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "ended")), "requeued");
+    ck_assert(json_is_true(json_object_get(inc, "infra")));
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(inc, "reason")),
+                                 "no progress for 10 s since step 40"));
+    json_decref(inc);
+    /* every rank ends (w3 is back in time); w3 is left out of the next incarnation */
+    reformed_on(w, job, 9, "w1,w2");
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -654,6 +961,12 @@ static Suite *sched_suite(void)
         {"gang_failed", test_sched_gang_names_failed_rank, 1},
         {"gang_abort", test_sched_gang_names_aborting_rank, 1},
         {"gang_plain", test_sched_gang_no_mpirun_message, 1},
+        {"elastic_shrink", test_sched_elastic_shrink, 1},
+        {"elastic_below_min", test_sched_elastic_waits_below_min, 1},
+        {"elastic_infra", test_sched_elastic_infra_not_charged, 1},
+        {"elastic_cap", test_sched_elastic_infra_cap, 1},
+        {"elastic_drain", test_sched_elastic_drain, 1},
+        {"elastic_watchdog", test_sched_elastic_watchdog_reform, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -4,7 +4,8 @@
  * store) return the error, never a shorter list; a damaged file and a WAL deleted after an
  * unclean stop are refused at open, a crash that keeps its WAL is not; --restore-from's
  * mge_store_restore() puts a backup in place without handing ids out twice; the events hook
- * is called after each commit that adds events.
+ * is called after each commit that adds events; a version-3 database (before incarnations)
+ * is migrated with its jobs.
  */
 #include <check.h>
 #include <dirent.h>
@@ -352,6 +353,54 @@ START_TEST(test_store_events_hook)
 }
 END_TEST
 
+/* A database of schema version 3 (no incarnations, no restarts column), made by undoing
+ * migration 4 on a store with a running job, opens at version 4: the job is kept, it has no
+ * incarnation rows and no restarts, and requeueing and placing it write them. */
+START_TEST(test_store_migrates_v3)
+{
+    struct mge_store *st = NULL;
+    struct mge_placement pl = {.rank = 0, .worker_id = "w-1"};
+    char db[128];
+    sqlite3 *o = NULL;
+    json_t *j = NULL, *inc;
+    bool requeued = false;
+    int64_t id;
+    ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
+    id = job_add(st, 1, 0);
+    pl.job_id = id;
+    pl.attempt = 1;
+    ck_assert_int_eq(mge_store_job_place(st, id, 1, &pl, 1), MGE_OK);
+    mge_store_close(st);
+    path_in(db, sizeof(db), "mge.db");
+    ck_assert_int_eq(sqlite3_open_v2(db, &o, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(o,
+                                  "DROP TABLE incarnations; ALTER TABLE jobs DROP COLUMN"
+                                  " restarts; PRAGMA user_version=3;",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    ck_assert_int_eq(sqlite3_close(o), SQLITE_OK);
+
+    ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
+    ck_assert_int_eq(mge_store_job_get(st, id, &j), MGE_OK);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "state")), "running");
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "restarts")), 0);
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "incarnations")), 0);
+    json_decref(j);
+    ck_assert_int_eq(mge_store_job_requeue(st, id, 1, "worker lost: w1", false, &requeued), MGE_OK);
+    ck_assert(requeued);
+    pl.attempt = 2;
+    ck_assert_int_eq(mge_store_job_place(st, id, 2, &pl, 1), MGE_OK);
+    ck_assert_int_eq(mge_store_job_get(st, id, &j), MGE_OK);
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "incarnations")), 1);
+    inc = json_array_get(json_object_get(j, "incarnations"), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "incarnation")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "world")), 1);
+    ck_assert(json_is_null(json_object_get(inc, "ended")));
+    json_decref(j);
+    mge_store_close(st);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -366,6 +415,10 @@ static Suite *store_suite(void)
     tc = tcase_create("events");
     tcase_add_checked_fixture(tc, dir_setup, dir_teardown);
     tcase_add_test(tc, test_store_events_hook);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("migrate");
+    tcase_add_checked_fixture(tc, dir_setup, dir_teardown);
+    tcase_add_test(tc, test_store_migrates_v3);
     suite_add_tcase(s, tc);
     return s;
 }

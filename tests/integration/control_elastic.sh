@@ -1,0 +1,116 @@
+#!/bin/sh
+# control_elastic.sh: an elastic job ({min: 2, max: 3}) on three workers survives losing
+# workers. kill -9 of one member's worker: within the 3 s worker timeout and a placement the
+# job goes on as a new incarnation of the two survivors, from its newest checkpoint (the
+# recovery time, from the kill to the first step the new incarnation completes, is printed).
+# The killed worker comes back (idle: the job does not grow yet) and another member is killed,
+# twice more (once rank 0's, which runs mpirun); then a member is drained, which re-forms the
+# job without it: the job is never failed, no restart is charged to it, it succeeds with every
+# loss step stored once, and GET /jobs/{id} and mgectl get show the incarnations: members,
+# start steps, "worker lost: W at step N; resized 3 -> 2".
+# Exit 77 (skip) without Open MPI's mpirun.
+. "$(dirname "$0")/lib/control.sh"
+MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
+[ -n "$MPIRUN" ] || { echo "SKIP: mpirun (Open MPI) is not installed"; exit 77; }
+[ -x "$BIN/mge-launch" ] || { echo "SKIP: $BIN/mge-launch not built"; exit 77; }
+
+WORKER_TIMEOUT=3
+start_coord
+start_worker wa
+start_worker wb
+start_worker wc
+
+STEPS=${ELASTIC_STEPS:-400}
+cat >"$T/elastic.yaml" <<Y
+name: elastic
+$LONG_MODEL
+$LONG_DATA
+resources: {workers: {min: 2, max: 3}, cpus: 1}
+train: {steps: $STEPS, batch_size: 128, $LONG_OPT, checkpoint_every: 20}
+Y
+JOB=$("$BIN/mgectl" submit "$T/elastic.yaml" -o json | jq -r .id)
+check "the {min: 2, max: 3} job starts with 3 workers" wait_until 30 sh -c "
+    curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
+    jq -e '.state == \"running\" and (.placement | length) == 3' >/dev/null"
+
+# inc_field K FILTER: incarnation K (1-based) of the job, through a jq filter
+inc_field() { api GET "/api/v1/jobs/$JOB" | jq -r --argjson k "$1" ".incarnations[\$k - 1] | $2"; }
+# ckpt_after STEP: a checkpoint past STEP is indexed
+ckpt_after() { api GET "/api/v1/jobs/$JOB/checkpoints" | jq -e --argjson s "$1" 'any(.checkpoints[]; .step > $s)'; }
+# step_time STEP: when the loss of STEP was reported (epoch seconds, ms precision), or fail
+step_time() {
+    api GET "/api/v1/jobs/$JOB/metrics?name=loss" | jq -e --argjson s "$1" '
+        first(.metrics[] | select(.step == $s) | .time
+              | (.[0:19] + "Z" | fromdateiso8601) + (.[20:23] | tonumber) / 1000)'
+}
+# step_after STEP T0: STEP was reported after T0 (epoch seconds)
+step_after() { ts=$(step_time "$1") && [ "$(echo "$ts > $2" | bc -l)" -eq 1 ]; }
+
+# lose K I: kill -9 the worker of rank I of incarnation K (-1: the last rank), which must go
+# on as K + 1 with the others; the killed worker is started again (idle) for the next round
+lose() {
+    k=$1
+    check "incarnation $k made a checkpoint" wait_until 60 ckpt_after "$(inc_field "$k" .start_step)"
+    members=$(inc_field "$k" '.members | join(" ")')
+    victim=$(inc_field "$k" ".members[$2]")
+    vrank=$(inc_field "$k" ".members | keys | .[$2]")
+    eval "vpid=\$WORKER_PID_$victim"
+    kill -9 "$vpid"
+    t0=$(date +%s.%N)
+    ok "incarnation $k ($members): worker $victim (rank $vrank) killed with SIGKILL at step $(job_step "$JOB")"
+    next=$((k + 1))
+    if ! wait_until 30 sh -c "[ \"\$(curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
+            jq -r '.incarnations[$k].world // 0')\" -ge 2 ]"; then
+        fail "no incarnation $next within 30 s of the kill"
+        return
+    fi
+    from=$(inc_field "$next" .start_step)
+    # the step may have been reported by incarnation k before the kill: wait for its new time
+    if wait_until 60 step_after $((from + 1)) "$t0"; then
+        t1=$(step_time $((from + 1)))
+        RECOVERY="$RECOVERY $(echo "$t1 - $t0" | bc -l | cut -c1-4)"
+        ok "incarnation $next ($(inc_field "$next" '.members | join(" ")')) completed step $((from + 1)) (resumed at $from) $(echo "$t1 - $t0" | bc -l | cut -c1-4) s after the kill"
+    else
+        fail "incarnation $next completed no step within 60 s"
+    fi
+    check "incarnation $k ended requeued, by the infrastructure, and says why" jq -e -n \
+        --arg v "$victim" --argjson i "$(api GET "/api/v1/jobs/$JOB" | jq ".incarnations[$k - 1]")" '
+        $i.ended == "requeued" and $i.infra
+        and ($i.reason | test("^worker lost: " + $v + " at step [0-9]+(; resized 3 -> 2)?$"))'
+    check "incarnation $next runs without $victim" sh -c "[ -z \"\$(echo '$(inc_field "$next" '.members[]')' | grep -x '$victim')\" ]"
+    start_worker "$victim"
+}
+
+RECOVERY=""
+lose 1 -1
+lose 2 0   # rank 0's worker runs mpirun and holds the checkpoints (one file system here)
+lose 3 -1
+# draining a member (two others are ready) re-forms the job without it
+check "incarnation 4 made a checkpoint" wait_until 60 ckpt_after "$(inc_field 4 .start_step)"
+drained=$(inc_field 4 '.members[-1]')
+"$BIN/mgectl" drain "$drained" >/dev/null
+check "mgectl drain $drained: incarnation 5 runs without it" wait_until 30 sh -c "
+    curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
+    jq -e --arg d '$drained' '.incarnations[4].world == 2 and all(.incarnations[4].members[]; . != \$d)' >/dev/null"
+check "... and incarnation 4 says it was drained" jq -e -n --arg d "$drained" \
+    --argjson i "$(api GET "/api/v1/jobs/$JOB" | jq '.incarnations[3]')" '
+    $i.ended == "requeued" and $i.infra and ($i.reason | test("^worker " + $d + " drained at step [0-9]+$"))'
+check "the job succeeds after losing a worker three times and a drain" wait_until 120 state_is "$JOB" succeeded
+echo "     recovery (kill -9 -> first step of the next incarnation, worker timeout $WORKER_TIMEOUT s):$RECOVERY s"
+api GET "/api/v1/jobs/$JOB" >"$T/job.json"
+check "5 incarnations, no restart charged to the job" jq -e '
+    .attempt == 5 and .restarts == 0 and (.incarnations | length) == 5
+    and [.incarnations[].world] == [3, 2, 2, 2, 2] and .incarnations[4].ended == "succeeded"' "$T/job.json"
+check "incarnation 1 says: a worker lost at a step, resized 3 -> 2" jq -e '
+    .incarnations[0].reason | test("^worker lost: w[abc] at step [0-9]+; resized 3 -> 2$")' "$T/job.json"
+check "each incarnation after the first resumed from a checkpoint (a multiple of 20)" jq -e '
+    all(.incarnations[1:][]; .start_step > 0 and .start_step % 20 == 0)' "$T/job.json"
+check "the result counts every step; incarnation 5 ran only the steps after its checkpoint" \
+    jq -e --argjson n "$STEPS" '.result.steps == $n and .result.steps_run == $n - .incarnations[4].start_step' "$T/job.json"
+check "loss steps 1..$STEPS are all stored once" loss_steps_exact "$JOB" "$STEPS"
+"$BIN/mgectl" get "$JOB" >"$T/get.txt"
+check "mgectl get shows the incarnations" sh -c "
+    grep -q 'incarnations (0 restarts charged to the job):' '$T/get.txt' &&
+    grep -Eq '^    1 +\\[\"wa\",\"wb\",\"wc\"\\] from step 0: requeued: worker lost: ' '$T/get.txt' &&
+    grep -Eq '^    5 +\\[.*\\] from step [0-9]+: succeeded$' '$T/get.txt'"
+finish
