@@ -25,6 +25,7 @@ for tool in slurmctld slurmd munged sbatch srun scontrol; do
     command -v $tool >/dev/null 2>&1 ||
         { echo "SKIP: $tool not installed (Debian: slurmctld slurmd slurm-client munge)"; exit 77; }
 done
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: slurmd runs jobs as their users and must be root here"; exit 77; }
 MPIRUN=$(command -v mpirun.openmpi || command -v mpirun) || { echo "SKIP: Open MPI's mpirun not installed"; exit 77; }
 DATA=/usr/share/datasets/fashion-mnist
 [ -f $DATA/train-images-idx3-ubyte.gz ] || { echo "SKIP: dataset-fashion-mnist not installed"; exit 77; }
