@@ -8,7 +8,8 @@
 #      process (mge-train alone) to 1e-5 relative at every one of the 100 steps;
 #   2. the pool: `sbatch deploy/slurm/mge-pool.sbatch` starts an mge-worker in the
 #      allocation that joins a coordinator running outside Slurm; a job submitted with
-#      mgectl runs on it and succeeds; scancel ends the pool and the worker leaves.
+#      mgectl runs on it and succeeds; the time-limit warning (USR1) drains it through the
+#      API; scancel ends the pool and the worker leaves.
 # The scripts are checked with bash -n (and shellcheck when installed) first. Skips visibly
 # when Slurm or munge is not installed (deploy/install-deps.sh: MGE_EXTRA_PKGS="slurmctld
 # slurmd slurm-client munge").
@@ -135,6 +136,7 @@ done
 # --- 2. an elastic pool: workers in an allocation join a coordinator outside it
 start_coord
 pool=$(MGE_COORDINATOR=$WORKER_URL MGE_JOIN_TOKEN_FILE=$T/join MGE_WORK_ROOT=$T \
+    MGE_SERVER=$URL MGE_TOKEN_FILE=$T/tokens \
     MGE_WORKER_OPTS="--heartbeat-ms 500" submit_batch pool -N 1 --cpus-per-task="$NCPU" \
     "$S/mge-pool.sbatch")
 JOBS="$JOBS $pool"
@@ -159,10 +161,24 @@ if [ -n "$job" ] && wait_until 30 state_is "$job" succeeded; then
 else
     fail "job ${job:-?} submitted with mgectl did not succeed: $(job_state "${job:-0}") $(cat "$T/submit.err")"
 fi
+# the warning Slurm sends before the time limit (--signal=B:USR1@120), sent now: the pool
+# drains its workers through the API
+scancel --batch --signal=USR1 "$pool"
+worker_draining() { api GET /api/v1/workers | jq -e --arg n "$W" '.workers[] | select(.name == $n and (.state == "draining" or .state == "drained"))'; }
+if wait_until 15 worker_draining; then ok "USR1 to the pool's batch script (the time-limit warning): worker '$W' drained"
+else fail "worker '$W' not draining after USR1: $(tail -3 "$T/pool.err")"; fi
+# the worker process itself is gone (its state may stay "drained": a drain is kept)
+worker_proc_gone() {
+    for d in /proc/[0-9]*; do
+        [ "$(cat "$d/comm" 2>/dev/null)" = mge-worker ] || continue
+        tr '\0' ' ' <"$d/cmdline" 2>/dev/null | grep -q -- "--name $W " && return 1
+    done
+    return 0
+}
+if worker_proc_gone; then fail "no mge-worker process named '$W' found before scancel"; fi
 scancel "$pool"
-worker_gone() { ! worker_ready "$W"; }
-if wait_until 20 worker_gone; then ok "scancel $pool: the pool's worker left ($(api GET /api/v1/workers | jq -r --arg n "$W" '.workers[] | select(.name == $n) | .state'))"
-else fail "worker '$W' still ready after scancel"; fi
+if wait_until 20 worker_proc_gone; then ok "scancel $pool: the pool's mge-worker process ended (worker state: $(api GET /api/v1/workers | jq -r --arg n "$W" '.workers[] | select(.name == $n) | .state'))"
+else fail "the mge-worker of '$W' still runs after scancel"; fi
 
 if [ "$fails" -eq 0 ]; then echo "deploy_slurm: all passed"; exit 0; fi
 echo "deploy_slurm: $fails failed"; exit 1
