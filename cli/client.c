@@ -131,8 +131,18 @@ static int cfg_load(struct cfg_file *cf)
         return 0;
     f = fopen(cf->path, "r");
     if (!f) {
-        if (!explicit_ && errno == ENOENT)
+        if (!explicit_ && errno == ENOENT) {
+            const char *home = getenv("HOME");
+            char old[1024];
+            /* the key = value file of earlier versions: say why it is ignored */
+            if (home && snprintf(old, sizeof(old), "%s/.config/mge/config", home) > 0 &&
+                access(old, F_OK) == 0)
+                fprintf(stderr,
+                        "mgectl: note: '%s' is no longer read; write '%s' (server:, "
+                        "token_file:, cacert:)\n",
+                        old, cf->path);
             return 0;
+        }
         fprintf(stderr, "mgectl: cannot read config file '%s': %s\n", cf->path, strerror(errno));
         return -1;
     }

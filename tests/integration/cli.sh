@@ -111,6 +111,11 @@ rm -f "$T/xdg/mge/config.yaml"
 check "no config file is no error (exit 3 from --server, not 2)" \
     sh -c "[ \$('$M' --server http://127.0.0.1:1 list >/dev/null 2>&1; echo \$?) = 3 ]"
 
+mkdir -p "$T/home/.config/mge"
+echo "server = $URL" >"$T/home/.config/mge/config"
+check "the key = value file of earlier versions is named as no longer read" \
+    sh -c "'$M' --server http://127.0.0.1:1 list 2>&1 | grep -q \"config' is no longer read\""
+
 # --- shell completion
 "$M" completion bash >"$T/mgectl.bash"
 check "bash completion loads and registers" \
