@@ -6,10 +6,12 @@
 # ends, or on Ctrl-C; with KEEP=1 (`make demo KEEP=1`) it stays up until Ctrl-C. The exit
 # code is the job's (0 succeeded; mgectl's exit codes). The whole run prints about 20 lines.
 #   usage: [KEEP=1] sh deploy/demo.sh BUILD
+# For tests: MGE_DEMO_SPEC (another spec), MGE_DEMO_DIR (instead of BUILD/demo),
+# MGE_DEMO_LISTEN (instead of 127.0.0.1:8080), MGE_DEMO_NO_BUILD=1 (use BUILD as it is).
 BUILD=${1:-build}
 SPEC=${MGE_DEMO_SPEC:-examples/fmnist-mlp.yaml}
 MAKE=${MAKE:-make}
-D=$BUILD/demo
+D=${MGE_DEMO_DIR:-$BUILD/demo}
 mkdir -p "$D"
 D=$(cd "$D" && pwd)
 [ -r "$SPEC" ] || { echo "demo: $SPEC not found" >&2; exit 2; }
@@ -17,13 +19,15 @@ say() { echo "demo: $*"; }
 
 # --- build: the binaries and the dashboard, their output into a log (shown when it fails)
 t0=$(date +%s)
-if ! $MAKE --no-print-directory BUILD="$BUILD" binaries >"$D/build.log" 2>&1; then
+if [ -n "$MGE_DEMO_NO_BUILD" ]; then
+    : # the caller built BUILD
+elif ! $MAKE --no-print-directory BUILD="$BUILD" binaries >"$D/build.log" 2>&1; then
     tail -n 20 "$D/build.log" >&2
     echo "demo: the build failed (all of it in $D/build.log)" >&2
     exit 2
 fi
 WEB="dashboard"
-if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+if [ -z "$MGE_DEMO_NO_BUILD" ] && command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
     $MAKE --no-print-directory BUILD="$BUILD" web >>"$D/build.log" 2>&1
 fi
 [ -f "$BUILD/web/index.html" ] ||
