@@ -274,8 +274,7 @@ bench: deps
 	$(Q)sh tests/bench/run.sh $(BUILD)
 
 demo: deps
-	$(Q)$(MAKE) --no-print-directory binaries
-	$(Q)sh deploy/demo.sh $(BUILD)
+	$(Q)KEEP="$(KEEP)" MAKE="$(MAKE)" sh deploy/demo.sh $(BUILD)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')

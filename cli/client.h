@@ -12,18 +12,31 @@
 #include <stdint.h>
 
 struct mgectl {
-    char server[512];        /* "http://127.0.0.1:8080", no trailing slash */
-    char token[512];         /* "" for none */
+    char server[512];  /* "http://127.0.0.1:8080", no trailing slash */
+    char token[512];   /* "" for none */
+    char cacert[1024]; /* CA bundle for https; "" for the system's */
 };
 
-/* Fill @c: @server/@token (may be NULL) win over the environment, which wins over the file. */
-void mgectl_config(struct mgectl *c, const char *server, const char *token);
+/* What the command line said (each may be NULL). */
+struct mgectl_flags {
+    const char *server, *token, *token_file, *cacert;
+};
+
+/*
+ * Fill @c. Each setting comes from the flags, else the environment (MGE_SERVER, MGE_TOKEN,
+ * MGE_TOKEN_FILE, MGE_CACERT), else the config file: $MGE_CONFIG, else
+ * $XDG_CONFIG_HOME/mge/config.yaml, else ~/.config/mge/config.yaml (keys server, token_file,
+ * cacert; a missing default file is fine). A relative token_file or cacert in the file is
+ * relative to the file's directory. Returns 0, or -1 after printing to stderr what is wrong
+ * (the file, the key and its line; an unreadable token file or CA file).
+ */
+int mgectl_config(struct mgectl *c, const struct mgectl_flags *fl);
 
 struct mgectl_resp {
-    long status;             /* HTTP status; 0 when the server could not be reached */
-    char *body;              /* NUL-terminated, malloc'ed (free) */
+    long status; /* HTTP status; 0 when the server could not be reached */
+    char *body;  /* NUL-terminated, malloc'ed (free) */
     size_t len;
-    char error[256];         /* transport error text when status is 0 */
+    char error[256]; /* transport error text when status is 0 */
 };
 
 /*

@@ -4,15 +4,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client.h"
+#include "completion.h"
 
 #define MGECTL_VERSION "0.1.0"
 
-/* Exit codes: the job's outcome for -f, else whether the command worked. */
-enum { EX_OK = 0, EX_JOB_FAILED = 1, EX_USAGE = 2, EX_CANCELLED = 3, EX_ERROR = 4 };
+/*
+ * Exit codes (documented in usage() and docs/operations.md; tests/integration/cli.sh checks
+ * each): with -f the job's outcome, else whether the command worked.
+ */
+enum {
+    EX_OK = 0,          /* done; with -f: the job succeeded */
+    EX_JOB_FAILED = 1,  /* with -f: the job failed */
+    EX_USAGE = 2,       /* bad usage or input: arguments, spec (400/413/415/422), config file */
+    EX_UNREACHABLE = 3, /* no answer from the server (connection refused, DNS, TLS, timeout) */
+    EX_REFUSED = 4,     /* the server refused the token (401) or its role (403) */
+    EX_NOT_FOUND = 5,   /* no such job, worker or checkpoint (404) */
+    EX_CANCELLED = 6,   /* with -f: the job was cancelled */
+    EX_SERVER = 7,      /* the server failed (5xx) or answered something unexpected */
+};
 
 static struct mgectl g_c;
 static const char *g_output;  /* -o json|yaml|table */
@@ -30,10 +44,38 @@ static void usage(FILE *f)
             "  drain WORKER                                           no new ranks on a worker\n"
             "  metrics ID [--name loss] [-o json]                     stored metrics\n"
             "  checkpoint download ID [-o FILE] [--name NAME]         fetch a checkpoint\n"
+            "  completion bash|zsh                                    shell completion script\n"
             "  version\n"
-            "Server and token: flags, then MGE_SERVER / MGE_TOKEN, then ~/.config/mge/config\n"
-            "('server = URL', 'token = TOKEN'). Exit codes with -f: 0 succeeded, 1 failed,\n"
-            "3 cancelled; 2 bad usage or spec; 4 other errors.\n");
+            "-f shows one live progress line on a terminal; otherwise a line every --every S\n"
+            "seconds (default 10, $MGE_PROGRESS_EVERY; 0: every step) and a summary at the end.\n"
+            "Global flags: --server URL, --token-file FILE (--token TOKEN), --cacert FILE; they\n"
+            "win over MGE_SERVER, MGE_TOKEN_FILE (MGE_TOKEN), MGE_CACERT, which win over\n"
+            "$XDG_CONFIG_HOME/mge/config.yaml (~/.config/mge/config.yaml; keys server,\n"
+            "token_file, cacert; MGE_CONFIG names another file).\n"
+            "Exit codes: 0 ok (with -f: the job succeeded), 1 the job failed, 2 bad usage or\n"
+            "input, 3 server unreachable, 4 token refused (401/403), 5 not found, 6 the job\n"
+            "was cancelled, 7 server error.\n");
+}
+
+/* The exit code of an HTTP status that is not the expected one (0: no answer). */
+static int status_exit(long status)
+{
+    if (status == 0)
+        return EX_UNREACHABLE;
+    if (status == 401 || status == 403)
+        return EX_REFUSED;
+    if (status == 404)
+        return EX_NOT_FOUND;
+    if (status >= 400 && status < 500)
+        return EX_USAGE;
+    return EX_SERVER;
+}
+
+/* "mgectl CMD: bad arguments ..." on stderr; returns EX_USAGE. */
+static int bad_usage(const char *cmd, const char *why)
+{
+    fprintf(stderr, "mgectl %s: %s (see mgectl --help)\n", cmd, why);
+    return EX_USAGE;
 }
 
 /* Print an API error (problem JSON or transport error); return the exit code it maps to. */
@@ -42,21 +84,21 @@ static int report(const char *what, const struct mgectl_resp *r)
     json_t *p;
     if (r->status == 0) {
         fprintf(stderr, "mgectl: %s: cannot reach %s: %s\n", what, g_c.server, r->error);
-        return EX_ERROR;
+        return EX_UNREACHABLE;
     }
     p = json_loads(r->body, 0, NULL);
     if (p && json_is_object(p)) {
         const char *title = json_string_value(json_object_get(p, "title"));
         const char *detail = json_string_value(json_object_get(p, "detail"));
+        if (detail && title && !strcmp(detail, title))
+            detail = NULL;
         fprintf(stderr, "mgectl: %s: %s%s%s\n", what, title ? title : "error",
                 detail ? ": " : "", detail ? detail : "");
     } else {
         fprintf(stderr, "mgectl: %s: HTTP %ld\n", what, r->status);
     }
     json_decref(p);
-    if (r->status == 400 || r->status == 413 || r->status == 415 || r->status == 422)
-        return EX_USAGE;
-    return EX_ERROR;
+    return status_exit(r->status);
 }
 
 /* GET @path as JSON; NULL (reported, *@ex set) on error. */
@@ -161,62 +203,189 @@ static bool is_terminal(const char *s)
 
 /* ---- following a job ---- */
 
+/*
+ * Progress of a followed job. On a terminal (stdout and stderr both): one line on stderr,
+ * rewritten in place (at most 10 times a second, and at the last step). Otherwise a plain
+ * "step N/T ..." line on stdout every @every seconds (0: every step) and at the last step.
+ * Either way, evaluations, state changes and the final summary are lines of their own.
+ */
 struct follow {
     long long id;
     bool tty, logs, metrics;
     int rank;                 /* -1: all */
+    double every;             /* seconds between plain lines; 0: every step */
     long long total, step;
-    double loss, sps;
-    time_t start;
+    double loss, sps, test_acc;
+    bool have_acc;
+    long long rate_step;      /* first step seen, and when (event time): the ETA's speed */
+    double rate_t, step_t;    /* step_t: the event time of the latest step */
+    double run_s;             /* how long the job ran (started_at to finished_at), -1 unknown */
+    double last_out;          /* when the progress was last drawn or printed */
     bool bar_drawn;
+    double lost_since;        /* when the server stopped answering; 0: it answers */
+    long last_status;         /* an unexpected HTTP status of the job, 0 none */
     char final_state[32];
+    char failure[512];
 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* "1h02m", "3m07s", "12s" into @buf */
+static const char *fmt_duration(char *buf, size_t n, double s)
+{
+    long t = s < 0 ? 0 : (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, n, "%lds", t);
+    return buf;
+}
+
+/* Seconds since the epoch of an RFC 3339 UTC time ("2026-11-25T04:46:07.284Z"); -1 if not. */
+static double iso_seconds(const char *s)
+{
+    struct tm tm;
+    double sec;
+    memset(&tm, 0, sizeof(tm));
+    if (!s || sscanf(s, "%d-%d-%dT%d:%d:%lf", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+                     &tm.tm_min, &sec) != 6)
+        return -1;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    return (double)timegm(&tm) + sec;
+}
+
+/*
+ * Seconds until the last step, from the speed between the first step seen and the latest
+ * (by the events' own times, so that a replayed history gives the speed it had); -1 unknown.
+ */
+static double follow_eta(const struct follow *f)
+{
+    double dt = f->step_t - f->rate_t;
+    if (f->step <= f->rate_step || f->total <= f->step || dt <= 0)
+        return -1;
+    return dt * (double)(f->total - f->step) / (double)(f->step - f->rate_step);
+}
+
+/*
+ * The progress into @buf: for a terminal "step 812/1407  loss 0.4123  5230 samples/s  ETA 41s";
+ * @plain (for logs and scripts) "step 812/1407 loss 0.412300 samples/s 5230.4 eta 41s".
+ */
+static void progress_text(const struct follow *f, bool plain, char *buf, size_t n)
+{
+    char d[32];
+    double eta = follow_eta(f);
+    const char *e =
+        f->step >= f->total ? "done" : eta < 0 ? "-" : fmt_duration(d, sizeof(d), eta);
+    if (plain)
+        snprintf(buf, n, "step %lld/%lld loss %.6f samples/s %.1f eta %s", f->step, f->total,
+                 f->loss, f->sps, e);
+    else
+        snprintf(buf, n, "step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s", f->step, f->total,
+                 f->loss, f->sps, e);
+}
 
 static void bar_clear(struct follow *f)
 {
     if (f->bar_drawn) {
         fputs("\r\033[K", stderr);
+        fflush(stderr);
         f->bar_drawn = false;
     }
 }
 
 static void bar_draw(struct follow *f)
 {
-    char bar[31];
+    char bar[21], text[160], line[256];
+    struct winsize ws;
+    int width = 80, fill;
     double frac = f->total > 0 ? (double)f->step / (double)f->total : 0;
-    int fill = (int)(frac * 30);
-    long eta = -1;
-    time_t el = time(NULL) - f->start;
-    if (fill > 30)
-        fill = 30;
-    for (int i = 0; i < 30; i++)
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+        width = ws.ws_col;
+    fill = frac > 1 ? 20 : (int)(frac * 20);
+    for (int i = 0; i < 20; i++)
         bar[i] = i < fill ? '#' : '.';
-    bar[30] = '\0';
-    if (f->step > 0 && f->total > f->step)
-        eta = (long)((double)el * (double)(f->total - f->step) / (double)f->step);
-    fprintf(stderr, "\r\033[K[%s] step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s", bar, f->step,
-            f->total, f->loss, f->sps, eta < 0 ? "-" : "");
-    if (eta >= 0)
-        fprintf(stderr, "%ldm%02lds", eta / 60, eta % 60);
+    bar[20] = '\0';
+    progress_text(f, false, text, sizeof(text));
+    snprintf(line, sizeof(line), "[%s] %s", bar, text);
+    /* never wrap: a wrapped line cannot be rewritten with \r */
+    if (width > 1 && (int)strlen(line) >= width)
+        line[width - 1] = '\0';
+    fprintf(stderr, "\r\033[K%s", line);
+    fflush(stderr);
     f->bar_drawn = true;
+    f->last_out = now_s();
 }
 
-/* Whether job @id is finished now; its state into @f->final_state. */
+/* A new step arrived: redraw or print it when it is time. */
+static void progress_show(struct follow *f)
+{
+    double t = now_s();
+    bool last = f->total > 0 && f->step >= f->total;
+    if (f->tty) {
+        if (last || !f->bar_drawn || t - f->last_out >= 0.1)
+            bar_draw(f);
+    } else if (last || f->every <= 0 || f->last_out == 0 || t - f->last_out >= f->every) {
+        char text[160];
+        progress_text(f, true, text, sizeof(text));
+        printf("%s\n", text);
+        fflush(stdout);
+        f->last_out = t;
+    }
+}
+
+/* How long a follower waits for a server that stopped answering before it gives up. */
+#define FOLLOW_LOST_S 120.0
+
+/*
+ * Whether following job @id is over: it finished (its state into @f->final_state, its failure
+ * reason too), or the server has not answered for FOLLOW_LOST_S (final_state stays "").
+ * A server that does not answer is said once, not at each retry.
+ */
 static bool job_finished(struct follow *f)
 {
     char path[64];
-    int ex = 0;
-    json_t *o;
+    struct mgectl_resp r;
+    json_t *o = NULL;
     bool done = false;
     snprintf(path, sizeof(path), "/api/v1/jobs/%lld", f->id);
-    o = get_json("get", path, &ex);
+    mgectl_request(&g_c, "GET", path, NULL, NULL, 0, &r);
+    if (r.status == 200)
+        o = json_loads(r.body, 0, NULL);
+    if (!o && r.status == 0) {
+        if (f->lost_since == 0) {
+            bar_clear(f);
+            fprintf(stderr, "mgectl: cannot reach %s (%s); retrying for %.0f s\n", g_c.server,
+                    r.error, FOLLOW_LOST_S);
+            f->lost_since = now_s();
+        }
+        done = now_s() - f->lost_since > FOLLOW_LOST_S;
+    } else if (!o) {
+        f->final_state[0] = '\0';
+        done = true; /* refused or gone: follow_job says so */
+        f->last_status = r.status;
+    }
+    free(r.body);
     if (o) {
+        f->lost_since = 0;
         const char *st = str(o, "state");
         snprintf(f->final_state, sizeof(f->final_state), "%s", st);
         done = is_terminal(st);
-        if (done && !strcmp(st, "failed") && json_is_string(json_object_get(o, "failure_reason"))) {
-            bar_clear(f);
-            fprintf(stderr, "job %lld failed: %s\n", f->id, str(o, "failure_reason"));
+        if (json_is_string(json_object_get(o, "failure_reason")))
+            snprintf(f->failure, sizeof(f->failure), "%s", str(o, "failure_reason"));
+        if (done && json_is_integer(json_object_get(json_object_get(o, "progress"), "step")))
+            f->step = json_integer_value(json_object_get(json_object_get(o, "progress"), "step"));
+        if (done) {
+            double a = iso_seconds(json_string_value(json_object_get(o, "started_at")));
+            double b = iso_seconds(json_string_value(json_object_get(o, "finished_at")));
+            f->run_s = a > 0 && b >= a ? b - a : -1;
         }
         json_decref(o);
     }
@@ -231,25 +400,28 @@ static bool on_follow_event(void *arg, const char *kind, int64_t id, json_t *d)
         return !job_finished(f);
     if (!strcmp(kind, "state")) {
         const char *st = str(d, "state");
+        if (is_terminal(st))
+            return !job_finished(f); /* the summary says how it ended */
         bar_clear(f);
         if (json_object_get(d, "reason"))
             fprintf(stderr, "job %lld: %s (%s)\n", f->id, st, str(d, "reason"));
         else
             fprintf(stderr, "job %lld: %s\n", f->id, st);
-        if (is_terminal(st) && job_finished(f))
-            return false;
+        if (f->tty && f->step)
+            bar_draw(f);
     } else if (!strcmp(kind, "metric") && f->metrics) {
         json_t *s = json_object_get(d, "step");
         if (!json_is_integer(s) || json_integer_value(json_object_get(d, "rank")) != 0)
             return true;
         if (json_is_number(json_object_get(d, "test_accuracy"))) {
-            /* an evaluation line of mge-train: one text line, above the bar */
+            /* an evaluation of mge-train: a line of its own, above the progress line */
+            f->test_acc = json_number_value(json_object_get(d, "test_accuracy"));
+            f->have_acc = true;
             bar_clear(f);
             printf("eval step %lld epoch %lld: test accuracy %.2f%% test loss %.6f\n",
                    (long long)json_integer_value(s),
                    (long long)json_integer_value(json_object_get(d, "epoch")),
-                   100.0 * json_number_value(json_object_get(d, "test_accuracy")),
-                   json_number_value(json_object_get(d, "test_loss")));
+                   100.0 * f->test_acc, json_number_value(json_object_get(d, "test_loss")));
             fflush(stdout);
             if (f->tty && f->step)
                 bar_draw(f);
@@ -260,13 +432,14 @@ static bool on_follow_event(void *arg, const char *kind, int64_t id, json_t *d)
         f->step = json_integer_value(s);
         f->loss = json_number_value(json_object_get(d, "loss"));
         f->sps = json_number_value(json_object_get(d, "samples_per_sec"));
-        if (f->tty) {
-            bar_draw(f);
-        } else {
-            printf("step %lld/%lld loss %.6f samples/s %.1f\n", f->step, f->total, f->loss,
-                   f->sps);
-            fflush(stdout);
+        f->step_t = iso_seconds(json_string_value(json_object_get(d, "time")));
+        if (f->step_t < 0)
+            f->step_t = now_s();
+        if (f->rate_t == 0) {
+            f->rate_step = f->step;
+            f->rate_t = f->step_t;
         }
+        progress_show(f);
     } else if (!strcmp(kind, "log") && f->logs) {
         long long r = json_integer_value(json_object_get(d, "rank"));
         if (f->rank >= 0 && r != f->rank)
@@ -280,10 +453,15 @@ static bool on_follow_event(void *arg, const char *kind, int64_t id, json_t *d)
     return true;
 }
 
-static int follow_job(long long id, bool logs, int rank)
+/*
+ * Follow job @id to its end; returns the exit code of its final state. The last line (stderr)
+ * sums it up: "job 12 succeeded: step 1407/1407, loss 0.3124, test accuracy 86.66%, 1m23s",
+ * or "job 12 failed: REASON".
+ */
+static int follow_job(long long id, bool logs, int rank, double every)
 {
     struct follow f;
-    char path[96];
+    char path[96], d[32];
     int ex = 0;
     json_t *o;
     memset(&f, 0, sizeof(f));
@@ -292,7 +470,8 @@ static int follow_job(long long id, bool logs, int rank)
     f.logs = logs;
     f.metrics = true;
     f.rank = rank;
-    f.start = time(NULL);
+    f.every = every;
+    f.run_s = -1;
     snprintf(path, sizeof(path), "/api/v1/jobs/%lld", id);
     o = get_json("get", path, &ex);
     if (!o)
@@ -301,13 +480,34 @@ static int follow_job(long long id, bool logs, int rank)
     json_decref(o);
     snprintf(path, sizeof(path), "/api/v1/jobs/%lld/events", id);
     if (mgectl_stream(&g_c, path, on_follow_event, &f) != 0) {
-        fprintf(stderr, "mgectl: cannot follow job %lld\n", id);
-        return EX_ERROR;
+        bar_clear(&f);
+        fprintf(stderr, "mgectl: cannot follow job %lld: the server refused its event stream\n",
+                id);
+        return EX_REFUSED;
     }
     bar_clear(&f);
-    if (!f.final_state[0])
-        return EX_ERROR;
-    fprintf(stderr, "job %lld %s\n", id, f.final_state);
+    if (!f.final_state[0] && f.last_status) {
+        fprintf(stderr, "mgectl: lost job %lld: HTTP %ld from %s\n", id, f.last_status,
+                g_c.server);
+        return status_exit(f.last_status);
+    }
+    if (!f.final_state[0]) {
+        fprintf(stderr, "mgectl: lost job %lld: %s did not answer for %.0f s\n", id, g_c.server,
+                FOLLOW_LOST_S);
+        return EX_UNREACHABLE;
+    }
+    if (!strcmp(f.final_state, "failed")) {
+        fprintf(stderr, "job %lld failed: %s\n", id, f.failure[0] ? f.failure : "no reason given");
+    } else {
+        fprintf(stderr, "job %lld %s: step %lld/%lld", id, f.final_state, f.step, f.total);
+        if (f.rate_t > 0)
+            fprintf(stderr, ", loss %.4f", f.loss);
+        if (f.have_acc)
+            fprintf(stderr, ", test accuracy %.2f%%", 100.0 * f.test_acc);
+        if (f.run_s >= 0)
+            fprintf(stderr, ", ran %s", fmt_duration(d, sizeof(d), f.run_s));
+        fputc('\n', stderr);
+    }
     return state_exit(f.final_state);
 }
 
@@ -343,10 +543,31 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* The default of --every: $MGE_PROGRESS_EVERY, else 10 s. */
+static double every_default(void)
+{
+    const char *e = getenv("MGE_PROGRESS_EVERY");
+    char *end;
+    double v = e && *e ? strtod(e, &end) : 10;
+    return e && *e && (*end || v < 0) ? 10 : v;
+}
+
+/* Parse SECONDS of --every into @out; false when it is not a number >= 0. */
+static bool parse_every(const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end || v < 0 || v != v)
+        return false;
+    *out = v;
+    return true;
+}
+
 static int cmd_submit(int argc, char **argv)
 {
     const char *file = NULL;
     bool follow = false;
+    double every = every_default();
     char path[8192] = "/api/v1/jobs";
     size_t plen = strlen(path), len = 0;
     char *body;
@@ -358,11 +579,14 @@ static int cmd_submit(int argc, char **argv)
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--follow"))
             follow = true;
-        else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--every") && i + 1 < argc) {
+            if (!parse_every(argv[++i], &every))
+                return bad_usage("submit", "--every takes seconds (a number >= 0)");
+        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
             char *e = mgectl_escape(argv[++i]);
             if (!e || plen + strlen(e) + 8 >= sizeof(path)) {
                 free(e);
-                return EX_USAGE;
+                return bad_usage("submit", "--set values too long");
             }
             plen += (size_t)snprintf(path + plen, sizeof(path) - plen, "%cset=%s",
                                      strchr(path, '?') ? '&' : '?', e);
@@ -372,7 +596,7 @@ static int cmd_submit(int argc, char **argv)
         else if (strcmp(argv[i], "-") == 0 && !file)
             file = argv[i];
         else {
-            fprintf(stderr, "mgectl submit: unexpected '%s'\n", argv[i]);
+            fprintf(stderr, "mgectl submit: unexpected '%s' (see mgectl --help)\n", argv[i]);
             return EX_USAGE;
         }
     }
@@ -409,7 +633,7 @@ static int cmd_submit(int argc, char **argv)
         printf("job %lld submitted (%s)\n", id, str(o, "state"));
     fflush(stdout);
     json_decref(o);
-    return follow ? follow_job(id, false, -1) : EX_OK;
+    return follow ? follow_job(id, false, -1, every) : EX_OK;
 }
 
 static int cmd_list(int argc, char **argv)
@@ -425,7 +649,7 @@ static int cmd_list(int argc, char **argv)
         else if (!strcmp(argv[k], "--limit") && k + 1 < argc)
             limit = argv[++k];
         else
-            return EX_USAGE;
+            return bad_usage("list", "takes --state S and --limit N");
     }
     snprintf(path, sizeof(path), "/api/v1/jobs?limit=%s%s%s", limit ? limit : "50",
              state ? "&state=" : "", state ? state : "");
@@ -466,8 +690,8 @@ static int cmd_get(int argc, char **argv)
     char path[64];
     json_t *o, *m;
     int ex = 0;
-    if (!id)
-        return EX_USAGE;
+    if (!id || argc > 1)
+        return bad_usage("get", "takes one job ID");
     snprintf(path, sizeof(path), "/api/v1/jobs/%lld", id);
     o = get_json("get", path, &ex);
     if (!o)
@@ -547,6 +771,7 @@ static int cmd_logs(int argc, char **argv)
 {
     long long id = 0;
     bool follow = false;
+    double every = every_default();
     int rank = -1;
     const char *tail = "1000";
     char path[128];
@@ -560,15 +785,18 @@ static int cmd_logs(int argc, char **argv)
             rank = atoi(argv[++k]);
         else if (!strcmp(argv[k], "--tail") && k + 1 < argc)
             tail = argv[++k];
-        else if (!id)
+        else if (!strcmp(argv[k], "--every") && k + 1 < argc) {
+            if (!parse_every(argv[++k], &every))
+                return bad_usage("logs", "--every takes seconds (a number >= 0)");
+        } else if (!id)
             id = parse_id(argv[k]);
         else
-            return EX_USAGE;
+            return bad_usage("logs", "takes one job ID");
     }
     if (!id)
-        return EX_USAGE;
+        return bad_usage("logs", "which job ID?");
     if (follow)
-        return follow_job(id, true, rank);
+        return follow_job(id, true, rank, every);
     if (rank >= 0)
         snprintf(path, sizeof(path), "/api/v1/jobs/%lld/logs?tail=%s&rank=%d", id, tail, rank);
     else
@@ -647,10 +875,10 @@ static int cmd_metrics(int argc, char **argv)
         else if (!id)
             id = parse_id(argv[k]);
         else
-            return EX_USAGE;
+            return bad_usage("metrics", "takes one job ID");
     }
     if (!id)
-        return EX_USAGE;
+        return bad_usage("metrics", "which job ID?");
     if (name) {
         char *e = mgectl_escape(name);
         snprintf(path, sizeof(path), "/api/v1/jobs/%lld/metrics?name=%s", id, e ? e : "");
@@ -680,7 +908,7 @@ static int cmd_checkpoint(int argc, char **argv)
     char path[256], def[64];
     long status;
     if (argc < 1 || strcmp(argv[0], "download") != 0)
-        return EX_USAGE;
+        return bad_usage("checkpoint", "the subcommand is download");
     for (int k = 1; k < argc; k++) {
         if (!strcmp(argv[k], "-o") && k + 1 < argc)
             out = argv[++k];
@@ -689,10 +917,10 @@ static int cmd_checkpoint(int argc, char **argv)
         else if (!id)
             id = parse_id(argv[k]);
         else
-            return EX_USAGE;
+            return bad_usage("checkpoint download", "takes one job ID");
     }
     if (!id)
-        return EX_USAGE;
+        return bad_usage("checkpoint download", "which job ID?");
     if (!out) {
         snprintf(def, sizeof(def), "job-%lld.mgeckpt", id);
         out = def;
@@ -704,10 +932,13 @@ static int cmd_checkpoint(int argc, char **argv)
     }
     status = mgectl_download(&g_c, path, out);
     if (status != 200) {
-        fprintf(stderr, "mgectl: checkpoint download: %s\n",
-                status == 0 ? "cannot reach the server" : status == 404 ? "no such checkpoint"
-                                                                        : "refused");
-        return EX_ERROR;
+        fprintf(stderr, "mgectl: checkpoint download: %s (HTTP %ld)\n",
+                status == 0                      ? "cannot reach the server"
+                : status == 404                  ? "no such checkpoint"
+                : status == 401 || status == 403 ? "the token was refused"
+                                                 : "failed",
+                status);
+        return status_exit(status);
     }
     printf("%s\n", out);
     return EX_OK;
@@ -715,14 +946,18 @@ static int cmd_checkpoint(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    const char *server = NULL, *token = NULL;
+    struct mgectl_flags fl = {0};
     char *rest[256];
     int n = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--server") && i + 1 < argc)
-            server = argv[++i];
+            fl.server = argv[++i];
         else if (!strcmp(argv[i], "--token") && i + 1 < argc)
-            token = argv[++i];
+            fl.token = argv[++i];
+        else if (!strcmp(argv[i], "--token-file") && i + 1 < argc)
+            fl.token_file = argv[++i];
+        else if (!strcmp(argv[i], "--cacert") && i + 1 < argc)
+            fl.cacert = argv[++i];
         else if (!strcmp(argv[i], "-o") && i + 1 < argc && n > 0 && strcmp(rest[0], "checkpoint"))
             g_output = argv[++i];
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -730,11 +965,15 @@ int main(int argc, char **argv)
             return EX_OK;
         } else if (n < 256)
             rest[n++] = argv[i];
+        else
+            return bad_usage(rest[0], "too many arguments");
     }
     if (n == 0) {
         usage(stderr);
         return EX_USAGE;
     }
+    if (!strcmp(rest[0], "workers") && n > 1)
+        return bad_usage("workers", "takes no arguments");
     if (g_output && strcmp(g_output, "json") && strcmp(g_output, "yaml") &&
         strcmp(g_output, "table")) {
         fprintf(stderr, "mgectl: -o is json, yaml or table\n");
@@ -744,7 +983,13 @@ int main(int argc, char **argv)
         printf("mgectl %s\n", MGECTL_VERSION);
         return EX_OK;
     }
-    mgectl_config(&g_c, server, token);
+    if (!strcmp(rest[0], "completion")) {
+        if (n != 2 || mgectl_completion_print(rest[1], stdout) != 0)
+            return bad_usage("completion", "takes bash or zsh");
+        return EX_OK;
+    }
+    if (mgectl_config(&g_c, &fl) != 0)
+        return EX_USAGE;
     if (!strcmp(rest[0], "submit"))
         return cmd_submit(n - 1, rest + 1);
     if (!strcmp(rest[0], "list"))
@@ -753,13 +998,17 @@ int main(int argc, char **argv)
         return cmd_get(n - 1, rest + 1);
     if (!strcmp(rest[0], "logs"))
         return cmd_logs(n - 1, rest + 1);
-    if (!strcmp(rest[0], "cancel") && n == 2 && parse_id(rest[1])) {
+    if (!strcmp(rest[0], "cancel") && !(n == 2 && parse_id(rest[1])))
+        return bad_usage("cancel", "takes one job ID");
+    if (!strcmp(rest[0], "drain") && n != 2)
+        return bad_usage("drain", "takes one worker name or ID");
+    if (!strcmp(rest[0], "cancel")) {
         char path[64], msg[64];
         snprintf(path, sizeof(path), "/api/v1/jobs/%lld/cancel", parse_id(rest[1]));
         snprintf(msg, sizeof(msg), "job %lld cancelled", parse_id(rest[1]));
         return cmd_post("cancel", path, msg);
     }
-    if (!strcmp(rest[0], "drain") && n == 2) {
+    if (!strcmp(rest[0], "drain")) {
         char path[256], msg[300];
         char *e = mgectl_escape(rest[1]);
         int ex;
@@ -775,6 +1024,6 @@ int main(int argc, char **argv)
         return cmd_metrics(n - 1, rest + 1);
     if (!strcmp(rest[0], "checkpoint"))
         return cmd_checkpoint(n - 1, rest + 1);
-    usage(stderr);
+    fprintf(stderr, "mgectl: unknown command '%s' (see mgectl --help)\n", rest[0]);
     return EX_USAGE;
 }

@@ -18,7 +18,7 @@ Y
 JOB=$(submit_yaml "$T/job.yaml")
 check "the job runs" wait_until 20 state_is "$JOB" running
 check "... and trains" wait_until 20 step_at_least "$JOB" 20
-"$BIN/mgectl" logs "$JOB" -f >"$T/follow.out" 2>"$T/follow.err" &
+"$BIN/mgectl" logs "$JOB" -f --every 0 >"$T/follow.out" 2>"$T/follow.err" &
 FOLLOW=$!
 PIDS="$PIDS $FOLLOW"
 wait_until 10 grep -q '^step ' "$T/follow.out"
