@@ -567,6 +567,12 @@ static int mpirun_args(struct mge_ranks *rs, struct mge_rank *r, struct spawn_bu
     strv_push(a, "--mca");
     strv_push(a, "plm_rsh_no_tree_spawn");
     strv_push(a, "1");
+    /* no hwloc topology in shared memory: orted maps it at the "biggest" hole of its address
+     * space, which collided with the stack once in ~10 starts here (SIGSEGV in
+     * hwloc_shmem_topology_write, the rank exits 139 and the job fails as if it crashed) */
+    strv_push(a, "--mca");
+    strv_push(a, "rtc_hwloc_vmhole");
+    strv_push(a, "none");
     if (rs->opts.mpi_if && *rs->opts.mpi_if) {
         strv_push(a, "--mca");
         strv_push(a, "oob_tcp_if_include");
