@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/url.h"
 #include "proto/worker.pb-c.h"
+#include "link_frame.h"
 #include "ranks.h"
 
 #define HB_MAX_LINES 2000      /* lines per heartbeat; the rest go in the next one */
@@ -248,35 +249,16 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
 static int seal_frame(struct mge_link *l, const uint8_t *body, size_t body_len, uint8_t **out,
                       size_t *out_len)
 {
-    Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
-    uint8_t mac[MGE_HMAC_LEN];
-    int rc;
-    f.body.data = (uint8_t *)body;
-    f.body.len = body_len;
     if (!l->registered) {
-        rc = mge_random_bytes(l->nonce, sizeof(l->nonce));
-        if (rc == MGE_OK)
-            rc = mge_link_mac(MGE_LINK_MAC_REGISTER, l->o.join_token, strlen(l->o.join_token), "",
-                              0, l->nonce, sizeof(l->nonce), body, body_len, mac);
-        f.nonce.data = l->nonce;
-        f.nonce.len = sizeof(l->nonce);
-    } else {
-        l->counter++;
-        f.worker_id = l->worker_id;
-        f.counter = l->counter;
-        rc = mge_link_mac(MGE_LINK_MAC_REQUEST, l->key, sizeof(l->key), l->worker_id, l->counter,
-                          NULL, 0, body, body_len, mac);
+        int rc = mge_random_bytes(l->nonce, sizeof(l->nonce));
+        if (rc != MGE_OK)
+            return rc;
+        return mge_link_frame_seal(l->o.join_token, strlen(l->o.join_token), NULL, 0, l->nonce,
+                                   sizeof(l->nonce), body, body_len, out, out_len);
     }
-    if (rc != MGE_OK)
-        return rc;
-    f.mac.data = mac;
-    f.mac.len = sizeof(mac);
-    *out_len = mge__link_frame__get_packed_size(&f);
-    *out = mge_malloc(*out_len ? *out_len : 1);
-    if (!*out)
-        return MGE_NOMEM;
-    mge__link_frame__pack(&f, *out);
-    return MGE_OK;
+    l->counter++;
+    return mge_link_frame_seal(l->key, sizeof(l->key), l->worker_id, l->counter, NULL, 0, body,
+                               body_len, out, out_len);
 }
 
 /*

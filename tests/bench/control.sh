@@ -15,7 +15,7 @@ PIDS=""
 trap 'for p in $PIDS; do kill $p 2>/dev/null; done; sleep 0.2; rm -rf "$T"' EXIT
 trap 'exit 130' INT TERM
 
-cc -std=c11 -D_GNU_SOURCE -O2 -I. -I"$BUILD/gen" tests/bench/mge-loadgen.c \
+cc -std=c11 -D_GNU_SOURCE -O2 -I. -I"$BUILD/gen" tests/bench/mge-loadgen.c worker/link_frame.c \
     "$BUILD/lib/libmgeproto.a" "$BUILD/lib/libmgecommon.a" -lnng -lprotobuf-c -lcurl -lcrypto -lpthread -o "$T/mge-loadgen" || exit 1
 printf 'admin bench\n' >"$T/tokens"
 echo join >"$T/join"

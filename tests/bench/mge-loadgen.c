@@ -28,8 +28,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/alloc.h"
 #include "common/crypto.h"
 #include "proto/worker.pb-c.h"
+#include "worker/link_frame.h"
 
 /* a full spec that the real mge-train runs in a fraction of a second */
 static const char SPEC[] =
@@ -216,37 +218,27 @@ struct sim_arg {
     long beats, errors;
 };
 
-/* Seal @m as mge-worker does (worker/link.c): a Register while w->id is "", else a frame. */
+/* Seal @m as mge-worker does (worker/link_frame.c): a Register while w->id is "", else a frame.
+ * The frame is mge_malloc'ed (mge_free it); NULL on failure. */
 static uint8_t *sim_seal(struct sim *w, const Mge__ToCoordinator *m, size_t *len)
 {
-    Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
     size_t body_len = mge__to_coordinator__get_packed_size(m);
-    uint8_t mac[MGE_HMAC_LEN], *body = malloc(body_len ? body_len : 1), *buf = NULL;
+    uint8_t *body = malloc(body_len ? body_len : 1), *buf = NULL;
     int rc;
     if (!body)
         return NULL;
     mge__to_coordinator__pack(m, body);
-    f.body.data = body;
-    f.body.len = body_len;
     if (!w->id[0]) {
         rc = mge_random_bytes(w->nonce, sizeof(w->nonce));
-        rc |= mge_link_mac(MGE_LINK_MAC_REGISTER, w->join, strlen(w->join), "", 0, w->nonce,
-                           sizeof(w->nonce), body, body_len, mac);
-        f.nonce.data = w->nonce;
-        f.nonce.len = sizeof(w->nonce);
+        if (rc == 0)
+            rc = mge_link_frame_seal(w->join, strlen(w->join), NULL, 0, w->nonce, sizeof(w->nonce),
+                                     body, body_len, &buf, len);
     } else {
-        f.worker_id = w->id;
-        f.counter = ++w->counter;
-        rc = mge_link_mac(MGE_LINK_MAC_REQUEST, w->key, sizeof(w->key), w->id, f.counter, NULL, 0,
-                          body, body_len, mac);
+        rc = mge_link_frame_seal(w->key, sizeof(w->key), w->id, ++w->counter, NULL, 0, body,
+                                 body_len, &buf, len);
     }
-    f.mac.data = mac;
-    f.mac.len = sizeof(mac);
-    *len = mge__link_frame__get_packed_size(&f);
-    if (rc == 0 && (buf = malloc(*len ? *len : 1)))
-        mge__link_frame__pack(&f, buf);
     free(body);
-    return buf;
+    return rc == 0 ? buf : NULL;
 }
 
 /* The reply's ToWorker when its MAC is the session's (a Register reply starts the session). */
@@ -289,7 +281,7 @@ static int sim_call(struct sim *w, Mge__ToCoordinator *m)
         mge__link_reply__free_unpacked(lr, NULL);
         nng_msg_free(r);
     }
-    free(buf);
+    mge_free(buf);
     return ok;
 }
 

@@ -29,6 +29,7 @@
 #include "coordinator/store.h"
 #include "proto/worker.pb-c.h"
 #include "tests/unit/support/scratch_dir.h"
+#include "worker/link_frame.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -65,38 +66,26 @@ static void handle_sealed(const uint8_t *body, size_t body_len)
 {
     static uint64_t registers; /* in the nonces: the coordinator refuses one it saw lately */
     Mge__ToCoordinator *m = mge__to_coordinator__unpack(NULL, body_len, body);
-    Mge__LinkFrame f = MGE__LINK_FRAME__INIT;
     Mge__LinkReply *lr = NULL;
     Mge__ToWorker *tw = NULL;
-    uint8_t mac[MGE_HMAC_LEN], nonce[MGE_NONCE_LEN] = {7}, *frame, *reply = NULL;
-    size_t frame_len, reply_len = 0;
-    int reg = m && m->msg_case == MGE__TO_COORDINATOR__MSG_REGISTER;
+    uint8_t nonce[MGE_NONCE_LEN] = {7}, *frame = NULL, *reply = NULL;
+    size_t frame_len = 0, reply_len = 0;
+    int reg = m && m->msg_case == MGE__TO_COORDINATOR__MSG_REGISTER, rc;
     mge__to_coordinator__free_unpacked(m, NULL);
 
-    f.body.data = (uint8_t *)body;
-    f.body.len = body_len;
     if (reg) {
         registers++;
         memcpy(nonce + 8, &registers, sizeof(registers));
-        f.nonce.data = nonce;
-        f.nonce.len = sizeof(nonce);
-        mge_link_mac(MGE_LINK_MAC_REGISTER, JOIN, strlen(JOIN), "", 0, nonce, sizeof(nonce), body,
-                     body_len, mac);
+        rc = mge_link_frame_seal(JOIN, strlen(JOIN), NULL, 0, nonce, sizeof(nonce), body, body_len,
+                                 &frame, &frame_len);
     } else {
-        f.worker_id = g_worker_id;
-        f.counter = ++g_counter;
-        mge_link_mac(MGE_LINK_MAC_REQUEST, g_key, sizeof(g_key), g_worker_id, f.counter, NULL, 0,
-                     body, body_len, mac);
+        rc = mge_link_frame_seal(g_key, sizeof(g_key), g_worker_id, ++g_counter, NULL, 0, body,
+                                 body_len, &frame, &frame_len);
     }
-    f.mac.data = mac;
-    f.mac.len = sizeof(mac);
-    frame_len = mge__link_frame__get_packed_size(&f);
-    frame = malloc(frame_len ? frame_len : 1);
-    if (!frame)
+    if (rc != MGE_OK)
         return;
-    mge__link_frame__pack(&f, frame);
     mge_rpc_handle_frame(g_rpc, frame, frame_len, &reply, &reply_len);
-    free(frame);
+    mge_free(frame);
     lr = reply ? mge__link_reply__unpack(NULL, reply_len, reply) : NULL;
     tw = lr ? mge__to_worker__unpack(NULL, lr->body.len, lr->body.data) : NULL;
     if (reg && tw && lr->mac.len && lr->nonce.len == MGE_NONCE_LEN && tw->worker_id &&
