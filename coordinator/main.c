@@ -329,9 +329,6 @@ int main(int argc, char **argv)
                 mge_strerror(rc));
         goto out;
     }
-    rc = mge_rpc_start(rpc, sched);
-    if (rc != MGE_OK)
-        goto out;
     ho.host = host;
     ho.port = port;
     ho.threads = c.http_threads;
@@ -343,6 +340,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "mge-coordinator: cannot listen on %s:%d\n", host, port);
         goto out;
     }
+    rc = mge_rpc_start(rpc, sched);
+    if (rc != MGE_OK)
+        goto out;
     if (c.ports_file) {
         char tmp[4200];
         FILE *f;

@@ -62,9 +62,8 @@ static int err_from_nng(int rv, const char *what, const char *url)
 int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mge_rpc **out)
 {
     struct mge_rpc *r;
-    nng_listener l, rep_l;
+    nng_listener rep_l;
     char host[200] = "127.0.0.1";
-    char url[256];
     int rv, port = 0, rc;
     *out = NULL;
     r = mge_calloc(1, sizeof(*r));
@@ -84,29 +83,18 @@ int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mg
         rc = err_from_nng(rv, "cannot listen on", opts->listen_url);
         goto err_close_rep;
     }
-    /* The notify socket listens on the same host, on a port of the kernel's choosing. */
-    mge_url_host(opts->listen_url, host, sizeof(host));
-    snprintf(url, sizeof(url), "tcp://%s:0", host);
     if ((rv = nng_pub0_open(&r->pub)) != 0) {
-        rc = err_from_nng(rv, "cannot open pub socket", url);
+        rc = err_from_nng(rv, "cannot open pub socket", opts->listen_url);
         goto err_close_rep;
     }
     r->pub_open = true;
-    if ((rv = nng_listen(r->pub, url, &l, 0)) != 0 ||
-        (rv = nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port)) != 0) {
-        rc = err_from_nng(rv, "cannot listen on", url);
-        goto err_close_pub;
-    }
-    snprintf(r->notify_url, sizeof(r->notify_url), "tcp://%s:%d", host, port);
+    mge_url_host(opts->listen_url, host, sizeof(host));
     snprintf(r->listen_url, sizeof(r->listen_url), "%s", opts->listen_url);
     if (nng_listener_get_int(rep_l, NNG_OPT_TCP_BOUND_PORT, &port) == 0)
         snprintf(r->listen_url, sizeof(r->listen_url), "tcp://%s:%d", host, port);
-    mge_log_info("worker link on %s (notify %s)", opts->listen_url, r->notify_url);
     *out = r;
     return MGE_OK;
 
-err_close_pub:
-    nng_close(r->pub);
 err_close_rep:
     nng_close(r->rep);
 err_free:
@@ -676,6 +664,20 @@ int mge_rpc_set_sched(struct mge_rpc *r, struct mge_sched *s)
 
 int mge_rpc_start(struct mge_rpc *r, struct mge_sched *s)
 {
+    nng_listener l;
+    char host[200] = "127.0.0.1";
+    char url[256];
+    int rv, port = 0;
+    /* The notify socket listens on the same host, on a port of the kernel's choosing.  It is
+     * bound last, after every fixed port of this process (the caller starts the HTTP API
+     * first): an ephemeral port taken earlier could be the HTTP port a restart wants back. */
+    mge_url_host(r->listen_url, host, sizeof(host));
+    snprintf(url, sizeof(url), "tcp://%s:0", host);
+    if ((rv = nng_listen(r->pub, url, &l, 0)) != 0 ||
+        (rv = nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port)) != 0)
+        return err_from_nng(rv, "cannot listen on", url);
+    snprintf(r->notify_url, sizeof(r->notify_url), "tcp://%s:%d", host, port);
+    mge_log_info("worker link on %s (notify %s)", r->listen_url, r->notify_url);
     r->sched = s;
     if (pthread_create(&r->thread, NULL, rpc_main, r) != 0)
         return MGE_ERR(MGE_INTERNAL, "cannot start the worker link thread");

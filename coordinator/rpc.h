@@ -24,7 +24,7 @@ struct mge_rpc_opts {
 };
 
 /*
- * Bind the sockets. The thread starts with mge_rpc_start(). On MGE_OK free with
+ * Bind the worker port. The notify port and the thread come with mge_rpc_start(). On MGE_OK free with
  * mge_rpc_free(). @st is borrowed.
  */
 int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mge_rpc **out);
@@ -32,7 +32,8 @@ int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mg
 /* Use scheduler @s (borrowed) without starting the thread (for fuzzing frames). */
 int mge_rpc_set_sched(struct mge_rpc *r, struct mge_sched *s);
 
-/* Start serving with scheduler @s (borrowed). */
+/* Bind the notify port (ephemeral: call it after binding every fixed port) and start serving
+ * with scheduler @s (borrowed). */
 int mge_rpc_start(struct mge_rpc *r, struct mge_sched *s);
 
 /* Stop the thread (the sockets stay open, so notify still works); idempotent. */

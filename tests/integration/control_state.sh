@@ -112,8 +112,10 @@ LOCKER=$!
 PIDS="$PIDS $LOCKER"
 check "another process holds the database's write lock" wait_until 20 grep -q locked "$T/locker.out"
 kill -9 "$(eval echo \$WORKER_PID_w2)"
+# Every write the coordinator tries meanwhile waits out SQLite's 5 s busy timeout (the exit
+# reports of w2's short jobs, the lost-worker marks), so the refusal comes 15-30 s after the kill.
 check "w2 is lost and the requeue cannot be written" \
-    wait_until 30 grep -q "job $JL attempt 1: worker lost: w2, but the requeue cannot be stored" "$T/coordinator.log"
+    wait_until 60 grep -q "job $JL attempt 1: worker lost: w2, but the requeue cannot be stored" "$T/coordinator.log"
 check "... the job is not requeued while the write fails" state_is "$JL" running
 touch "$T/release"
 wait "$LOCKER"
