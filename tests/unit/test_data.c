@@ -601,6 +601,67 @@ static void check_shards(int64_t n, int64_t B)
     mge_sampler_fini(&g);
 }
 
+/*
+ * Micro-shards: for every world size up to S, rank r's rows are the rows of its whole
+ * micro-shards, micro-shard k is the same rows of the global batch for every world size, and
+ * the ranks' rows concatenated are the global batch.
+ */
+static void check_micro_shards(int64_t n, int64_t B, int S)
+{
+    struct mge_sampler g;
+    int64_t gidx[64], nl, gn;
+    ck_assert_int_le(B, 64);
+    ck_assert_int_eq(mge_sampler_init(&g, n, B, 0, 1, 9), MGE_OK);
+    for (int W = 1; W <= S && W <= 5; W++) {
+        struct mge_sampler r[5];
+        for (int k = 0; k < W; k++) {
+            ck_assert_int_eq(mge_sampler_init(&r[k], n, B, k, W, 9), MGE_OK);
+            ck_assert_int_eq(mge_sampler_set_micro_shards(&r[k], S), MGE_OK);
+        }
+        mge_sampler_seek(&g, 0, 0);
+        for (int step = 0; step < 40; step++) {
+            int rc = mge_sampler_next(&g, gidx, &nl, &gn);
+            int64_t off = 0;
+            for (int k = 0; k < W; k++) {
+                int64_t lidx[64], lnl, lgn;
+                int m0, m1;
+                ck_assert_int_eq(mge_sampler_next(&r[k], lidx, &lnl, &lgn), rc);
+                if (rc == 1)
+                    continue;
+                mge_sampler_rank_shards(&r[k], &m0, &m1);
+                ck_assert_int_eq(m0, mge_split_start(S, k, W));
+                ck_assert_int_le(lnl, mge_sampler_local_max(&r[k]));
+                ck_assert_int_eq(off, mge_split_start(gn, m0, S));
+                ck_assert_int_eq(lnl, mge_split_start(gn, m1, S) - off);
+                ck_assert_mem_eq(lidx, gidx + off, (size_t)lnl * sizeof(int64_t));
+                off += lnl;
+            }
+            if (rc == 0)
+                ck_assert_int_eq(off, gn);
+        }
+        for (int k = 0; k < W; k++)
+            mge_sampler_fini(&r[k]);
+    }
+    mge_sampler_fini(&g);
+}
+
+START_TEST(test_sampler_micro_shards)
+{
+    struct mge_sampler s;
+    check_micro_shards(103, 10, 4); /* the last batch (3 rows) leaves a micro-shard empty */
+    check_micro_shards(50, 7, 7);
+    check_micro_shards(200, 64, 12);
+    check_micro_shards(7, 64, 12); /* batch larger than the dataset */
+    ck_assert_int_eq(mge_sampler_init(&s, 100, 10, 2, 3, 1), MGE_OK);
+    ck_assert_int_eq(mge_sampler_set_micro_shards(&s, 2), MGE_INVAL);  /* fewer than ranks */
+    ck_assert_int_eq(mge_sampler_set_micro_shards(&s, 11), MGE_INVAL); /* more than the batch */
+    ck_assert_int_eq(mge_sampler_set_micro_shards(&s, -1), MGE_INVAL);
+    ck_assert_int_eq(mge_sampler_set_micro_shards(&s, 4), MGE_OK);
+    ck_assert_int_eq(mge_sampler_local_max(&s), 6); /* 2 micro-shards of at most 3 rows */
+    mge_sampler_fini(&s);
+}
+END_TEST
+
 START_TEST(test_sampler_shards)
 {
     check_shards(103, 10); /* 10 over 3 and 4 is uneven; last batch 3 < W=4 */
@@ -810,6 +871,7 @@ static Suite *data_suite(void)
         {"gather", test_gather},
         {"sampler_permutation", test_sampler_permutation},
         {"sampler_shards", test_sampler_shards},
+        {"sampler_micro_shards", test_sampler_micro_shards},
         {"sampler_seek", test_sampler_seek},
         {"sampler_errors", test_sampler_errors},
         {"loader_gather", test_loader_matches_gather},
