@@ -34,6 +34,14 @@ static double now_sec(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* CPU time of the calling thread in seconds: the work of a step, whatever else the cores run. */
+static double thread_cpu_sec(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), or -1. */
 static long proc_status_bytes(const char *field)
 {
@@ -605,6 +613,7 @@ struct dist_stats {
     double comm;    /* all collectives of the step, as they ran on the communication thread */
     double hidden;  /* the part of comm that ran while backward still computed */
     double wait;    /* the training thread blocked on collectives */
+    double wait_cpu; /* CPU time the training thread spent inside those waits (MPI polls) */
 };
 
 static double overlap(double a0, double a1, double b0, double b1)
@@ -650,11 +659,13 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
         return rc;
     mge_optim_step_begin(&t->optim);
     for (int i = 0; i < mge_comm_packs_count(t->packs); i++) {
+        double c0 = thread_cpu_sec();
         w0 = now_sec();
         if ((rc = mge_comm_packs_wait(t->packs, i)) != MGE_OK)
             return rc;
         double w1 = now_sec();
         st->wait += w1 - w0;
+        st->wait_cpu += thread_cpu_sec() - c0;
         const struct mge_comm_pack *k = mge_comm_packs_get(t->packs, i);
         mge_optim_step_range(&t->optim, params, grads, t->step, (int64_t)k->first,
                              (int64_t)k->count);
@@ -674,9 +685,11 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
         }
     }
     w0 = now_sec();
+    double c0 = thread_cpu_sec();
     if ((rc = mge_comm_wait(t->comm, lticket, &lt)) != MGE_OK)
         return rc;
     st->wait += now_sec() - w0;
+    st->wait_cpu += thread_cpu_sec() - c0;
     st->comm += lt.end - lt.start;
     if (t->tracing)
         mge_trace_event(&t->trace, TRACK_COMM, "allreduce loss", "comm", lt.start, lt.end, NULL);
@@ -758,11 +771,13 @@ static int det_step(struct trainer *t, const struct mge_batch *b, const float *l
     }
     t1 = now_sec();
     st->compute = t1 - t0;
+    double c0 = thread_cpu_sec();
     if ((rc = mge_comm_allreduce_queue(t->comm, t->det_acc, (size_t)(n_grads + 1), MGE_COMM_I64,
                                        &ticket)) != MGE_OK ||
         (rc = mge_comm_wait(t->comm, ticket, &ct)) != MGE_OK)
         return rc;
     st->wait = now_sec() - t1;
+    st->wait_cpu = thread_cpu_sec() - c0;
     st->comm = ct.end - ct.start;
     mge_exact_to_f32(grads, t->det_acc, (size_t)n_grads);
     mge_optim_step(&t->optim, params, grads, t->step);
@@ -808,12 +823,14 @@ static int train_loop(struct trainer *t)
     /* per-step times: the median is what a noisy shared machine cannot spoil */
     size_t n_slots = (size_t)(t->total_steps - t->step + 1);
     double *times = mge_malloc(sizeof(double) * n_slots);
+    double *cpu_t = mge_malloc(sizeof(double) * n_slots); /* outside collective waits */
     double *compute_t = par ? mge_malloc(sizeof(double) * n_slots) : NULL;
     double *comm_t = par ? mge_malloc(sizeof(double) * n_slots) : NULL;
     double *wait_t = par ? mge_malloc(sizeof(double) * n_slots) : NULL;
     double comm_sum = 0.0, hidden_sum = 0.0;
-    if (!times || (par && (!compute_t || !comm_t || !wait_t))) {
+    if (!times || !cpu_t || (par && (!compute_t || !comm_t || !wait_t))) {
         mge_free(times);
+        mge_free(cpu_t);
         mge_free(compute_t);
         mge_free(comm_t);
         mge_free(wait_t);
@@ -829,8 +846,8 @@ static int train_loop(struct trainer *t)
 
     while (t->step < t->total_steps) {
         struct mge_batch *b;
-        struct dist_stats ds = {0, 0, 0, 0};
-        double t0 = now_sec();
+        struct dist_stats ds = {0, 0, 0, 0, 0};
+        double t0 = now_sec(), c0 = thread_cpu_sec();
         if ((rc = mge_loader_next(&t->loader, &b)) != MGE_OK)
             goto out_free;
         t->tracing = t->step < t->trace_until;
@@ -861,6 +878,7 @@ static int train_loop(struct trainer *t)
             t->last_loss = *loss;
         }
         times[n_times] = now_sec() - t0;
+        cpu_t[n_times] = thread_cpu_sec() - c0 - ds.wait_cpu;
         if (t->tracing) {
             char name[32];
             snprintf(name, sizeof(name), "step %lld", (long long)t->step);
@@ -921,6 +939,8 @@ static int train_loop(struct trainer *t)
     mge_graph_profile_print(t->g, stderr, n_times);
     qsort(times, (size_t)n_times, sizeof(double), cmp_double);
     double median_ms = n_times ? 1000.0 * times[n_times / 2] : 0.0;
+    qsort(cpu_t, (size_t)n_times, sizeof(double), cmp_double);
+    double median_cpu_ms = n_times ? 1000.0 * cpu_t[n_times / 2] : 0.0;
     double wall = now_sec() - wall0;
     double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
     size_t peak = t->stats.param_bytes + t->stats.grad_bytes + mge_optim_state_bytes(&t->optim) +
@@ -961,11 +981,12 @@ static int train_loop(struct trainer *t)
             printf("\"test_accuracy\":%.6f,\"test_loss\":%.6f,", t->test_acc, t->test_loss);
         printf("\"samples_per_sec\":%.1f,\"peak_bytes\":%zu,\"peak_rss_bytes\":%ld,"
                "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"median_step_ms\":%.4f,"
+               "\"median_step_cpu_ms\":%.4f,"
                "\"threads\":%d,\"gemm\":\"%s\",\"cpu_isa\":\"%s\","
                "\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
                sps, peak, peak_rss_bytes(), train_sec, wall, (long long)(t->step - first_step),
-               median_ms,
-               mge_cpu_threads(), mge_cpu_sgemm_backend(), mge_cpu_isa(), t->out_dir);
+               median_ms, median_cpu_ms, mge_cpu_threads(), mge_cpu_sgemm_backend(), mge_cpu_isa(),
+               t->out_dir);
     } else {
         printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
         if (t->have_test)
@@ -978,6 +999,7 @@ static int train_loop(struct trainer *t)
 out_free:
     mge_trace_close(&t->trace);
     mge_free(times);
+    mge_free(cpu_t);
     mge_free(compute_t);
     mge_free(comm_t);
     mge_free(wait_t);

@@ -99,20 +99,11 @@ rel=$(python3 -c 'import sys; a,b=map(float,sys.argv[1:]); print(abs(a-b)/abs(b)
 within "$rel" 1e-5 && ok "2 ranks to step 100 then 4 ranks to 200: final loss $1 vs $2 (rel $rel)" || bad "resume: $1 vs $2 (rel $rel)"
 
 echo "-- deterministic mode: bit-identical losses and final state for any world size"
-# Dropout, SGD with momentum, and 1003 samples in batches of 50: batch 21 of each epoch has 3
-# rows, so 9 of the 12 micro-shards are empty and, on 2 and 3 ranks, so is a rank.
-cat > "$T/det.yaml" <<'Y'
-name: dp-det
-model: {type: mlp, hidden: [64, 32], dropout: 0.1}
-data: {format: synthetic, input_dim: 100, classes: 20, train_size: 1003, test_size: 200}
-train:
-  steps: 60
-  batch_size: 50
-  optimizer: {type: sgd, lr: 0.1, momentum: 0.9}
-  seed: 7
-  checkpoint_every: 20
-distributed: {deterministic: true}
-Y
+# sgd.yaml (dropout, SGD with momentum, 1003 samples in batches of 50) for 60 steps: batch 21
+# of each epoch has 3 rows, so 9 of the 12 micro-shards are empty and, on 2 and 3 ranks, so
+# is a rank. Every run below starts with these overrides (later --set win).
+DET="--set distributed.deterministic=true --set train.steps=60 --set train.optimizer.lr=0.1
+     --set train.checkpoint_every=20"
 # same A B [FROM]: the step lines from step FROM on (default 1) of B are those of A, with the
 # loss's exact bits ("loss_bits", %a) equal, and the final state hashes are equal
 same() {
@@ -132,31 +123,31 @@ assert sa["final_loss"] < 0.8 * a[1]["loss"], "did not learn: %g -> %g" % (a[1][
 print("%d steps, loss %s -> %s, state %s" % (len(want), a[first]["loss_bits"], a[60]["loss_bits"], sb["state_hash"]))
 P
 }
-"$BIN/mge-train" "$T/det.yaml" --json --out "$T/det.0" > "$T/det.0.out" 2>"$T/err" \
+"$BIN/mge-train" "$T/sgd.yaml" $DET --json --out "$T/det.0" > "$T/det.0.out" 2>"$T/err" \
     || { bad "deterministic one process exited $?"; cat "$T/err"; }
 grep -q '"backend":"local","ranks":1,' "$T/det.0.out" && ok "deterministic one process ran on the local backend" \
     || bad "deterministic one process: not local"
 for n in 1 2 3; do
-    mpi "$n" "$BIN/mge-train" "$T/det.yaml" --json --out "$T/det.$n" --set distributed.backend=mpi \
+    mpi "$n" "$BIN/mge-train" "$T/sgd.yaml" $DET --json --out "$T/det.$n" --set distributed.backend=mpi \
         > "$T/det.$n.out" 2>"$T/err" || { bad "deterministic $n ranks exited $?"; cat "$T/err"; continue; }
     r=$(same "$T/det.0.out" "$T/det.$n.out" 2>&1) && ok "deterministic $n ranks = one process: $r" \
         || bad "deterministic $n ranks: $r"
 done
 # 1 rank to step 20 (its own run, stopped there), 3 ranks to 40, 2 ranks to 60
-"$BIN/mge-train" "$T/det.yaml" --set train.steps=20 --json --out "$T/el.1" > "$T/el.1.out" 2>"$T/err" \
+"$BIN/mge-train" "$T/sgd.yaml" $DET --set train.steps=20 --json --out "$T/el.1" > "$T/el.1.out" 2>"$T/err" \
     || { bad "elastic 1 rank exited $?"; cat "$T/err"; }
-mpi 3 "$BIN/mge-train" "$T/det.yaml" --set train.steps=40 --resume "$T/el.1/latest.mgeckpt" --json \
+mpi 3 "$BIN/mge-train" "$T/sgd.yaml" $DET --set train.steps=40 --resume "$T/el.1/latest.mgeckpt" --json \
     --out "$T/el.3" > "$T/el.3.out" 2>"$T/err" || { bad "elastic 3 ranks exited $?"; cat "$T/err"; }
-mpi 2 "$BIN/mge-train" "$T/det.yaml" --resume "$T/el.3/latest.mgeckpt" --json --out "$T/el.2" \
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" $DET --resume "$T/el.3/latest.mgeckpt" --json --out "$T/el.2" \
     > "$T/el.2.out" 2>"$T/err" || { bad "elastic 2 ranks exited $?"; cat "$T/err"; }
 cat "$T/el.1.out" "$T/el.3.out" "$T/el.2.out" > "$T/el.out"
 r=$(same "$T/det.0.out" "$T/el.out" 2>&1) && ok "deterministic 1 -> 3 -> 2 ranks = one process: $r" \
     || bad "deterministic 1 -> 3 -> 2 ranks: $r"
-mpi 2 "$BIN/mge-train" "$T/det.yaml" --set distributed.micro_shards=1 > /dev/null 2>"$T/err"; rc=$?
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" $DET --set distributed.micro_shards=1 > /dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "1 micro-shards over 2 ranks" "$T/err" \
     && ok "1 micro-shard on 2 ranks: exit 2, '$(grep -m1 'micro-shards over' "$T/err")'" \
     || bad "1 micro-shard on 2 ranks: exit $rc: $(cat "$T/err")"
-"$BIN/mge-train" "$T/det.yaml" --set train.optimizer.lr=1e5 --set train.optimizer.momentum=0 \
+"$BIN/mge-train" "$T/sgd.yaml" $DET --set train.optimizer.lr=1e5 --set train.optimizer.momentum=0 \
     --out "$T/big" > /dev/null 2>"$T/err"; rc=$?
 [ $rc -ne 0 ] && grep -q "outside the exact sum's range" "$T/err" \
     && ok "diverging deterministic run fails, not wraps: exit $rc, '$(grep -m1 'outside' "$T/err")'" \
