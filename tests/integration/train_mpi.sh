@@ -127,6 +127,11 @@ P
     || { bad "deterministic one process exited $?"; cat "$T/err"; }
 grep -q '"backend":"local","ranks":1,' "$T/det.0.out" && ok "deterministic one process ran on the local backend" \
     || bad "deterministic one process: not local"
+# ranks may run different thread counts (a worker's cpus): the kernels' sums do not depend on it
+"$BIN/mge-train" "$T/sgd.yaml" $DET --threads 2 --json --out "$T/det.t2" > "$T/det.t2.out" 2>"$T/err" \
+    || { bad "deterministic 2 threads exited $?"; cat "$T/err"; }
+r=$(same "$T/det.0.out" "$T/det.t2.out" 2>&1) && ok "deterministic 2 threads = 1 thread: $r" \
+    || bad "deterministic 2 threads: $r"
 for n in 1 2 3; do
     mpi "$n" "$BIN/mge-train" "$T/sgd.yaml" $DET --json --out "$T/det.$n" --set distributed.backend=mpi \
         > "$T/det.$n.out" 2>"$T/err" || { bad "deterministic $n ranks exited $?"; cat "$T/err"; continue; }
