@@ -109,8 +109,6 @@ $(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -ffp-contract=fast
 $(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -Wno-psabi
 # kernels: full auto-vectorisation (GCC 12's -O2 only vectorises with its very-cheap model)
 $(BUILD)/obj/kernels/cpu/%.o: OPT += -O3
-# exact sums: lrint inline (cvtsd2si) instead of a libm call per gradient element (4x faster)
-$(BUILD)/obj/engine/comm/exact.o: OPT += -O3 -fno-math-errno
 
 $(BUILD)/obj/engine/comm/comm_mpi.o: ALL_CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/obj/engine/comm/comm_nccl.o $(BUILD)/obj/tests/unit/test_comm_nccl.o: \

@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 #include "engine/comm/comm.h"
+#include "kernels/cpu/cpu.h"
 
 #define EXACT_SCALE 1099511627776.0 /* 2^MGE_EXACT_FRAC_BITS */
 
@@ -22,14 +23,7 @@ double mge_exact_limit(int terms)
 int mge_exact_add_f32(int64_t *acc, const float *x, size_t n, int terms, size_t *bad)
 {
     const double lim = mge_exact_limit(terms) * EXACT_SCALE;
-    int out = 0;
-    /* no branch in the loop: the range check is folded and looked at once afterwards */
-    for (size_t i = 0; i < n; i++) {
-        double v = (double)x[i] * EXACT_SCALE; /* exact: a power-of-two scale */
-        out |= !(fabs(v) <= lim);              /* NaN fails too */
-        acc[i] += (int64_t)lrint(v);
-    }
-    if (!out)
+    if (!mge_cpu_exact_add(acc, x, (int64_t)n, EXACT_SCALE, lim))
         return MGE_OK;
     for (size_t i = 0; i < n; i++) {
         if (!(fabs((double)x[i] * EXACT_SCALE) <= lim)) {
@@ -45,14 +39,13 @@ int mge_exact_add_f64(int64_t *acc, double x, int terms)
     double v = x * EXACT_SCALE;
     if (!(fabs(v) <= mge_exact_limit(terms) * EXACT_SCALE))
         return MGE_RANGE;
-    *acc += (int64_t)llrint(v);
+    *acc += (int64_t)rint(v); /* as mge_cpu_exact_add rounds */
     return MGE_OK;
 }
 
 void mge_exact_to_f32(float *out, const int64_t *acc, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        out[i] = (float)((double)acc[i] * (1.0 / EXACT_SCALE));
+    mge_cpu_exact_to_f32(out, acc, (int64_t)n, 1.0 / EXACT_SCALE);
 }
 
 double mge_exact_to_f64(int64_t acc)
