@@ -476,6 +476,24 @@ START_TEST(test_exact_range)
 }
 END_TEST
 
+/* Halves round to even, as lrint would, in the vector body and the remainder alike (every ISA
+ * clone must give these integers, or ranks on different CPUs would disagree). */
+START_TEST(test_exact_rounding)
+{
+    static const float units[5] = {1.5f, 2.5f, -1.5f, 0.25f, -0.75f};
+    static const int64_t want[5] = {2, 2, -2, 0, -1};
+    float x[67];
+    int64_t acc[67] = {0};
+    size_t bad;
+    for (int i = 0; i < 67; i++)
+        x[i] = ldexpf(units[i % 5], -MGE_EXACT_FRAC_BITS);
+    ck_assert_int_eq(mge_exact_add_f32(acc, x, 67, 1, &bad), MGE_OK);
+    for (int i = 0; i < 67; i++)
+        ck_assert_msg(acc[i] == want[i % 5], "element %d: %lld, want %lld", i, (long long)acc[i],
+                      (long long)want[i % 5]);
+}
+END_TEST
+
 static Suite *comm_suite(void)
 {
     Suite *s = suite_create("comm");
@@ -506,6 +524,7 @@ static Suite *comm_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_exact_order_independent);
     tcase_add_test(tc, test_exact_range);
+    tcase_add_test(tc, test_exact_rounding);
     suite_add_tcase(s, tc);
     return s;
 }
