@@ -71,9 +71,8 @@ for mode in ("def", "det"):
     print("%-13s final loss %.9g vs %.9g, max per-step rel diff %.3g%s" % (
         "default" if mode == "def" else "deterministic", fa, fb, rel, same))
 P
-echo "(CPU time: the same work without the neighbours' share of the cores nor the time a rank spins"
-echo " in MPI waiting for the other; det_S12: distributed.micro_shards 12, the default; det_S=W: as"
-echo " many micro-shards as ranks,"
-echo " the cheapest setting; runs are bit-identical only among runs with the same micro_shards;"
-echo " ratio: over the default mode's median step)"
+echo "(CPU time: the same work without the neighbours' share of the cores nor the time a rank"
+echo " spins in MPI waiting for the other; det_S12: distributed.micro_shards 12, the default;"
+echo " det_S=W: as many micro-shards as ranks, the cheapest setting; runs are bit-identical only"
+echo " among runs with the same micro_shards; ratio: over the default mode's median step)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
