@@ -103,6 +103,10 @@ struct mge_memory_spec {
 struct mge_dist_spec {
     enum mge_backend backend;      /* distributed.backend: auto | local | mpi | nccl */
     double pack_mb;                /* distributed.pack_mb (default 10) */
+    int deterministic;             /* distributed.deterministic: bool (default false) */
+    int micro_shards;              /* distributed.micro_shards: S fixed slices of each global
+                                    * batch (used when deterministic; default 12, rounded up to a
+                                    * multiple of 12 >= workers.max, at most train.batch_size) */
 };
 
 struct mge_jobspec {
