@@ -35,16 +35,19 @@ HTTP_ADDR=$NETNS_HOST:0
 WORKER_URL=tcp://$NETNS_HOST:0
 start_coord --progress-timeout 4
 
-# start_node I: worker wI in node I (launch socket and MPI traffic on the node's address)
+# start_node I: worker wI in node I; MPI traffic on the bridge; its launch socket on the
+# default, the node's address towards the coordinator (127.0.0.1 would be the node's own lo)
 start_node() {
     WORKER_RUN="netns_exec $1"
-    start_worker "w$1" --launch-listen "tcp://$(netns_addr "$1"):0" --mpi-if "$NETNS_CIDR" \
-        --data-root "$FMNIST"
+    start_worker "w$1" --mpi-if "$NETNS_CIDR" --data-root "$FMNIST"
     WORKER_RUN=""
 }
 start_node 1
 start_node 2
 start_node 3
+check "each worker's launch socket is on its node's address" sh -c "
+    grep -q 'launch socket on tcp://$(netns_addr 1):' '$T/worker-w1.log' &&
+    grep -q 'launch socket on tcp://$(netns_addr 3):' '$T/worker-w3.log'"
 check "each worker reports its node's hostname" sh -c "
     curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/workers' |
     jq -e '[.workers[] | .name + \"@\" + .host] | sort == [\"w1@node1\", \"w2@node2\", \"w3@node3\"]'"
@@ -130,17 +133,26 @@ reformed() {
         ".incarnations[$k - 1] | .ended == \"requeued\" and .infra" "$T/inc.json"
 }
 
+# fault K WHAT EXCLUDED COMMAND...: COMMAND is the fault, in incarnation K; then reformed, and
+# worker EXCLUDED (unless "") is not a member of incarnation K + 1. The fault's time in $t0.
+fault() {
+    fk=$1; what=$2; excl=$3; shift 3
+    fstep=$(job_step "$JOB")
+    "$@"
+    t0=$(date +%s.%N)
+    ok "incarnation $fk: $what (at step $fstep)"
+    reformed "$fk" "$t0" "$what" || return 1
+    [ -z "$excl" ] || check "$what: incarnation $((fk + 1)) runs without $excl" jq -e \
+        --arg v "$excl" "all(.incarnations[$fk].members[]; . != \$v)" "$T/inc.json"
+}
+
 FIGURES=""
 # --- (a) kill -9 of a whole node (not rank 0's: its checkpoints are read by the next rank 0) ---
 kill_node() { # K
     ready_before "$1"
     victim=$(inc_field "$1" '.members[-1]')
-    netns_kill "$(node_of "$victim")"
-    t0=$(date +%s.%N)
-    ok "incarnation $1: every process of $victim's node killed (SIGKILL) at step $(job_step "$JOB")"
-    reformed "$1" "$t0" "(a) kill -9 of node $(node_of "$victim")"
-    check "incarnation $(($1 + 1)) runs without $victim" jq -e --arg v "$victim" \
-        "all(.incarnations[$1].members[]; . != \$v)" "$T/inc.json"
+    fault "$1" "(a) kill -9 of every process of node $(node_of "$victim") ($victim)" "$victim" \
+        netns_kill "$(node_of "$victim")"
     start_node "$(node_of "$victim")"
 }
 # snapshot SUFFIX UPTO: the stored metrics of steps <= UPTO and the checkpoints
@@ -166,10 +178,7 @@ kill_node 1
 ready_before 2
 victim=$(inc_field 2 '.members[-1]')
 vpid=$(node_ranks "$(node_of "$victim")" | awk '$2 == 2 { print $1; exit }')
-kill -STOP "$vpid"
-t0=$(date +%s.%N)
-ok "incarnation 2: the rank on $victim (pid $vpid) stopped (SIGSTOP) at step $(job_step "$JOB")"
-reformed 2 "$t0" "(b) SIGSTOP of a rank"
+fault 2 "(b) SIGSTOP of the rank on $victim (pid $vpid)" "" kill -STOP "$vpid"
 check "(b) the watchdog says why" jq -e '.incarnations[1].reason | test("^no progress for [0-9]+ s since step [0-9]+")' "$T/inc.json"
 kill -CONT "$vpid" 2>/dev/null
 check "(b) after SIGCONT the stopped rank is gone and only incarnation 3 runs" \
@@ -179,12 +188,7 @@ check "(b) after SIGCONT the stopped rank is gone and only incarnation 3 runs" \
 ready_before 3
 victim=$(inc_field 3 '.members[0]')
 eval "vpid=\$WORKER_PID_$victim"
-kill -STOP "$vpid"
-t0=$(date +%s.%N)
-ok "incarnation 3: rank 0's worker $victim (pid $vpid) stopped (SIGSTOP) at step $(job_step "$JOB")"
-reformed 3 "$t0" "(c) SIGSTOP of rank 0's worker daemon"
-check "(c) incarnation 4 runs without $victim" jq -e --arg v "$victim" \
-    'all(.incarnations[3].members[]; . != $v)' "$T/inc.json"
+fault 3 "(c) SIGSTOP of rank 0's worker daemon $victim (pid $vpid)" "$victim" kill -STOP "$vpid"
 # the old rank 0 trained on until the other members' daemons were ended; let the new
 # incarnation pass it, so that a stale line would land on a step already stored
 at=$(jq -r '.incarnations[2].reason | capture("step (?<s>[0-9]+)").s' "$T/inc.json")
@@ -209,12 +213,8 @@ check "(c) loss steps after $from stored in step order" times_monotonic "$from"
 # --- (d) a member's link down: lost; after link up its old ranks end, nothing stored ---
 ready_before 4
 victim=$(inc_field 4 '.members[-1]')
-netns_link "$(node_of "$victim")" down
-t0=$(date +%s.%N)
-ok "incarnation 4: the link of $victim's node taken down at step $(job_step "$JOB")"
-reformed 4 "$t0" "(d) link down"
-check "(d) incarnation 5 runs without $victim" jq -e --arg v "$victim" \
-    'all(.incarnations[4].members[]; . != $v)' "$T/inc.json"
+fault 4 "(d) link of node $(node_of "$victim") ($victim) down" "$victim" \
+    netns_link "$(node_of "$victim")" down
 from=$(jq -r '.incarnations[4].start_step' "$T/inc.json")
 netns_link "$(node_of "$victim")" up
 t0=$(date +%s.%N)
