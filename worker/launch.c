@@ -1,8 +1,6 @@
 /* launch.c: the worker's launch socket (see launch.h). */
 #include "launch.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -10,8 +8,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -137,54 +133,15 @@ err_free:
 
 int mge_launch_default_url(const char *coordinator, char *url, size_t len)
 {
-    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *ai = NULL;
-    struct sockaddr_storage local;
-    socklen_t local_len = sizeof(local);
-    char host[256] = "", addr[INET6_ADDRSTRLEN] = "";
-    size_t n;
-    int fd = -1, rc = MGE_OK, gai;
-
-    snprintf(url, len, "tcp://127.0.0.1:0");
-    mge_url_host(coordinator, host, sizeof(host));
-    n = strlen(host);
-    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') { /* tcp://[::1]:7070 */
-        memmove(host, host + 1, n - 2);
-        host[n - 2] = '\0';
-    }
-    if (!host[0])
-        return MGE_OK;
-    if ((gai = getaddrinfo(host, "9", &hints, &ai)) != 0)
-        return MGE_ERR(MGE_NET,
-                       "coordinator host '%s' does not resolve (%s): launch socket on "
-                       "127.0.0.1, multi-worker jobs across hosts need --launch-listen",
-                       host, gai_strerror(gai));
-    /* a UDP connect() sends nothing: it only picks the route, and with it our source address */
-    fd = socket(ai->ai_family, SOCK_DGRAM, 0);
-    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
-        getsockname(fd, (struct sockaddr *)&local, &local_len) != 0) {
-        rc = MGE_ERR(MGE_NET,
-                     "no route to coordinator host '%s': launch socket on 127.0.0.1, "
-                     "multi-worker jobs across hosts need --launch-listen",
-                     host);
-        goto out_close;
-    }
-    if (local.ss_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)&local;
-        if ((ntohl(in->sin_addr.s_addr) >> 24) != 127)
-            inet_ntop(AF_INET, &in->sin_addr, addr, sizeof(addr));
-        if (addr[0])
-            snprintf(url, len, "tcp://%s:0", addr);
-    } else if (local.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&local;
-        if (!IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
-            inet_ntop(AF_INET6, &in6->sin6_addr, addr, sizeof(addr));
-        if (addr[0])
-            snprintf(url, len, "tcp://[%s]:0", addr);
-    }
-out_close:
-    if (fd >= 0)
-        close(fd);
-    freeaddrinfo(ai);
+    char addr[INET6_ADDRSTRLEN + 2] = "";
+    int rc = mge_url_route_source(coordinator, addr, sizeof(addr));
+    if (rc == MGE_OK && !mge_url_host_is_loopback(addr))
+        snprintf(url, len, "tcp://%s:0", addr);
+    else
+        snprintf(url, len, "tcp://127.0.0.1:0");
+    if (rc != MGE_OK)
+        mge_log_warn("launch socket on 127.0.0.1: multi-worker jobs across hosts need "
+                     "--launch-listen");
     return rc;
 }
 

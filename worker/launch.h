@@ -32,8 +32,8 @@ int mge_launch_start(const char *listen_url, const char *advertise_host, struct 
  * coordinator is @coordinator ("tcp://HOST:PORT"): "tcp://127.0.0.1:0" when HOST is this
  * machine's loopback (one machine), else "tcp://ADDR:0" with ADDR the local address this host
  * reaches HOST from (the route's source address: the address other nodes on that network reach
- * us by). Into @url of @len bytes. Returns MGE_OK, or MGE_NET (with the loopback default in
- * @url and the reason logged) when HOST does not resolve or has no route. Thread: any.
+ * us by; mge_url_route_source()). Into @url of @len bytes. Returns MGE_OK, or the error of
+ * mge_url_route_source() (logged), with the loopback default in @url. Thread: any.
  */
 int mge_launch_default_url(const char *coordinator, char *url, size_t len);
 /* Stop the thread, close the socket, free; NULL does nothing. */
