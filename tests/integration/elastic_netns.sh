@@ -3,7 +3,7 @@
 # namespace with its own address on a bridge and its own hostname, running its own mge-worker;
 # the coordinator listens on the bridge address in the root namespace and mpirun's traffic
 # (oob and btl TCP, --mpi-if) crosses the bridge. Fashion-MNIST MLP, checkpoints every 50 steps,
-# --worker-timeout 3, --progress-timeout 4. One job goes through six faults in turn, each fault
+# --worker-timeout 3, --progress-timeout 5. One job goes through six faults in turn, each fault
 # injected into an incarnation after it has made a checkpoint, and each victim restored (idle)
 # before the next:
 #   (a) kill -9 of every process of a non-rank-0 member's namespace (three times in all);
@@ -33,7 +33,7 @@ ok "3 nodes: namespaces $(netns_name 1)..3 on bridge $NETNS_BR, $NETNS_CIDR"
 WORKER_TIMEOUT=3
 HTTP_ADDR=$NETNS_HOST:0
 WORKER_URL=tcp://$NETNS_HOST:0
-start_coord --progress-timeout 4
+start_coord --progress-timeout 5
 
 # start_node I: worker wI in node I; MPI traffic on the bridge; its launch socket on the
 # default, the node's address towards the coordinator (127.0.0.1 would be the node's own lo)
@@ -236,7 +236,7 @@ BASE_PID=$!
 PIDS="$PIDS $BASE_PID"
 check "the job succeeds after five workers lost and a hang" wait_until 240 state_is "$JOB" succeeded
 wait "$BASE_PID"
-echo "     figures (fault -> next incarnation placed, -> its first step; worker timeout $WORKER_TIMEOUT s, progress timeout 4 s):$FIGURES"
+echo "     figures (fault -> next incarnation placed, -> its first step; worker timeout $WORKER_TIMEOUT s, progress timeout 5 s):$FIGURES"
 api GET "/api/v1/jobs/$JOB" >"$T/job.json"
 check "7 incarnations, none charged to the job, each of at least 2 workers" jq -e '
     .attempt == 7 and .restarts == 0 and (.incarnations | length) == 7
