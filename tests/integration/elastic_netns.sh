@@ -45,9 +45,11 @@ start_node() {
 start_node 1
 start_node 2
 start_node 3
-check "each worker's launch socket is on its node's address" sh -c "
-    grep -q 'launch socket on tcp://$(netns_addr 1):' '$T/worker-w1.log' &&
-    grep -q 'launch socket on tcp://$(netns_addr 3):' '$T/worker-w3.log'"
+# launch_sockets_ok: each worker's launch socket is on its node's address
+launch_sockets_ok() {
+    for i in 1 2 3; do grep -q "launch socket on tcp://$(netns_addr "$i"):" "$T/worker-w$i.log" || return 1; done
+}
+check "each worker's launch socket is on its node's address (the default)" launch_sockets_ok
 check "each worker reports its node's hostname" sh -c "
     curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/workers' |
     jq -e '[.workers[] | .name + \"@\" + .host] | sort == [\"w1@node1\", \"w2@node2\", \"w3@node3\"]'"
@@ -86,7 +88,8 @@ node_of() { echo "${1#w}"; }
 node_ranks() {
     for p in $(ip netns pids "$(netns_name "$1")"); do
         [ "$(cat "/proc/$p/comm" 2>/dev/null)" = mge-train ] || continue
-        a=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | sed -n 's,.*--out [^ ]*/attempt-\([0-9]*\)/.*,\1,p')
+        a=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null |
+            sed -n 's,.*--out [^ ]*/attempt-\([0-9]*\)/.*,\1,p')
         echo "$p ${a:-?}"
     done
 }
@@ -106,7 +109,8 @@ ready_before() {
 }
 
 # reformed K T0 WHAT: the fault at T0 (epoch s) in incarnation K must bring incarnation K + 1
-# (placed within 10 s) that completes a step (within 20 s); prints the figures
+# (placed within 10 s: the issue's bound for a hang) that completes a step within 12 s (about
+# 8 s at most measured under load 10-14 on 2 cores); prints the figures
 reformed() {
     k=$1; t0=$2; next=$(($1 + 1))
     if ! wait_until 30 sh -c "[ \"\$(curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
@@ -126,9 +130,10 @@ reformed() {
     FIGURES="$FIGURES
      $3: re-formed (placed) after $placed s, first step after $first s, steps redone $((at - from)) ($at -> $from)"
     ok "$3: incarnation $next ($(jq -r ".incarnations[$k].members | join(\" \")" "$T/inc.json")) placed $placed s and completed step $((from + 1)) $first s after the fault; redone $((at - from)) steps"
-    check "$3: placed within 10 s, first step within 20 s" \
-        test "$(echo "$placed <= 10 && $first <= 20" | bc -l)" -eq 1
-    check "$3: at most 2 x $CKPT steps redone" test $((at - from)) -le $((2 * CKPT)) -a $((at - from)) -ge 0
+    check "$3: placed within 10 s, first step within 12 s" \
+        test "$(echo "$placed <= 10 && $first <= 12" | bc -l)" -eq 1
+    check "$3: at most $CKPT steps redone (checkpoint_every)" \
+        test $((at - from)) -le "$CKPT" -a $((at - from)) -ge 0
     check "$3: incarnation $k ended requeued, by the infrastructure" jq -e \
         ".incarnations[$k - 1] | .ended == \"requeued\" and .infra" "$T/inc.json"
 }
@@ -157,8 +162,10 @@ kill_node() { # K
 }
 # snapshot SUFFIX UPTO: the stored metrics of steps <= UPTO and the checkpoints
 snapshot() {
-    api GET "/api/v1/jobs/$JOB/metrics" | jq -S --argjson y "$2" '[.metrics[] | select(.step <= $y)]' >"$T/metrics-$1.json"
-    api GET "/api/v1/jobs/$JOB/checkpoints" | jq -S --argjson y "$2" '[.checkpoints[] | select(.step <= $y)]' >"$T/ckpt-$1.json"
+    api GET "/api/v1/jobs/$JOB/metrics" |
+        jq -S --argjson y "$2" '[.metrics[] | select(.step <= $y)]' >"$T/metrics-$1.json"
+    api GET "/api/v1/jobs/$JOB/checkpoints" |
+        jq -S --argjson y "$2" '[.checkpoints[] | select(.step <= $y)]' >"$T/ckpt-$1.json"
 }
 # times_monotonic FROM: loss steps after FROM were stored in step order (a stale line would
 # carry an older time than the steps around it)
@@ -178,8 +185,10 @@ kill_node 1
 ready_before 2
 victim=$(inc_field 2 '.members[-1]')
 vpid=$(node_ranks "$(node_of "$victim")" | awk '$2 == 2 { print $1; exit }')
+check "(b) incarnation 2's rank on $victim found (pid $vpid)" test -n "$vpid"
 fault 2 "(b) SIGSTOP of the rank on $victim (pid $vpid)" "" kill -STOP "$vpid"
-check "(b) the watchdog says why" jq -e '.incarnations[1].reason | test("^no progress for [0-9]+ s since step [0-9]+")' "$T/inc.json"
+check "(b) the watchdog says why" jq -e '
+    .incarnations[1].reason | test("^no progress for [0-9]+ s since step [0-9]+")' "$T/inc.json"
 kill -CONT "$vpid" 2>/dev/null
 check "(b) after SIGCONT the stopped rank is gone and only incarnation 3 runs" \
     wait_until 10 eval "! kill -0 $vpid 2>/dev/null && only_attempt 3"
@@ -224,6 +233,8 @@ if wait_until 15 only_attempt 5; then
 else
     fail "(d) old ranks still run on $victim's node 15 s after link up: $(node_ranks "$(node_of "$victim")" | tr '\n' ' ')"
 fi
+check "(d) ... the coordinator refused them when $victim came back (logged)" grep -Eq \
+    "worker '$victim': (rank|exit) of job $JOB attempt 4 rank [0-9]+ refused" "$T/coordinator.log"
 check "(d) none of $victim's checkpoints past step $from indexed" no_ckpt_from "$victim" "$from"
 
 # --- (a) twice more: five workers lost in one job ---
@@ -231,7 +242,8 @@ kill_node 5
 kill_node 6
 
 # the undisturbed run: one process, same spec and seed, while the job finishes
-"$BIN/mge-train" "$T/job.yaml" --json --threads 1 --out "$T/undisturbed" >"$T/undisturbed.json" 2>"$T/undisturbed.err" &
+"$BIN/mge-train" "$T/job.yaml" --json --threads 1 --out "$T/undisturbed" \
+    >"$T/undisturbed.json" 2>"$T/undisturbed.err" &
 BASE_PID=$!
 PIDS="$PIDS $BASE_PID"
 check "the job succeeds after five workers lost and a hang" wait_until 240 state_is "$JOB" succeeded
@@ -248,5 +260,5 @@ base=$(jq -r 'select(.summary) | .test_accuracy' "$T/undisturbed.json")
 echo "     test accuracy: $acc after the faults, $base undisturbed (one process)"
 check "test accuracy within 0.3% (absolute) of the undisturbed run" \
     test "$(echo "d = $acc - $base; if (d < 0) d = -d; d <= 0.003" | bc -l)" -eq 1
-"$BIN/mgectl" get "$JOB" | sed -n '/incarnations/,$p'
+"$BIN/mgectl" get "$JOB" | grep -E '^ *incarnations|^ +[0-9]+ +\['
 finish
