@@ -33,19 +33,6 @@ check "the {min: 2, max: 3} job starts with 3 workers" wait_until 30 sh -c "
     curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
     jq -e '.state == \"running\" and (.placement | length) == 3' >/dev/null"
 
-# inc_field K FILTER: incarnation K (1-based) of the job, through a jq filter
-inc_field() { api GET "/api/v1/jobs/$JOB" | jq -r --argjson k "$1" ".incarnations[\$k - 1] | $2"; }
-# ckpt_after STEP: a checkpoint past STEP is indexed
-ckpt_after() { api GET "/api/v1/jobs/$JOB/checkpoints" | jq -e --argjson s "$1" 'any(.checkpoints[]; .step > $s)'; }
-# step_time STEP: when the loss of STEP was reported (epoch seconds, ms precision), or fail
-step_time() {
-    api GET "/api/v1/jobs/$JOB/metrics?name=loss" | jq -e --argjson s "$1" '
-        first(.metrics[] | select(.step == $s) | .time
-              | (.[0:19] + "Z" | fromdateiso8601) + (.[20:23] | tonumber) / 1000)'
-}
-# step_after STEP T0: STEP was reported after T0 (epoch seconds)
-step_after() { ts=$(step_time "$1") && [ "$(echo "$ts > $2" | bc -l)" -eq 1 ]; }
-
 # lose K I: kill -9 the worker of rank I of incarnation K (-1: the last rank), which must go
 # on as K + 1 with the others; the killed worker is started again (idle) for the next round
 lose() {
