@@ -142,14 +142,14 @@ $(BIN)/mge-train $(BIN)/mge-infer:
 BINARIES := $(BIN)/mge-train $(BIN)/mge-infer
 
 ifneq ($(COORD_SRC),)
-$(BIN)/mge-coordinator: $(call obj,$(COORD_SRC)) $(LIB_PROTO) $(LIB_COMMON)
+$(BIN)/mge-coordinator: $(call obj,$(COORD_SRC) engine/ckpt.c) $(LIB_PROTO) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_DAEMON) $(LIBS_PROTO) $(LIBS_COMMON)
 BINARIES += $(BIN)/mge-coordinator
 endif
 ifneq ($(WORKER_SRC),)
-$(BIN)/mge-worker: $(call obj,$(WORKER_SRC)) $(LIB_PROTO) $(LIB_COMMON)
+$(BIN)/mge-worker: $(call obj,$(WORKER_SRC) engine/ckpt.c) $(LIB_PROTO) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_DAEMON) $(LIBS_PROTO) $(LIBS_COMMON)
