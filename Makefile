@@ -221,7 +221,8 @@ $(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(LIB_CUDA) $(ENGIN
 # tests of the coordinator's modules (store, scheduler) link them from one library, without main.c
 LIB_COORD := $(BUILD)/lib/libmgecoord.a
 $(LIB_COORD): $(call obj,$(filter-out coordinator/main.c,$(COORD_SRC)))
-COORD_TESTS := $(BUILD)/tests/test_sched $(BUILD)/tests/test_store $(BUILD)/tests/test_ckpt_path
+COORD_TESTS := $(BUILD)/tests/test_sched $(BUILD)/tests/test_store $(BUILD)/tests/test_ckpt_path \
+               $(BUILD)/tests/test_ckpt_store
 $(COORD_TESTS): $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) \
     $(LIB_COORD) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)

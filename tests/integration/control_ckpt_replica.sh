@@ -86,23 +86,29 @@ check "the coordinator keeps at most 2 copies ($n_copies)" test "$n_copies" -le 
 
 # --- forged uploads: refused, nothing stored ---
 last=$(jq -r '.placement[] | select(.rank == 0) | .worker' "$T/job.json")
+F=$(jq -r .attempt "$T/job.json") # the job's last attempt: its rank 0 worker may upload
 good=$(find "$T/state/checkpoints/job-$JOB" -name 'ckpt-*.mgeckpt' | head -n 1)
 head -c 4096 /dev/urandom >"$T/garbage"
 cp "$good" "$T/flipped"
 printf 'X' | dd of="$T/flipped" bs=1 seek=1000 conv=notrunc 2>/dev/null
-forged() { # DESCRIPTION NAME ATTEMPT CKPT_NAME FILE [SIZE]
-    d=$1; shift
+forged() { # DESCRIPTION REASON(regex) NAME JOB ATTEMPT CKPT_NAME FILE [SIZE]
+    d=$1; why=$2; shift 2
     "$FORGE" upload "$WORKER_URL" join-secret "$@" >"$T/forge.out" 2>&1
     rc=$?
     sed 's/^/     /' "$T/forge.out"
-    [ $rc -eq 0 ] && ok "$d: refused" || fail "$d: exit $rc"
+    if [ $rc -eq 0 ] && grep -q "refused: .*$why" "$T/forge.out"; then ok "$d: refused ($why)"
+    else fail "$d: exit $rc"; fi
 }
-forged "upload from a worker with no rank of the job" intruder "$JOB" $B ckpt-000777.mgeckpt "$good"
-forged "upload for a past attempt by the job's rank 0 worker" "$last" "$JOB" $A ckpt-000778.mgeckpt "$good"
-forged "upload with a bad name" "$last" "$JOB" $B ../../../etc/ckpt-1.mgeckpt "$good"
-forged "upload declaring 5 GiB" "$last" "$JOB" $B ckpt-000779.mgeckpt "$good" 5368709120
-forged "upload of random bytes" "$last" "$JOB" $B ckpt-000780.mgeckpt "$T/garbage"
-forged "upload with one byte flipped" "$last" "$JOB" $B ckpt-000781.mgeckpt "$T/flipped"
+forged "upload from a worker with no rank of the job" "does not run rank 0" \
+    intruder "$JOB" "$F" ckpt-000777.mgeckpt "$good"
+forged "upload for a past attempt by the job's rank 0 worker" "does not run rank 0" \
+    "$last" "$JOB" "$A" ckpt-000778.mgeckpt "$good"
+forged "upload with a bad name" "not a checkpoint file name" \
+    "$last" "$JOB" "$F" ../../../etc/ckpt-1.mgeckpt "$good"
+forged "upload declaring 5 GiB" "outside" "$last" "$JOB" "$F" ckpt-000779.mgeckpt "$good" 5368709120
+forged "upload of random bytes" "does not verify" "$last" "$JOB" "$F" ckpt-000780.mgeckpt "$T/garbage"
+forged "upload with one byte flipped" "does not verify" \
+    "$last" "$JOB" "$F" ckpt-000781.mgeckpt "$T/flipped"
 check "no forged checkpoint is stored or committed" sh -c "
     ! find '$T/state' -name 'ckpt-0007*' | grep -q . &&
     ! curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB/checkpoints' |
