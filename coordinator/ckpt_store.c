@@ -98,6 +98,9 @@ static int upload_finish(struct mge_ckpt_upload *u, struct mge_store *st, const 
         return refuse(MGE_IO, why, why_len, "cannot sync '%.300s': %s", u->tmp, strerror(errno));
     }
     u->fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* so that fini has one to close */
+    /* NEEDSWORK: this reads the whole file on the rpc thread, which answers no other worker
+     * meanwhile: fine for the tens of MiB here, not for GiB checkpoints (verify in a thread
+     * and answer "not yet" until it is done) */
     rc = mge_ckpt_read(u->tmp, &ck, err, sizeof(err));
     if (rc != MGE_OK)
         return refuse(MGE_CORRUPT, why, why_len, "%s of job %lld does not verify: %s", u->name,
