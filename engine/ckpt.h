@@ -156,6 +156,9 @@ int mge_ckpt_writer_save(struct mge_ckpt_writer *w, const struct mge_ckpt *ck, c
  * none ran), its message in @err. Thread: the owner's. */
 int mge_ckpt_writer_wait(struct mge_ckpt_writer *w, char *err, size_t errlen);
 
+/* CPU time the writer thread has spent on finished writes, in seconds. Thread: any. */
+double mge_ckpt_writer_cpu_sec(struct mge_ckpt_writer *w);
+
 /* Bytes the writer holds: the snapshot and mge_ckpt_write()'s buffer (memory predictions);
  * 0 for NULL. */
 size_t mge_ckpt_writer_bytes(const struct mge_ckpt_writer *w);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -24,6 +25,7 @@ struct mge_ckpt_writer {
     int stop;                        /* [mu] the thread is to exit */
     int rc;                          /* [mu] result of the last finished write */
     char err[2048];                  /* [mu] its message when rc != MGE_OK */
+    double cpu_sec;                  /* [mu] CPU time the thread spent writing, all writes */
     struct mge_ckpt ck;              /* the snapshot's description; tensors point into @data */
     struct mge_ckpt_tensor *tensors; /* (n_tensors) */
     char *names;                     /* every tensor name, NUL-separated */
@@ -64,13 +66,17 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&w->mu);
         /* the snapshot, path and latest are the thread's alone while busy */
         err[0] = '\0';
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
         int rc = mge_ckpt_write(w->path, &w->ck, err, sizeof(err));
         if (rc == MGE_OK && w->latest[0])
             rc = latest_update(w->latest, w->path, err, sizeof(err));
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
         if (rc != MGE_OK)
             mge_log_error("background checkpoint: %s", err);
         pthread_mutex_lock(&w->mu);
         w->rc = rc;
+        w->cpu_sec += (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;
         snprintf(w->err, sizeof(w->err), "%s", err);
         w->busy = 0;
         pthread_cond_broadcast(&w->cv);
@@ -129,6 +135,14 @@ err_free:
     mge_free_aligned(w->data);
     mge_free(w);
     return rc;
+}
+
+double mge_ckpt_writer_cpu_sec(struct mge_ckpt_writer *w)
+{
+    pthread_mutex_lock(&w->mu);
+    double s = w->cpu_sec;
+    pthread_mutex_unlock(&w->mu);
+    return s;
 }
 
 size_t mge_ckpt_writer_bytes(const struct mge_ckpt_writer *w)

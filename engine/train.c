@@ -697,6 +697,7 @@ static int train_loop(struct trainer *t)
     int64_t ce = spec->train.checkpoint_every, le = spec->train.log_every > 0 ? spec->train.log_every : 1;
     double ce_sec = (double)spec->train.checkpoint_every_sec;
     double train_sec = 0.0, wall0 = now_sec(), last_ckpt = wall0, loop_ckpt_sec = 0.0;
+    double writer_cpu_sec = 0.0;
     int64_t samples = 0, first_step = t->step, n_times = 0;
     int rc = MGE_OK, lead = t->rank == 0;
     /* per-step times: the median is what a noisy shared machine cannot spoil */
@@ -806,6 +807,14 @@ static int train_loop(struct trainer *t)
     if (!lead)
         goto out_free;
     loop_ckpt_sec = t->ckpt_sec; /* the final checkpoint is not part of any step */
+    {
+        char err[512];
+        if ((rc = mge_ckpt_writer_wait(t->ckw, err, sizeof(err))) != MGE_OK) {
+            fprintf(stderr, "mge-train: checkpoint: %s\n", err);
+            goto out_free;
+        }
+    }
+    writer_cpu_sec = mge_ckpt_writer_cpu_sec(t->ckw);
     if ((rc = ckpt_save(t, 1)) != MGE_OK)
         goto out_free;
     mge_graph_profile_print(t->g, stderr, n_times);
@@ -847,13 +856,13 @@ static int train_loop(struct trainer *t)
             printf("\"test_accuracy\":%.6f,\"test_loss\":%.6f,", t->test_acc, t->test_loss);
         printf("\"samples_per_sec\":%.1f,\"peak_bytes\":%zu,\"peak_rss_bytes\":%ld,"
                "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"median_step_ms\":%.4f,"
-               "\"mean_step_ms\":%.4f,\"checkpoint_ms\":%.3f,"
+               "\"mean_step_ms\":%.4f,\"checkpoint_ms\":%.3f,\"checkpoint_writer_cpu_ms\":%.3f,"
                "\"threads\":%d,\"gemm\":\"%s\",\"cpu_isa\":\"%s\","
                "\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
                sps, peak, peak_rss_bytes(), train_sec, wall, (long long)(t->step - first_step),
                median_ms, n_times ? 1e3 * (train_sec + loop_ckpt_sec) / (double)n_times : 0.0,
-               1e3 * loop_ckpt_sec, mge_cpu_threads(), mge_cpu_sgemm_backend(), mge_cpu_isa(),
-               t->out_dir);
+               1e3 * loop_ckpt_sec, 1e3 * writer_cpu_sec, mge_cpu_threads(),
+               mge_cpu_sgemm_backend(), mge_cpu_isa(), t->out_dir);
     } else {
         printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
         if (t->have_test)

@@ -10,6 +10,11 @@ the mean is what a checkpoint really costs (the median hides the one step in EVE
 snapshots), the median shows whether the writer thread slows the steps around it. The ratios
 compare the medians over runs of each figure. Goal: mean ratio <= 1.03.
 
+On a shared machine whose load swings, the side-by-side ratio is mostly noise; so each
+checkpointing run also gives a bound that load does not move: the loop's own checkpoint time
+plus all the CPU time the writer thread used, over the run's training time (as if every
+writer CPU-second were taken from the step loop, which is the worst case on busy cores).
+
 Usage: ckpt.py BUILD [THREADS] [ROUNDS] [STEPS] [EVERY]
 """
 import json
@@ -48,19 +53,27 @@ def main():
                 out = os.path.join(tmp, "r%d-e%d" % (r, every))
                 d, n, size = run(every, out)
                 res[every].append(d)
+                bound = ((d["checkpoint_ms"] + d["checkpoint_writer_cpu_ms"])
+                         / (d["mean_step_ms"] * d["steps_run"]) if every else 0.0)
+                d["bound"] = bound
                 print("round %d checkpoint_every %3d: median %.3f ms, mean %.3f ms, "
-                      "checkpoint time %.1f ms in %d files of %.1f MiB, loss %.7g"
-                      % (r, every, d["median_step_ms"], d["mean_step_ms"], d["checkpoint_ms"], n,
-                         size / 1048576.0, d["final_loss"]), flush=True)
+                      "loop checkpoint time %.1f ms, writer CPU %.1f ms, in %d files of %.1f MiB "
+                      "(bound %.2f %%), loss %.7g"
+                      % (r, every, d["median_step_ms"], d["mean_step_ms"], d["checkpoint_ms"],
+                         d["checkpoint_writer_cpu_ms"], n, size / 1048576.0, 100 * bound,
+                         d["final_loss"]), flush=True)
     off_med = statistics.median(d["median_step_ms"] for d in res[0])
     on_med = statistics.median(d["median_step_ms"] for d in res[EVERY])
     off_mean = statistics.median(d["mean_step_ms"] for d in res[0])
     on_mean = statistics.median(d["mean_step_ms"] for d in res[EVERY])
     same = all(a["final_loss"] == b["final_loss"] for a, b in zip(res[0], res[EVERY]))
+    bound = statistics.median(d["bound"] for d in res[EVERY])
     print("MLP %d steps, %d threads, %d rounds: checkpoints off median %.3f ms mean %.3f ms; "
           "every %d steps median %.3f ms mean %.3f ms; ratio median %.3f mean %.3f (goal <= 1.03); "
-          "losses %s" % (STEPS, THREADS, ROUNDS, off_med, off_mean, EVERY, on_med, on_mean,
-                         on_med / off_med, on_mean / off_mean, "equal" if same else "DIFFER"))
+          "bound (loop checkpoint time + writer CPU) / training time %.2f %%; losses %s; load %s"
+          % (STEPS, THREADS, ROUNDS, off_med, off_mean, EVERY, on_med, on_mean, on_med / off_med,
+             on_mean / off_mean, 100 * bound, "equal" if same else "DIFFER",
+             " ".join("%.2f" % x for x in os.getloadavg())))
     return 0 if same else 1
 
 
