@@ -211,6 +211,7 @@ int mge_ckpt_fetch_chunk(struct mge_store *st, const char *worker_id, int64_t jo
     bool current = false;
     char *path = NULL;
     struct stat sb;
+    int64_t step;
     ssize_t n;
     int rc, fd;
     *len = 0;
@@ -243,6 +244,10 @@ int mge_ckpt_fetch_chunk(struct mge_store *st, const char *worker_id, int64_t jo
     *len = (size_t)n;
     *size = (uint64_t)sb.st_size;
     rc = MGE_OK;
+    /* the whole copy went out: rank 0 resumes from it, whatever newer checkpoint was reported
+     * (one on the lost node, never committed), so the incarnation starts at its step */
+    if (offset + (uint64_t)n == *size && mge_ckpt_name_ok(name, &step))
+        mge_store_incarnation_start_step(st, job_id, attempt, step);
 out_close:
     close(fd);
 out_free:

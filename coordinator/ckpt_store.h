@@ -68,7 +68,8 @@ void mge_ckpt_upload_fini(struct mge_ckpt_upload *u);
  * @buf (MGE_CKPT_CHUNK_MAX bytes) for worker @worker_id, which must hold rank 0 of the job's
  * current attempt @attempt. *@len gets the bytes read, *@size the file's size. Returns MGE_OK,
  * MGE_AUTH, MGE_NOENT (no such committed copy), MGE_INVAL (offset past the end), MGE_IO,
- * MGE_DB; @why says which.
+ * MGE_DB; @why says which. The read that reaches the end sets the incarnation's start step to
+ * the copy's (rank 0 resumes from it).
  */
 int mge_ckpt_fetch_chunk(struct mge_store *st, const char *worker_id, int64_t job_id, int attempt,
                          const char *name, uint64_t offset, void *buf, size_t *len, uint64_t *size,

@@ -118,6 +118,7 @@ enum sql_id {
     Q_CKPT_COPY_PATH,
     Q_CKPT_COPY_OLD,
     Q_CKPT_COPY_DROP,
+    Q_INC_START,
     Q_BEGIN,
     Q_COMMIT,
     Q_ROLLBACK,
@@ -186,6 +187,7 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_CKPT_COPY_OLD] = "SELECT copy FROM checkpoints WHERE job_id = ? AND copy IS NOT NULL"
                         " ORDER BY step DESC LIMIT 1 OFFSET ?",
     [Q_CKPT_COPY_DROP] = "UPDATE checkpoints SET copy = NULL WHERE job_id = ? AND copy = ?",
+    [Q_INC_START] = "UPDATE incarnations SET start_step = ?3 WHERE job_id = ?1 AND attempt = ?2",
     /* the job's state if (job, attempt, rank) is the current attempt's placement on worker ?4 */
     [Q_LINE_FENCE] = "SELECT j.state FROM jobs j JOIN placements p ON p.job_id = j.id"
                      " AND p.attempt = j.attempt WHERE j.id = ?1 AND j.attempt = ?2"
@@ -1722,6 +1724,23 @@ int mge_store_checkpoint_commit(struct mge_store *st, int64_t job_id, const char
         sqlite3_bind_text(s, 6, worker_id, -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(s, 7, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
         sqlite3_bind_text(s, 8, copy, -1, SQLITE_TRANSIENT);
+        rc = exec_stmt(st, s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_incarnation_start_step(struct mge_store *st, int64_t job_id, int attempt,
+                                     int64_t step)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_DB;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_INC_START);
+    if (s) {
+        sqlite3_bind_int64(s, 1, job_id);
+        sqlite3_bind_int(s, 2, attempt);
+        sqlite3_bind_int64(s, 3, step);
         rc = exec_stmt(st, s);
     }
     pthread_mutex_unlock(&st->mu);

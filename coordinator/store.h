@@ -242,6 +242,9 @@ int mge_store_rank_is_current(struct mge_store *st, const char *worker_id, int64
 int mge_store_checkpoint_commit(struct mge_store *st, int64_t job_id, const char *name,
                                 int64_t step, int64_t size, const char *worker_path,
                                 const char *worker_id, const char *copy);
+/* The step incarnation @attempt of @job_id really starts from (its rank 0 fetched a copy). */
+int mge_store_incarnation_start_step(struct mge_store *st, int64_t job_id, int attempt,
+                                     int64_t step);
 /* Name of the newest committed copy of @job_id's checkpoints, or MGE_NOENT. mge_free() it. */
 int mge_store_checkpoint_copy_latest(struct mge_store *st, int64_t job_id, char **name);
 /* Path of the committed copy of checkpoint @name, or MGE_NOENT. mge_free() it. */

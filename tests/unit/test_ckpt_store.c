@@ -8,6 +8,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,12 @@ START_TEST(test_upload_commit_fetch)
         memcpy(back + off, chunk, got);
     }
     ck_assert_mem_eq(buf, back, len);
+    /* the incarnation starts where the fetched copy does */
+    json_t *j = NULL;
+    ck_assert_int_eq(mge_store_job_get(g_st, g_job, &j), MGE_OK);
+    json_t *inc = json_array_get(json_object_get(j, "incarnations"), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "start_step")), 20);
+    json_decref(j);
     ck_assert_int_eq(mge_ckpt_fetch_chunk(g_st, "w-2", g_job, 1, "ckpt-000020.mgeckpt", 0, chunk,
                                           &got, &size, why, sizeof(why)),
                      MGE_AUTH);
