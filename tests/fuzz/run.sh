@@ -36,8 +36,7 @@ deps_worker_frame=$deps_control
 libs_worker_frame=$libs_control
 
 # the worker's launch socket: LaunchRequest frames into worker/launch.c and worker/ranks.c
-deps_launch_request='worker/launch.c worker/ranks.c common/*.c $BUILD/gen/proto/worker.pb-c.c
-engine/ckpt.c $BUILD/gen/proto/checkpoint.pb-c.c'
+deps_launch_request='worker/launch.c worker/ranks.c common/*.c $BUILD/gen/proto/worker.pb-c.c'
 libs_launch_request='-lnng -luv -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
 # ---------------------------------------------------------------------------------------------
