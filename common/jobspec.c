@@ -540,6 +540,7 @@ static const struct keydef train_keys[] = {
     {"lr_schedule", sched_keys},
     {"seed", NULL},
     {"checkpoint_every", NULL},
+    {"checkpoint_every_sec", NULL},
     {"log_every", NULL},
     {"eval", NULL},
     {NULL, NULL},
@@ -1420,6 +1421,9 @@ static int check_train(struct ctx *c, const struct sect *root, struct mge_train_
     t->seed = (uint64_t)seed_v;
     if ((rc = get_int(c, &s, "checkpoint_every", 0, INT64_MAX, &zero, &t->checkpoint_every, NULL)))
         return rc;
+    if ((rc = get_int(c, &s, "checkpoint_every_sec", 0, 31536000, &zero, &t->checkpoint_every_sec,
+                      NULL)))
+        return rc;
     if ((rc = get_int(c, &s, "log_every", 1, INT64_MAX, &one, &t->log_every, NULL)))
         return rc;
     if ((rc = get_bool(c, &s, "eval", true, &t->eval_every_epoch)))
@@ -1978,6 +1982,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, train, "lr_schedule", sched);
     jset(&b, train, "seed", json_integer((json_int_t)spec->train.seed));
     jset(&b, train, "checkpoint_every", json_integer(spec->train.checkpoint_every));
+    jset(&b, train, "checkpoint_every_sec", json_integer(spec->train.checkpoint_every_sec));
     jset(&b, train, "log_every", json_integer(spec->train.log_every));
     jset(&b, train, "eval", json_boolean(spec->train.eval_every_epoch));
     jset(&b, root, "train", train);

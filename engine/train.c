@@ -180,6 +180,12 @@ struct trainer {
     struct mge_trace trace; /* --profile */
     int64_t trace_until;    /* steps below this are traced */
     int tracing;            /* the current step is traced */
+    /* checkpoints (rank 0): tensor list over the live state, and the background writer */
+    struct mge_ckpt_tensor *ck_ts; /* (ck_n) */
+    char (*ck_names)[160];         /* (ck_n) their names */
+    int ck_n;
+    struct mge_ckpt_writer *ckw;
+    double ckpt_sec; /* time the loop spent snapshotting or waiting for the writer */
 };
 
 #define TRACE_STEPS 200
@@ -225,25 +231,34 @@ static void ckpt_tensor_of(struct trainer *t, int pi, int state, struct mge_ckpt
     ct->nbytes = sizeof(float) * (size_t)mge_value_numel(t->g, v);
 }
 
-static int ckpt_save(struct trainer *t)
+/* The checkpoint's tensor list over the live state, and the background writer for it; made
+ * once on rank 0 before the loop, so that a checkpoint allocates nothing. */
+static int ckpt_init(struct trainer *t)
 {
     int np = mge_graph_n_params(t->g), ns = mge_optim_n_states(&t->optim);
-    int n = np * (1 + ns), rc;
-    struct mge_ckpt ck = {0};
-    char err[512], path[1200], tmp[1300], latest[1200];
-    struct mge_ckpt_tensor *ts = mge_calloc((size_t)n, sizeof(*ts));
-    char(*names)[160] = mge_calloc((size_t)n, sizeof(*names));
-    if (!ts || !names) {
-        rc = MGE_ERR(MGE_NOMEM, "cannot allocate checkpoint");
-        goto out_free;
-    }
+    int n = np * (1 + ns);
+    t->ck_ts = mge_calloc((size_t)n, sizeof(*t->ck_ts));
+    t->ck_names = mge_calloc((size_t)n, sizeof(*t->ck_names));
+    if (!t->ck_ts || !t->ck_names)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate checkpoint");
     n = 0;
     for (int s = -1; s < ns; s++)
         for (int i = 0; i < np; i++)
             if (s < 0 || !mge_value_is_buffer(t->g, mge_graph_param(t->g, i))) {
-                ckpt_tensor_of(t, i, s, &ts[n], names[n], sizeof(names[n]));
+                ckpt_tensor_of(t, i, s, &t->ck_ts[n], t->ck_names[n], sizeof(t->ck_names[n]));
                 n++;
             }
+    t->ck_n = n;
+    return mge_ckpt_writer_new(&t->ckw, t->ck_ts, n);
+}
+
+/* Snapshot the state and hand it to the writer thread (which waits for its previous write
+ * first); with @wait, also wait until this one is on disk. */
+static int ckpt_save(struct trainer *t, int wait)
+{
+    struct mge_ckpt ck = {0};
+    char err[512], path[1200], latest[1200];
+    double t0 = now_sec();
     ck.step = t->step;
     ck.epoch = t->epoch;
     ck.sampler_pos = t->pos;
@@ -254,25 +269,17 @@ static int ckpt_save(struct trainer *t)
     ck.spec_yaml = t->spec->source;
     ck.last_loss = t->last_loss;
     ck.test_accuracy = t->test_acc;
-    ck.tensors = ts;
-    ck.n_tensors = n;
+    ck.tensors = t->ck_ts;
+    ck.n_tensors = t->ck_n;
     snprintf(path, sizeof(path), "%s/ckpt-%06lld.mgeckpt", t->out_dir, (long long)t->step);
-    if ((rc = mge_ckpt_write(path, &ck, err, sizeof(err))) != MGE_OK) {
-        mge_log_error("%s", err);
-        goto out_free;
-    }
-    /* "latest.mgeckpt" points at the newest one; replaced atomically */
+    /* "latest.mgeckpt" points at the newest one; replaced atomically after it is written */
     snprintf(latest, sizeof(latest), "%s/latest.mgeckpt", t->out_dir);
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", latest, (int)getpid());
-    unlink(tmp);
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    if (symlink(base, tmp) != 0 || rename(tmp, latest) != 0) {
-        rc = MGE_ERR(MGE_IO, "cannot update '%s': %s", latest, strerror(errno));
-        unlink(tmp);
-    }
-out_free:
-    mge_free(ts);
-    mge_free(names);
+    int rc = mge_ckpt_writer_save(t->ckw, &ck, path, latest, err, sizeof(err));
+    if (rc == MGE_OK && wait)
+        rc = mge_ckpt_writer_wait(t->ckw, err, sizeof(err));
+    if (rc != MGE_OK)
+        fprintf(stderr, "mge-train: checkpoint: %s\n", err);
+    t->ckpt_sec += now_sec() - t0;
     return rc;
 }
 
@@ -817,7 +824,9 @@ static int train_loop(struct trainer *t)
     const struct mge_jobspec *spec = t->spec;
     const struct mge_train_opts *o = t->opts;
     int64_t ce = spec->train.checkpoint_every, le = spec->train.log_every > 0 ? spec->train.log_every : 1;
-    double train_sec = 0.0, wall0 = now_sec();
+    double ce_sec = (double)spec->train.checkpoint_every_sec;
+    double train_sec = 0.0, wall0 = now_sec(), last_ckpt = wall0, loop_ckpt_sec = 0.0;
+    double writer_cpu_sec = 0.0;
     int64_t samples = 0, first_step = t->step, n_times = 0;
     int rc = MGE_OK, lead = t->rank == 0, par = t->dist || t->det;
     /* per-step times: the median is what a noisy shared machine cannot spoil */
@@ -924,9 +933,12 @@ static int train_loop(struct trainer *t)
         if (b->epoch_end && t->have_test && spec->train.eval_every_epoch &&
             (rc = evaluate_epoch(t, o->json)) != MGE_OK)
             goto out_free;
-        if (lead && ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
-            (rc = ckpt_save(t)) != MGE_OK)
-            goto out_free;
+        if (lead && t->step < t->total_steps &&
+            ((ce > 0 && t->step % ce == 0) || (ce_sec > 0 && now_sec() - last_ckpt >= ce_sec))) {
+            if ((rc = ckpt_save(t, 0)) != MGE_OK)
+                goto out_free;
+            last_ckpt = now_sec();
+        }
     }
     if (t->trace.fp && (rc = mge_trace_close(&t->trace)) != MGE_OK)
         goto out_free;
@@ -936,7 +948,16 @@ static int train_loop(struct trainer *t)
         goto out_free;
     if (!lead)
         goto out_free;
-    if ((rc = ckpt_save(t)) != MGE_OK)
+    loop_ckpt_sec = t->ckpt_sec; /* the final checkpoint is not part of any step */
+    {
+        char err[512];
+        if ((rc = mge_ckpt_writer_wait(t->ckw, err, sizeof(err))) != MGE_OK) {
+            fprintf(stderr, "mge-train: checkpoint: %s\n", err);
+            goto out_free;
+        }
+    }
+    writer_cpu_sec = mge_ckpt_writer_cpu_sec(t->ckw);
+    if ((rc = ckpt_save(t, 1)) != MGE_OK)
         goto out_free;
     mge_graph_profile_print(t->g, stderr, n_times);
     qsort(times, (size_t)n_times, sizeof(double), cmp_double);
@@ -948,11 +969,11 @@ static int train_loop(struct trainer *t)
     size_t peak = t->stats.param_bytes + t->stats.grad_bytes + mge_optim_state_bytes(&t->optim) +
                   t->stats.activation_bytes;
     /* what the engine allocates besides the plan: the loader's buffers, the sampler's
-     * permutation, and the checkpoint writer's buffer while it saves (rank 0 saves) */
+     * permutation, and the checkpoint writer's snapshot and buffer (rank 0 saves) */
     size_t loader_bytes = (size_t)t->loader.nbuf * (size_t)t->loader.local_max *
                               ((size_t)t->train.dim * sizeof(float) + sizeof(int32_t)) +
                           (size_t)t->train.n * sizeof(*t->sampler.perm) +
-                          mge_ckpt_write_buffer_bytes();
+                          mge_ckpt_writer_bytes(t->ckw);
     long long counted = mge_alloc_peak() - t->alloc_base;
     long hwm = proc_status_bytes("VmHWM");
     long measured = t->rss_base > 0 && hwm > 0 ? hwm - t->rss_base : -1;
@@ -984,11 +1005,14 @@ static int train_loop(struct trainer *t)
         printf("\"samples_per_sec\":%.1f,\"peak_bytes\":%zu,\"peak_rss_bytes\":%ld,"
                "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"median_step_ms\":%.4f,"
                "\"median_step_cpu_ms\":%.4f,"
+               "\"mean_step_ms\":%.4f,\"checkpoint_ms\":%.3f,\"checkpoint_writer_cpu_ms\":%.3f,"
                "\"threads\":%d,\"gemm\":\"%s\",\"cpu_isa\":\"%s\","
                "\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
                sps, peak, peak_rss_bytes(), train_sec, wall, (long long)(t->step - first_step),
-               median_ms, median_cpu_ms, mge_cpu_threads(), mge_cpu_sgemm_backend(), mge_cpu_isa(),
-               t->out_dir);
+               median_ms, median_cpu_ms,
+               n_times ? 1e3 * (train_sec + loop_ckpt_sec) / (double)n_times : 0.0,
+               1e3 * loop_ckpt_sec, 1e3 * writer_cpu_sec, mge_cpu_threads(),
+               mge_cpu_sgemm_backend(), mge_cpu_isa(), t->out_dir);
     } else {
         printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
         if (t->have_test)
@@ -1013,6 +1037,9 @@ static void trainer_fini(struct trainer *t)
     mge_free(t->det_acc);
     mge_free_aligned(t->det_x);
     mge_free(t->det_y);
+    mge_ckpt_writer_free(t->ckw);
+    mge_free(t->ck_ts);
+    mge_free(t->ck_names);
     mge_comm_packs_free(t->packs);
     if (t->loader_ok)
         mge_loader_fini(&t->loader);
@@ -1150,6 +1177,8 @@ int mge_train_main(const struct mge_train_opts *o)
         code = 2;
         goto out;
     }
+    if (t.rank == 0 && (rc = ckpt_init(&t)) != MGE_OK)
+        goto out;
     /* every rank starts from rank 0's state (its parameters, or the checkpoint it read) */
     if (t.dist &&
         ((rc = dist_sync_state(&t)) != MGE_OK || (!t.det && (rc = dist_packs_init(&t)) != MGE_OK)))
@@ -1190,6 +1219,9 @@ int mge_train_main(const struct mge_train_opts *o)
 out:
     if (rc != MGE_OK && code == 1)
         fprintf(stderr, "mge-train: failed: %s\n", mge_strerror(rc));
+    /* a checkpoint being written is finished before the job is ended */
+    mge_ckpt_writer_free(t.ckw);
+    t.ckw = NULL;
     if (code != 0 && t.world > 1) {
         fprintf(stderr, "mge-train: rank %d of %d failed: ending the job\n", t.rank, t.world);
         fflush(stderr);

@@ -305,6 +305,7 @@ START_TEST(test_jobspec_defaults)
     ck_assert_int_eq(s->train.sched.type, MGE_SCHED_CONSTANT);
     ck_assert_uint_eq(s->train.seed, 42);
     ck_assert_int_eq(s->train.checkpoint_every, 0);
+    ck_assert_int_eq(s->train.checkpoint_every_sec, 0);
     ck_assert_int_eq(s->train.log_every, 1);
     ck_assert_int_eq(s->train.eval_every_epoch, 1);
     ck_assert_int_eq(s->resources.device, MGE_DEVICE_CPU);
@@ -392,6 +393,10 @@ static const struct err_case err_cases[] = {
     {HEAD "train:\n  epochs: 1.5\n  batch_size: 4\n  optimizer:\n    lr: 0.1\n", MGE_SPEC, 8,
      "train.epochs", "expected an integer between 1 and 1000000, got '1.5'"},
     {HEAD TRAIN "  eval: yes\n", MGE_SPEC, 12, "train.eval", "expected true or false, got 'yes'"},
+    {HEAD TRAIN "  checkpoint_every_sec: 30s\n", MGE_SPEC, 12, "train.checkpoint_every_sec",
+     "expected an integer between 0 and 31536000, got '30s'"},
+    {HEAD TRAIN "  checkpoint_every_sec: -1\n", MGE_SPEC, 12, "train.checkpoint_every_sec",
+     "expected an integer between 0 and 31536000, got '-1'"},
     {HEAD TRAIN "model: 3\n", MGE_SPEC, 12, "model", "duplicate key"},
     {"name: t\nmodel: [mlp]\n", MGE_SPEC, 2, "model", "expected a mapping, got a list"},
     {"name: t\nmodel:\n  type: mpl\n", MGE_SPEC, 3, "model.type",
