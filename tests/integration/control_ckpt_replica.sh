@@ -87,7 +87,10 @@ check "the coordinator keeps at most 2 copies ($n_copies)" test "$n_copies" -le 
 # --- forged uploads: refused, nothing stored ---
 last=$(jq -r '.placement[] | select(.rank == 0) | .worker' "$T/job.json")
 F=$(jq -r .attempt "$T/job.json") # the job's last attempt: its rank 0 worker may upload
-good=$(find "$T/state/checkpoints/job-$JOB" -name 'ckpt-*.mgeckpt' | head -n 1)
+# a copy of a genuine checkpoint: the store may prune the file itself meanwhile (the final
+# checkpoint's upload can still be under way when the job has succeeded)
+cp "$(find "$T/state/checkpoints/job-$JOB" -name 'ckpt-*.mgeckpt' | head -n 1)" "$T/good"
+good=$T/good
 head -c 4096 /dev/urandom >"$T/garbage"
 cp "$good" "$T/flipped"
 printf 'X' | dd of="$T/flipped" bs=1 seek=1000 conv=notrunc 2>/dev/null
