@@ -731,7 +731,7 @@ static void grow_check(struct mge_sched *s)
         if (to == r0->grow_to)
             continue;
         if (to)
-            mge_log_info("job %lld attempt %d: %s: growing %d -> %d at its next checkpoint",
+            mge_log_info("job %lld attempt %d: grow pending (%s): %d -> %d at its next checkpoint",
                          (long long)r0->job_id, r0->attempt, why, r0->world, to);
         else
             mge_log_info("job %lld attempt %d: grow to %d dropped: no free worker for it now",
@@ -1042,6 +1042,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     struct mge_worker_row row;
     struct worker *w;
     int wi, rc;
+    bool fresh = false;
 
     memset(out, 0, sizeof(*out));
     memset(&row, 0, sizeof(row));
@@ -1067,6 +1068,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
             goto out_unlock;
         wi = (int)s->n_w++;
         memset(&s->w[wi], 0, sizeof(s->w[wi]));
+        fresh = true;
     }
     w = &s->w[wi];
     snprintf(w->id, sizeof(w->id), "%s", row.id);
@@ -1078,10 +1080,11 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     w->cpus = row.cpus;
     w->gpus = row.gpus;
     w->memory_mb = row.memory_mb;
+    if (fresh || w->state == W_LOST)
+        w->joined = now_ms(s); /* not when it reconnects after a restart (grow_plan's wording) */
     if (w->state == W_LOST)
         w->state = W_READY;
     w->last_seen = now_ms(s);
-    w->joined = w->last_seen;
     w->last_seen_wall = row.registered_ms;
     /* A fresh worker process: ranks we placed there that it does not report are gone. */
     for (size_t i = 0; i < s->n_r; i++) {

@@ -150,6 +150,24 @@ LONG_DATA='data: {format: synthetic, train_size: 4096, test_size: 512, input_dim
 LONG_MODEL='model: {type: mlp, hidden: [1024, 1024]}'
 LONG_OPT='optimizer: {type: sgd, lr: 0.01, momentum: 0.9}'
 
+# Elastic jobs: helpers about job $JOB.
+# inc_field K FILTER: incarnation K (1-based) of the job, through a jq filter
+inc_field() { api GET "/api/v1/jobs/$JOB" | jq -r --argjson k "$1" ".incarnations[\$k - 1] | $2"; }
+# ckpt_after STEP: a checkpoint past STEP is indexed
+ckpt_after() { api GET "/api/v1/jobs/$JOB/checkpoints" | jq -e --argjson s "$1" 'any(.checkpoints[]; .step > $s)'; }
+# iso_epoch TIME: an API time (2026-01-02T03:04:05.678Z) as epoch seconds, ms precision
+iso_epoch() { echo "$1" | jq -R '(.[0:19] + "Z" | fromdateiso8601) + (.[20:23] | tonumber) / 1000'; }
+# step_time STEP: when the loss of STEP was reported (epoch seconds, ms precision), or fail
+step_time() {
+    api GET "/api/v1/jobs/$JOB/metrics?name=loss" | jq -e --argjson s "$1" '
+        first(.metrics[] | select(.step == $s) | .time
+              | (.[0:19] + "Z" | fromdateiso8601) + (.[20:23] | tonumber) / 1000)'
+}
+# step_after STEP T0: STEP was reported after T0 (epoch seconds)
+step_after() { ts=$(step_time "$1") && [ "$(echo "$ts > $2" | bc -l)" -eq 1 ]; }
+# secs A B: B - A in seconds, two decimals
+secs() { echo "$2 - $1" | bc -l | awk '{ printf "%.2f", $1 }'; }
+
 finish() {
     if [ "$fails" -eq 0 ]; then echo "all passed"; exit 0; fi
     echo "$fails failed"; exit 1
