@@ -12,28 +12,8 @@
 # start steps, "worker lost: W at step N; resized 3 -> 2".
 # Exit 77 (skip) without Open MPI's mpirun.
 . "$(dirname "$0")/lib/control.sh"
-MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
-[ -n "$MPIRUN" ] || { echo "SKIP: mpirun (Open MPI) is not installed"; exit 77; }
-[ -x "$BIN/mge-launch" ] || { echo "SKIP: $BIN/mge-launch not built"; exit 77; }
-
-WORKER_TIMEOUT=3
-start_coord
-start_worker wa
-start_worker wb
-start_worker wc
-
 STEPS=${ELASTIC_STEPS:-600}
-cat >"$T/elastic.yaml" <<Y
-name: elastic
-$LONG_MODEL
-$LONG_DATA
-resources: {workers: {min: 2, max: 3}, cpus: 1}
-train: {steps: $STEPS, batch_size: 128, $LONG_OPT, checkpoint_every: 20}
-Y
-JOB=$("$BIN/mgectl" submit "$T/elastic.yaml" -o json | jq -r .id)
-check "the {min: 2, max: 3} job starts with 3 workers" wait_until 30 sh -c "
-    curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
-    jq -e '.state == \"running\" and (.placement | length) == 3' >/dev/null"
+elastic_start elastic "$STEPS" 20
 
 # lose K I: kill -9 the worker of rank I of incarnation K (3 ranks; -1: the last rank), which
 # must go on as K + 1 with the others; the killed worker is started again, and the job grows

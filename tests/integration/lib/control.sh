@@ -150,6 +150,31 @@ LONG_DATA='data: {format: synthetic, train_size: 4096, test_size: 512, input_dim
 LONG_MODEL='model: {type: mlp, hidden: [1024, 1024]}'
 LONG_OPT='optimizer: {type: sgd, lr: 0.01, momentum: 0.9}'
 
+# elastic_start NAME STEPS CHECKPOINT_EVERY: skip (77) without Open MPI; a coordinator with a
+# 3 s worker timeout, workers wa, wb, wc, and a {min: 2, max: 3} job of the LONG_* MLP (its
+# id in $JOB), checked to start on all three
+elastic_start() {
+    MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
+    [ -n "$MPIRUN" ] || { echo "SKIP: mpirun (Open MPI) is not installed"; exit 77; }
+    [ -x "$BIN/mge-launch" ] || { echo "SKIP: $BIN/mge-launch not built"; exit 77; }
+    WORKER_TIMEOUT=3
+    start_coord
+    start_worker wa
+    start_worker wb
+    start_worker wc
+    cat >"$T/$1.yaml" <<Y
+name: $1
+$LONG_MODEL
+$LONG_DATA
+resources: {workers: {min: 2, max: 3}, cpus: 1}
+train: {steps: $2, batch_size: 128, $LONG_OPT, checkpoint_every: $3}
+Y
+    JOB=$("$BIN/mgectl" submit "$T/$1.yaml" -o json | jq -r .id)
+    check "the {min: 2, max: 3} job starts with 3 workers" wait_until 30 sh -c "
+        curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
+        jq -e '.state == \"running\" and (.placement | length) == 3' >/dev/null"
+}
+
 # Elastic jobs: helpers about job $JOB.
 # inc_field K FILTER: incarnation K (1-based) of the job, through a jq filter
 inc_field() { api GET "/api/v1/jobs/$JOB" | jq -r --argjson k "$1" ".incarnations[\$k - 1] | $2"; }
