@@ -124,6 +124,8 @@ static void reports_from_pb(Mge__RankReport **in, size_t n, struct mge_rank_repo
         out[i].term_signal = in[i]->term_signal;
         out[i].failure = in[i]->failure;
         out[i].worker_fault = in[i]->worker_fault;
+        out[i].stopped = in[i]->stopped;
+        out[i].cpu_ms = in[i]->cpu_ms;
     }
 }
 

@@ -67,6 +67,9 @@ struct resv {
     bool failing;                 /* a rank of this gang ended badly: the rest are torn down */
     char fail_reason[256];        /* why, when failing */
     struct progress prog;         /* rank 0: the attempt's step progress (the watchdog) */
+    bool stopped;                 /* the worker's last report: a process of it is stopped */
+    int64_t cpu_ms;               /* ... the CPU time of its process group (0: unknown) */
+    int64_t cpu_mark;             /* @cpu_ms when the attempt last made progress */
     int64_t placed;               /* scheduler ms of the placement (or of the restart) */
     int64_t ended_at;             /* scheduler ms the attempt was decided, 0 before */
     int grow_to;                  /* rank 0: grow to this many ranks at the next checkpoint,
@@ -460,6 +463,11 @@ static void progress_note(struct mge_sched *s, struct resv *r, int64_t step, int
     p->step = step;
     p->last_line_ms = line_ms;
     p->since = now_ms(s);
+    for (int k = 0; k < r->world; k++) {
+        struct resv *o = resv_find(s, r->job_id, r->attempt, k);
+        if (o)
+            o->cpu_mark = o->cpu_ms;
+    }
 }
 
 static int cmp_i64(const void *a, const void *b)
@@ -483,13 +491,50 @@ static int64_t progress_allowance(const struct mge_sched *s, const struct progre
 }
 
 /*
+ * Which rank of hung attempt @r0 (its rank 0) hangs, from what the workers said of the ranks'
+ * process groups since the attempt last made progress: one that is stopped, or one that used
+ * (almost) no CPU while a peer burned at least a quarter of a core (ranks waiting in a
+ * collective spin). Its rank, and how into @how; -1 when no rank stands out. Lock held.
+ */
+static int hung_rank(struct mge_sched *s, const struct resv *r0, int64_t idle, char *how,
+                     size_t how_len)
+{
+    int least = -1;
+    int64_t least_used = INT64_MAX, most_used = 0;
+    for (int k = 0; k < r0->world; k++) {
+        const struct resv *o = resv_find(s, r0->job_id, r0->attempt, k);
+        int64_t used;
+        if (!o || o->exited)
+            return -1;
+        if (o->stopped) {
+            snprintf(how, how_len, "stopped");
+            return k;
+        }
+        if (o->cpu_ms <= 0)
+            return -1; /* not reported (an older worker): nothing to compare */
+        used = o->cpu_ms - o->cpu_mark;
+        if (used < least_used) {
+            least_used = used;
+            least = k;
+        }
+        if (used > most_used)
+            most_used = used;
+    }
+    if (r0->world < 2 || most_used < idle / 4 || least_used * 10 > most_used)
+        return -1;
+    snprintf(how, how_len, "idle: %.1f s of CPU while a peer used %.1f s",
+             (double)least_used / 1000.0, (double)most_used / 1000.0);
+    return least;
+}
+
+/*
  * The watchdog found elastic attempt @r0 (its rank 0) hung (@reason): end its ranks and queue
  * the job again at once (a re-form, not charged to its restarts). The silent member, when
- * known (its worker's heartbeats stopped more than half a worker timeout ago, before it is
- * lost), is left out of the next incarnation (worker_avoided) while enough others remain.
- * Lock held.
+ * known, is left out of the next incarnation (worker_avoided) while enough others remain: the
+ * worker whose heartbeats stopped more than half a worker timeout ago (before it is lost),
+ * else the worker of @hung, the rank hung_rank named (-1: none). Lock held.
  */
-static void watchdog_reform(struct mge_sched *s, struct resv *r0, const char *reason)
+static void watchdog_reform(struct mge_sched *s, struct resv *r0, int hung, const char *reason)
 {
     int64_t now = now_ms(s), worst = s->opts.worker_timeout_ms / 2;
     int silent = -1;
@@ -500,6 +545,10 @@ static void watchdog_reform(struct mge_sched *s, struct resv *r0, const char *re
             worst = now - s->w[o->widx].last_seen;
             silent = o->widx;
         }
+    }
+    if (silent < 0 && hung >= 0) {
+        const struct resv *o = resv_find(s, r0->job_id, r0->attempt, hung);
+        silent = o ? o->widx : -1;
     }
     if (mge_store_job_requeue(s->st, r0->job_id, r0->attempt, reason, false, &requeued) != MGE_OK)
         return; /* the next check tries again */
@@ -514,24 +563,30 @@ static void watchdog_reform(struct mge_sched *s, struct resv *r0, const char *re
 }
 
 /*
- * Attempt @r0 (its rank 0) made no progress for @idle ms: fail the job with a reason that
- * names the last step and the silent rank. Only rank 0 (the lead) prints steps, and in a gang
- * its worker runs mpirun, whose output carries the lead's lines alone: when a gang stalls, the
- * coordinator cannot tell which rank hangs, and the reason says so. Lock held.
+ * Attempt @r0 (its rank 0) made no progress for @idle ms: fail the job (re-form an elastic
+ * one) with a reason that names the last step and the rank that hangs. Only rank 0 (the lead)
+ * prints steps; which rank of a gang hangs comes from its workers' reports of the ranks'
+ * process groups (hung_rank). When none stands out the reason names every member and says
+ * that the hung rank is not known. Lock held.
  */
 static void watchdog_fire(struct mge_sched *s, struct resv *r0, int64_t idle)
 {
     struct mge_job_row row;
-    char since[48], who[320], reason[512];
-    int off = 0;
+    char since[48], who[320], how[96], reason[512];
+    int off = 0, hung = hung_rank(s, r0, idle, how, sizeof(how));
     bool changed = false;
     if (r0->prog.step >= 0)
         snprintf(since, sizeof(since), "step %lld", (long long)r0->prog.step);
     else
         snprintf(since, sizeof(since), "the start");
     if (r0->world <= 1) {
-        snprintf(who, sizeof(who), "rank 0 on %s silent",
-                 r0->widx >= 0 ? s->w[r0->widx].name : "a lost worker");
+        snprintf(who, sizeof(who), "rank 0 on %s %s",
+                 r0->widx >= 0 ? s->w[r0->widx].name : "a lost worker",
+                 hung == 0 ? how : "silent");
+    } else if (hung >= 0) {
+        const struct resv *o = resv_find(s, r0->job_id, r0->attempt, hung);
+        snprintf(who, sizeof(who), "rank %d on %s %s", hung,
+                 o && o->widx >= 0 ? s->w[o->widx].name : "a lost worker", how);
     } else {
         off = snprintf(who, sizeof(who), "ranks 0-%d on", r0->world - 1);
         for (int k = 0; k < r0->world && off > 0 && (size_t)off < sizeof(who); k++) {
@@ -546,7 +601,7 @@ static void watchdog_fire(struct mge_sched *s, struct resv *r0, int64_t idle)
     snprintf(reason, sizeof(reason), "no progress for %lld s since %s (%s)",
              (long long)(idle / 1000), since, who);
     if (mge_store_job_row(s->st, r0->job_id, &row) == MGE_OK && row.workers_min < row.workers_max) {
-        watchdog_reform(s, r0, reason);
+        watchdog_reform(s, r0, hung, reason);
         return;
     }
     if (mge_store_job_set_state(s->st, r0->job_id, r0->attempt, MGE_JOB_FAILED, reason,
@@ -1369,6 +1424,10 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
             continue;
         }
         if (rep->running) {
+            if (r->cpu_ms <= 0)
+                r->cpu_mark = rep->cpu_ms; /* the first report: the baseline */
+            r->stopped = rep->stopped;
+            r->cpu_ms = rep->cpu_ms;
             if ((r->finished || r->failing) && now - r->cancel_sent > CANCEL_RESEND_MS) {
                 r->cancel_sent = now;
                 queue_cancel(s, wi, r->job_id, r->attempt);

@@ -19,9 +19,11 @@
  * Watchdog: a running attempt that reports no step progress (rank 0's metric lines) for
  * max(progress timeout, 5 x the median time between its step reports), or no step at all
  * within the startup timeout, is ended: its ranks are cancelled and the job fails with a
- * reason that names the last step and the silent rank(s). An elastic job (workers_min <
- * workers_max) is re-formed instead: requeued, not charged, and without the member whose
- * worker had gone quiet, when one had.
+ * reason that names the last step and the rank that hangs when one stands out (stopped, or
+ * idle while its peers spin: the workers report each rank's session state and CPU time), the
+ * silent ranks otherwise. An elastic job (workers_min < workers_max) is re-formed instead:
+ * requeued, not charged, and without the member whose worker had gone quiet, or else whose
+ * rank hangs, when there is one.
  *
  * A multi-rank attempt (a gang) runs as one mpirun started by rank 0's worker (its Assign
  * names every rank's worker), which starts the other ranks through their workers' launch
@@ -75,6 +77,8 @@ struct mge_rank_report {     /* one rank in a register or heartbeat; strings bor
     int exit_code, term_signal;
     const char *failure;     /* "" or NULL when none */
     bool worker_fault;       /* @failure is the worker's (disk full, cannot spawn): requeue */
+    bool stopped;            /* running: a process of its group is stopped (SIGSTOP) */
+    int64_t cpu_ms;          /* running: CPU time of its process group, ms (0: unknown) */
 };
 
 /* A worker of a multi-rank attempt, as rank 0's worker gets it (worker.proto Peer). */

@@ -1214,8 +1214,8 @@ int mge_store_placement_exit(struct mge_store *st, int64_t job_id, int attempt, 
  *   {"epoch":E,"step":N,"test_accuracy":..,"test_loss":..}              an evaluation
  *   {"summary":true,"steps":..,"final_loss":..,...}                     the end of the run
  * Every number of a step or evaluation line is stored as the metric of that name at step N;
- * an evaluation's "epoch" counts finished epochs, so the step line's (the running epoch)
- * is kept. Lock held, in a transaction.
+ * both lines' "epoch" counts the epochs finished after step N, and the step line's is the one
+ * kept. Lock held, in a transaction.
  */
 static int ingest_metric(struct mge_store *st, const struct mge_store_line *l)
 {

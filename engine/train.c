@@ -759,6 +759,8 @@ static int train_loop(struct trainer *t)
             rc = MGE_RANGE;
             goto out_free;
         }
+        /* epochs completed after this step: the step line that ends an epoch says 1, as the
+         * evaluation line of the same step does (the coordinator keeps one value per step) */
         t->epoch = b->epoch_end ? b->epoch + 1 : b->epoch;
         t->pos = b->epoch_end ? 0 : b->pos_after;
         if (lead && (t->step % le == 0 || t->step == t->total_steps)) {
@@ -768,12 +770,12 @@ static int train_loop(struct trainer *t)
                 printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
                        "\"epoch\":%lld,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
                        "\"comm_hidden_ms\":%.3f,\"comm_wait_ms\":%.3f}\n",
-                       (long long)t->step, t->last_loss, sps, lr, (long long)b->epoch,
+                       (long long)t->step, t->last_loss, sps, lr, (long long)t->epoch,
                        1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.hidden, 1e3 * ds.wait);
             else if (o->json)
                 printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
                        "\"epoch\":%lld}\n",
-                       (long long)t->step, t->last_loss, sps, lr, (long long)b->epoch);
+                       (long long)t->step, t->last_loss, sps, lr, (long long)t->epoch);
             else if (t->step % 100 == 0 || t->step == t->total_steps)
                 printf("step %lld/%lld  loss %.4f  %.0f samples/s\n", (long long)t->step,
                        (long long)t->total_steps, t->last_loss, sps);

@@ -18,6 +18,7 @@
 #include "common/url.h"
 #include "proto/worker.pb-c.h"
 #include "link_frame.h"
+#include "procstat.h"
 #include "ranks.h"
 
 #define HB_MAX_LINES 2000      /* lines per heartbeat; the rest go in the next one */
@@ -103,12 +104,16 @@ static int pack_locked(struct mge_link *l, Mge__ToCoordinator *msg, Mge__Registe
     size_t n_lines = 0, k = 0;
     Mge__RankReport *rr = NULL, **rrp = NULL;
     Mge__Line *ln = NULL, **lnp = NULL;
+    struct mge_session_stat *groups = NULL;
+    size_t *group_of = NULL, n_groups = 0;
     int rc = MGE_OK;
 
     if (rs->n) {
         rr = mge_calloc(rs->n, sizeof(*rr));
         rrp = mge_calloc(rs->n, sizeof(*rrp));
-        if (!rr || !rrp) {
+        groups = mge_calloc(rs->n, sizeof(*groups));
+        group_of = mge_calloc(rs->n, sizeof(*group_of));
+        if (!rr || !rrp || !groups || !group_of) {
             rc = MGE_NOMEM;
             goto out_free;
         }
@@ -125,8 +130,19 @@ static int pack_locked(struct mge_link *l, Mge__ToCoordinator *msg, Mge__Registe
         rr[i].failure = r->failure;
         rr[i].worker_fault = r->worker_fault;
         rr[i].pid = r->pid;
+        if (r->state == MGE_RANK_RUNNING && r->pid > 0 && n_groups < rs->n) {
+            groups[n_groups].sid = r->pid;
+            group_of[n_groups++] = i;
+        }
         rrp[i] = &rr[i];
         n_lines += r->n_lines;
+    }
+    /* the ranks' process groups, for the watchdog: stopped or idle while peers spin */
+    if (n_groups && mge_procstat_sessions(groups, n_groups) == MGE_OK) {
+        for (size_t g = 0; g < n_groups; g++) {
+            rr[group_of[g]].stopped = groups[g].stopped;
+            rr[group_of[g]].cpu_ms = groups[g].cpu_ms;
+        }
     }
     if (hb && n_lines) {
         if (n_lines > HB_MAX_LINES)
@@ -180,6 +196,8 @@ static int pack_locked(struct mge_link *l, Mge__ToCoordinator *msg, Mge__Registe
     }
     mge__to_coordinator__pack(msg, *out);
 out_free:
+    mge_free(groups);
+    mge_free(group_of);
     mge_free(rr);
     mge_free(rrp);
     mge_free(ln);

@@ -210,6 +210,39 @@ async function main() {
     check(cmp.imgs === 0, 'the hostile data path in the spec diff is text');
     await shot('06-compare');
 
+    // ---- a finished one-epoch job opened afterwards: what its page shows ----
+    const epochSpec = `name: e2e-epoch\nmodel: {type: mlp, hidden: [16]}\ndata: {format: synthetic, train_size: 1024, test_size: 256, input_dim: 32, classes: 4}\ntrain: {epochs: 1, batch_size: 32, optimizer: {type: sgd, lr: 0.05}}\n`;
+    const idE = (await api('POST', '/jobs', epochSpec, 'application/yaml')).body.id;
+    await until(`job ${idE} succeeded`, async () => (await jobState(idE)) === 'succeeded', 30000, 250);
+    await page.goto(`${URL_}/#/jobs/${idE}`);
+    await page.waitForSelector('#incarnations tr[data-incarnation="1"]', { timeout: 10000 });
+    await until('the charts of the finished job', () => page.evaluate((id) => window.__mge.jobs[id]?.loads.length > 0, String(idE)), 10000);
+    await sleep(300);
+    const fin = await page.evaluate((id) => {
+        const rows = Object.fromEntries([...document.querySelectorAll('#job-info tr')].map((r) => [r.cells[0].textContent, r.cells[1].textContent]));
+        const items = [...document.querySelectorAll('#timeline li')].map((li) => li.textContent);
+        // the test-accuracy chart: pixels in its series colour (#dc2626) on the canvas
+        const cv = document.querySelector('#chart-test_accuracy canvas');
+        const px = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data;
+        let red = 0;
+        for (let i = 0; i < px.length; i += 4) if (px[i] > 180 && px[i + 1] < 90 && px[i + 2] < 90 && px[i + 3] > 200) red++;
+        // the samples/s axis: its labels, and whether each fits the axis as drawn
+        const u = window.__mge.jobs[id].plots.samples_per_sec;
+        const ax = u.axes[1];
+        const ctx = document.createElement('canvas').getContext('2d');
+        ctx.font = ax.font ? (Array.isArray(ax.font) ? ax.font[0] : ax.font) : '12px system-ui';
+        const labels = (ax._values || []).map(String);
+        const widest = Math.max(0, ...labels.map((l) => ctx.measureText(l).width));
+        return { epoch: rows['latest epoch'], accPoints: window.__mge.jobs[id].loads[0].charts.test_accuracy.points, red, labels, widest, size: ax._size, last: items[items.length - 1] || '', items: items.length, inc: document.querySelector('#incarnations tbody')?.textContent || '' };
+    }, String(idE));
+    check(/^1 @ step 32$/.test(fin.epoch || ''), `a job after one full epoch shows "latest epoch ${fin.epoch}" (1 @ step 32)`);
+    check(fin.accPoints === 1 && fin.red > 20, `a test-accuracy series of ${fin.accPoints} point is drawn (${fin.red} pixels in its colour)`);
+    check(fin.labels.length > 1 && fin.labels.every((l) => !l.includes(',') && l.length <= 6) && fin.widest + 8 <= fin.size,
+        `the samples/s axis labels fit: ${fin.labels.join(' ')} (widest ${fin.widest.toFixed(0)} px in an axis of ${fin.size} px)`);
+    check(/succeeded/.test(fin.last), `the events of a job that ended before the page opened end with its final state ("${fin.last.trim()}", ${fin.items} events)`);
+    check(/^1w1 \(1\)0/.test(fin.inc.trim()), `the incarnations table lists incarnation 1 on w1 from step 0: ${fin.inc.trim().slice(0, 100)}`);
+    await shot('06b-finished-epoch');
+
     // ---- workers page ----
     await page.goto(`${URL_}/#/workers`);
     await page.waitForSelector('tr[data-name="w1"]', { timeout: 10000 });

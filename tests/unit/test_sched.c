@@ -572,7 +572,13 @@ START_TEST(test_sched_watchdog)
 }
 END_TEST
 
-START_TEST(test_sched_watchdog_gang)
+/*
+ * A 2-worker gang at step 7, then 10 s without a step while the workers report their ranks'
+ * sessions: rank 1 @stopped, and CPU time from @cpu_base (0: not reported), rank 0's
+ * @cpu0_per_s and rank 1's @cpu1_per_s ms more each second. The failure reason must be @want.
+ */
+static void gang_hangs(bool stopped, int64_t cpu_base, int64_t cpu0_per_s, int64_t cpu1_per_s,
+                       const char *want)
 {
     char w1[40], w2[40];
     struct mge_rank_report r0, r1;
@@ -581,19 +587,56 @@ START_TEST(test_sched_watchdog_gang)
     int64_t job = gang_placed(w1, w2);
     r0 = running(job, 1, 0);
     r1 = running(job, 1, 1);
+    r0.cpu_ms = r1.cpu_ms = cpu_base;
     l = line(job, 1, 0, 1, 2, "{\"step\":7,\"loss\":1.0}", 1);
     beat_quiet(w1, &r0, 1, &l, 1);
+    beat_quiet(w2, &r1, 1, NULL, 0);
     for (int k = 0; k < 10; k++) {
         g_now += 1000;
+        r0.cpu_ms += cpu0_per_s;
+        r1.cpu_ms += cpu1_per_s;
+        r1.stopped = stopped;
         beat_quiet(w1, &r0, 1, NULL, 0);
         beat_quiet(w2, &r1, 1, NULL, 0);
         mge_sched_tick(g_s);
     }
     ck_assert_int_eq(job_row(job).state, MGE_JOB_FAILED);
     j = job_json(job);
-    ck_assert_str_eq(job_reason(j), "no progress for 10 s since step 7 (ranks 0-1 on w1, w2: "
-                                    "only rank 0 reports steps, so which rank hangs is not known)");
+    ck_assert_str_eq(job_reason(j), want);
     json_decref(j);
+}
+
+START_TEST(test_sched_watchdog_names_stopped_rank)
+{
+    /* SIGSTOP: the group's state says so, whatever the CPU figures */
+    gang_hangs(true, 500, 1000, 0, "no progress for 10 s since step 7 (rank 1 on w2 stopped)");
+}
+END_TEST
+
+START_TEST(test_sched_watchdog_names_idle_rank)
+{
+    /* rank 0 spins in the all-reduce; rank 1 waits on something else (a FIFO) */
+    gang_hangs(false, 500, 990, 10,
+               "no progress for 10 s since step 7 (rank 1 on w2 idle: 0.1 s of CPU while a peer "
+               "used 9.9 s)");
+}
+END_TEST
+
+START_TEST(test_sched_watchdog_no_rank_stands_out)
+{
+    /* both ranks busy (a very slow step, not a hang one rank causes): no rank is blamed */
+    gang_hangs(false, 500, 900, 800,
+               "no progress for 10 s since step 7 (ranks 0-1 on w1, w2: only rank 0 reports steps, "
+               "so which rank hangs is not known)");
+}
+END_TEST
+
+START_TEST(test_sched_watchdog_gang)
+{
+    /* workers that say nothing of their ranks' sessions: no rank can be singled out */
+    gang_hangs(false, 0, 0, 0,
+               "no progress for 10 s since step 7 (ranks 0-1 on w1, w2: only rank 0 reports steps, "
+               "so which rank hangs is not known)");
 }
 END_TEST
 
@@ -1141,6 +1184,35 @@ START_TEST(test_sched_restart_mid_change)
 }
 END_TEST
 
+/* The watchdog re-forms an elastic job without the worker whose rank is stopped, although
+ * that worker still sends heartbeats. */
+START_TEST(test_sched_elastic_watchdog_stopped_rank)
+{
+    char w[3][40];
+    struct mge_rank_report r[3];
+    int64_t job = elastic_placed(w);
+    for (int k = 0; k < 3; k++) {
+        r[k] = running(job, 1, k);
+        r[k].cpu_ms = 100;
+    }
+    for (int t = 0; t < 10; t++) {
+        g_now += 1000;
+        r[0].cpu_ms += 1000;
+        r[2].cpu_ms += 1000;
+        r[1].stopped = true; /* rank 1, on w2 */
+        for (int k = 0; k < 3; k++)
+            beat_quiet(w[k], &r[k], 1, NULL, 0);
+        mge_sched_tick(g_s);
+    }
+    ck_assert_int_eq(job_row(job).attempt, 2);
+    json_t *inc = incarnation(job, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "reason")),
+                     "no progress for 10 s since step 40 (rank 1 on w2 stopped) at step 40");
+    json_decref(inc);
+    reformed_on(w, job, 9, "w1,w3");
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1158,6 +1230,9 @@ static Suite *sched_suite(void)
         {"watchdog", test_sched_watchdog,
          (int)(sizeof(watchdog_cases) / sizeof(watchdog_cases[0]))},
         {"watchdog_gang", test_sched_watchdog_gang, 1},
+        {"watchdog_stopped", test_sched_watchdog_names_stopped_rank, 1},
+        {"watchdog_idle", test_sched_watchdog_names_idle_rank, 1},
+        {"watchdog_busy", test_sched_watchdog_no_rank_stands_out, 1},
         {"gang_killed", test_sched_gang_names_killed_rank, 1},
         {"gang_failed", test_sched_gang_names_failed_rank, 1},
         {"gang_abort", test_sched_gang_names_aborting_rank, 1},
@@ -1168,6 +1243,7 @@ static Suite *sched_suite(void)
         {"elastic_cap", test_sched_elastic_infra_cap, 1},
         {"elastic_drain", test_sched_elastic_drain, 1},
         {"elastic_watchdog", test_sched_elastic_watchdog_reform, 1},
+        {"elastic_watchdog_stopped", test_sched_elastic_watchdog_stopped_rank, 1},
         {"grow", test_sched_grow_at_checkpoint, 1},
         {"grow_queued_first", test_sched_grow_queued_first, 1},
         {"grow_max", test_sched_grow_not_beyond_max, 1},
@@ -1184,4 +1260,7 @@ static Suite *sched_suite(void)
     return s;
 }
 
-int main(void) { return mge_test_run(sched_suite()); }
+int main(void)
+{
+    return mge_test_run(sched_suite());
+}

@@ -1,6 +1,7 @@
 // chart.js: uPlot line charts: one metric over steps, fed live; and several runs overlaid.
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
+import { fmtShort } from './dom.js';
 
 const COLORS = ['#2563eb', '#dc2626', '#16a34a', '#9333ea', '#ea580c', '#0891b2', '#4d7c0f', '#be185d'];
 export const color = (i) => COLORS[i % COLORS.length];
@@ -8,6 +9,16 @@ export const color = (i) => COLORS[i % COLORS.length];
 function size(el) {
     return { width: Math.max(280, el.clientWidth || 600), height: 220 };
 }
+
+// The y axis: short labels (12k, not 12,000 clipped to "2,000"), wide enough for the longest.
+const yAxis = () => ({
+    values: (u, splits) => splits.map(fmtShort),
+    size: (u, values) => 14 + 7 * Math.max(3, ...(values || []).map((v) => String(v).length)),
+});
+
+// Markers where a series is sparse (an evaluation per epoch): a line needs two points, so a
+// one-point series would draw nothing.
+const sparsePoints = (c) => ({ show: (u, si, i0, i1) => i1 - i0 < 64, size: 8, fill: c, stroke: c });
 
 // A live chart of one metric. push(step, value) appends (steps only grow); the chart redraws
 // at most once per animation frame, then calls onDrawn(lastStep).
@@ -22,8 +33,8 @@ export class MetricChart {
             ...size(el),
             title: label,
             scales: { x: { time: false } },
-            axes: [{ label: 'step' }, {}],
-            series: [{ label: 'step' }, { label, stroke: color(colorIdx), width: 1.5, points: { show: false } }],
+            axes: [{ label: 'step' }, yAxis()],
+            series: [{ label: 'step' }, { label, stroke: color(colorIdx), width: 1.5, points: sparsePoints(color(colorIdx)) }],
             legend: { live: true },
             cursor: { drag: { x: true, y: false } },
             hooks: { draw: [() => this.afterDraw()] },
@@ -84,9 +95,9 @@ export function overlayChart(el, title, runs) {
         height: 320,
         title,
         scales: { x: { time: false } },
-        axes: [{ label: 'step' }, {}],
+        axes: [{ label: 'step' }, yAxis()],
         series: [{ label: 'step' }, ...runs.map((r, i) => ({
-            label: r.label, stroke: color(i), width: 1.5, spanGaps: true, points: { show: false },
+            label: r.label, stroke: color(i), width: 1.5, spanGaps: true, points: sparsePoints(color(i)),
         }))],
         cursor: { drag: { x: true, y: false } },
     };

@@ -45,6 +45,17 @@ export function fmtNum(v, digits = 4) {
     return Math.abs(v) >= 1000 ? v.toFixed(0) : v.toPrecision(digits);
 }
 
+// An axis label: at most ~5 characters (12k, 1.5M, 0.25), so labels are never clipped.
+export function fmtShort(v) {
+    if (v === null || v === undefined || !isFinite(v)) return '';
+    const a = Math.abs(v);
+    if (a >= 1e9) return `${+(v / 1e9).toPrecision(3)}G`;
+    if (a >= 1e6) return `${+(v / 1e6).toPrecision(3)}M`;
+    if (a >= 1e4) return `${+(v / 1e3).toPrecision(3)}k`;
+    if (a >= 100 || v === 0) return String(Math.round(v));
+    return String(+v.toPrecision(3));
+}
+
 export function fmtDuration(sec) {
     if (!isFinite(sec) || sec < 0) return '–';
     if (sec < 60) return `${sec.toFixed(0)} s`;

@@ -18,6 +18,7 @@ export function jobPage(main, params, id) {
     const chartBox = h('div.charts');
     const info = h('div#job-info');
     const placement = h('div#placement');
+    const incBox = h('div#incarnations');
     const ckpts = h('div#checkpoints');
     const timeline = h('ol.timeline#timeline');
     const logBox = h('pre.log#log');
@@ -27,7 +28,8 @@ export function jobPage(main, params, id) {
         h('section.card', {}, head, live),
         h('section.card', {}, chartBox),
         h('div.grid2', {},
-            h('section.card', {}, h('h3', {}, 'Details'), info, h('h3', {}, 'Placement'), placement),
+            h('section.card', {}, h('h3', {}, 'Details'), info, h('h3', {}, 'Placement'), placement,
+                h('h3', {}, 'Incarnations'), incBox),
             h('section.card', {}, h('h3', {}, 'Events'), timeline)),
         h('section.card', {}, h('h3', {}, 'Checkpoints'), ckpts),
         h('section.card', {}, h('div.toolbar', {}, h('h3', {}, 'Log tail'), h('label', {}, 'rank ', rankSel)), logBox));
@@ -38,6 +40,7 @@ export function jobPage(main, params, id) {
         charts[name] = new MetricChart(el, label, Object.keys(charts).length, (step) => {
             if (name === 'loss') stats.drawn(id, step);
         });
+        stats.plot(id, name, charts[name].plot);
     }
 
     function renderHead() {
@@ -69,20 +72,50 @@ export function jobPage(main, params, id) {
             h('tbody', {}, (j.placement || []).map((p) => h('tr', {},
                 h('td', {}, String(p.rank)), h('td', {}, p.worker || p.worker_id || '–'),
                 h('td', {}, p.exited ? `exited ${p.signal ? `(signal ${p.signal})` : `(code ${p.exit_code ?? '?'})`}` : 'running'))))));
+        const incs = j.incarnations || [];
+        clear(incBox).append(incs.length ? h('table', {},
+            h('thead', {}, h('tr', {}, ['#', 'workers', 'from step', 'started', 'ended', 'how'].map((t) => h('th', {}, t)))),
+            h('tbody', {}, incs.map((n) => h('tr', { dataset: { incarnation: n.incarnation } },
+                h('td.num', {}, String(n.incarnation)),
+                h('td', {}, `${(n.members || []).join(', ') || '–'} (${n.world})`),
+                h('td.num', {}, fmtNum(n.start_step)), h('td', {}, fmtTime(n.started_at)),
+                h('td', {}, fmtTime(n.ended_at)),
+                h('td', {}, n.ended ? `${n.ended}${n.reason ? `: ${n.reason}` : ''}${n.infra ? ' (not counted)' : ''}` : 'running')))))
+            : h('p.muted', {}, 'Not started yet.'));
         const ranks = Math.max(1, ...(j.placement || []).map((p) => p.rank + 1));
         if (rankSel.options.length !== ranks) {
             clear(rankSel).append(...Array.from({ length: ranks }, (_, r) => h('option', { value: r, selected: r === rank }, String(r))));
         }
     }
 
+    let terminalShown = false;
     function addTimeline(time, text, kind = 'state') {
         timeline.append(h(`li.${kind}`, {}, h('time', {}, fmtTime(time)), ' ', text));
     }
+    function addState(time, state, reason) {
+        if (TERMINAL.has(state)) {
+            if (terminalShown) return; // seeded from the job, then replayed by the stream
+            terminalShown = true;
+        }
+        addTimeline(time, `${state}${reason ? ` – ${reason}` : ''}`);
+    }
 
+    // What happened before the page opened: submission, each incarnation (who ran it, from
+    // which step, how it ended) and, for a finished job, how and when it finished.
     function seedTimeline() {
         clear(timeline);
+        terminalShown = false;
         addTimeline(job.created_at, 'submitted');
-        if (job.started_at) addTimeline(job.started_at, `running${job.attempt > 1 ? ` (attempt ${job.attempt})` : ''}`);
+        const incs = job.incarnations || [];
+        incs.forEach((n, i) => {
+            const prev = incs[i - 1];
+            const how = !prev ? 'running' : prev.world !== n.world ? `re-formed ${prev.world} → ${n.world}` : 're-formed';
+            addTimeline(n.started_at, `${how}: incarnation ${n.incarnation} on ${(n.members || []).join(', ') || '?'}, from step ${n.start_step}`, 'inc');
+            if (n.ended && n.ended_at && (i < incs.length - 1 || !TERMINAL.has(job.state)))
+                addTimeline(n.ended_at, `incarnation ${n.incarnation} ended: ${n.ended}${n.reason ? ` – ${n.reason}` : ''}`, 'inc');
+        });
+        if (!incs.length && job.started_at) addTimeline(job.started_at, `running${job.attempt > 1 ? ` (attempt ${job.attempt})` : ''}`);
+        if (TERMINAL.has(job.state)) addState(job.finished_at, job.state, job.failure_reason);
     }
 
     async function refreshJob() {
@@ -161,7 +194,7 @@ export function jobPage(main, params, id) {
         } else if (kind === 'log') {
             if ((d.rank ?? 0) === rank) appendLog(d);
         } else if (kind === 'state') {
-            addTimeline(d.time, [d.state || JSON.stringify(d), d.reason ? ` – ${d.reason}` : ''].join(''));
+            addState(d.time, d.state || JSON.stringify(d), d.reason);
             refreshJob();
         } else if (kind === 'checkpoint') {
             addTimeline(d.time, `checkpoint ${String(d.text || '').split(' ')[0]}`, 'ckpt');
