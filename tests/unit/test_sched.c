@@ -730,6 +730,24 @@ static void assert_assigned_rank(const char *wid, int64_t job, int attempt, int 
     mge_sched_cmds_fini(&c);
 }
 
+/* Workers w1 .. w@n (2 CPUs each) and a {min: 2, max: 3} job of 2 CPUs a rank, placed on all
+ * of them, which report it running. */
+static int64_t elastic_on(char w[3][40], int n)
+{
+    static const char *const names[] = {"w1", "w2", "w3"};
+    int64_t job;
+    for (int k = 0; k < n; k++)
+        worker_add(names[k], true, w[k]);
+    job = job_add_workers("{min: 2, max: 3}", 2);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    for (int k = 0; k < n; k++) {
+        struct mge_rank_report r = running(job, 1, k);
+        beat_quiet(w[k], &r, 1, NULL, 0);
+    }
+    return job;
+}
+
 /*
  * Workers w1, w2, w3 (2 CPUs each) and a {min: 2, max: 3} job of 2 CPUs a rank, placed on all
  * three, which report it running; rank 0 reports step 40 and a checkpoint at step 30.
@@ -739,17 +757,7 @@ static int64_t elastic_placed(char w[3][40])
     struct mge_rank_report r;
     struct mge_store_line l[2];
     char note[200];
-    int64_t job;
-    worker_add("w1", true, w[0]);
-    worker_add("w2", true, w[1]);
-    worker_add("w3", true, w[2]);
-    job = job_add_workers("{min: 2, max: 3}", 2);
-    mge_sched_tick(g_s);
-    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
-    for (int k = 0; k < 3; k++) {
-        r = running(job, 1, k);
-        beat_quiet(w[k], &r, 1, NULL, 0);
-    }
+    int64_t job = elastic_on(w, 3);
     snprintf(note, sizeof(note),
              "ckpt-000030.mgeckpt 30 100 /w1/job-%lld/attempt-1/rank-0/ckpt-000030.mgeckpt",
              (long long)job);
@@ -992,22 +1000,6 @@ END_TEST
 
 /* ---- growing: a worker joins an elastic job that runs below its max ---- */
 
-/* Workers w1, w2 and a {min: 2, max: 3} job of 2 CPUs a rank, running on both. */
-static int64_t elastic_on_two(char w[3][40])
-{
-    int64_t job;
-    worker_add("w1", true, w[0]);
-    worker_add("w2", true, w[1]);
-    job = job_add_workers("{min: 2, max: 3}", 2);
-    mge_sched_tick(g_s);
-    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
-    for (int k = 0; k < 2; k++) {
-        struct mge_rank_report r = running(job, 1, k);
-        beat_quiet(w[k], &r, 1, NULL, 0);
-    }
-    return job;
-}
-
 /* Rank 0 of @attempt of @job on @wid reports step @step (line @seq) and, when @ckpt, a
  * checkpoint of that step (line @seq + 1). */
 static void step_at(const char *wid, int64_t job, int attempt, int64_t step, uint64_t seq,
@@ -1084,7 +1076,7 @@ START_TEST(test_sched_grow_at_checkpoint)
     char w[3][40];
     struct mge_rank_report r;
     struct mge_sched_cmds c;
-    int64_t job = elastic_on_two(w);
+    int64_t job = elastic_on(w, 2);
     step_at(w[0], job, 1, 20, 1, true);
     g_now += 1000;
     worker_add("w3", true, w[2]);
@@ -1109,7 +1101,7 @@ END_TEST
 START_TEST(test_sched_grow_queued_first)
 {
     char w[3][40];
-    int64_t job = elastic_on_two(w), other = job_add(2, 2);
+    int64_t job = elastic_on(w, 2), other = job_add(2, 2);
     worker_add("w3", true, w[2]);
     mge_sched_tick(g_s);
     assert_at(other, MGE_JOB_QUEUED, 1); /* it needs two free workers, one is */
@@ -1141,7 +1133,7 @@ END_TEST
 START_TEST(test_sched_grow_dropped)
 {
     char w[3][40];
-    int64_t job = elastic_on_two(w), one;
+    int64_t job = elastic_on(w, 2), one;
     worker_add("w3", true, w[2]);
     mge_sched_tick(g_s); /* pending */
     one = job_add_tick(1, 2, MGE_JOB_RUNNING);
@@ -1163,7 +1155,7 @@ START_TEST(test_sched_restart_mid_change)
     char w[3][40];
     struct mge_rank_report r;
     struct mge_sched_cmds c;
-    int64_t job = elastic_on_two(w);
+    int64_t job = elastic_on(w, 2);
     g_now += 1000;
     worker_add("w3", true, w[2]);
     mge_sched_tick(g_s);
