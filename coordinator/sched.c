@@ -41,6 +41,8 @@ struct worker {
     int64_t fault_job;            /* the last attempt a worker fault ended here: job, */
     int fault_attempt;            /* attempt (job_worker_fault, worker_avoided) */
     int64_t joined;               /* scheduler ms of its last registration (0: loaded) */
+    bool seen;                    /* it registered or sent a heartbeat since this scheduler
+                                     started: only then does it get new ranks (worker_takes) */
 };
 
 /* Step progress of an attempt, as rank 0's metric lines tell it (kept on rank 0's resv). */
@@ -168,6 +170,11 @@ static void worker_free(struct mge_sched *s, int wi, int *cpus, int *gpus, int64
 }
 
 static bool worker_usable(const struct worker *w) { return w->state == W_READY; }
+
+/* Whether @w may get new ranks: ready, and heard from since this scheduler started. A restarted
+ * coordinator knows the workers from the store, but one that has not re-registered yet would
+ * report the ranks placed on it meanwhile as not running, and they would be taken for lost. */
+static bool worker_takes(const struct worker *w) { return worker_usable(w) && w->seen; }
 
 /* Could worker @w hold one rank of @j, counting its slots @cpus/@gpus/@mem? */
 static bool fits(const struct worker *w, const struct mge_job_row *j, int cpus, int gpus,
@@ -662,7 +669,7 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
     for (size_t i = 0; i < s->n_w && n < want; i++) {
         int cpus, gpus;
         int64_t mem;
-        if (!worker_usable(&s->w[i]) || worker_avoided(s, (int)i, j))
+        if (!worker_takes(&s->w[i]) || worker_avoided(s, (int)i, j))
             continue;
         /* a gang's ranks are started through the workers' launch sockets */
         if (want > 1 && !s->w[i].launch_url[0])
@@ -746,7 +753,7 @@ static int grow_plan(struct mge_sched *s, const struct resv *r0, char *why, size
         int cpus, gpus;
         int64_t mem;
         bool member = false;
-        if (!worker_usable(&s->w[i]) || !s->w[i].launch_url[0] || worker_avoided(s, (int)i, &row))
+        if (!worker_takes(&s->w[i]) || !s->w[i].launch_url[0] || worker_avoided(s, (int)i, &row))
             continue;
         for (size_t k = 0; k < s->n_r && !member; k++)
             member = s->r[k].job_id == r0->job_id && s->r[k].attempt == r0->attempt &&
@@ -1139,6 +1146,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
         w->joined = now_ms(s); /* not when it reconnects after a restart (grow_plan's wording) */
     if (w->state == W_LOST)
         w->state = W_READY;
+    w->seen = true;
     w->last_seen = now_ms(s);
     w->last_seen_wall = row.registered_ms;
     /* A fresh worker process: ranks we placed there that it does not report are gone. */
@@ -1402,6 +1410,7 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
         goto out_unlock;
     }
     w->last_seen = now;
+    w->seen = true;
     w->last_seen_wall = mge_now_ms();
     progress_from_lines(s, wi, lines, n_lines);
     grow_at_checkpoint(s, wi, lines, n_lines);

@@ -1205,6 +1205,24 @@ START_TEST(test_sched_elastic_watchdog_stopped_rank)
 }
 END_TEST
 
+/* A restarted scheduler places nothing on a worker it has not heard from since (it would take
+ * the ranks for lost when the worker registers again without them). */
+START_TEST(test_sched_restart_unseen_worker)
+{
+    char w1[40], w2[40];
+    int64_t job;
+    worker_add("w1", false, w1);
+    worker_add("w2", false, w2);
+    mge_sched_free(g_s);
+    sched_start();
+    job = job_add_tick(1, 2, MGE_JOB_QUEUED);
+    beat_quiet(w2, NULL, 0, NULL, 0);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1);
+    assert_assigned(w2, job, 1, NULL);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1241,6 +1259,7 @@ static Suite *sched_suite(void)
         {"grow_max", test_sched_grow_not_beyond_max, 1},
         {"grow_dropped", test_sched_grow_dropped, 1},
         {"restart_mid_change", test_sched_restart_mid_change, 1},
+        {"restart_unseen", test_sched_restart_unseen_worker, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);
