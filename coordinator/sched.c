@@ -174,7 +174,10 @@ static bool worker_usable(const struct worker *w) { return w->state == W_READY; 
 /* Whether @w may get new ranks: ready, and heard from since this scheduler started. A restarted
  * coordinator knows the workers from the store, but one that has not re-registered yet would
  * report the ranks placed on it meanwhile as not running, and they would be taken for lost. */
-static bool worker_takes(const struct worker *w) { return worker_usable(w) && w->seen; }
+static bool worker_takes(const struct worker *w)
+{
+    return worker_usable(w) && w->seen;
+}
 
 /* Could worker @w hold one rank of @j, counting its slots @cpus/@gpus/@mem? */
 static bool fits(const struct worker *w, const struct mge_job_row *j, int cpus, int gpus,
