@@ -142,14 +142,14 @@ $(BIN)/mge-train $(BIN)/mge-infer:
 BINARIES := $(BIN)/mge-train $(BIN)/mge-infer
 
 ifneq ($(COORD_SRC),)
-$(BIN)/mge-coordinator: $(call obj,$(COORD_SRC)) $(LIB_PROTO) $(LIB_COMMON)
+$(BIN)/mge-coordinator: $(call obj,$(COORD_SRC) engine/ckpt.c) $(LIB_PROTO) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_DAEMON) $(LIBS_PROTO) $(LIBS_COMMON)
 BINARIES += $(BIN)/mge-coordinator
 endif
 ifneq ($(WORKER_SRC),)
-$(BIN)/mge-worker: $(call obj,$(WORKER_SRC)) $(LIB_PROTO) $(LIB_COMMON)
+$(BIN)/mge-worker: $(call obj,$(WORKER_SRC) engine/ckpt.c) $(LIB_PROTO) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_DAEMON) $(LIBS_PROTO) $(LIBS_COMMON)
@@ -221,7 +221,8 @@ $(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(LIB_CUDA) $(ENGIN
 # tests of the coordinator's modules (store, scheduler) link them from one library, without main.c
 LIB_COORD := $(BUILD)/lib/libmgecoord.a
 $(LIB_COORD): $(call obj,$(filter-out coordinator/main.c,$(COORD_SRC)))
-COORD_TESTS := $(BUILD)/tests/test_sched $(BUILD)/tests/test_store $(BUILD)/tests/test_ckpt_path
+COORD_TESTS := $(BUILD)/tests/test_sched $(BUILD)/tests/test_store $(BUILD)/tests/test_ckpt_path \
+               $(BUILD)/tests/test_ckpt_store
 $(COORD_TESTS): $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) \
     $(LIB_COORD) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)

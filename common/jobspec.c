@@ -540,6 +540,7 @@ static const struct keydef train_keys[] = {
     {"lr_schedule", sched_keys},
     {"seed", NULL},
     {"checkpoint_every", NULL},
+    {"checkpoint_every_sec", NULL},
     {"log_every", NULL},
     {"eval", NULL},
     {NULL, NULL},
@@ -550,7 +551,11 @@ static const struct keydef resources_keys[] = {
     {"gpus", NULL},   {"memory_mb", NULL},       {NULL, NULL},
 };
 static const struct keydef memory_keys[] = {{"sublinear", NULL}, {"budget_mb", NULL}, {NULL, NULL}};
-static const struct keydef dist_keys[] = {{"backend", NULL}, {"pack_mb", NULL}, {NULL, NULL}};
+static const struct keydef dist_keys[] = {{"backend", NULL},
+                                          {"pack_mb", NULL},
+                                          {"deterministic", NULL},
+                                          {"micro_shards", NULL},
+                                          {NULL, NULL}};
 static const struct keydef root_keys[] = {
     {"name", NULL},
     {"model", model_keys},
@@ -1416,6 +1421,9 @@ static int check_train(struct ctx *c, const struct sect *root, struct mge_train_
     t->seed = (uint64_t)seed_v;
     if ((rc = get_int(c, &s, "checkpoint_every", 0, INT64_MAX, &zero, &t->checkpoint_every, NULL)))
         return rc;
+    if ((rc = get_int(c, &s, "checkpoint_every_sec", 0, 31536000, &zero, &t->checkpoint_every_sec,
+                      NULL)))
+        return rc;
     if ((rc = get_int(c, &s, "log_every", 1, INT64_MAX, &one, &t->log_every, NULL)))
         return rc;
     if ((rc = get_bool(c, &s, "eval", true, &t->eval_every_epoch)))
@@ -1497,6 +1505,36 @@ static int check_memory(struct ctx *c, const struct sect *root, struct mge_memor
     return MGE_OK;
 }
 
+/*
+ * distributed.deterministic and distributed.micro_shards: every rank takes whole micro-shards,
+ * so S must be at least the most ranks the job can have and at most the global batch.
+ */
+static int check_micro_shards(struct ctx *c, const struct sect *s, struct mge_jobspec *spec)
+{
+    struct mge_dist_spec *d = &spec->distributed;
+    int wmax = spec->resources.workers_max, batch = spec->train.batch_size;
+    int def = 12 * ((wmax + 11) / 12);
+    bool given;
+    char what[160];
+    int rc;
+
+    if ((rc = get_bool(c, s, "deterministic", false, &d->deterministic)))
+        return rc;
+    def = def < batch ? def : batch;
+    if ((rc = get_int32(c, s, "micro_shards", 1, 1 << 20, &def, &d->micro_shards, &given)))
+        return rc;
+    /* the default lies in range unless batch_size < workers, which validate() reports */
+    if (given && (d->micro_shards < wmax || d->micro_shards > batch)) {
+        strfmt(what, sizeof(what),
+               "an integer between resources.workers max (%d) and train.batch_size (%d): every "
+               "rank takes whole micro-shards of the global batch",
+               wmax, batch);
+        return fail_expected(c, sect_get(s, "micro_shards", NULL), "distributed.micro_shards",
+                             what);
+    }
+    return MGE_OK;
+}
+
 static int check_distributed(struct ctx *c, const struct sect *root, struct mge_jobspec *spec)
 {
     int rc;
@@ -1511,6 +1549,8 @@ static int check_distributed(struct ctx *c, const struct sect *root, struct mge_
         return rc;
     d->backend = (enum mge_backend)backend;
     if ((rc = get_num(c, &s, "pack_mb", 0, OPEN, 4096, CLOSED, &pack, &d->pack_mb, NULL)))
+        return rc;
+    if ((rc = check_micro_shards(c, &s, spec)))
         return rc;
     if (d->backend == MGE_BACKEND_NCCL && spec->resources.device != MGE_DEVICE_GPU)
         return fail_expected(c, sect_get(&s, "backend", NULL), "distributed.backend",
@@ -1942,6 +1982,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, train, "lr_schedule", sched);
     jset(&b, train, "seed", json_integer((json_int_t)spec->train.seed));
     jset(&b, train, "checkpoint_every", json_integer(spec->train.checkpoint_every));
+    jset(&b, train, "checkpoint_every_sec", json_integer(spec->train.checkpoint_every_sec));
     jset(&b, train, "log_every", json_integer(spec->train.log_every));
     jset(&b, train, "eval", json_boolean(spec->train.eval_every_epoch));
     jset(&b, root, "train", train);
@@ -1983,6 +2024,8 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
                          ? backend_names[spec->distributed.backend]
                          : "unknown"));
     jset(&b, dist, "pack_mb", json_real(spec->distributed.pack_mb));
+    jset(&b, dist, "deterministic", json_boolean(spec->distributed.deterministic));
+    jset(&b, dist, "micro_shards", json_integer(spec->distributed.micro_shards));
     jset(&b, root, "distributed", dist);
     jset(&b, root, "priority", json_integer(spec->priority));
 

@@ -83,6 +83,7 @@ struct mge_train_spec {
     struct mge_sched_spec sched;   /* train.lr_schedule (default constant) */
     uint64_t seed;                 /* train.seed (default 42) */
     int64_t checkpoint_every;      /* train.checkpoint_every: steps; 0 = only at the end */
+    int64_t checkpoint_every_sec;  /* train.checkpoint_every_sec: seconds; 0 = off */
     int64_t log_every;             /* train.log_every: steps between metric lines (default 1) */
     int eval_every_epoch;          /* train.eval: evaluate each epoch (default 1) */
 };
@@ -103,6 +104,10 @@ struct mge_memory_spec {
 struct mge_dist_spec {
     enum mge_backend backend;      /* distributed.backend: auto | local | mpi | nccl */
     double pack_mb;                /* distributed.pack_mb (default 10) */
+    int deterministic;             /* distributed.deterministic: bool (default false) */
+    int micro_shards;              /* distributed.micro_shards: S fixed slices of each global
+                                    * batch (used when deterministic; default 12, rounded up to a
+                                    * multiple of 12 >= workers.max, at most train.batch_size) */
 };
 
 struct mge_jobspec {

@@ -10,16 +10,25 @@
 
 #define CKPT_PATH_MAX 4096
 
-/* "ckpt-<digits>.mgeckpt" and nothing else. */
-static bool name_ok(const char *name)
+bool mge_ckpt_name_ok(const char *name, int64_t *step)
 {
     const char *p = name;
     size_t digits = 0;
+    int64_t v = 0;
     if (strncmp(p, "ckpt-", 5) != 0)
         return false;
-    for (p += 5; *p >= '0' && *p <= '9'; p++)
+    for (p += 5; *p >= '0' && *p <= '9'; p++) {
         digits++;
+        v = digits <= 18 ? v * 10 + (*p - '0') : v;
+    }
+    if (step)
+        *step = v;
     return digits > 0 && digits <= 18 && !strcmp(p, ".mgeckpt");
+}
+
+static bool name_ok(const char *name)
+{
+    return mge_ckpt_name_ok(name, NULL);
 }
 
 /* @s is "<prefix><decimal>" with no sign or leading zero (unless "0"); its value into @v. */

@@ -15,6 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Whether @name is "ckpt-<1 to 18 digits>.mgeckpt"; the number into *@step (if not NULL). */
+bool mge_ckpt_name_ok(const char *name, int64_t *step);
+
 /*
  * Whether @path may be stored as checkpoint @name of job @job_id, reported for @attempt and
  * @rank: @name is "ckpt-<digits>.mgeckpt", @path is absolute, has no "." or ".." component

@@ -226,6 +226,7 @@ int main(int argc, char **argv)
     char *join = NULL, host[128] = "127.0.0.1";
     struct mge_sched_opts so = {0};
     struct mge_rpc_opts ro = {0};
+    char ckpt_dir[4200], *state_abs = NULL;
     struct mge_http_opts ho = {0};
     sigset_t sigs;
     int sig, port = 8080, rc, exit_code = 1;
@@ -311,6 +312,19 @@ int main(int argc, char **argv)
     ro.listen_url = c.worker_listen ? c.worker_listen : "tcp://127.0.0.1:7070";
     ro.join_token = join;
     ro.heartbeat_ms = c.heartbeat_ms;
+    /* the checkpoint store: absolute, since its copies are served as checkpoint paths */
+    state_abs = realpath(c.state_dir, NULL);
+    if (state_abs &&
+        (size_t)snprintf(ckpt_dir, sizeof(ckpt_dir), "%s/checkpoints", state_abs) <
+            sizeof(ckpt_dir) &&
+        (mkdir(ckpt_dir, 0700) == 0 || errno == EEXIST))
+        ro.ckpt_dir = ckpt_dir;
+    else
+        fprintf(stderr,
+                "mge-coordinator: no checkpoint store under '%s' (%s): checkpoints are "
+                "not replicated\n",
+                c.state_dir, strerror(errno));
+    free(state_abs);
     rc = mge_rpc_new(&ro, st, &rpc);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-coordinator: cannot listen for workers on %s\n", ro.listen_url);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ckpt_store.h"
 #include "common/alloc.h"
 #include "common/crypto.h"
 #include "common/err.h"
@@ -32,6 +33,7 @@ struct rpc_session {
     uint64_t last_counter;         /* highest counter accepted; a frame must exceed it */
     uint8_t seen[RPC_SEEN_NONCES][MGE_NONCE_LEN]; /* client nonces of this name's Registers */
     unsigned n_seen;               /* Registers seen, the last RPC_SEEN_NONCES kept in seen */
+    struct mge_ckpt_upload up;     /* the worker's checkpoint upload in progress */
 };
 
 struct mge_rpc {
@@ -44,6 +46,8 @@ struct mge_rpc {
     char listen_url[256];         /* with the port actually bound */
     const char *join_token;
     int heartbeat_ms;
+    const char *ckpt_dir; /* the checkpoint store (absolute), NULL for none */
+    uint8_t *fetch_buf;   /* [rpc thread] MGE_CKPT_CHUNK_MAX bytes for fetch replies */
     pthread_t thread;
     bool started;
     atomic_bool stop;
@@ -72,6 +76,7 @@ int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mg
     r->st = st;
     r->join_token = opts->join_token;
     r->heartbeat_ms = opts->heartbeat_ms > 0 ? opts->heartbeat_ms : 1000;
+    r->ckpt_dir = opts->ckpt_dir;
     if ((rv = nng_rep0_open(&r->rep)) != 0) {
         rc = err_from_nng(rv, "cannot open rep socket", opts->listen_url);
         goto err_free;
@@ -223,8 +228,79 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
     return rc;
 }
 
-static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **reply, size_t *len)
+static bool refusal_logged(struct mge_rpc *r);
+
+/* Heartbeat.upload: the chunk goes into the checkpoint store; the answer into @ack. */
+static void ckpt_upload(struct mge_rpc *r, struct rpc_session *se, const Mge__CkptChunk *c,
+                        Mge__CkptAck *ack, char *why, size_t why_len)
 {
+    struct mge_ckpt_chunk ch = {.job_id = c->job_id,
+                                .attempt = c->attempt,
+                                .name = c->name,
+                                .offset = c->offset,
+                                .size = c->size,
+                                .data = c->data.data,
+                                .len = c->data.len};
+    uint64_t next = 0;
+    bool committed = false;
+    int rc = MGE_UNSUPPORTED;
+    mge__ckpt_ack__init(ack);
+    ack->job_id = c->job_id;
+    ack->attempt = c->attempt;
+    ack->name = c->name;
+    if (!r->ckpt_dir)
+        snprintf(why, why_len, "this coordinator keeps no checkpoint store");
+    else
+        rc = mge_ckpt_upload_chunk(&se->up, r->st, r->ckpt_dir, se->worker_id, &ch, &next,
+                                   &committed, why, why_len);
+    if (rc != MGE_OK) {
+        if (refusal_logged(r))
+            mge_log_warn("worker '%s' (%s): checkpoint upload refused: %s", se->name, se->worker_id,
+                         why);
+        ack->error = why;
+        return;
+    }
+    ack->offset = next;
+    ack->committed = committed;
+}
+
+/* Heartbeat.fetch: a piece of a committed copy into @d (its data in r->fetch_buf). */
+static void ckpt_fetch(struct mge_rpc *r, struct rpc_session *se, const Mge__CkptFetch *f,
+                       Mge__CkptData *d, char *why, size_t why_len)
+{
+    size_t n = 0;
+    uint64_t size = 0;
+    int rc = MGE_NOMEM;
+    mge__ckpt_data__init(d);
+    d->job_id = f->job_id;
+    d->attempt = f->attempt;
+    d->name = f->name;
+    d->offset = f->offset;
+    if (!r->fetch_buf)
+        r->fetch_buf = mge_malloc(MGE_CKPT_CHUNK_MAX);
+    if (!r->fetch_buf)
+        snprintf(why, why_len, "out of memory");
+    else
+        rc = mge_ckpt_fetch_chunk(r->st, se->worker_id, f->job_id, f->attempt, f->name, f->offset,
+                                  r->fetch_buf, &n, &size, why, why_len);
+    if (rc != MGE_OK) {
+        if (refusal_logged(r))
+            mge_log_warn("worker '%s' (%s): checkpoint fetch refused: %s", se->name, se->worker_id,
+                         why);
+        d->error = why;
+        return;
+    }
+    d->size = size;
+    d->data.data = r->fetch_buf;
+    d->data.len = n;
+}
+
+static int handle_heartbeat(struct mge_rpc *r, struct rpc_session *se, Mge__Heartbeat *hb,
+                            uint8_t **reply, size_t *len)
+{
+    Mge__CkptAck up_ack;
+    Mge__CkptData fetched;
+    char up_why[512], fetch_why[512];
     Mge__ToWorker tw = MGE__TO_WORKER__INIT;
     struct mge_store_line *lines = NULL;
     struct mge_rank_report *reps = NULL;
@@ -346,6 +422,8 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
             as[i].world_size = cmds.assign[i].world;
             as[i].spec_yaml = cmds.assign[i].spec_yaml;
             as[i].resume = cmds.assign[i].resume ? cmds.assign[i].resume : (char *)"";
+            as[i].resume_copy =
+                cmds.assign[i].resume_copy ? cmds.assign[i].resume_copy : (char *)"";
             as[i].launch_token = cmds.assign[i].launch_token;
             as[i].peers = cmds.assign[i].n_peers ? pep + n_pe : NULL;
             as[i].n_peers = cmds.assign[i].n_peers;
@@ -371,6 +449,14 @@ static int handle_heartbeat(struct mge_rpc *r, Mge__Heartbeat *hb, uint8_t **rep
     tw.acks = akp;
     tw.heartbeat_ms = r->heartbeat_ms;
     tw.notify_url = r->notify_url; /* changes when the coordinator restarts */
+    if (hb->upload) {
+        ckpt_upload(r, se, hb->upload, &up_ack, up_why, sizeof(up_why));
+        tw.upload_ack = &up_ack;
+    }
+    if (hb->fetch) {
+        ckpt_fetch(r, se, hb->fetch, &fetched, fetch_why, sizeof(fetch_why));
+        tw.fetched = &fetched;
+    }
     rc = pack_reply(&tw, reply, len);
     /* NEEDSWORK: if this reply is lost, the commands in it are re-derived: assigns by the
      * missing-rank check, cancels by the resend of cancels to finished ranks. */
@@ -592,7 +678,7 @@ static int frame_session(struct mge_rpc *r, const Mge__LinkFrame *f, uint8_t **r
         strcmp(m->heartbeat->worker_id, se->worker_id) != 0)
         rc = reply_error("malformed frame", false, &body, &body_len);
     else
-        rc = handle_heartbeat(r, m->heartbeat, &body, &body_len);
+        rc = handle_heartbeat(r, se, m->heartbeat, &body, &body_len);
     if (m)
         mge__to_coordinator__free_unpacked(m, NULL);
     if (rc != MGE_OK) {
@@ -704,6 +790,9 @@ void mge_rpc_free(struct mge_rpc *r)
     nng_close(r->rep);
     if (r->pub_open)
         nng_close(r->pub);
+    for (size_t i = 0; i < r->n_sess; i++)
+        mge_ckpt_upload_fini(&r->sess[i].up);
+    mge_free(r->fetch_buf);
     /* the session keys die with the process; do not leave them in freed memory */
     if (r->sess)
         explicit_bzero(r->sess, r->cap_sess * sizeof(*r->sess));

@@ -21,6 +21,8 @@ struct mge_rpc_opts {
     const char *listen_url;  /* "tcp://127.0.0.1:7071" */
     const char *join_token;  /* workers must prove it (borrowed, must outlive the rpc) */
     int heartbeat_ms;        /* interval asked of workers (default 1000) */
+    const char *ckpt_dir;    /* checkpoint store (absolute path, borrowed), NULL: uploads are
+                              * refused (coordinator/ckpt_store.h) */
 };
 
 /*

@@ -112,6 +112,7 @@ static void assign_fini(struct mge_sched_assign *a)
 {
     mge_free(a->spec_yaml);
     mge_free(a->resume);
+    mge_free(a->resume_copy);
     mge_free(a->peers);
 }
 
@@ -241,7 +242,7 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
 {
     struct worker *w = &s->w[r->widx];
     struct mge_sched_assign *a;
-    char *spec = NULL, *resume = NULL;
+    char *spec = NULL, *resume = NULL, *resume_copy = NULL;
     int rc;
     if (assign_queued(w, r))
         return MGE_OK;
@@ -250,10 +251,13 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
         return rc;
     if (r->attempt > 1)
         mge_store_checkpoint_latest(s->st, r->job_id, &resume); /* none: start over */
+    if (r->attempt > 1 && r->rank == 0)
+        mge_store_checkpoint_copy_latest(s->st, r->job_id, &resume_copy);
     rc = mge_array_grow((void **)&w->assign, &w->cap_assign, w->n_assign + 1, sizeof(*w->assign));
     if (rc != MGE_OK) {
         mge_free(spec);
         mge_free(resume);
+        mge_free(resume_copy);
         return rc;
     }
     a = &w->assign[w->n_assign];
@@ -264,6 +268,7 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
         if (!a->peers) {
             mge_free(spec);
             mge_free(resume);
+            mge_free(resume_copy);
             return MGE_NOMEM;
         }
         a->n_peers = (size_t)r->world;
@@ -286,6 +291,7 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
     a->world = r->world;
     a->spec_yaml = spec;
     a->resume = resume;
+    a->resume_copy = resume_copy;
     snprintf(a->launch_token, sizeof(a->launch_token), "%s", r->token);
     notify(s, r->widx);
     return MGE_OK;

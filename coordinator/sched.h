@@ -98,6 +98,8 @@ struct mge_sched_assign {
     int attempt, rank, world;
     char *spec_yaml;         /* owned */
     char *resume;            /* owned, NULL for none */
+    char *resume_copy;       /* owned, NULL for none: newest checkpoint in the coordinator's
+                              * store (rank 0 only), for a worker that cannot read @resume */
     char launch_token[40];   /* world > 1: the attempt's secret; "" otherwise */
     struct mge_sched_peer *peers; /* owned; rank 0 of world > 1: every rank's worker */
     size_t n_peers;

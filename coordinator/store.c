@@ -65,6 +65,8 @@ static const char *const migrations[] = {
     " job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, world INTEGER NOT NULL,"
     " start_step INTEGER NOT NULL, started_ms INTEGER NOT NULL, ended_ms INTEGER, ended TEXT,"
     " reason TEXT, infra INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, attempt));",
+    /* 5: checkpoints committed to the coordinator's own store: the copy's path */
+    "ALTER TABLE checkpoints ADD COLUMN copy TEXT;",
 };
 
 enum sql_id {
@@ -111,6 +113,12 @@ enum sql_id {
     Q_INC_RESIZED,
     Q_INC_END,
     Q_INC_LIST,
+    Q_CKPT_COMMIT,
+    Q_CKPT_COPY_LATEST,
+    Q_CKPT_COPY_PATH,
+    Q_CKPT_COPY_OLD,
+    Q_CKPT_COPY_DROP,
+    Q_INC_START,
     Q_BEGIN,
     Q_COMMIT,
     Q_ROLLBACK,
@@ -168,8 +176,23 @@ static const char *const sql_text[Q__COUNT] = {
                         " time_ms = excluded.time_ms",
     [Q_METRIC_MAXSTEP] = "SELECT MAX(step) FROM metrics WHERE job_id = ? AND name = 'loss'",
     [Q_JOB_RESULT] = "UPDATE jobs SET result = ? WHERE id = ? AND attempt = ? AND state = 1",
-    [Q_CKPT_UPSERT] = "INSERT OR REPLACE INTO checkpoints(job_id, name, step, size, path,"
-                      " worker_id, time_ms) VALUES(?,?,?,?,?,?,?)",
+    /* a notice leaves the committed copy as it is: only a new upload replaces it */
+    [Q_CKPT_UPSERT] = "INSERT INTO checkpoints(job_id, name, step, size, path, worker_id, time_ms)"
+                      " VALUES(?,?,?,?,?,?,?) ON CONFLICT(job_id, name) DO UPDATE SET"
+                      " step = excluded.step, size = excluded.size, path = excluded.path,"
+                      " worker_id = excluded.worker_id, time_ms = excluded.time_ms",
+    /* a committed copy: ?5 is the worker path if no notice came before it */
+    [Q_CKPT_COMMIT] = "INSERT INTO checkpoints(job_id, name, step, size, path, worker_id, time_ms,"
+                      " copy) VALUES(?1,?2,?3,?4,?5,?6,?7,?8) ON CONFLICT(job_id, name) DO UPDATE"
+                      " SET copy = excluded.copy, size = excluded.size",
+    [Q_CKPT_COPY_LATEST] = "SELECT name FROM checkpoints WHERE job_id = ? AND copy IS NOT NULL"
+                           " ORDER BY step DESC LIMIT 1",
+    [Q_CKPT_COPY_PATH] = "SELECT copy FROM checkpoints WHERE job_id = ? AND name = ?"
+                         " AND copy IS NOT NULL",
+    [Q_CKPT_COPY_OLD] = "SELECT copy FROM checkpoints WHERE job_id = ? AND copy IS NOT NULL"
+                        " ORDER BY step DESC LIMIT 1 OFFSET ?",
+    [Q_CKPT_COPY_DROP] = "UPDATE checkpoints SET copy = NULL WHERE job_id = ? AND copy = ?",
+    [Q_INC_START] = "UPDATE incarnations SET start_step = ?3 WHERE job_id = ?1 AND attempt = ?2",
     /* the job's state if (job, attempt, rank) is the current attempt's placement on worker ?4 */
     [Q_LINE_FENCE] = "SELECT j.state FROM jobs j JOIN placements p ON p.job_id = j.id"
                      " AND p.attempt = j.attempt WHERE j.id = ?1 AND j.attempt = ?2"
@@ -183,9 +206,10 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_EVENTS_LAST] = "SELECT COALESCE(MAX(id), 0) FROM events WHERE job_id = ?",
     [Q_LOGS_ALL] = "SELECT * FROM (SELECT id, attempt, rank, seq, stream, data, time_ms FROM events"
                    " WHERE job_id = ? AND kind = 'log' ORDER BY id DESC LIMIT ?) ORDER BY id",
-    [Q_LOGS_RANK] = "SELECT * FROM (SELECT id, attempt, rank, seq, stream, data, time_ms FROM events"
-                    " WHERE job_id = ? AND kind = 'log' AND rank = ? ORDER BY id DESC LIMIT ?)"
-                    " ORDER BY id",
+    [Q_LOGS_RANK] =
+        "SELECT * FROM (SELECT id, attempt, rank, seq, stream, data, time_ms FROM events"
+        " WHERE job_id = ? AND kind = 'log' AND rank = ? ORDER BY id DESC LIMIT ?)"
+        " ORDER BY id",
     [Q_METRICS_ALL] = "SELECT step, name, value, time_ms FROM metrics WHERE job_id = ?"
                       " AND step > ? ORDER BY name, step",
     [Q_METRICS_NAME] = "SELECT step, name, value, time_ms FROM metrics WHERE job_id = ?"
@@ -194,16 +218,19 @@ static const char *const sql_text[Q__COUNT] = {
                          " (SELECT name, MAX(step) AS s FROM metrics WHERE job_id = ?1"
                          " GROUP BY name) l ON l.name = m.name AND l.s = m.step"
                          " WHERE m.job_id = ?1",
-    [Q_CKPT_LIST] = "SELECT c.name, c.step, c.size, c.worker_id, w.name, c.time_ms FROM checkpoints c"
+    [Q_CKPT_LIST] = "SELECT c.name, c.step, c.size, c.worker_id, w.name, c.time_ms,"
+                    " c.copy IS NOT NULL FROM checkpoints c"
                     " LEFT JOIN workers w ON w.id = c.worker_id WHERE c.job_id = ?"
                     " ORDER BY c.step DESC, c.name",
-    [Q_CKPT_PATH] = "SELECT path FROM checkpoints WHERE job_id = ? AND name = ?",
+    /* the coordinator's own copy when there is one: it is on this host */
+    [Q_CKPT_PATH] = "SELECT COALESCE(copy, path) FROM checkpoints WHERE job_id = ? AND name = ?",
     [Q_CKPT_LATEST] = "SELECT path FROM checkpoints WHERE job_id = ? AND name <> 'latest'"
                       " ORDER BY step DESC LIMIT 1",
     [Q_JOB_COUNTS] = "SELECT state, COUNT(*) FROM jobs GROUP BY state",
     [Q_WORKER_BY_NAME] = "SELECT id FROM workers WHERE name = ?",
-    [Q_WORKER_INSERT] = "INSERT INTO workers(id, name, host, cpus, gpus, memory_mb, device, version,"
-                        " state, registered_ms, launch_url) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+    [Q_WORKER_INSERT] =
+        "INSERT INTO workers(id, name, host, cpus, gpus, memory_mb, device, version,"
+        " state, registered_ms, launch_url) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
     [Q_WORKER_UPDATE] = "UPDATE workers SET host = ?, cpus = ?, gpus = ?, memory_mb = ?,"
                         " device = ?, version = ?, state = CASE WHEN state = 'draining'"
                         " THEN state ELSE 'ready' END, registered_ms = ?, launch_url = ?"
@@ -1618,13 +1645,13 @@ int mge_store_checkpoints(struct mge_store *st, int64_t job_id, json_t **out)
     if (s) {
         sqlite3_bind_int64(s, 1, job_id);
         while ((rc = step_row(st, s, &row)) == MGE_OK && row)
-            json_array_append_new(
-                arr, json_pack("{s:s, s:I, s:I, s:o, s:o, s:o}", "name",
-                               (const char *)sqlite3_column_text(s, 0), "step",
-                               (json_int_t)sqlite3_column_int64(s, 1), "size",
-                               (json_int_t)sqlite3_column_int64(s, 2), "worker_id",
-                               json_text_or_null(s, 3), "worker", json_text_or_null(s, 4), "time",
-                               json_time(s, 5)));
+            json_array_append_new(arr, json_pack("{s:s, s:I, s:I, s:o, s:o, s:o, s:b}", "name",
+                                                 (const char *)sqlite3_column_text(s, 0), "step",
+                                                 (json_int_t)sqlite3_column_int64(s, 1), "size",
+                                                 (json_int_t)sqlite3_column_int64(s, 2),
+                                                 "worker_id", json_text_or_null(s, 3), "worker",
+                                                 json_text_or_null(s, 4), "time", json_time(s, 5),
+                                                 "committed", sqlite3_column_int(s, 6)));
         sqlite3_reset(s);
     }
     pthread_mutex_unlock(&st->mu);
@@ -1671,6 +1698,104 @@ int mge_store_checkpoint_path(struct mge_store *st, int64_t job_id, const char *
 int mge_store_checkpoint_latest(struct mge_store *st, int64_t job_id, char **out)
 {
     return path_query(st, Q_CKPT_LATEST, job_id, NULL, out);
+}
+
+int mge_store_rank_is_current(struct mge_store *st, const char *worker_id, int64_t job_id,
+                              int attempt, int rank, bool *current)
+{
+    struct mge_store_line l = {.job_id = job_id, .attempt = attempt, .rank = rank};
+    int state = 0, rc;
+    pthread_mutex_lock(&st->mu);
+    rc = line_fence(st, worker_id, &l, current, &state);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_checkpoint_commit(struct mge_store *st, int64_t job_id, const char *name,
+                                int64_t step, int64_t size, const char *worker_path,
+                                const char *worker_id, const char *copy)
+{
+    sqlite3_stmt *s;
+    struct timespec ts;
+    int rc = MGE_DB;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_CKPT_COMMIT);
+    if (s) {
+        sqlite3_bind_int64(s, 1, job_id);
+        sqlite3_bind_text(s, 2, name, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 3, step);
+        sqlite3_bind_int64(s, 4, size);
+        sqlite3_bind_text(s, 5, worker_path, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 6, worker_id, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 7, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+        sqlite3_bind_text(s, 8, copy, -1, SQLITE_TRANSIENT);
+        rc = exec_stmt(st, s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_incarnation_start_step(struct mge_store *st, int64_t job_id, int attempt,
+                                     int64_t step)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_DB;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_INC_START);
+    if (s) {
+        sqlite3_bind_int64(s, 1, job_id);
+        sqlite3_bind_int(s, 2, attempt);
+        sqlite3_bind_int64(s, 3, step);
+        rc = exec_stmt(st, s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int mge_store_checkpoint_copy_latest(struct mge_store *st, int64_t job_id, char **name)
+{
+    return path_query(st, Q_CKPT_COPY_LATEST, job_id, NULL, name);
+}
+
+int mge_store_checkpoint_copy_path(struct mge_store *st, int64_t job_id, const char *name,
+                                   char **out)
+{
+    return path_query(st, Q_CKPT_COPY_PATH, job_id, name, out);
+}
+
+int mge_store_checkpoint_copy_prune(struct mge_store *st, int64_t job_id, int keep, char **out)
+{
+    sqlite3_stmt *s;
+    int rc = MGE_DB;
+    *out = NULL;
+    pthread_mutex_lock(&st->mu);
+    s = stmt_get(st, Q_CKPT_COPY_OLD);
+    if (s) {
+        sqlite3_bind_int64(s, 1, job_id);
+        sqlite3_bind_int(s, 2, keep);
+        rc = step_one(st, s);
+        if (rc == MGE_OK)
+            *out = mge_strdup((const char *)sqlite3_column_text(s, 0));
+        sqlite3_reset(s);
+        if (rc == MGE_OK && !*out)
+            rc = MGE_NOMEM;
+    }
+    if (rc == MGE_OK) {
+        s = stmt_get(st, Q_CKPT_COPY_DROP);
+        rc = MGE_DB;
+        if (s) {
+            sqlite3_bind_int64(s, 1, job_id);
+            sqlite3_bind_text(s, 2, *out, -1, SQLITE_TRANSIENT);
+            rc = exec_stmt(st, s);
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (rc != MGE_OK) {
+        mge_free(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 int mge_store_job_counts(struct mge_store *st, int64_t counts[MGE_JOB__NSTATES])

@@ -232,6 +232,35 @@ int mge_store_checkpoint_path(struct mge_store *st, int64_t job_id, const char *
 /* Path of the latest checkpoint of a job, or MGE_NOENT. Caller mge_free()s. */
 int mge_store_checkpoint_latest(struct mge_store *st, int64_t job_id, char **out);
 
+/*
+ * Whether @worker_id holds rank @rank of @job_id's current attempt, and that is @attempt
+ * (the fence lines go through). Returns MGE_OK (the answer in *@current) or MGE_DB.
+ */
+int mge_store_rank_is_current(struct mge_store *st, const char *worker_id, int64_t job_id,
+                              int attempt, int rank, bool *current);
+
+/*
+ * Checkpoint replication (coordinator/ckpt_store.c): record that checkpoint @name (step @step,
+ * @size bytes) of @job_id, uploaded by @worker_id from @worker_path, is committed as the
+ * verified file @copy in the coordinator's store. Returns MGE_OK or MGE_DB.
+ */
+int mge_store_checkpoint_commit(struct mge_store *st, int64_t job_id, const char *name,
+                                int64_t step, int64_t size, const char *worker_path,
+                                const char *worker_id, const char *copy);
+/* The step incarnation @attempt of @job_id really starts from (its rank 0 fetched a copy). */
+int mge_store_incarnation_start_step(struct mge_store *st, int64_t job_id, int attempt,
+                                     int64_t step);
+/* Name of the newest committed copy of @job_id's checkpoints, or MGE_NOENT. mge_free() it. */
+int mge_store_checkpoint_copy_latest(struct mge_store *st, int64_t job_id, char **name);
+/* Path of the committed copy of checkpoint @name, or MGE_NOENT. mge_free() it. */
+int mge_store_checkpoint_copy_path(struct mge_store *st, int64_t job_id, const char *name,
+                                   char **out);
+/*
+ * Forget one committed copy of @job_id older than the newest @keep: its path into *@out
+ * (mge_free() it; the caller deletes the file). MGE_NOENT when there is none beyond @keep.
+ */
+int mge_store_checkpoint_copy_prune(struct mge_store *st, int64_t job_id, int keep, char **out);
+
 /* Count jobs per state into @counts[MGE_JOB__NSTATES]. */
 int mge_store_job_counts(struct mge_store *st, int64_t counts[MGE_JOB__NSTATES]);
 

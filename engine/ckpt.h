@@ -122,6 +122,50 @@ const struct mge_ckpt_tensor *mge_ckpt_find(const struct mge_ckpt *ck, const cha
 /* Free a checkpoint from read/decode (not one you built); NULL does nothing. */
 void mge_ckpt_free(struct mge_ckpt *ck);
 
+/*
+ * Background checkpoints (ckpt_writer.c): one writer thread and one snapshot buffer, both made
+ * once. mge_ckpt_writer_save() copies the live state into the snapshot and returns; the thread
+ * writes it with mge_ckpt_write() (so the file is the one a synchronous write makes, byte for
+ * byte) and then points a "latest" symlink at it. One snapshot at a time: a save while the
+ * previous write still runs waits for that write first.
+ */
+struct mge_ckpt_writer;
+
+/*
+ * Make a writer for checkpoints whose tensors have @layout's names, dtypes, shapes and sizes
+ * (their data is not read here); the snapshot holds the sum of their sizes. Names are copied.
+ * On MGE_OK *@out is the writer (free with mge_ckpt_writer_free()); MGE_NOMEM otherwise, with
+ * *@out NULL. Thread: any.
+ */
+int mge_ckpt_writer_new(struct mge_ckpt_writer **out, const struct mge_ckpt_tensor *layout,
+                        int n_tensors);
+
+/*
+ * Wait for the previous write, copy @ck's tensor data (same count and sizes as the layout,
+ * in its order) and scalars into the snapshot and hand it to the thread, which writes @path
+ * (atomically, as mge_ckpt_write()) and then, when @latest is not NULL, replaces the symlink
+ * @latest with one to @path's base name. @ck->spec_yaml is borrowed until the write is done
+ * (keep it alive and unchanged). Returns MGE_OK once handed over, or the previous write's
+ * error (nothing handed over), or MGE_INVAL (@ck does not match the layout; @path too long);
+ * @err gets the message. Thread: the owner's; not concurrently with another call on @w.
+ */
+int mge_ckpt_writer_save(struct mge_ckpt_writer *w, const struct mge_ckpt *ck, const char *path,
+                         const char *latest, char *err, size_t errlen);
+
+/* Wait until the write in progress (if any) is done; the result of the last write (MGE_OK when
+ * none ran), its message in @err. Thread: the owner's. */
+int mge_ckpt_writer_wait(struct mge_ckpt_writer *w, char *err, size_t errlen);
+
+/* CPU time the writer thread has spent on finished writes, in seconds. Thread: any. */
+double mge_ckpt_writer_cpu_sec(struct mge_ckpt_writer *w);
+
+/* Bytes the writer holds: the snapshot and mge_ckpt_write()'s buffer (memory predictions);
+ * 0 for NULL. */
+size_t mge_ckpt_writer_bytes(const struct mge_ckpt_writer *w);
+
+/* Finish the write in progress, stop the thread and free everything; NULL does nothing. */
+void mge_ckpt_writer_free(struct mge_ckpt_writer *w);
+
 #ifdef __cplusplus
 }
 #endif

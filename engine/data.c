@@ -159,9 +159,35 @@ void mge_sampler_seek(struct mge_sampler *s, int64_t epoch, int64_t pos)
     s->pos = pos < 0 ? 0 : pos > s->n ? s->n : pos;
 }
 
+int64_t mge_split_start(int64_t n, int64_t i, int64_t parts)
+{
+    return i * (n / parts) + (i < n % parts ? i : n % parts);
+}
+
+int mge_sampler_set_micro_shards(struct mge_sampler *s, int micro_shards)
+{
+    if (micro_shards < 0 || micro_shards > s->global_batch ||
+        (micro_shards > 0 && micro_shards < s->world))
+        return MGE_ERR(MGE_INVAL, "sampler: %d micro-shards for a global batch of %lld on %d ranks",
+                       micro_shards, (long long)s->global_batch, s->world);
+    s->micro_shards = micro_shards;
+    return MGE_OK;
+}
+
+void mge_sampler_rank_shards(const struct mge_sampler *s, int *first, int *end)
+{
+    int parts = s->micro_shards > 0 ? s->micro_shards : s->world;
+    *first = (int)mge_split_start(parts, s->rank, s->world);
+    *end = (int)mge_split_start(parts, s->rank + 1, s->world);
+}
+
 int64_t mge_sampler_local_max(const struct mge_sampler *s)
 {
-    return (s->global_batch + s->world - 1) / s->world;
+    int64_t S = s->micro_shards, B = s->global_batch, W = s->world;
+    if (S == 0)
+        return (B + W - 1) / W;
+    int64_t m = ((S + W - 1) / W) * ((B + S - 1) / S);
+    return m < B ? m : B;
 }
 
 /* P_e: Fisher-Yates over the identity from the stream keyed by (seed, epoch). */
@@ -181,7 +207,8 @@ static void sampler_shuffle(struct mge_sampler *s)
 
 int mge_sampler_next(struct mge_sampler *s, int64_t *idx, int64_t *n_local, int64_t *global_n)
 {
-    int64_t b, q, r, start, count;
+    int64_t b, start, count;
+    int k0, k1;
     if (s->pos >= s->n) {
         s->epoch++;
         s->pos = 0;
@@ -190,10 +217,14 @@ int mge_sampler_next(struct mge_sampler *s, int64_t *idx, int64_t *n_local, int6
     if (s->perm_epoch != s->epoch)
         sampler_shuffle(s);
     b = s->n - s->pos < s->global_batch ? s->n - s->pos : s->global_batch;
-    q = b / s->world;
-    r = b % s->world;
-    start = s->rank * q + (s->rank < r ? s->rank : r);
-    count = q + (s->rank < r ? 1 : 0);
+    mge_sampler_rank_shards(s, &k0, &k1);
+    if (s->micro_shards > 0) {
+        start = mge_split_start(b, k0, s->micro_shards);
+        count = mge_split_start(b, k1, s->micro_shards) - start;
+    } else {
+        start = mge_split_start(b, s->rank, s->world);
+        count = mge_split_start(b, s->rank + 1, s->world) - start;
+    }
     memcpy(idx, s->perm + s->pos + start, (size_t)count * sizeof(*idx));
     *n_local = count;
     *global_n = b;

@@ -104,6 +104,12 @@ int mge_dataset_gather(const struct mge_dataset *ds, const int64_t *idx, int64_t
  * rows when b < W (n_local = 0); it must still take part in collectives, and gradients should
  * be summed over ranks and divided by global_n, not averaged per rank.
  *
+ * Micro-shards (deterministic mode, mge_sampler_set_micro_shards): each global batch of b rows
+ * is cut into S fixed micro-shards, micro-shard k being rows [start_b(k), start_b(k+1)) with
+ * start_b(k) = mge_split_start(b, k, S), whatever the world size; rank r takes the whole
+ * micro-shards [mge_split_start(S, r, W), mge_split_start(S, r + 1, W)), so its rows are still
+ * one contiguous run of the global batch, and a micro-shard's rows never depend on W.
+ *
  * Position: (epoch, pos) with pos = samples of epoch consumed, 0 <= pos <= n. That pair is
  * all a checkpoint needs to save for exact resume (with the same seed and global batch).
  */
@@ -116,7 +122,15 @@ struct mge_sampler {
     int64_t pos;        /* samples of the current epoch consumed, [0, n] */
     int64_t *perm;      /* (n) permutation of perm_epoch */
     int64_t perm_epoch; /* epoch perm holds; -1 when none yet */
+    int micro_shards;   /* S, or 0: rows split evenly over ranks */
 };
+
+/*
+ * First of the @n items that part @i of @parts takes when @n is cut into @parts contiguous
+ * runs as evenly as possible, the first n % parts runs one longer: i*(n/parts) + min(i, n%parts).
+ * @i may be @parts (then it is @n). The one rule for rank shards and micro-shards.
+ */
+int64_t mge_split_start(int64_t n, int64_t i, int64_t parts);
 
 /*
  * Set up @s at (epoch 0, pos 0). Returns MGE_OK, MGE_INVAL (n <= 0, global_batch <= 0,
@@ -127,13 +141,25 @@ int mge_sampler_init(struct mge_sampler *s, int64_t n, int64_t global_batch, int
 void mge_sampler_fini(struct mge_sampler *s);
 
 /*
+ * Cut every global batch into @micro_shards fixed micro-shards and give each rank whole ones
+ * (see above); 0 goes back to the even split. Call before the first mge_sampler_next().
+ * Returns MGE_OK, or MGE_INVAL when @micro_shards is negative, above the global batch, or
+ * below the world size (a rank would get no micro-shard).
+ */
+int mge_sampler_set_micro_shards(struct mge_sampler *s, int micro_shards);
+
+/* This rank's micro-shards [*@first, *@end) of S; with micro-shards off, [rank, rank + 1). */
+void mge_sampler_rank_shards(const struct mge_sampler *s, int *first, int *end);
+
+/*
  * Move to (@epoch, @pos), @pos = samples of the epoch consumed. Out-of-range values are
  * clamped (epoch >= 0, 0 <= pos <= n); validate checkpoint values before calling if a clamp
  * would be an error for you. Seeking to pos = n means the next call ends the epoch.
  */
 void mge_sampler_seek(struct mge_sampler *s, int64_t epoch, int64_t pos);
 
-/* Most rows one rank gets from one global batch: ceil(global_batch / world). */
+/* Most rows one rank gets from one global batch: ceil(global_batch / world), or with
+ * micro-shards ceil(S / world) micro-shards of at most ceil(global_batch / S) rows. */
 int64_t mge_sampler_local_max(const struct mge_sampler *s);
 
 /*

@@ -34,6 +34,14 @@ static double now_sec(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* CPU time of the calling thread in seconds: the work of a step, whatever else the cores run. */
+static double thread_cpu_sec(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), or -1. */
 static long proc_status_bytes(const char *field)
 {
@@ -162,9 +170,22 @@ struct trainer {
     struct mge_comm *comm;
     struct mge_comm_packs *packs;
     int rank, world, dist;
+    /* deterministic mode (distributed.deterministic): micro-shards summed exactly */
+    int det;       /* 1 in deterministic mode, on any backend (local included) */
+    int det_first; /* this rank's micro-shards [det_first, det_end) of micro_shards */
+    int det_end;
+    int64_t *det_acc;       /* (n_grads + 1) fixed-point sums: the gradients, then the loss */
+    float *det_x;           /* (ceil(batch / micro_shards), dim) one micro-shard's rows, aligned */
+    int32_t *det_y;         /* (ceil(batch / micro_shards)) its labels */
     struct mge_trace trace; /* --profile */
     int64_t trace_until;    /* steps below this are traced */
     int tracing;            /* the current step is traced */
+    /* checkpoints (rank 0): tensor list over the live state, and the background writer */
+    struct mge_ckpt_tensor *ck_ts; /* (ck_n) */
+    char (*ck_names)[160];         /* (ck_n) their names */
+    int ck_n;
+    struct mge_ckpt_writer *ckw;
+    double ckpt_sec; /* time the loop spent snapshotting or waiting for the writer */
 };
 
 #define TRACE_STEPS 200
@@ -210,25 +231,34 @@ static void ckpt_tensor_of(struct trainer *t, int pi, int state, struct mge_ckpt
     ct->nbytes = sizeof(float) * (size_t)mge_value_numel(t->g, v);
 }
 
-static int ckpt_save(struct trainer *t)
+/* The checkpoint's tensor list over the live state, and the background writer for it; made
+ * once on rank 0 before the loop, so that a checkpoint allocates nothing. */
+static int ckpt_init(struct trainer *t)
 {
     int np = mge_graph_n_params(t->g), ns = mge_optim_n_states(&t->optim);
-    int n = np * (1 + ns), rc;
-    struct mge_ckpt ck = {0};
-    char err[512], path[1200], tmp[1300], latest[1200];
-    struct mge_ckpt_tensor *ts = mge_calloc((size_t)n, sizeof(*ts));
-    char(*names)[160] = mge_calloc((size_t)n, sizeof(*names));
-    if (!ts || !names) {
-        rc = MGE_ERR(MGE_NOMEM, "cannot allocate checkpoint");
-        goto out_free;
-    }
+    int n = np * (1 + ns);
+    t->ck_ts = mge_calloc((size_t)n, sizeof(*t->ck_ts));
+    t->ck_names = mge_calloc((size_t)n, sizeof(*t->ck_names));
+    if (!t->ck_ts || !t->ck_names)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate checkpoint");
     n = 0;
     for (int s = -1; s < ns; s++)
         for (int i = 0; i < np; i++)
             if (s < 0 || !mge_value_is_buffer(t->g, mge_graph_param(t->g, i))) {
-                ckpt_tensor_of(t, i, s, &ts[n], names[n], sizeof(names[n]));
+                ckpt_tensor_of(t, i, s, &t->ck_ts[n], t->ck_names[n], sizeof(t->ck_names[n]));
                 n++;
             }
+    t->ck_n = n;
+    return mge_ckpt_writer_new(&t->ckw, t->ck_ts, n);
+}
+
+/* Snapshot the state and hand it to the writer thread (which waits for its previous write
+ * first); with @wait, also wait until this one is on disk. */
+static int ckpt_save(struct trainer *t, int wait)
+{
+    struct mge_ckpt ck = {0};
+    char err[512], path[1200], latest[1200];
+    double t0 = now_sec();
     ck.step = t->step;
     ck.epoch = t->epoch;
     ck.sampler_pos = t->pos;
@@ -239,25 +269,17 @@ static int ckpt_save(struct trainer *t)
     ck.spec_yaml = t->spec->source;
     ck.last_loss = t->last_loss;
     ck.test_accuracy = t->test_acc;
-    ck.tensors = ts;
-    ck.n_tensors = n;
+    ck.tensors = t->ck_ts;
+    ck.n_tensors = t->ck_n;
     snprintf(path, sizeof(path), "%s/ckpt-%06lld.mgeckpt", t->out_dir, (long long)t->step);
-    if ((rc = mge_ckpt_write(path, &ck, err, sizeof(err))) != MGE_OK) {
-        mge_log_error("%s", err);
-        goto out_free;
-    }
-    /* "latest.mgeckpt" points at the newest one; replaced atomically */
+    /* "latest.mgeckpt" points at the newest one; replaced atomically after it is written */
     snprintf(latest, sizeof(latest), "%s/latest.mgeckpt", t->out_dir);
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", latest, (int)getpid());
-    unlink(tmp);
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    if (symlink(base, tmp) != 0 || rename(tmp, latest) != 0) {
-        rc = MGE_ERR(MGE_IO, "cannot update '%s': %s", latest, strerror(errno));
-        unlink(tmp);
-    }
-out_free:
-    mge_free(ts);
-    mge_free(names);
+    int rc = mge_ckpt_writer_save(t->ckw, &ck, path, latest, err, sizeof(err));
+    if (rc == MGE_OK && wait)
+        rc = mge_ckpt_writer_wait(t->ckw, err, sizeof(err));
+    if (rc != MGE_OK)
+        fprintf(stderr, "mge-train: checkpoint: %s\n", err);
+    t->ckpt_sec += now_sec() - t0;
     return rc;
 }
 
@@ -592,18 +614,13 @@ static int dist_packs_init(struct trainer *t)
     return rc;
 }
 
-/* First row of rank @r's shard of a global batch of @b rows (the sampler's rule, data.h). */
-static int64_t shard_start(int64_t b, int r, int world)
-{
-    return (int64_t)r * (b / world) + (r < b % world ? r : b % world);
-}
-
 /* What one data-parallel step measured (seconds). */
 struct dist_stats {
     double compute; /* forward + backward, from the bound batch to the last gradient */
     double comm;    /* all collectives of the step, as they ran on the communication thread */
     double hidden;  /* the part of comm that ran while backward still computed */
     double wait;    /* the training thread blocked on collectives */
+    double wait_cpu; /* CPU time the training thread spent inside those waits (MPI polls) */
 };
 
 static double overlap(double a0, double a1, double b0, double b1)
@@ -635,7 +652,7 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
         mge_graph_bind(t->g, t->model.y, b->y);
         mge_graph_set_batch(t->g, b->n);
         mge_graph_set_loss_scale(t->g, (float)((double)b->n / (double)b->global_n));
-        mge_graph_set_row_offset(t->g, shard_start(b->global_n, t->rank, t->world));
+        mge_graph_set_row_offset(t->g, mge_split_start(b->global_n, t->rank, t->world));
         if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
             return rc;
     } else { /* no rows for this rank in a short batch: it adds zeros, but it must take part */
@@ -649,11 +666,13 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
         return rc;
     mge_optim_step_begin(&t->optim);
     for (int i = 0; i < mge_comm_packs_count(t->packs); i++) {
+        double c0 = thread_cpu_sec();
         w0 = now_sec();
         if ((rc = mge_comm_packs_wait(t->packs, i)) != MGE_OK)
             return rc;
         double w1 = now_sec();
         st->wait += w1 - w0;
+        st->wait_cpu += thread_cpu_sec() - c0;
         const struct mge_comm_pack *k = mge_comm_packs_get(t->packs, i);
         mge_optim_step_range(&t->optim, params, grads, t->step, (int64_t)k->first,
                              (int64_t)k->count);
@@ -673,9 +692,11 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
         }
     }
     w0 = now_sec();
+    double c0 = thread_cpu_sec();
     if ((rc = mge_comm_wait(t->comm, lticket, &lt)) != MGE_OK)
         return rc;
     st->wait += now_sec() - w0;
+    st->wait_cpu += thread_cpu_sec() - c0;
     st->comm += lt.end - lt.start;
     if (t->tracing)
         mge_trace_event(&t->trace, TRACK_COMM, "allreduce loss", "comm", lt.start, lt.end, NULL);
@@ -683,23 +704,142 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
     return MGE_OK;
 }
 
+/* Buffers of deterministic mode: the fixed-point sums and one micro-shard's rows. */
+static int det_init(struct trainer *t)
+{
+    int64_t n_grads, S = t->spec->distributed.micro_shards;
+    int64_t rows = (t->spec->train.batch_size + S - 1) / S;
+    mge_graph_grads(t->g, &n_grads);
+    mge_sampler_rank_shards(&t->sampler, &t->det_first, &t->det_end);
+    t->det_acc = mge_malloc(sizeof(int64_t) * (size_t)(n_grads + 1));
+    t->det_x = mge_malloc_aligned(sizeof(float) * (size_t)(rows * t->train.dim));
+    t->det_y = mge_malloc(sizeof(int32_t) * (size_t)rows);
+    if (!t->det_acc || !t->det_x || !t->det_y)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate the buffers of deterministic mode");
+    return MGE_OK;
+}
+
+/*
+ * One deterministic step: each of this rank's micro-shards runs forward and backward alone
+ * (loss scaled by its rows / global_n, dropout rows at its global offset), and its gradient and
+ * loss * rows / global_n go into the fixed-point sums; one int64 all-reduce adds the ranks'
+ * sums. Integer sums are exact, so the reduced gradient and loss have the same bits for any
+ * world size and any split of micro-shards over ranks; the optimiser then runs on identical
+ * input everywhere. A value outside the sums' range (mge_exact_limit; a diverging run) fails
+ * the step with MGE_RANGE rather than wrap.
+ * Each micro-shard's rows are copied to one aligned buffer first, so the kernels see the same
+ * addresses' alignment on every rank. *@loss is the global mean loss.
+ */
+static int det_step(struct trainer *t, const struct mge_batch *b, const float *loss_val,
+                    double *loss, struct dist_stats *st)
+{
+    int64_t n_grads, S = t->spec->distributed.micro_shards, dim = t->train.dim;
+    float *params = mge_graph_params(t->g, NULL);
+    float *grads = mge_graph_grads(t->g, &n_grads);
+    int64_t base = mge_split_start(b->global_n, t->det_first, S);
+    double t0 = now_sec(), t1;
+    struct mge_comm_timing ct = {0, 0};
+    uint64_t ticket;
+    size_t bad = 0;
+    int rc;
+    memset(st, 0, sizeof(*st));
+    memset(t->det_acc, 0, sizeof(int64_t) * (size_t)(n_grads + 1));
+    for (int k = t->det_first; k < t->det_end; k++) {
+        int64_t row0 = mge_split_start(b->global_n, k, S);
+        int64_t rows = mge_split_start(b->global_n, k + 1, S) - row0;
+        if (rows == 0) /* a short last batch leaves some micro-shards empty */
+            continue;
+        memcpy(t->det_x, b->x + (row0 - base) * dim, sizeof(float) * (size_t)(rows * dim));
+        memcpy(t->det_y, b->y + (row0 - base), sizeof(int32_t) * (size_t)rows);
+        mge_graph_bind(t->g, t->model.x, t->det_x);
+        mge_graph_bind(t->g, t->model.y, t->det_y);
+        mge_graph_set_batch(t->g, rows);
+        mge_graph_set_loss_scale(t->g, (float)((double)rows / (double)b->global_n));
+        mge_graph_set_row_offset(t->g, row0);
+        if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
+            return rc;
+        if (mge_exact_add_f32(t->det_acc, grads, (size_t)n_grads, (int)S, &bad) != MGE_OK) {
+            fprintf(stderr,
+                    "mge-train: step %lld, micro-shard %d: gradient element %zu is %g, "
+                    "outside the exact sum's range (|x| <= %g with %lld micro-shards)\n",
+                    (long long)t->step + 1, k, bad, (double)grads[bad], mge_exact_limit((int)S),
+                    (long long)S);
+            return MGE_RANGE;
+        }
+        /* the loss as its share of the global mean, so its range is that of the loss */
+        double lshare = (double)*loss_val * (double)rows / (double)b->global_n;
+        if (mge_exact_add_f64(t->det_acc + n_grads, lshare, (int)S) != MGE_OK) {
+            fprintf(stderr,
+                    "mge-train: step %lld, micro-shard %d: loss %g is outside the exact "
+                    "sum's range (|loss * rows / batch| <= %g)\n",
+                    (long long)t->step + 1, k, (double)*loss_val, mge_exact_limit((int)S));
+            return MGE_RANGE;
+        }
+    }
+    t1 = now_sec();
+    st->compute = t1 - t0;
+    double c0 = thread_cpu_sec();
+    if ((rc = mge_comm_allreduce_queue(t->comm, t->det_acc, (size_t)(n_grads + 1), MGE_COMM_I64,
+                                       &ticket)) != MGE_OK ||
+        (rc = mge_comm_wait(t->comm, ticket, &ct)) != MGE_OK)
+        return rc;
+    st->wait = now_sec() - t1;
+    st->wait_cpu = thread_cpu_sec() - c0;
+    st->comm = ct.end - ct.start;
+    mge_exact_to_f32(grads, t->det_acc, (size_t)n_grads);
+    mge_optim_step(&t->optim, params, grads, t->step);
+    if (t->tracing) {
+        mge_trace_event(&t->trace, TRACK_COMM, "allreduce exact", "comm", ct.start, ct.end, NULL);
+        mge_trace_event(&t->trace, TRACK_COMPUTE, "optimizer", "optimizer", t1 + st->wait,
+                        now_sec(), NULL);
+    }
+    *loss = mge_exact_to_f64(t->det_acc[n_grads]);
+    return MGE_OK;
+}
+
+/* FNV-1a (64-bit) of @n bytes at @p, continuing from @h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* A hash of the parameters and optimiser state: equal hashes across runs mean the runs left
+ * the same model bits (deterministic mode prints it; checkpoints also hold the spec text). */
+static uint64_t state_hash(struct trainer *t)
+{
+    int64_t n;
+    const char *sname;
+    const float *params = mge_graph_params(t->g, &n);
+    uint64_t h = fnv1a(0xcbf29ce484222325ULL, params, sizeof(float) * (size_t)n);
+    for (int i = 0; i < mge_optim_n_states(&t->optim); i++)
+        h = fnv1a(h, mge_optim_state(&t->optim, i, &sname), sizeof(float) * (size_t)t->optim.n);
+    return h;
+}
+
 static int train_loop(struct trainer *t)
 {
     const struct mge_jobspec *spec = t->spec;
     const struct mge_train_opts *o = t->opts;
     int64_t ce = spec->train.checkpoint_every, le = spec->train.log_every > 0 ? spec->train.log_every : 1;
-    double train_sec = 0.0, wall0 = now_sec();
+    double ce_sec = (double)spec->train.checkpoint_every_sec;
+    double train_sec = 0.0, wall0 = now_sec(), last_ckpt = wall0, loop_ckpt_sec = 0.0;
+    double writer_cpu_sec = 0.0;
     int64_t samples = 0, first_step = t->step, n_times = 0;
-    int rc = MGE_OK, lead = t->rank == 0;
+    int rc = MGE_OK, lead = t->rank == 0, par = t->dist || t->det;
     /* per-step times: the median is what a noisy shared machine cannot spoil */
     size_t n_slots = (size_t)(t->total_steps - t->step + 1);
     double *times = mge_malloc(sizeof(double) * n_slots);
-    double *compute_t = t->dist ? mge_malloc(sizeof(double) * n_slots) : NULL;
-    double *comm_t = t->dist ? mge_malloc(sizeof(double) * n_slots) : NULL;
-    double *wait_t = t->dist ? mge_malloc(sizeof(double) * n_slots) : NULL;
+    double *cpu_t = mge_malloc(sizeof(double) * n_slots); /* outside collective waits */
+    double *compute_t = par ? mge_malloc(sizeof(double) * n_slots) : NULL;
+    double *comm_t = par ? mge_malloc(sizeof(double) * n_slots) : NULL;
+    double *wait_t = par ? mge_malloc(sizeof(double) * n_slots) : NULL;
     double comm_sum = 0.0, hidden_sum = 0.0;
-    if (!times || (t->dist && (!compute_t || !comm_t || !wait_t))) {
+    if (!times || !cpu_t || (par && (!compute_t || !comm_t || !wait_t))) {
         mge_free(times);
+        mge_free(cpu_t);
         mge_free(compute_t);
         mge_free(comm_t);
         mge_free(wait_t);
@@ -715,13 +855,15 @@ static int train_loop(struct trainer *t)
 
     while (t->step < t->total_steps) {
         struct mge_batch *b;
-        struct dist_stats ds = {0, 0, 0, 0};
-        double t0 = now_sec();
+        struct dist_stats ds = {0, 0, 0, 0, 0};
+        double t0 = now_sec(), c0 = thread_cpu_sec();
         if ((rc = mge_loader_next(&t->loader, &b)) != MGE_OK)
             goto out_free;
         t->tracing = t->step < t->trace_until;
-        if (t->dist) {
-            if ((rc = dist_step(t, b, loss, &t->last_loss, &ds)) != MGE_OK)
+        if (par) {
+            rc = t->det ? det_step(t, b, loss, &t->last_loss, &ds)
+                        : dist_step(t, b, loss, &t->last_loss, &ds);
+            if (rc != MGE_OK)
                 goto out_free;
             compute_t[n_times] = ds.compute;
             comm_t[n_times] = ds.comm;
@@ -745,13 +887,14 @@ static int train_loop(struct trainer *t)
             t->last_loss = *loss;
         }
         times[n_times] = now_sec() - t0;
+        cpu_t[n_times] = thread_cpu_sec() - c0 - ds.wait_cpu;
         if (t->tracing) {
             char name[32];
             snprintf(name, sizeof(name), "step %lld", (long long)t->step);
             mge_trace_event(&t->trace, 0, name, "step", t0, t0 + times[n_times], NULL);
         }
         train_sec += times[n_times++];
-        samples += t->dist ? b->global_n : b->n;
+        samples += par ? b->global_n : b->n;
         t->step++;
         if (!isfinite(t->last_loss)) {
             fprintf(stderr, "mge-train: loss is %f at step %lld: diverged\n", t->last_loss,
@@ -766,7 +909,13 @@ static int train_loop(struct trainer *t)
         if (lead && (t->step % le == 0 || t->step == t->total_steps)) {
             double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
             double lr = mge_optim_lr(&t->optim, t->step - 1);
-            if (o->json && t->dist)
+            if (o->json && t->det) /* loss_bits: the double's exact bits, to compare runs */
+                printf("{\"step\":%lld,\"loss\":%.7g,\"loss_bits\":\"%a\","
+                       "\"samples_per_sec\":%.1f,\"lr\":%.6g,\"epoch\":%lld,"
+                       "\"compute_ms\":%.3f,\"comm_ms\":%.3f,\"comm_wait_ms\":%.3f}\n",
+                       (long long)t->step, t->last_loss, t->last_loss, sps, lr, (long long)b->epoch,
+                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.wait);
+            else if (o->json && t->dist)
                 printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
                        "\"epoch\":%lld,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
                        "\"comm_hidden_ms\":%.3f,\"comm_wait_ms\":%.3f}\n",
@@ -784,9 +933,12 @@ static int train_loop(struct trainer *t)
         if (b->epoch_end && t->have_test && spec->train.eval_every_epoch &&
             (rc = evaluate_epoch(t, o->json)) != MGE_OK)
             goto out_free;
-        if (lead && ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
-            (rc = ckpt_save(t)) != MGE_OK)
-            goto out_free;
+        if (lead && t->step < t->total_steps &&
+            ((ce > 0 && t->step % ce == 0) || (ce_sec > 0 && now_sec() - last_ckpt >= ce_sec))) {
+            if ((rc = ckpt_save(t, 0)) != MGE_OK)
+                goto out_free;
+            last_ckpt = now_sec();
+        }
     }
     if (t->trace.fp && (rc = mge_trace_close(&t->trace)) != MGE_OK)
         goto out_free;
@@ -796,21 +948,32 @@ static int train_loop(struct trainer *t)
         goto out_free;
     if (!lead)
         goto out_free;
-    if ((rc = ckpt_save(t)) != MGE_OK)
+    loop_ckpt_sec = t->ckpt_sec; /* the final checkpoint is not part of any step */
+    {
+        char err[512];
+        if ((rc = mge_ckpt_writer_wait(t->ckw, err, sizeof(err))) != MGE_OK) {
+            fprintf(stderr, "mge-train: checkpoint: %s\n", err);
+            goto out_free;
+        }
+    }
+    writer_cpu_sec = mge_ckpt_writer_cpu_sec(t->ckw);
+    if ((rc = ckpt_save(t, 1)) != MGE_OK)
         goto out_free;
     mge_graph_profile_print(t->g, stderr, n_times);
     qsort(times, (size_t)n_times, sizeof(double), cmp_double);
     double median_ms = n_times ? 1000.0 * times[n_times / 2] : 0.0;
+    qsort(cpu_t, (size_t)n_times, sizeof(double), cmp_double);
+    double median_cpu_ms = n_times ? 1000.0 * cpu_t[n_times / 2] : 0.0;
     double wall = now_sec() - wall0;
     double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
     size_t peak = t->stats.param_bytes + t->stats.grad_bytes + mge_optim_state_bytes(&t->optim) +
                   t->stats.activation_bytes;
     /* what the engine allocates besides the plan: the loader's buffers, the sampler's
-     * permutation, and the checkpoint writer's buffer while it saves (rank 0 saves) */
+     * permutation, and the checkpoint writer's snapshot and buffer (rank 0 saves) */
     size_t loader_bytes = (size_t)t->loader.nbuf * (size_t)t->loader.local_max *
                               ((size_t)t->train.dim * sizeof(float) + sizeof(int32_t)) +
                           (size_t)t->train.n * sizeof(*t->sampler.perm) +
-                          mge_ckpt_write_buffer_bytes();
+                          mge_ckpt_writer_bytes(t->ckw);
     long long counted = mge_alloc_peak() - t->alloc_base;
     long hwm = proc_status_bytes("VmHWM");
     long measured = t->rss_base > 0 && hwm > 0 ? hwm - t->rss_base : -1;
@@ -818,7 +981,7 @@ static int train_loop(struct trainer *t)
         printf("{\"summary\":true,\"engine_planned_bytes\":%zu,\"engine_measured_bytes\":%ld,"
                "\"engine_counted_bytes\":%lld,",
                peak + loader_bytes, measured, counted);
-        if (t->dist) {
+        if (par) {
             qsort(compute_t, (size_t)n_times, sizeof(double), cmp_double);
             qsort(comm_t, (size_t)n_times, sizeof(double), cmp_double);
             qsort(wait_t, (size_t)n_times, sizeof(double), cmp_double);
@@ -826,10 +989,14 @@ static int train_loop(struct trainer *t)
                    "\"median_comm_ms\":%.4f,\"median_comm_wait_ms\":%.4f,"
                    "\"comm_hidden_fraction\":%.4f,",
                    mge_comm_backend_name(mge_comm_backend(t->comm)), t->world,
-                   mge_comm_packs_count(t->packs), n_times ? 1e3 * compute_t[n_times / 2] : 0.0,
+                   t->packs ? mge_comm_packs_count(t->packs) : 0,
+                   n_times ? 1e3 * compute_t[n_times / 2] : 0.0,
                    n_times ? 1e3 * comm_t[n_times / 2] : 0.0,
                    n_times ? 1e3 * wait_t[n_times / 2] : 0.0,
                    comm_sum > 0 ? hidden_sum / comm_sum : 0.0);
+            if (t->det)
+                printf("\"deterministic\":true,\"micro_shards\":%d,\"state_hash\":\"%016llx\",",
+                       t->spec->distributed.micro_shards, (unsigned long long)state_hash(t));
         }
         printf("\"steps\":%lld,\"epochs\":%lld,\"final_loss\":%.9g,",
                (long long)t->step, (long long)t->epoch, t->last_loss);
@@ -837,11 +1004,15 @@ static int train_loop(struct trainer *t)
             printf("\"test_accuracy\":%.6f,\"test_loss\":%.6f,", t->test_acc, t->test_loss);
         printf("\"samples_per_sec\":%.1f,\"peak_bytes\":%zu,\"peak_rss_bytes\":%ld,"
                "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"median_step_ms\":%.4f,"
+               "\"median_step_cpu_ms\":%.4f,"
+               "\"mean_step_ms\":%.4f,\"checkpoint_ms\":%.3f,\"checkpoint_writer_cpu_ms\":%.3f,"
                "\"threads\":%d,\"gemm\":\"%s\",\"cpu_isa\":\"%s\","
                "\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
                sps, peak, peak_rss_bytes(), train_sec, wall, (long long)(t->step - first_step),
-               median_ms,
-               mge_cpu_threads(), mge_cpu_sgemm_backend(), mge_cpu_isa(), t->out_dir);
+               median_ms, median_cpu_ms,
+               n_times ? 1e3 * (train_sec + loop_ckpt_sec) / (double)n_times : 0.0,
+               1e3 * loop_ckpt_sec, 1e3 * writer_cpu_sec, mge_cpu_threads(),
+               mge_cpu_sgemm_backend(), mge_cpu_isa(), t->out_dir);
     } else {
         printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
         if (t->have_test)
@@ -854,6 +1025,7 @@ static int train_loop(struct trainer *t)
 out_free:
     mge_trace_close(&t->trace);
     mge_free(times);
+    mge_free(cpu_t);
     mge_free(compute_t);
     mge_free(comm_t);
     mge_free(wait_t);
@@ -862,6 +1034,12 @@ out_free:
 
 static void trainer_fini(struct trainer *t)
 {
+    mge_free(t->det_acc);
+    mge_free_aligned(t->det_x);
+    mge_free(t->det_y);
+    mge_ckpt_writer_free(t->ckw);
+    mge_free(t->ck_ts);
+    mge_free(t->ck_names);
     mge_comm_packs_free(t->packs);
     if (t->loader_ok)
         mge_loader_fini(&t->loader);
@@ -928,6 +1106,15 @@ int mge_train_main(const struct mge_train_opts *o)
             code = 2;
             goto out;
         }
+        t.det = t.spec->distributed.deterministic;
+        if (t.det && t.world > t.spec->distributed.micro_shards) {
+            fprintf(stderr,
+                    "mge-train: %s: distributed.micro_shards: %d micro-shards over %d "
+                    "ranks: every rank takes whole micro-shards (micro_shards >= ranks)\n",
+                    o->spec_path, t.spec->distributed.micro_shards, t.world);
+            code = 2;
+            goto out;
+        }
     }
     if ((rc = mge_data_load(t.spec, 0, &t.train, err, sizeof(err))) != MGE_OK) {
         fprintf(stderr, "mge-train: %s\n", err);
@@ -990,8 +1177,11 @@ int mge_train_main(const struct mge_train_opts *o)
         code = 2;
         goto out;
     }
+    if (t.rank == 0 && (rc = ckpt_init(&t)) != MGE_OK)
+        goto out;
     /* every rank starts from rank 0's state (its parameters, or the checkpoint it read) */
-    if (t.dist && ((rc = dist_sync_state(&t)) != MGE_OK || (rc = dist_packs_init(&t)) != MGE_OK))
+    if (t.dist &&
+        ((rc = dist_sync_state(&t)) != MGE_OK || (!t.det && (rc = dist_packs_init(&t)) != MGE_OK)))
         goto out;
     if (o->profile_path && (rc = trace_open(&t)) != MGE_OK) {
         code = 2;
@@ -1001,6 +1191,10 @@ int mge_train_main(const struct mge_train_opts *o)
                                t.spec->train.seed)) != MGE_OK)
         goto out;
     t.sampler_ok = 1;
+    if (t.det && ((rc = mge_sampler_set_micro_shards(&t.sampler,
+                                                     t.spec->distributed.micro_shards)) != MGE_OK ||
+                  (rc = det_init(&t)) != MGE_OK))
+        goto out;
     mge_sampler_seek(&t.sampler, t.epoch, t.pos);
     if ((rc = mge_loader_init(&t.loader, &t.train, &t.sampler,
                               t.spec->data.prefetch > 0 ? t.spec->data.prefetch : 2)) != MGE_OK)
@@ -1011,7 +1205,11 @@ int mge_train_main(const struct mge_train_opts *o)
                t.spec->name, mge_model_type_name(t.spec->model.type), (long long)n_params_f,
                (long long)t.total_steps, (long long)batch, mge_cpu_threads(),
                mge_cpu_sgemm_backend(), mge_cpu_isa());
-        if (t.dist)
+        if (t.det)
+            printf("deterministic data parallel: %d ranks (%s), %d micro-shards summed exactly\n",
+                   t.world, mge_comm_backend_name(mge_comm_backend(t.comm)),
+                   t.spec->distributed.micro_shards);
+        else if (t.dist)
             printf("data parallel: %d ranks (%s), %d packs of gradients\n", t.world,
                    mge_comm_backend_name(mge_comm_backend(t.comm)),
                    mge_comm_packs_count(t.packs));
@@ -1021,6 +1219,9 @@ int mge_train_main(const struct mge_train_opts *o)
 out:
     if (rc != MGE_OK && code == 1)
         fprintf(stderr, "mge-train: failed: %s\n", mge_strerror(rc));
+    /* a checkpoint being written is finished before the job is ended */
+    mge_ckpt_writer_free(t.ckw);
+    t.ckw = NULL;
     if (code != 0 && t.world > 1) {
         fprintf(stderr, "mge-train: rank %d of %d failed: ending the job\n", t.rank, t.world);
         fflush(stderr);

@@ -1,6 +1,7 @@
 /* launch.c: the worker's launch socket (see launch.h). */
 #include "launch.h"
 
+#include <netinet/in.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <pthread.h>
@@ -127,6 +128,20 @@ err_close:
     nng_close(l->rep);
 err_free:
     mge_free(l);
+    return rc;
+}
+
+int mge_launch_default_url(const char *coordinator, char *url, size_t len)
+{
+    char addr[INET6_ADDRSTRLEN + 2] = "";
+    int rc = mge_url_route_source(coordinator, addr, sizeof(addr));
+    if (rc == MGE_OK && !mge_url_host_is_loopback(addr))
+        snprintf(url, len, "tcp://%s:0", addr);
+    else
+        snprintf(url, len, "tcp://127.0.0.1:0");
+    if (rc != MGE_OK)
+        mge_log_warn("launch socket on 127.0.0.1: multi-worker jobs across hosts need "
+                     "--launch-listen");
     return rc;
 }
 

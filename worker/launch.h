@@ -27,6 +27,15 @@ struct mge_launch;
  */
 int mge_launch_start(const char *listen_url, const char *advertise_host, struct mge_ranks *rs,
                      char *url, size_t url_len, struct mge_launch **out);
+/*
+ * The launch socket's address when none is given (--launch-listen), for a worker whose
+ * coordinator is @coordinator ("tcp://HOST:PORT"): "tcp://127.0.0.1:0" when HOST is this
+ * machine's loopback (one machine), else "tcp://ADDR:0" with ADDR the local address this host
+ * reaches HOST from (the route's source address: the address other nodes on that network reach
+ * us by; mge_url_route_source()). Into @url of @len bytes. Returns MGE_OK, or the error of
+ * mge_url_route_source() (logged), with the loopback default in @url. Thread: any.
+ */
+int mge_launch_default_url(const char *coordinator, char *url, size_t len);
 /* Stop the thread, close the socket, free; NULL does nothing. */
 void mge_launch_stop(struct mge_launch *l);
 

@@ -1,6 +1,8 @@
 /* link.c: mge-worker's NNG link to the coordinator (see link.h). */
 #include "link.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <nng/nng.h>
 #include <nng/protocol/pubsub0/sub.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -9,21 +11,34 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/crypto.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/url.h"
-#include "proto/worker.pb-c.h"
+#include "engine/ckpt.h"
 #include "link_frame.h"
 #include "procstat.h"
+#include "proto/worker.pb-c.h"
 #include "ranks.h"
 
 #define HB_MAX_LINES 2000      /* lines per heartbeat; the rest go in the next one */
 #define HB_MIN_GAP_MS 20       /* at most ~50 heartbeats a second, so output is batched */
 #define RPC_TIMEOUT_MS 3000
+#define CKPT_CHUNK ((size_t)1 << 20) /* checkpoint bytes per heartbeat, both ways */
+
+/* A checkpoint file on its way to or from the coordinator's store (link thread only). */
+struct xfer {
+    bool active;
+    struct mge_ckpt_ref ref;
+    int fd;
+    uint64_t offset, size;
+    char tmp[1200]; /* fetch: the partial file */
+};
 
 struct mge_link {
     struct mge_link_opts o;
@@ -44,6 +59,8 @@ struct mge_link {
     uint8_t key[MGE_HMAC_LEN];        /* session key (see LinkFrame in proto/worker.proto) */
     uint64_t counter;                 /* of the last frame sent in this session */
     uint8_t nonce[MGE_NONCE_LEN];     /* client nonce of the last Register */
+    struct xfer up, down;             /* checkpoint upload and fetch in progress */
+    uint8_t *chunk;                   /* CKPT_CHUNK bytes: the upload's next piece */
 };
 
 static int64_t mono_ms(void)
@@ -228,9 +245,13 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
         l->hb_ms = tw->heartbeat_ms;
     for (size_t i = 0; i < tw->n_assign; i++) {
         Mge__Assign *a = tw->assign[i];
-        struct mge_rank_assign ra = {.job_id = a->job_id, .attempt = a->attempt,
-                                     .rank = a->rank, .world = a->world_size,
-                                     .spec_yaml = a->spec_yaml, .resume = a->resume,
+        struct mge_rank_assign ra = {.job_id = a->job_id,
+                                     .attempt = a->attempt,
+                                     .rank = a->rank,
+                                     .world = a->world_size,
+                                     .spec_yaml = a->spec_yaml,
+                                     .resume = a->resume,
+                                     .resume_copy = a->resume_copy,
                                      .launch_token = a->launch_token};
         struct mge_peer *peers = a->n_peers ? mge_calloc(a->n_peers, sizeof(*peers)) : NULL;
         for (size_t k = 0; peers && k < a->n_peers; k++) {
@@ -335,6 +356,165 @@ err_free:
     return rc;
 }
 
+/* ---- checkpoint replication: uploads of rank 0's checkpoints, fetches of the coordinator's ----
+ */
+
+static void xfer_close(struct xfer *x)
+{
+    if (x->active && x->fd >= 0)
+        close(x->fd);
+    x->active = false;
+}
+
+/* Put the next piece of the upload in progress (or of a new one) into @c; false if none. */
+static bool upload_fill(struct mge_link *l, Mge__CkptChunk *c)
+{
+    struct xfer *x = &l->up;
+    struct stat sb;
+    ssize_t n;
+    if (!l->chunk && !(l->chunk = mge_malloc(CKPT_CHUNK)))
+        return false;
+    while (!x->active && mge_ranks_upload_next(l->rs, &x->ref)) {
+        x->fd = open(x->ref.path, O_RDONLY | O_CLOEXEC);
+        if (x->fd >= 0 && fstat(x->fd, &sb) == 0) {
+            x->active = true;
+            x->offset = 0;
+            x->size = (uint64_t)sb.st_size;
+            break;
+        }
+        mge_log_warn("job %lld: cannot upload checkpoint '%s': %s", (long long)x->ref.job_id,
+                     x->ref.path, strerror(errno));
+        if (x->fd >= 0)
+            close(x->fd);
+        mge_ranks_upload_done(l->rs, x->ref.job_id, x->ref.attempt, x->ref.step);
+    }
+    if (!x->active)
+        return false;
+    n = x->size - x->offset > CKPT_CHUNK ? (ssize_t)CKPT_CHUNK : (ssize_t)(x->size - x->offset);
+    if (n > 0 && pread(x->fd, l->chunk, (size_t)n, (off_t)x->offset) != n) {
+        mge_log_warn("job %lld: cannot read checkpoint '%s': %s", (long long)x->ref.job_id,
+                     x->ref.path, strerror(errno));
+        mge_ranks_upload_done(l->rs, x->ref.job_id, x->ref.attempt, x->ref.step);
+        xfer_close(x);
+        return false;
+    }
+    mge__ckpt_chunk__init(c);
+    c->job_id = x->ref.job_id;
+    c->attempt = x->ref.attempt;
+    c->name = x->ref.name;
+    c->offset = x->offset;
+    c->size = x->size;
+    c->data.data = l->chunk;
+    c->data.len = (size_t)n;
+    return true;
+}
+
+/* The coordinator's answer to an upload chunk. */
+static void upload_answer(struct mge_link *l, const Mge__CkptAck *a)
+{
+    struct xfer *x = &l->up;
+    if (!x->active || a->job_id != x->ref.job_id || a->attempt != x->ref.attempt || !a->name ||
+        strcmp(a->name, x->ref.name) != 0)
+        return;
+    if ((a->error && *a->error) || a->committed) {
+        if (a->committed)
+            mge_log_info("job %lld: checkpoint %s (%llu bytes) committed to the coordinator",
+                         (long long)x->ref.job_id, x->ref.name, (unsigned long long)x->size);
+        else
+            mge_log_warn("job %lld: coordinator refused checkpoint %s: %s",
+                         (long long)x->ref.job_id, x->ref.name, a->error);
+        mge_ranks_upload_done(l->rs, x->ref.job_id, x->ref.attempt, x->ref.step);
+        xfer_close(x);
+        return;
+    }
+    x->offset = a->offset <= x->size ? a->offset : 0;
+    mge_link_kick(l); /* the next piece at once */
+}
+
+/* Ask for the next piece of the fetch in progress (or of a new one) in @f; false if none. */
+static bool fetch_fill(struct mge_link *l, Mge__CkptFetch *f)
+{
+    struct xfer *x = &l->down;
+    while (!x->active && mge_ranks_fetch_next(l->rs, &x->ref)) {
+        snprintf(x->tmp, sizeof(x->tmp), "%s/%s.part", x->ref.path, x->ref.name);
+        x->fd = open(x->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (x->fd >= 0) {
+            x->active = true;
+            x->offset = 0;
+            x->size = 0;
+            break;
+        }
+        char why[1400];
+        snprintf(why, sizeof(why), "cannot create '%s': %s", x->tmp, strerror(errno));
+        mge_ranks_fetch_done(l->rs, x->ref.job_id, x->ref.attempt, NULL, why);
+    }
+    if (!x->active)
+        return false;
+    mge__ckpt_fetch__init(f);
+    f->job_id = x->ref.job_id;
+    f->attempt = x->ref.attempt;
+    f->name = x->ref.name;
+    f->offset = x->offset;
+    return true;
+}
+
+/* The whole copy is here: verify it and put it in place; the path into @out. */
+static int fetch_finish(struct xfer *x, char *out, size_t out_len, char *why, size_t why_len)
+{
+    struct mge_ckpt *ck = NULL;
+    int rc;
+    if (fsync(x->fd) != 0) {
+        snprintf(why, why_len, "cannot sync '%s': %s", x->tmp, strerror(errno));
+        return MGE_IO;
+    }
+    if ((rc = mge_ckpt_read(x->tmp, &ck, why, why_len)) != MGE_OK)
+        return rc;
+    mge_ckpt_free(ck);
+    snprintf(out, out_len, "%s/%s", x->ref.path, x->ref.name);
+    if (rename(x->tmp, out) != 0) {
+        snprintf(why, why_len, "cannot rename '%s': %s", x->tmp, strerror(errno));
+        return MGE_IO;
+    }
+    return MGE_OK;
+}
+
+/* The coordinator's answer to a fetch. */
+static void fetch_answer(struct mge_link *l, const Mge__CkptData *d)
+{
+    struct xfer *x = &l->down;
+    char why[1400] = "", path[1300];
+    int rc = MGE_OK;
+    if (!x->active || d->job_id != x->ref.job_id || d->attempt != x->ref.attempt || !d->name ||
+        strcmp(d->name, x->ref.name) != 0 || d->offset != x->offset)
+        return;
+    if (d->error && *d->error) {
+        snprintf(why, sizeof(why), "%s", d->error);
+        rc = MGE_NOENT;
+    } else if (d->size > ((uint64_t)4 << 30) || d->data.len > CKPT_CHUNK ||
+               d->offset + d->data.len > d->size || (x->size && d->size != x->size) ||
+               (d->data.len == 0 && d->offset < d->size)) {
+        snprintf(why, sizeof(why), "malformed piece at %llu", (unsigned long long)d->offset);
+        rc = MGE_PROTO;
+    } else if (d->data.len &&
+               pwrite(x->fd, d->data.data, d->data.len, (off_t)d->offset) != (ssize_t)d->data.len) {
+        snprintf(why, sizeof(why), "cannot write '%s': %s", x->tmp, strerror(errno));
+        rc = MGE_IO;
+    }
+    if (rc == MGE_OK) {
+        x->size = d->size;
+        x->offset += d->data.len;
+        if (x->offset < x->size) {
+            mge_link_kick(l);
+            return;
+        }
+        rc = fetch_finish(x, path, sizeof(path), why, sizeof(why));
+    }
+    if (rc != MGE_OK)
+        unlink(x->tmp);
+    xfer_close(x);
+    mge_ranks_fetch_done(l->rs, x->ref.job_id, x->ref.attempt, rc == MGE_OK ? path : NULL, why);
+}
+
 /* One request/reply. MGE_OK when a reply came and was applied. */
 static int exchange(struct mge_link *l)
 {
@@ -342,6 +522,8 @@ static int exchange(struct mge_link *l)
     Mge__Register reg = MGE__REGISTER__INIT;
     Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
     Mge__Slots slots = MGE__SLOTS__INIT;
+    Mge__CkptChunk chunk;
+    Mge__CkptFetch fetch;
     Mge__LinkReply *lr;
     Mge__ToWorker *tw;
     uint8_t *buf = NULL, *frame = NULL;
@@ -366,6 +548,10 @@ static int exchange(struct mge_link *l)
         hb.worker_id = l->worker_id;
         msg.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
         msg.heartbeat = &hb;
+        if (upload_fill(l, &chunk))
+            hb.upload = &chunk;
+        if (fetch_fill(l, &fetch))
+            hb.fetch = &fetch;
     }
     pthread_mutex_lock(&l->rs->mu);
     rc = pack_locked(l, &msg, l->registered ? NULL : &reg, l->registered ? &hb : NULL, &buf, &len);
@@ -418,6 +604,10 @@ static int exchange(struct mge_link *l)
     if (tw->notify_url && *tw->notify_url)
         sub_connect(l, tw->notify_url);
     apply_reply(l, tw);
+    if (tw->upload_ack)
+        upload_answer(l, tw->upload_ack);
+    if (tw->fetched)
+        fetch_answer(l, tw->fetched);
     mge__to_worker__free_unpacked(tw, NULL);
     return MGE_OK;
 }
@@ -545,5 +735,10 @@ void mge_link_stop(struct mge_link *l)
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     explicit_bzero(l->key, sizeof(l->key));
+    xfer_close(&l->up);
+    if (l->down.active)
+        unlink(l->down.tmp);
+    xfer_close(&l->down);
+    mge_free(l->chunk);
     mge_free(l);
 }

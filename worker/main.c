@@ -38,8 +38,9 @@ static void usage(FILE *f)
                "  --train-bin PATH  the training binary (default: mge-train next to mge-worker)\n"
                "  --work-dir DIR    job output directories (default ./mge-worker-NAME)\n"
                "  --launch-listen URL  where mge-launch reaches this worker to start the ranks of\n"
-               "                    multi-worker jobs (default tcp://127.0.0.1:0; on a cluster\n"
-               "                    tcp://0.0.0.0:PORT or this node's cluster address)\n"
+               "                    multi-worker jobs (default: the address this host reaches\n"
+               "                    the coordinator from, any port; 127.0.0.1 when the\n"
+               "                    coordinator is on loopback)\n"
                "  --mpirun PATH     Open MPI's mpirun (default: mpirun.openmpi or mpirun on PATH)\n"
                "  --mpi-if CIDR     network the jobs' MPI traffic uses (Open MPI's\n"
                "                    oob_tcp_if_include and btl_tcp_if_include)\n");
@@ -125,9 +126,9 @@ static void on_signal(uv_signal_t *s, int sig)
 int main(int argc, char **argv)
 {
     const char *coordinator = NULL, *join_file = NULL, *name = NULL, *work_dir = NULL;
-    const char *train_bin = NULL, *launch_listen = "tcp://127.0.0.1:0", *mpirun = NULL;
+    const char *train_bin = NULL, *launch_listen = NULL, *mpirun = NULL;
     const char *mpi_if = NULL;
-    char mpirun_found[PATH_MAX], launch_bin[PATH_MAX + 16], launch_url[300];
+    char mpirun_found[PATH_MAX], launch_bin[PATH_MAX + 16], launch_url[300], launch_default[300];
     struct mge_data_roots roots = {0};
     int cpus = 0, hb_ms = 0, rc;
     long long memory_mb = 0;
@@ -251,8 +252,11 @@ int main(int argc, char **argv)
     rc = mge_ranks_init(&g_ranks, loop, &ro);
     if (rc != MGE_OK)
         return 1;
-    rc = mge_launch_start(launch_listen, host, &g_ranks, launch_url, sizeof(launch_url),
-                          &g_launch);
+    if (!launch_listen) {
+        mge_launch_default_url(coordinator, launch_default, sizeof(launch_default));
+        launch_listen = launch_default;
+    }
+    rc = mge_launch_start(launch_listen, host, &g_ranks, launch_url, sizeof(launch_url), &g_launch);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-worker: cannot open the launch socket on '%s'\n", launch_listen);
         return 1;

@@ -115,6 +115,10 @@ static void ckpt_scan(struct mge_ranks *rs, struct mge_rank *r)
                      (long long)sb.st_size, path);
         pthread_mutex_lock(&rs->mu);
         line_push(r, 3, line, (size_t)n);
+        if (r->rank == 0 && step > r->ckpt_new_step &&
+            (size_t)snprintf(r->ckpt_new_path, sizeof(r->ckpt_new_path), "%s", path) <
+                sizeof(r->ckpt_new_path))
+            r->ckpt_new_step = step; /* for the link thread to upload */
         pthread_mutex_unlock(&rs->mu);
         if (step > seen)
             seen = step;
@@ -399,7 +403,11 @@ static enum spawn_mode spawn_mode_of(const struct mge_rank *r)
 /* A rank > 0 of a multi-rank attempt starts only when mge-launch has handed its command. */
 static bool ready_to_spawn(const struct mge_rank *r)
 {
-    return spawn_mode_of(r) != SPAWN_ORTED || r->command || r->cancel_requested;
+    if (r->cancel_requested)
+        return true;
+    if (r->fetch_wanted) /* the coordinator's copy of its checkpoint comes first */
+        return false;
+    return spawn_mode_of(r) != SPAWN_ORTED || r->command;
 }
 
 /* A host name mpirun accepts in --host and our launch map can carry. */
@@ -573,6 +581,13 @@ static int mpirun_args(struct mge_ranks *rs, struct mge_rank *r, struct spawn_bu
     strv_push(a, "--mca");
     strv_push(a, "rtc_hwloc_vmhole");
     strv_push(a, "none");
+    /* a rank waiting in a collective yields its core: each host has one slot, so Open MPI
+     * would spin (it yields only when it sees more ranks than slots), and a spinning rank
+     * starves its own compute thread (resources.cpus may be 1) and any neighbour; over TCP
+     * between namespaces on 2 busy cores, spinning made a step 250 ms instead of 10 ms */
+    strv_push(a, "--mca");
+    strv_push(a, "mpi_yield_when_idle");
+    strv_push(a, "1");
     if (rs->opts.mpi_if && *rs->opts.mpi_if) {
         strv_push(a, "--mca");
         strv_push(a, "oob_tcp_if_include");
@@ -793,6 +808,7 @@ static void rank_free(struct mge_rank *r)
     mge_free(r->part[1]);
     mge_free(r->spec_yaml);
     mge_free(r->resume);
+    mge_free(r->resume_copy);
     mge_free(r->launch_token);
     mge_free(r->command);
     for (size_t i = 0; i < r->n_peers; i++) {
@@ -873,6 +889,111 @@ void mge_ranks_fini(struct mge_ranks *rs)
 
 void mge_ranks_wake(struct mge_ranks *rs) { uv_async_send(&rs->async); }
 
+static struct mge_rank *rank0_find(struct mge_ranks *rs, int64_t job_id, int attempt)
+{
+    for (size_t i = 0; i < rs->n; i++)
+        if (rs->r[i]->job_id == job_id && rs->r[i]->attempt == attempt && rs->r[i]->rank == 0)
+            return rs->r[i];
+    return NULL;
+}
+
+bool mge_ranks_upload_next(struct mge_ranks *rs, struct mge_ckpt_ref *out)
+{
+    bool found = false;
+    pthread_mutex_lock(&rs->mu);
+    for (size_t i = 0; i < rs->n && !found; i++) {
+        struct mge_rank *r = rs->r[i];
+        const char *base = strrchr(r->ckpt_new_path, '/');
+        if (r->rank != 0 || r->ckpt_new_step <= r->ckpt_up_step || !base)
+            continue;
+        out->job_id = r->job_id;
+        out->attempt = r->attempt;
+        out->step = r->ckpt_new_step;
+        snprintf(out->name, sizeof(out->name), "%.39s", base + 1);
+        snprintf(out->path, sizeof(out->path), "%s", r->ckpt_new_path);
+        found = true;
+    }
+    pthread_mutex_unlock(&rs->mu);
+    return found;
+}
+
+void mge_ranks_upload_done(struct mge_ranks *rs, int64_t job_id, int attempt, int64_t step)
+{
+    pthread_mutex_lock(&rs->mu);
+    struct mge_rank *r = rank0_find(rs, job_id, attempt);
+    if (r && step > r->ckpt_up_step)
+        r->ckpt_up_step = step;
+    pthread_mutex_unlock(&rs->mu);
+}
+
+bool mge_ranks_fetch_next(struct mge_ranks *rs, struct mge_ckpt_ref *out)
+{
+    bool found = false;
+    pthread_mutex_lock(&rs->mu);
+    for (size_t i = 0; i < rs->n && !found; i++) {
+        struct mge_rank *r = rs->r[i];
+        if (!r->fetch_wanted || r->cancel_requested)
+            continue;
+        out->job_id = r->job_id;
+        out->attempt = r->attempt;
+        out->step = 0;
+        snprintf(out->name, sizeof(out->name), "%.39s", r->resume_copy);
+        snprintf(out->path, sizeof(out->path), "%s/job-%lld/attempt-%d/rank-0", rs->opts.work_dir,
+                 (long long)r->job_id, r->attempt);
+        if (mkdirs(out->path) != 0) {
+            char e[128], why[1400];
+            errno_text(errno, e, sizeof(e));
+            snprintf(why, sizeof(why),
+                     "mge-worker: %s creating '%.1000s' for checkpoint %s: "
+                     "starting from the beginning",
+                     e, out->path, out->name);
+            line_push(r, 1, why, strlen(why));
+            r->fetch_wanted = false;
+            continue;
+        }
+        found = true;
+    }
+    pthread_mutex_unlock(&rs->mu);
+    return found;
+}
+
+void mge_ranks_fetch_done(struct mge_ranks *rs, int64_t job_id, int attempt, const char *path,
+                          const char *why)
+{
+    char line[1600];
+    pthread_mutex_lock(&rs->mu);
+    struct mge_rank *r = rank0_find(rs, job_id, attempt);
+    if (r && r->fetch_wanted) {
+        char *p = path ? mge_strdup(path) : NULL;
+        if (p) {
+            long long step = 0;
+            mge_free(r->resume);
+            r->resume = p;
+            /* the copy lies in the rank's directory now: it is not a new checkpoint to upload */
+            if (sscanf(r->resume_copy, "ckpt-%lld", &step) == 1 && step > r->ckpt_up_step)
+                r->ckpt_up_step = step;
+            snprintf(line, sizeof(line),
+                     "mge-worker: rank 0 attempt %d: checkpoint %s fetched from the "
+                     "coordinator's store into %.1000s",
+                     attempt, r->resume_copy, path);
+        } else {
+            snprintf(line, sizeof(line),
+                     "mge-worker: rank 0 attempt %d: cannot fetch checkpoint %s from the "
+                     "coordinator's store: %.1000s",
+                     attempt, r->resume_copy,
+                     path  ? "out of memory"
+                     : why ? why
+                           : "unknown");
+        }
+        line_push(r, 1, line, strlen(line));
+        mge_log_info("job %lld: %s", (long long)job_id, line + 12);
+        r->fetch_wanted = false;
+    }
+    pthread_mutex_unlock(&rs->mu);
+    notify_output(rs);
+    mge_ranks_wake(rs);
+}
+
 int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a)
 {
     struct mge_rank *r;
@@ -897,6 +1018,14 @@ int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a)
     r->resume = a->resume && *a->resume ? mge_strdup(a->resume) : NULL;
     r->launch_token = mge_strdup(a->launch_token ? a->launch_token : "");
     bool oom = !r->spec_yaml || !r->launch_token || (a->resume && *a->resume && !r->resume);
+    /* rank 0 that cannot read the checkpoint it resumes (it was on a lost node) fetches the
+     * coordinator's copy first */
+    if (a->rank == 0 && a->resume_copy && *a->resume_copy &&
+        (!r->resume || access(r->resume, R_OK) != 0)) {
+        r->resume_copy = mge_strdup(a->resume_copy);
+        r->fetch_wanted = r->resume_copy != NULL;
+        oom |= !r->resume_copy;
+    }
     r->peers = a->n_peers ? mge_calloc(a->n_peers, sizeof(*r->peers)) : NULL;
     oom |= a->n_peers && !r->peers;
     for (size_t i = 0; r->peers && i < a->n_peers; i++) {

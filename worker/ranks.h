@@ -48,6 +48,8 @@ struct mge_rank_assign {
     int attempt, rank, world;
     const char *spec_yaml;
     const char *resume;      /* checkpoint to resume from, NULL or "" for none */
+    const char *resume_copy; /* rank 0: newest checkpoint in the coordinator's store, for when
+                              * @resume is not readable here; NULL or "" for none */
     const char *launch_token; /* world > 1: the attempt's secret for LaunchRequests */
     const struct mge_peer *peers; /* rank 0 of world > 1: every rank's worker, rank order */
     size_t n_peers;
@@ -76,6 +78,12 @@ struct mge_rank {
     size_t n_lines, cap_lines;
     uint64_t next_seq;       /* seq of the next line */
     uint64_t dropped;        /* log lines dropped because the buffer was full */
+    /* checkpoint replication (rank 0 only; the link thread moves the bytes) */
+    char *resume_copy;        /* owned: the coordinator's copy to fetch first, NULL for none */
+    bool fetch_wanted;        /* the rank waits for resume_copy to be fetched before it starts */
+    int64_t ckpt_new_step;    /* newest checkpoint seen in out_dir (0 none) ... */
+    char ckpt_new_path[1100]; /* ... and its path */
+    int64_t ckpt_up_step;     /* newest one uploaded or given up on */
     /* [loop] */
     bool spawned, killed, proc_exited, closing;
     int open_handles;        /* uv handles not yet closed */
@@ -140,6 +148,36 @@ void mge_ranks_cancel(struct mge_ranks *rs, int64_t job_id, int attempt, int gra
 /* Drop lines up to @seq; record the exit ack. Any thread, mu NOT held. */
 void mge_ranks_ack(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, uint64_t seq,
                    bool exit_acked);
+/* A checkpoint file to move between this worker and the coordinator's store. */
+struct mge_ckpt_ref {
+    int64_t job_id;
+    int attempt;
+    int64_t step;
+    char name[40];   /* "ckpt-<step>.mgeckpt" */
+    char path[1100]; /* upload: the file; fetch: the directory to put it in (created) */
+};
+
+/*
+ * Any thread, mu NOT held. The newest checkpoint of a rank 0 here that is newer than what was
+ * uploaded of it: into *@out, true; false when there is none.
+ */
+bool mge_ranks_upload_next(struct mge_ranks *rs, struct mge_ckpt_ref *out);
+/* Any thread, mu NOT held. Checkpoint @step of (@job_id, @attempt) is uploaded (or given up). */
+void mge_ranks_upload_done(struct mge_ranks *rs, int64_t job_id, int attempt, int64_t step);
+/*
+ * Any thread, mu NOT held. A rank 0 here that waits for the coordinator's copy of a checkpoint:
+ * its job, attempt and the copy's name into *@out, and its output directory (created) as
+ * @out->path; true. False when none waits.
+ */
+bool mge_ranks_fetch_next(struct mge_ranks *rs, struct mge_ckpt_ref *out);
+/*
+ * Any thread, mu NOT held. The fetch for (@job_id, @attempt) rank 0 is over: @path is the
+ * verified copy to resume from, or NULL when it failed (@why says why, in the job's log; the
+ * rank then starts as if it had no checkpoint). The rank may start now (wakes the loop).
+ */
+void mge_ranks_fetch_done(struct mge_ranks *rs, int64_t job_id, int attempt, const char *path,
+                          const char *why);
+
 /* Wake the loop to act on the table. Any thread. */
 void mge_ranks_wake(struct mge_ranks *rs);
 

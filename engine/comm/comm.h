@@ -174,6 +174,33 @@ void mge_comm_packs_ready_hook(void *p, size_t ready_bytes);
 /* Wait for pack @i's all-reduce of this step (every pack must have started). */
 int mge_comm_packs_wait(struct mge_comm_packs *p, int i);
 
+/* ---- exact sums: fixed point, for reductions whose bits must not depend on order ---- */
+
+/*
+ * Deterministic data parallelism adds each gradient element as round(x * 2^40) into an int64
+ * accumulator: integer sums are exact, so any order of the same terms, split over any ranks and
+ * then summed with an MGE_COMM_I64 all-reduce, gives the same bits. Resolution 2^-40 (9.1e-13),
+ * below a float's rounding for any |x| above ~1e-5; range 2^22 / terms (about 350000 for 12
+ * terms), checked on every addend so that no partial sum can leave int64 in any order.
+ */
+#define MGE_EXACT_FRAC_BITS 40
+
+/* Largest |x| one of at most @terms addends of an element may have. */
+double mge_exact_limit(int terms);
+/*
+ * @acc[i] += round(@x[i] * 2^40) for i in [0, @n); each element gets at most @terms addends
+ * over the whole sum (all ranks). Returns MGE_OK, or MGE_RANGE when some |x| exceeds
+ * mge_exact_limit(@terms) or is not finite: then *@bad is the first such index and @acc is
+ * garbage (fail the step: the sum would have wrapped). Thread: any; touches only its arguments.
+ */
+int mge_exact_add_f32(int64_t *acc, const float *x, size_t n, int terms, size_t *bad);
+/* One double addend: *@acc += round(@x * 2^40); MGE_RANGE (acc unchanged) as above. */
+int mge_exact_add_f64(int64_t *acc, double x, int terms);
+/* @out[i] = the float nearest @acc[i] * 2^-40 (through double), for i in [0, @n). */
+void mge_exact_to_f32(float *out, const int64_t *acc, size_t n);
+/* @acc * 2^-40 as a double (exact below 2^53 units). */
+double mge_exact_to_f64(int64_t acc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -211,6 +211,16 @@ void mge_cpu_sgd_update(float *p, const float *g, float *v, int64_t n, float lr,
 void mge_cpu_adam_update(float *p, const float *g, float *m, float *v, int64_t n, float lr,
                          float beta1, float beta2, float eps, float wd, int adamw, int64_t t);
 
+/* ---- exact sums (fixed point; engine/comm/exact.c has the contract) ------------------------ */
+/*
+ * acc[i] += round(x[i] * scale) for i < n (scale a power of two; rounding to nearest-even, the
+ * same bits in every ISA clone). Returns 1 if some |x[i] * scale| > limit or is NaN (then the
+ * out-of-range elements' acc is garbage), else 0. acc and x must not overlap.
+ */
+int mge_cpu_exact_add(int64_t *acc, const float *x, int64_t n, double scale, double limit);
+/* out[i] = (float)(acc[i] * inv_scale), through double. */
+void mge_cpu_exact_to_f32(float *out, const int64_t *acc, int64_t n, double inv_scale);
+
 #ifdef __cplusplus
 }
 #endif

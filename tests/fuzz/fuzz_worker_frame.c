@@ -9,7 +9,8 @@
  *         Register with a valid join token proof; anything else as the next frame of the
  *         session of worker "w1", registered at setup), so the fuzzer reaches what lies behind
  *         the MAC check. A heartbeat whose worker_id is "@" gets w1's id (ids are random);
- *         job 1 is placed on w1, so its lines of attempt 1, rank 0 are stored.
+ *         job 1 is placed on w1, so its lines of attempt 1, rank 0 are stored, and its
+ *         checkpoint uploads and fetches reach the checkpoint store (in the same directory).
  * Seeds: corpus/worker_frame/, written by gen_worker_frame_seeds.c.
  */
 #include <dirent.h>
@@ -152,11 +153,15 @@ static int setup(void)
     char *dir = g_dir;
     struct mge_store *st;
     struct mge_sched *sched;
-    struct mge_rpc_opts ro = {"tcp://127.0.0.1:0", JOIN, 1000};
+    struct mge_rpc_opts ro = {"tcp://127.0.0.1:0", JOIN, 1000, NULL};
     struct mge_sched_opts so = {0};
+    static char ckpt_dir[sizeof(g_dir) + 16];
     mge_log_set_level(MGE_LOG_OFF);
     if (!mkdtemp(dir))
         return -1;
+    /* checkpoint uploads and fetches reach the store (coordinator/ckpt_store.c) */
+    snprintf(ckpt_dir, sizeof(ckpt_dir), "%s/checkpoints", dir);
+    ro.ckpt_dir = ckpt_dir;
     atexit(remove_dir);
     if (mge_store_open(dir, &st) != MGE_OK || insert_job(st) != 0)
         return -1;

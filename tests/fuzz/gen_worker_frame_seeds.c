@@ -171,5 +171,28 @@ int main(int argc, char **argv)
     rc |= put_frame(argv[1], "frame-heartbeat-forged", &m, "w-0123456789abcdef", "");
     hb.worker_id = (char *)"nobody";
     rc |= put(argv[1], "heartbeat-unknown-worker", &m);
+
+    /* checkpoint replication: the first piece of an upload, a whole (unverifiable) file, and
+     * a fetch of a committed copy */
+    static uint8_t piece[64] = "MGECKPT1";
+    Mge__CkptChunk up = MGE__CKPT_CHUNK__INIT;
+    Mge__CkptFetch fe = MGE__CKPT_FETCH__INIT;
+    hb.worker_id = (char *)"@";
+    hb.n_ranks = 1;
+    hb.ranks = runp;
+    hb.n_lines = 0;
+    up.job_id = fe.job_id = 1;
+    up.attempt = fe.attempt = 1;
+    up.name = fe.name = (char *)"ckpt-000002.mgeckpt";
+    up.size = 128;
+    up.data.data = piece;
+    up.data.len = sizeof(piece);
+    hb.upload = &up;
+    rc |= put(argv[1], "heartbeat-upload-first", &m);
+    up.size = sizeof(piece);
+    rc |= put(argv[1], "heartbeat-upload-whole", &m);
+    hb.upload = NULL;
+    hb.fetch = &fe;
+    rc |= put(argv[1], "heartbeat-fetch", &m);
     return rc;
 }

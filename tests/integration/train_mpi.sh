@@ -2,7 +2,9 @@
 # train_mpi.sh: static data parallelism with mpirun on one machine: 1, 2 and 4 ranks train the
 # same spec, seed and global batch to the same losses (1e-5 relative after 200 steps) with
 # uneven shards, a rank with no rows, dropout and Adam; rank 0 alone reports; resume with
-# another world size; --profile traces every rank; a failing rank ends the job promptly.
+# another world size; --profile traces every rank; a failing rank ends the job promptly;
+# deterministic mode (distributed.deterministic): one process, 1, 2 and 3 ranks, and a run
+# that goes 1 -> 3 -> 2 ranks through checkpoints, all bit-identical at every step.
 # Exit 77 (skip) when Open MPI's mpirun is not installed.
 BUILD=${1:-build}
 BIN=$(cd "$BUILD/bin" && pwd)
@@ -95,6 +97,66 @@ r=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().split
 set -- $r
 rel=$(python3 -c 'import sys; a,b=map(float,sys.argv[1:]); print(abs(a-b)/abs(b))' "$1" "$2")
 within "$rel" 1e-5 && ok "2 ranks to step 100 then 4 ranks to 200: final loss $1 vs $2 (rel $rel)" || bad "resume: $1 vs $2 (rel $rel)"
+
+echo "-- deterministic mode: bit-identical losses and final state for any world size"
+# sgd.yaml (dropout, SGD with momentum, 1003 samples in batches of 50) for 60 steps: batch 21
+# of each epoch has 3 rows, so 9 of the 12 micro-shards are empty and, on 2 and 3 ranks, so
+# is a rank. Every run below starts with these overrides (later --set win).
+DET="--set distributed.deterministic=true --set train.steps=60 --set train.optimizer.lr=0.1
+     --set train.checkpoint_every=20"
+# same A B [FROM]: the step lines from step FROM on (default 1) of B are those of A, with the
+# loss's exact bits ("loss_bits", %a) equal, and the final state hashes are equal
+same() {
+    python3 - "$1" "$2" "${3:-1}" <<'P'
+import json, sys
+def load(f):
+    lines = [json.loads(l) for l in open(f)]
+    steps = {l["step"]: l for l in lines if "loss_bits" in l}
+    return steps, lines[-1]
+a, sa = load(sys.argv[1]); b, sb = load(sys.argv[2]); first = int(sys.argv[3])
+want = list(range(first, 61))
+assert sorted(b) == want, ("steps", sorted(b)[:3], len(b))
+diff = [s for s in want if a[s]["loss_bits"] != b[s]["loss_bits"]]
+assert not diff, "loss bits differ from step %d: %s vs %s" % (diff[0], a[diff[0]]["loss_bits"], b[diff[0]]["loss_bits"])
+assert sa["state_hash"] == sb["state_hash"], (sa["state_hash"], sb["state_hash"])
+assert sa["final_loss"] < 0.8 * a[1]["loss"], "did not learn: %g -> %g" % (a[1]["loss"], sa["final_loss"])
+print("%d steps, loss %s -> %s, state %s" % (len(want), a[first]["loss_bits"], a[60]["loss_bits"], sb["state_hash"]))
+P
+}
+"$BIN/mge-train" "$T/sgd.yaml" $DET --json --out "$T/det.0" > "$T/det.0.out" 2>"$T/err" \
+    || { bad "deterministic one process exited $?"; cat "$T/err"; }
+grep -q '"backend":"local","ranks":1,' "$T/det.0.out" && ok "deterministic one process ran on the local backend" \
+    || bad "deterministic one process: not local"
+# ranks may run different thread counts (a worker's cpus): the kernels' sums do not depend on it
+"$BIN/mge-train" "$T/sgd.yaml" $DET --threads 2 --json --out "$T/det.t2" > "$T/det.t2.out" 2>"$T/err" \
+    || { bad "deterministic 2 threads exited $?"; cat "$T/err"; }
+r=$(same "$T/det.0.out" "$T/det.t2.out" 2>&1) && ok "deterministic 2 threads = 1 thread: $r" \
+    || bad "deterministic 2 threads: $r"
+for n in 1 2 3; do
+    mpi "$n" "$BIN/mge-train" "$T/sgd.yaml" $DET --json --out "$T/det.$n" --set distributed.backend=mpi \
+        > "$T/det.$n.out" 2>"$T/err" || { bad "deterministic $n ranks exited $?"; cat "$T/err"; continue; }
+    r=$(same "$T/det.0.out" "$T/det.$n.out" 2>&1) && ok "deterministic $n ranks = one process: $r" \
+        || bad "deterministic $n ranks: $r"
+done
+# 1 rank to step 20 (its own run, stopped there), 3 ranks to 40, 2 ranks to 60
+"$BIN/mge-train" "$T/sgd.yaml" $DET --set train.steps=20 --json --out "$T/el.1" > "$T/el.1.out" 2>"$T/err" \
+    || { bad "elastic 1 rank exited $?"; cat "$T/err"; }
+mpi 3 "$BIN/mge-train" "$T/sgd.yaml" $DET --set train.steps=40 --resume "$T/el.1/latest.mgeckpt" --json \
+    --out "$T/el.3" > "$T/el.3.out" 2>"$T/err" || { bad "elastic 3 ranks exited $?"; cat "$T/err"; }
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" $DET --resume "$T/el.3/latest.mgeckpt" --json --out "$T/el.2" \
+    > "$T/el.2.out" 2>"$T/err" || { bad "elastic 2 ranks exited $?"; cat "$T/err"; }
+cat "$T/el.1.out" "$T/el.3.out" "$T/el.2.out" > "$T/el.out"
+r=$(same "$T/det.0.out" "$T/el.out" 2>&1) && ok "deterministic 1 -> 3 -> 2 ranks = one process: $r" \
+    || bad "deterministic 1 -> 3 -> 2 ranks: $r"
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" $DET --set distributed.micro_shards=1 > /dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "1 micro-shards over 2 ranks" "$T/err" \
+    && ok "1 micro-shard on 2 ranks: exit 2, '$(grep -m1 'micro-shards over' "$T/err")'" \
+    || bad "1 micro-shard on 2 ranks: exit $rc: $(cat "$T/err")"
+"$BIN/mge-train" "$T/sgd.yaml" $DET --set train.optimizer.lr=1e5 --set train.optimizer.momentum=0 \
+    --out "$T/big" > /dev/null 2>"$T/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "outside the exact sum's range" "$T/err" \
+    && ok "diverging deterministic run fails, not wraps: exit $rc, '$(grep -m1 'outside' "$T/err")'" \
+    || bad "diverging deterministic run: exit $rc: $(cat "$T/err")"
 
 echo "-- --profile: a Chrome trace per rank, all-reduces on the comm track"
 mpi 2 "$BIN/mge-train" "$T/sgd.yaml" --set train.steps=20 --set distributed.pack_mb=0.004 --json --out "$T/prof" --profile "$T/trace.json" > /dev/null 2>"$T/err" \

@@ -21,6 +21,11 @@
  *       NAME registers with no slots, so nothing is ever placed on it.
  *   mge-forge launch LAUNCH_URL JOB ATTEMPT RANK TOKEN COMMAND
  *       a LaunchRequest to a worker's launch socket. Exit 0 when refused, 1 when accepted.
+ *   mge-forge upload WORKER_URL JOIN NAME JOB ATTEMPT CKPT_NAME FILE [SIZE]
+ *       a genuine session as worker NAME (this tool knows the join token; a NAME that exists
+ *       takes over its session) uploads FILE as checkpoint CKPT_NAME of JOB's ATTEMPT to the
+ *       coordinator's store, in 1 MiB chunks (Heartbeat.upload), declaring SIZE bytes if given.
+ *       Prints each answer. Exit 0 when the upload was refused, 1 when it was committed.
  */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -363,6 +368,85 @@ static int forge_replay(const char *url, const char *join, const char *name)
     return good ? 0 : 1;
 }
 
+static int forge_upload(const char *url, const char *join, const char *name, long long job,
+                        int attempt, const char *ckpt_name, const char *file, long long size)
+{
+    FILE *fp = fopen(file, "rb");
+    static uint8_t data[1 << 20];
+    uint8_t *frame, *body, mac[MGE_HMAC_LEN];
+    size_t frame_len, body_len, n;
+    uint64_t offset = 0, counter = 0;
+    nng_socket s = dial(url);
+    struct session se;
+    long long file_size;
+    if (!fp || fseek(fp, 0, SEEK_END) != 0 || (file_size = ftell(fp)) < 0)
+        return 2;
+    if (size < 0)
+        size = file_size;
+    if (session_register(s, join, name, &se, &frame, &frame_len) != 0)
+        return 2;
+    free(frame);
+    for (int i = 0; i < 10000; i++) {
+        Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
+        Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
+        Mge__CkptChunk c = MGE__CKPT_CHUNK__INIT;
+        Mge__LinkReply *lr;
+        Mge__ToWorker *tw;
+        nng_msg *rep;
+        int verdict = -1;
+        if (fseek(fp, (long)offset, SEEK_SET) != 0)
+            return 2;
+        n = fread(data, 1, sizeof(data), fp);
+        c.job_id = job;
+        c.attempt = attempt;
+        c.name = (char *)ckpt_name;
+        c.offset = offset;
+        c.size = (uint64_t)size;
+        c.data.data = data;
+        c.data.len = n;
+        hb.worker_id = se.id;
+        hb.upload = &c;
+        m.msg_case = MGE__TO_COORDINATOR__MSG_HEARTBEAT;
+        m.heartbeat = &hb;
+        body = pack_to_coordinator(&m, &body_len);
+        if (mge_link_mac(MGE_LINK_MAC_REQUEST, se.key, sizeof(se.key), se.id, ++counter, NULL, 0,
+                         body, body_len, mac) != 0)
+            exit(2);
+        frame = pack_frame(se.id, counter, body, body_len, NULL, mac, &frame_len);
+        free(body);
+        rep = roundtrip(s, frame, frame_len);
+        free(frame);
+        lr = mge__link_reply__unpack(NULL, nng_msg_len(rep), nng_msg_body(rep));
+        tw = lr ? mge__to_worker__unpack(NULL, lr->body.len, lr->body.data) : NULL;
+        if (!tw || !tw->upload_ack) {
+            printf("upload %s at %llu: no answer (%s)\n", ckpt_name, (unsigned long long)offset,
+                   tw && tw->error ? tw->error : "no upload ack");
+            verdict = 2;
+        } else if (tw->upload_ack->error && *tw->upload_ack->error) {
+            printf("upload %s at %llu: refused: %s\n", ckpt_name, (unsigned long long)offset,
+                   tw->upload_ack->error);
+            verdict = 0;
+        } else if (tw->upload_ack->committed) {
+            printf("upload %s: committed\n", ckpt_name);
+            verdict = 1;
+        } else if (tw->upload_ack->offset == offset) {
+            printf("upload %s at %llu: no progress\n", ckpt_name, (unsigned long long)offset);
+            verdict = 2;
+        } else {
+            offset = tw->upload_ack->offset;
+        }
+        mge__to_worker__free_unpacked(tw, NULL);
+        mge__link_reply__free_unpacked(lr, NULL);
+        nng_msg_free(rep);
+        if (verdict >= 0) {
+            fclose(fp);
+            nng_close(s);
+            return verdict;
+        }
+    }
+    return 2;
+}
+
 static int forge_launch(const char *url, long long job, int attempt, int rank, const char *token,
                         const char *command)
 {
@@ -405,6 +489,9 @@ int main(int argc, char **argv)
         return forge_register(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "replay"))
         return forge_replay(argv[2], argv[3], argv[4]);
+    if ((argc == 9 || argc == 10) && !strcmp(argv[1], "upload"))
+        return forge_upload(argv[2], argv[3], argv[4], atoll(argv[5]), atoi(argv[6]), argv[7],
+                            argv[8], argc == 10 ? atoll(argv[9]) : -1);
     if (argc == 8 && !strcmp(argv[1], "launch"))
         return forge_launch(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), argv[6],
                             argv[7]);

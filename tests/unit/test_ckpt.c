@@ -514,6 +514,79 @@ START_TEST(test_dtype_size)
 }
 END_TEST
 
+/* A background write is the synchronous file byte for byte, though the live state changes
+ * as soon as the save returns; "latest" then points at it. */
+START_TEST(test_writer_matches_sync)
+{
+    struct mge_ckpt ck = sample_ckpt(), *back = NULL;
+    struct mge_ckpt_writer *w = NULL;
+    char bg[160], latest[160], link[64], err[256];
+    size_t la, lb;
+    ck_assert_int_eq(mge_ckpt_write(ckpath, &ck, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(mge_ckpt_writer_new(&w, ck.tensors, ck.n_tensors), MGE_OK);
+    ck_assert_uint_ge(mge_ckpt_writer_bytes(w), sizeof(w1) + sizeof(m1) + sizeof(step_t));
+    snprintf(bg, sizeof(bg), "%s/ckpt-001234.mgeckpt", tmpdir);
+    snprintf(latest, sizeof(latest), "%s/latest.mgeckpt", tmpdir);
+    ck_assert_int_eq(mge_ckpt_writer_save(w, &ck, bg, latest, err, sizeof(err)), MGE_OK);
+    float saved = w1[0];
+    w1[0] = -99.0f; /* the step loop goes on while the thread writes */
+    m1[5] = -99.0f;
+    ck_assert_int_eq(mge_ckpt_writer_wait(w, err, sizeof(err)), MGE_OK);
+    w1[0] = saved;
+    m1[5] = 8;
+    uint8_t *a = read_file(ckpath, &la), *b = read_file(bg, &lb);
+    ck_assert_uint_eq(la, lb);
+    ck_assert_mem_eq(a, b, la);
+    free(a);
+    free(b);
+    ssize_t n = readlink(latest, link, sizeof(link) - 1);
+    ck_assert_int_gt(n, 0);
+    link[n] = '\0';
+    ck_assert_str_eq(link, "ckpt-001234.mgeckpt");
+    /* a second save takes the state of its own moment */
+    ck.step = 1300;
+    w1[1] = 42.0f;
+    snprintf(bg, sizeof(bg), "%s/ckpt-001300.mgeckpt", tmpdir);
+    ck_assert_int_eq(mge_ckpt_writer_save(w, &ck, bg, latest, err, sizeof(err)), MGE_OK);
+    mge_ckpt_writer_free(w); /* finishes the write */
+    ck_assert_int_eq(mge_ckpt_read(latest, &back, err, sizeof(err)), MGE_OK);
+    check_equal(&ck, back);
+    ck_assert(mge_ckpt_find(back, "fc1.w") &&
+              ((float *)mge_ckpt_find(back, "fc1.w")->data)[1] == 42);
+    mge_ckpt_free(back);
+    w1[1] = 2;
+    ck_assert_int_eq(dir_entries(".tmp"), 0);
+}
+END_TEST
+
+/* A failed background write is reported by the next wait and the next save, naming the path. */
+START_TEST(test_writer_error)
+{
+    struct mge_ckpt ck = sample_ckpt();
+    struct mge_ckpt_writer *w = NULL;
+    char bad[160], err[256] = "";
+    ck_assert_int_eq(mge_ckpt_writer_new(&w, ck.tensors, ck.n_tensors), MGE_OK);
+    snprintf(bad, sizeof(bad), "%s/no-such-dir/ckpt-1.mgeckpt", tmpdir);
+    ck_assert_int_eq(mge_ckpt_writer_save(w, &ck, bad, NULL, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(mge_ckpt_writer_wait(w, err, sizeof(err)), MGE_NOENT);
+    ck_assert_ptr_nonnull(strstr(err, "no-such-dir"));
+    err[0] = '\0';
+    ck_assert_int_eq(mge_ckpt_writer_save(w, &ck, ckpath, NULL, err, sizeof(err)), MGE_NOENT);
+    ck_assert_ptr_nonnull(strstr(err, "no-such-dir"));
+    ck_assert_int_eq(access(ckpath, F_OK), -1); /* nothing handed over */
+    ck.n_tensors = 3;
+    mge_ckpt_writer_free(w);
+    ck_assert_int_eq(mge_ckpt_writer_new(&w, ck.tensors, 4), MGE_OK);
+    ck_assert_int_eq(mge_ckpt_writer_save(w, &ck, ckpath, NULL, err, sizeof(err)), MGE_INVAL);
+    mge_ckpt_writer_free(w);
+    mge_ckpt_writer_free(NULL);
+    mge_alloc_fail_after(0);
+    ck_assert_int_eq(mge_ckpt_writer_new(&w, ck.tensors, 4), MGE_NOMEM);
+    ck_assert_ptr_null(w);
+    mge_alloc_fail_after(-1);
+}
+END_TEST
+
 static Suite *ckpt_suite(void)
 {
     Suite *s = suite_create("ckpt");
@@ -531,6 +604,8 @@ static Suite *ckpt_suite(void)
         {"missing_file", test_missing_file},
         {"alloc_failures", test_read_alloc_failures},
         {"dtype_size", test_dtype_size},
+        {"writer_matches_sync", test_writer_matches_sync},
+        {"writer_error", test_writer_error},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -1,10 +1,12 @@
 /*
  * test_comm.c: unit tests of engine/comm without a launcher: the launcher environment and
  * backend choice, the local backend, the communication thread (over a fake two-rank backend
- * whose all-reduce doubles the buffer, as two identical ranks would), and gradient packs.
+ * whose all-reduce doubles the buffer, as two identical ranks would), gradient packs, and the
+ * fixed-point exact sums of deterministic mode.
  * MPI across ranks is tested by tests/integration/train_mpi.sh under mpirun.
  */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -373,6 +375,125 @@ START_TEST(test_packs_ready)
 }
 END_TEST
 
+/* ---- exact sums ---- */
+
+enum { EX_TERMS = 12, EX_N = 4096 };
+
+/* Terms of mixed signs and magnitudes, so float sums in different orders round differently. */
+static void exact_terms(float x[EX_TERMS][EX_N])
+{
+    unsigned r = 12345;
+    for (int k = 0; k < EX_TERMS; k++)
+        for (int i = 0; i < EX_N; i++) {
+            r = r * 1103515245u + 12345u;
+            float m = (float)((r >> 8) & 0xffff) / 65536.0f - 0.5f;
+            x[k][i] = m * (float)(1 << (r >> 28)) * 1e-3f;
+        }
+}
+
+/* The same terms in forward, reverse and a strided order, and split over 1, 2 or 3 "ranks"
+ * whose accumulators are then summed (what the int64 all-reduce does), give equal bits. */
+START_TEST(test_exact_order_independent)
+{
+    static float x[EX_TERMS][EX_N];
+    static int64_t ref[EX_N], acc[3][EX_N], sum[EX_N];
+    static float out_ref[EX_N], out[EX_N];
+    static const int orders[3][EX_TERMS] = {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11},
+                                            {11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0},
+                                            {5, 0, 7, 2, 9, 4, 11, 6, 1, 8, 3, 10}};
+    size_t bad = 0;
+    int float_differs = 0;
+    exact_terms(x);
+    for (int k = 0; k < EX_TERMS; k++)
+        ck_assert_int_eq(mge_exact_add_f32(ref, x[k], EX_N, EX_TERMS, &bad), MGE_OK);
+    mge_exact_to_f32(out_ref, ref, EX_N);
+    for (int o = 0; o < 3; o++) {
+        for (int w = 1; w <= 3; w++) {
+            memset(acc, 0, sizeof(acc));
+            for (int j = 0; j < EX_TERMS; j++) /* term j goes to rank j * w / EX_TERMS */
+                ck_assert_int_eq(
+                    mge_exact_add_f32(acc[j * w / EX_TERMS], x[orders[o][j]], EX_N, EX_TERMS, &bad),
+                    MGE_OK);
+            for (int i = 0; i < EX_N; i++)
+                sum[i] = acc[2][i] + acc[1][i] + acc[0][i];
+            ck_assert_mem_eq(sum, ref, sizeof(ref));
+            mge_exact_to_f32(out, sum, EX_N);
+            ck_assert_mem_eq(out, out_ref, sizeof(out));
+        }
+    }
+    /* and the result is the true sum to within the rounding of the terms */
+    for (int i = 0; i < EX_N; i++) {
+        double d = 0, fwd = 0, rev = 0;
+        for (int k = 0; k < EX_TERMS; k++)
+            d += x[k][i];
+        for (int k = 0; k < EX_TERMS; k++) {
+            fwd = (float)(fwd + x[k][i]);
+            rev = (float)(rev + x[EX_TERMS - 1 - k][i]);
+        }
+        float_differs |= fwd != rev;
+        ck_assert_double_le(fabs(mge_exact_to_f64(ref[i]) - d), EX_TERMS * ldexp(1, -41));
+        ck_assert_double_le(fabs((double)out_ref[i] - d), fabs(d) * 0x1p-23 + ldexp(1, -36));
+    }
+    ck_assert_msg(float_differs, "the float sums should depend on the order (else no test)");
+}
+END_TEST
+
+/* Addends beyond 2^22 / terms, infinities and NaN are refused, and the first is named; at the
+ * limit, terms addends of the same sign still sum inside int64. */
+START_TEST(test_exact_range)
+{
+    int64_t acc[4] = {0, 0, 0, 0}, one = 0;
+    float x[4] = {1.0f, 2.0f, 0, 0};
+    double lim = mge_exact_limit(EX_TERMS);
+    size_t bad = 99;
+    ck_assert_double_eq(lim, 4194304.0 / EX_TERMS);
+    x[2] = (float)(lim * 1.001);
+    ck_assert_int_eq(mge_exact_add_f32(acc, x, 4, EX_TERMS, &bad), MGE_RANGE);
+    ck_assert_uint_eq(bad, 2);
+    x[2] = 0;
+    x[3] = -INFINITY;
+    ck_assert_int_eq(mge_exact_add_f32(acc, x, 4, EX_TERMS, &bad), MGE_RANGE);
+    ck_assert_uint_eq(bad, 3);
+    x[1] = NAN;
+    ck_assert_int_eq(mge_exact_add_f32(acc, x, 4, EX_TERMS, &bad), MGE_RANGE);
+    ck_assert_uint_eq(bad, 1);
+    ck_assert_int_eq(mge_exact_add_f64(&one, lim * 1.001, EX_TERMS), MGE_RANGE);
+    ck_assert_int_eq(mge_exact_add_f64(&one, NAN, EX_TERMS), MGE_RANGE);
+    ck_assert_int_eq(one, 0);
+    /* EX_TERMS addends at the limit, either sign: no wrap */
+    float top = (float)lim, low = -(float)lim;
+    while ((double)top > lim)
+        top = nextafterf(top, 0);
+    low = -top;
+    memset(acc, 0, sizeof(acc));
+    for (int k = 0; k < EX_TERMS; k++) {
+        ck_assert_int_eq(mge_exact_add_f32(acc, &top, 1, EX_TERMS, &bad), MGE_OK);
+        ck_assert_int_eq(mge_exact_add_f32(acc + 1, &low, 1, EX_TERMS, &bad), MGE_OK);
+        ck_assert_int_eq(mge_exact_add_f64(&one, (double)top, EX_TERMS), MGE_OK);
+    }
+    ck_assert(acc[0] > 0 && acc[1] < 0 && acc[0] == -acc[1] && one == acc[0]);
+    ck_assert_double_eq(mge_exact_to_f64(acc[0]), (double)top * EX_TERMS);
+}
+END_TEST
+
+/* Halves round to even, as lrint would, in the vector body and the remainder alike (every ISA
+ * clone must give these integers, or ranks on different CPUs would disagree). */
+START_TEST(test_exact_rounding)
+{
+    static const float units[5] = {1.5f, 2.5f, -1.5f, 0.25f, -0.75f};
+    static const int64_t want[5] = {2, 2, -2, 0, -1};
+    float x[67];
+    int64_t acc[67] = {0};
+    size_t bad;
+    for (int i = 0; i < 67; i++)
+        x[i] = ldexpf(units[i % 5], -MGE_EXACT_FRAC_BITS);
+    ck_assert_int_eq(mge_exact_add_f32(acc, x, 67, 1, &bad), MGE_OK);
+    for (int i = 0; i < 67; i++)
+        ck_assert_msg(acc[i] == want[i % 5], "element %d: %lld, want %lld", i, (long long)acc[i],
+                      (long long)want[i % 5]);
+}
+END_TEST
+
 static Suite *comm_suite(void)
 {
     Suite *s = suite_create("comm");
@@ -398,6 +519,12 @@ static Suite *comm_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_packs_plan);
     tcase_add_test(tc, test_packs_ready);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("exact");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_exact_order_independent);
+    tcase_add_test(tc, test_exact_range);
+    tcase_add_test(tc, test_exact_rounding);
     suite_add_tcase(s, tc);
     return s;
 }

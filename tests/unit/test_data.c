@@ -565,30 +565,49 @@ START_TEST(test_sampler_permutation)
 }
 END_TEST
 
-/* For each world size, the ranks' shards, concatenated in rank order, are the global batch. */
-static void check_shards(int64_t n, int64_t B)
+/*
+ * For each world size, the ranks' shards, concatenated in rank order, are the global batch.
+ * @S = 0: rows split evenly over ranks (the first gn % W get one more). @S > 0: micro-shards,
+ * so rank r's rows are those of its whole micro-shards, micro-shard k is the same rows of the
+ * global batch for every world size, and W goes up to S.
+ */
+static void check_shards(int64_t n, int64_t B, int S)
 {
     struct mge_sampler g;
     int64_t gidx[64], nl, gn;
+    int wmax = S == 0 ? 4 : S < 5 ? S : 5;
     ck_assert_int_le(B, 64);
     ck_assert_int_eq(mge_sampler_init(&g, n, B, 0, 1, 9), MGE_OK);
-    for (int W = 1; W <= 4; W++) {
-        struct mge_sampler r[4];
-        for (int k = 0; k < W; k++)
+    for (int W = 1; W <= wmax; W++) {
+        struct mge_sampler r[5];
+        for (int k = 0; k < W; k++) {
             ck_assert_int_eq(mge_sampler_init(&r[k], n, B, k, W, 9), MGE_OK);
+            ck_assert_int_eq(mge_sampler_set_micro_shards(&r[k], S), MGE_OK);
+        }
         mge_sampler_seek(&g, 0, 0);
         for (int step = 0; step < 40; step++) {
             int rc = mge_sampler_next(&g, gidx, &nl, &gn);
             int64_t off = 0;
             for (int k = 0; k < W; k++) {
-                int64_t lidx[64], lnl, lgn;
+                int64_t lidx[64], lnl, lgn, first, end;
+                int m0, m1;
                 ck_assert_int_eq(mge_sampler_next(&r[k], lidx, &lnl, &lgn), rc);
                 if (rc == 1)
                     continue;
                 ck_assert_int_eq(lgn, gn);
                 ck_assert_int_le(lnl, mge_sampler_local_max(&r[k]));
-                /* uneven: the first gn % W ranks get one more */
-                ck_assert_int_eq(lnl, gn / W + (k < gn % W ? 1 : 0));
+                mge_sampler_rank_shards(&r[k], &m0, &m1);
+                if (S == 0) { /* uneven: the first gn % W ranks get one more */
+                    ck_assert(m0 == k && m1 == k + 1);
+                    first = k * (gn / W) + (k < gn % W ? k : gn % W);
+                    end = first + gn / W + (k < gn % W ? 1 : 0);
+                } else {
+                    ck_assert_int_eq(m0, mge_split_start(S, k, W));
+                    first = mge_split_start(gn, m0, S);
+                    end = mge_split_start(gn, m1, S);
+                }
+                ck_assert_int_eq(off, first);
+                ck_assert_int_eq(lnl, end - first);
                 ck_assert_mem_eq(lidx, gidx + off, (size_t)lnl * sizeof(int64_t));
                 off += lnl;
             }
@@ -601,12 +620,29 @@ static void check_shards(int64_t n, int64_t B)
     mge_sampler_fini(&g);
 }
 
+START_TEST(test_sampler_micro_shards)
+{
+    struct mge_sampler s;
+    check_shards(103, 10, 4); /* the last batch (3 rows) leaves a micro-shard empty */
+    check_shards(50, 7, 7);
+    check_shards(200, 64, 12);
+    check_shards(7, 64, 12); /* batch larger than the dataset */
+    ck_assert_int_eq(mge_sampler_init(&s, 100, 10, 2, 3, 1), MGE_OK);
+    ck_assert_int_eq(mge_sampler_set_micro_shards(&s, 2), MGE_INVAL);  /* fewer than ranks */
+    ck_assert_int_eq(mge_sampler_set_micro_shards(&s, 11), MGE_INVAL); /* more than the batch */
+    ck_assert_int_eq(mge_sampler_set_micro_shards(&s, -1), MGE_INVAL);
+    ck_assert_int_eq(mge_sampler_set_micro_shards(&s, 4), MGE_OK);
+    ck_assert_int_eq(mge_sampler_local_max(&s), 6); /* 2 micro-shards of at most 3 rows */
+    mge_sampler_fini(&s);
+}
+END_TEST
+
 START_TEST(test_sampler_shards)
 {
-    check_shards(103, 10); /* 10 over 3 and 4 is uneven; last batch 3 < W=4 */
-    check_shards(50, 7);
-    check_shards(5, 5);
-    check_shards(7, 64); /* batch larger than the dataset: one short batch per epoch */
+    check_shards(103, 10, 0); /* 10 over 3 and 4 is uneven; last batch 3 < W=4 */
+    check_shards(50, 7, 0);
+    check_shards(5, 5, 0);
+    check_shards(7, 64, 0); /* batch larger than the dataset: one short batch per epoch */
 }
 END_TEST
 
@@ -810,6 +846,7 @@ static Suite *data_suite(void)
         {"gather", test_gather},
         {"sampler_permutation", test_sampler_permutation},
         {"sampler_shards", test_sampler_shards},
+        {"sampler_micro_shards", test_sampler_micro_shards},
         {"sampler_seek", test_sampler_seek},
         {"sampler_errors", test_sampler_errors},
         {"loader_gather", test_loader_matches_gather},

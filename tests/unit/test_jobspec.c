@@ -58,6 +58,8 @@ static const char FULL_IDX[] = "name: full-spec_1.0\n"
                                "distributed:\n"
                                "  backend: nccl\n"
                                "  pack_mb: 25\n"
+                               "  deterministic: true\n"
+                               "  micro_shards: 6\n"
                                "priority: -5\n";
 
 /* The other branches: synthetic data, deep_mlp, sgd with nesterov, step schedule, flow style. */
@@ -172,6 +174,8 @@ static void assert_spec_eq(const struct mge_jobspec *a, const struct mge_jobspec
     ck_assert_int_eq(a->memory.budget_mb, b->memory.budget_mb);
     ck_assert_int_eq(a->distributed.backend, b->distributed.backend);
     ck_assert(a->distributed.pack_mb == b->distributed.pack_mb);
+    ck_assert_int_eq(a->distributed.deterministic, b->distributed.deterministic);
+    ck_assert_int_eq(a->distributed.micro_shards, b->distributed.micro_shards);
     ck_assert_int_eq(a->priority, b->priority);
 }
 
@@ -219,6 +223,8 @@ START_TEST(test_jobspec_parse_full_idx)
     ck_assert_int_eq(s->memory.budget_mb, 2048);
     ck_assert_int_eq(s->distributed.backend, MGE_BACKEND_NCCL);
     ck_assert_double_eq(s->distributed.pack_mb, 25);
+    ck_assert_int_eq(s->distributed.deterministic, 1);
+    ck_assert_int_eq(s->distributed.micro_shards, 6);
     ck_assert_int_eq(s->priority, -5);
     ck_assert_ptr_nonnull(s->source);
     mge_jobspec_free(s);
@@ -242,6 +248,7 @@ START_TEST(test_jobspec_parse_full_synthetic)
     ck_assert_int_eq(s->data.image_w, 8);
     ck_assert_int_eq(s->data.input_dim, 3 * 8 * 8);
     ck_assert_int_eq(s->data.prefetch, 0);
+    ck_assert_int_eq(s->distributed.micro_shards, 12); /* default: batch 32, workers 4 */
     ck_assert_int_eq(s->train.epochs, 0);
     ck_assert_int_eq(s->train.steps, 50);
     ck_assert_int_eq(s->train.optim.type, MGE_OPTIM_SGD);
@@ -298,6 +305,7 @@ START_TEST(test_jobspec_defaults)
     ck_assert_int_eq(s->train.sched.type, MGE_SCHED_CONSTANT);
     ck_assert_uint_eq(s->train.seed, 42);
     ck_assert_int_eq(s->train.checkpoint_every, 0);
+    ck_assert_int_eq(s->train.checkpoint_every_sec, 0);
     ck_assert_int_eq(s->train.log_every, 1);
     ck_assert_int_eq(s->train.eval_every_epoch, 1);
     ck_assert_int_eq(s->resources.device, MGE_DEVICE_CPU);
@@ -310,6 +318,8 @@ START_TEST(test_jobspec_defaults)
     ck_assert_int_eq(s->memory.budget_mb, 0);
     ck_assert_int_eq(s->distributed.backend, MGE_BACKEND_AUTO);
     ck_assert_double_eq(s->distributed.pack_mb, 10);
+    ck_assert_int_eq(s->distributed.deterministic, 0);
+    ck_assert_int_eq(s->distributed.micro_shards, 4); /* 12, capped by batch_size 4 */
     ck_assert_int_eq(s->priority, 0);
     mge_jobspec_free(s);
 }
@@ -383,6 +393,10 @@ static const struct err_case err_cases[] = {
     {HEAD "train:\n  epochs: 1.5\n  batch_size: 4\n  optimizer:\n    lr: 0.1\n", MGE_SPEC, 8,
      "train.epochs", "expected an integer between 1 and 1000000, got '1.5'"},
     {HEAD TRAIN "  eval: yes\n", MGE_SPEC, 12, "train.eval", "expected true or false, got 'yes'"},
+    {HEAD TRAIN "  checkpoint_every_sec: 30s\n", MGE_SPEC, 12, "train.checkpoint_every_sec",
+     "expected an integer between 0 and 31536000, got '30s'"},
+    {HEAD TRAIN "  checkpoint_every_sec: -1\n", MGE_SPEC, 12, "train.checkpoint_every_sec",
+     "expected an integer between 0 and 31536000, got '-1'"},
     {HEAD TRAIN "model: 3\n", MGE_SPEC, 12, "model", "duplicate key"},
     {"name: t\nmodel: [mlp]\n", MGE_SPEC, 2, "model", "expected a mapping, got a list"},
     {"name: t\nmodel:\n  type: mpl\n", MGE_SPEC, 3, "model.type",
@@ -479,6 +493,17 @@ static const struct err_case err_cases[] = {
      "train: {epochs: 1, batch_size: 8, optimizer: {lr: 1}}\n"
      "resources: {workers: 2}\ndistributed:\n  backend: local\n",
      MGE_SPEC, 7, "distributed.backend", "when resources.workers is more than 1"},
+    {HEAD TRAIN "distributed: {deterministic: yes}\n", MGE_SPEC, 12, "distributed.deterministic",
+     "expected true or false, got 'yes'"},
+    {HEAD TRAIN "distributed: {micro_shards: 0}\n", MGE_SPEC, 12, "distributed.micro_shards",
+     "expected an integer between 1 and 1048576, got '0'"},
+    {HEAD TRAIN "distributed: {deterministic: true, micro_shards: 5}\n", MGE_SPEC, 12,
+     "distributed.micro_shards", "and train.batch_size (4)"},
+    {"name: t\nmodel: {type: mlp, hidden: [2]}\ndata: {format: synthetic}\n"
+     "train: {epochs: 1, batch_size: 64, optimizer: {lr: 1}}\n"
+     "resources: {workers: {min: 1, max: 3}}\ndistributed:\n  deterministic: true\n"
+     "  micro_shards: 2\n",
+     MGE_SPEC, 8, "distributed.micro_shards", "between resources.workers max (3)"},
     /* document-level */
     {"", MGE_SPEC, 0, "name", "required key is missing"},
     {"- a\n- b\n", MGE_SPEC, 1, "", "expected a mapping of keys"},

@@ -74,11 +74,12 @@ start_coord() {
     export MGE_SERVER=$URL MGE_TOKEN=$ADMIN
 }
 
-# start_worker NAME [extra flags...]
+# start_worker NAME [extra flags...]; $WORKER_RUN, when set, is a command prefix that execs the
+# worker elsewhere (lib/netns.sh: WORKER_RUN="netns_exec I" runs it in node I)
 start_worker() {
     name=$1; shift
     mkdir -p "$T/w-$name"
-    "$BIN/mge-worker" --coordinator "$WORKER_URL" --join-token-file "$T/join" --name "$name" \
+    $WORKER_RUN "$BIN/mge-worker" --coordinator "$WORKER_URL" --join-token-file "$T/join" --name "$name" \
         --cpus 2 --memory-mb 4096 --work-dir "$T/w-$name" --train-bin "$MGE_TRAIN_BIN" \
         --heartbeat-ms 500 "$@" >>"$T/worker-$name.log" 2>&1 &
     eval "WORKER_PID_$name=$!"
@@ -119,6 +120,19 @@ job_step() { api GET "/api/v1/jobs/$1" | jq -r '.progress.step // 0'; }
 step_at_least() { [ "$(job_step "$1")" -ge "$2" ]; }
 n_checkpoints() { api GET "/api/v1/jobs/$1/checkpoints" | jq '[.checkpoints[] | select(.name != "latest")] | length'; }
 has_checkpoint() { [ "$(n_checkpoints "$1")" -ge 1 ]; }
+
+# Elastic jobs, of the job $JOB. inc_field K FILTER: incarnation K (1-based), through a jq filter
+inc_field() { api GET "/api/v1/jobs/$JOB" | jq -r --argjson k "$1" ".incarnations[\$k - 1] | $2"; }
+# ckpt_after STEP: a checkpoint past STEP is indexed
+ckpt_after() { api GET "/api/v1/jobs/$JOB/checkpoints" | jq -e --argjson s "$1" 'any(.checkpoints[]; .step > $s)'; }
+# step_time STEP: when the loss of STEP was reported (epoch seconds, ms precision), or fail
+step_time() {
+    api GET "/api/v1/jobs/$JOB/metrics?name=loss" | jq -e --argjson s "$1" '
+        first(.metrics[] | select(.step == $s) | .time
+              | (.[0:19] + "Z" | fromdateiso8601) + (.[20:23] | tonumber) / 1000)'
+}
+# step_after STEP T0: STEP was reported after T0 (epoch seconds)
+step_after() { ts=$(step_time "$1") && [ "$(echo "$ts > $2" | bc -l)" -eq 1 ]; }
 
 # rank_cmdlines PATTERN: "PID COMMAND LINE" of the mge-train processes whose command line
 # (NULs as spaces) contains PATTERN. A rank of worker wa: "--out $T/w-wa/" (its --resume
@@ -175,21 +189,8 @@ Y
         jq -e '.state == \"running\" and (.placement | length) == 3' >/dev/null"
 }
 
-# Elastic jobs: helpers about job $JOB.
-# inc_field K FILTER: incarnation K (1-based) of the job, through a jq filter
-inc_field() { api GET "/api/v1/jobs/$JOB" | jq -r --argjson k "$1" ".incarnations[\$k - 1] | $2"; }
-# ckpt_after STEP: a checkpoint past STEP is indexed
-ckpt_after() { api GET "/api/v1/jobs/$JOB/checkpoints" | jq -e --argjson s "$1" 'any(.checkpoints[]; .step > $s)'; }
 # iso_epoch TIME: an API time (2026-01-02T03:04:05.678Z) as epoch seconds, ms precision
 iso_epoch() { echo "$1" | jq -R '(.[0:19] + "Z" | fromdateiso8601) + (.[20:23] | tonumber) / 1000'; }
-# step_time STEP: when the loss of STEP was reported (epoch seconds, ms precision), or fail
-step_time() {
-    api GET "/api/v1/jobs/$JOB/metrics?name=loss" | jq -e --argjson s "$1" '
-        first(.metrics[] | select(.step == $s) | .time
-              | (.[0:19] + "Z" | fromdateiso8601) + (.[20:23] | tonumber) / 1000)'
-}
-# step_after STEP T0: STEP was reported after T0 (epoch seconds)
-step_after() { ts=$(step_time "$1") && [ "$(echo "$ts > $2" | bc -l)" -eq 1 ]; }
 # secs A B: B - A in seconds, two decimals
 secs() { echo "$2 - $1" | bc -l | awk '{ printf "%.2f", $1 }'; }
 
