@@ -792,7 +792,7 @@ static int grow_plan(struct mge_sched *s, const struct resv *r0, char *why, size
  */
 static void grow_check(struct mge_sched *s)
 {
-    for (size_t i = 0; i < s->n_r; i++) {
+    for (size_t i = 0; i < s->n_r && !s->opts.no_grow; i++) {
         struct resv *r0 = &s->r[i];
         char why[sizeof(r0->grow_why)];
         int to;

@@ -62,6 +62,7 @@ struct mge_sched_opts {
     int64_t (*now_ms)(void *arg);
     void *now_arg;
     bool no_thread;          /* tests: no scheduler thread; the caller runs mge_sched_tick() */
+    bool no_grow;            /* running elastic jobs never grow (mge-coordinator --grow 0) */
     /* Called (with the scheduler's lock held, so it must not call back) when @worker_id has
      * commands waiting; the RPC layer wakes the worker. May be NULL. */
     void (*notify)(void *arg, const char *worker_id);

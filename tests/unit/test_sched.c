@@ -27,6 +27,7 @@ static char g_dir[64];
 static struct mge_store *g_st;
 static struct mge_sched *g_s;
 static int64_t g_now; /* the scheduler's clock, ms */
+static bool g_no_grow; /* sched_start: mge-coordinator --grow 0 */
 
 static int64_t fake_now(void *arg)
 {
@@ -44,6 +45,7 @@ static void sched_start(void)
     o.startup_timeout_ms = 60000;
     o.now_ms = fake_now;
     o.no_thread = true;
+    o.no_grow = g_no_grow;
     ck_assert_int_eq(mge_sched_new(g_st, &o, &g_s), MGE_OK);
 }
 
@@ -54,6 +56,7 @@ static void setup(void)
     mge_log_set_level(MGE_LOG_OFF);
     ck_assert_int_eq(mge_store_open(g_dir, &g_st), MGE_OK);
     g_now = 1000000;
+    g_no_grow = false;
     sched_start();
 }
 
@@ -1116,6 +1119,24 @@ START_TEST(test_sched_grow_queued_first)
 }
 END_TEST
 
+/* With --grow 0 a joining worker waits for the next membership change. */
+START_TEST(test_sched_grow_off)
+{
+    char w[3][40];
+    int64_t job;
+    mge_sched_free(g_s);
+    g_no_grow = true;
+    sched_start();
+    job = elastic_on(w, 2);
+    g_now += 1000;
+    worker_add("w3", true, w[2]);
+    mge_sched_tick(g_s);
+    step_at(w[0], job, 1, 40, 1, true);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1);
+}
+END_TEST
+
 /* No grow beyond max. */
 START_TEST(test_sched_grow_not_beyond_max)
 {
@@ -1257,6 +1278,7 @@ static Suite *sched_suite(void)
         {"grow", test_sched_grow_at_checkpoint, 1},
         {"grow_queued_first", test_sched_grow_queued_first, 1},
         {"grow_max", test_sched_grow_not_beyond_max, 1},
+        {"grow_off", test_sched_grow_off, 1},
         {"grow_dropped", test_sched_grow_dropped, 1},
         {"restart_mid_change", test_sched_restart_mid_change, 1},
         {"restart_unseen", test_sched_restart_unseen_worker, 1},
