@@ -25,6 +25,7 @@ struct config {
     char *web_root, *restore_from;
     int worker_timeout_s, heartbeat_ms, http_threads, cancel_grace_ms;
     int progress_timeout_s, startup_timeout_s; /* the watchdog; 0: off */
+    int grow;                                  /* 0: elastic jobs do not grow while running */
 };
 
 static void usage(FILE *f)
@@ -46,6 +47,8 @@ static void usage(FILE *f)
             "                                0: off)\n"
             "  --startup-timeout SEC         ... and one with no step SEC after it was placed\n"
             "                                (default 300; 0: off)\n"
+            "  --grow 0|1                    grow a running elastic job onto a free worker at\n"
+            "                                its next checkpoint (default 1)\n"
             "  --http-threads N              HTTP thread pool size (default 4)\n"
             "  --ports-file FILE             write the bound addresses there once listening\n"
             "  --web-root DIR                dashboard files served at / (default: ../web next\n"
@@ -89,6 +92,8 @@ static bool config_set(struct config *c, const char *key, const char *val)
         i = &c->progress_timeout_s;
     else if (!strcmp(key, "startup-timeout"))
         i = &c->startup_timeout_s;
+    else if (!strcmp(key, "grow"))
+        i = &c->grow;
     else
         return false;
     if (s) {
@@ -217,7 +222,7 @@ static char *default_web_root(void)
 
 int main(int argc, char **argv)
 {
-    struct config c = {.progress_timeout_s = 10, .startup_timeout_s = 300};
+    struct config c = {.progress_timeout_s = 10, .startup_timeout_s = 300, .grow = 1};
     struct mge_store *st = NULL;
     struct mge_sched *sched = NULL;
     struct mge_rpc *rpc = NULL;
@@ -334,6 +339,7 @@ int main(int argc, char **argv)
     so.cancel_grace_ms = c.cancel_grace_ms;
     so.progress_timeout_ms = c.progress_timeout_s > 0 ? c.progress_timeout_s * 1000 : -1;
     so.startup_timeout_ms = c.startup_timeout_s > 0 ? c.startup_timeout_s * 1000 : -1;
+    so.no_grow = !c.grow;
     so.notify = mge_rpc_notify;
     so.notify_arg = rpc;
     rc = mge_sched_new(st, &so, &sched);

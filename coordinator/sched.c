@@ -18,6 +18,10 @@
 #define CANCEL_RESEND_MS 3000     /* resend a cancel to a rank that still runs after this */
 #define PROGRESS_IV_MAX 64        /* step-report intervals kept for the watchdog's median */
 #define PROGRESS_MEDIAN_X 5       /* no report for this many median intervals: a hang */
+#define GROW_NAMES_MAX 3          /* workers a grow's reason names */
+/* after the cancel grace: how long a next incarnation waits for the ranks of the one before it
+ * to end (prev_attempt_live) */
+#define PREV_WAIT_MS 5000
 
 enum worker_state { W_READY, W_DRAINING, W_LOST };
 static const char *const worker_state_names[] = {"ready", "draining", "lost"};
@@ -36,6 +40,9 @@ struct worker {
     size_t n_cancel, cap_cancel;
     int64_t fault_job;            /* the last attempt a worker fault ended here: job, */
     int fault_attempt;            /* attempt (job_worker_fault, worker_avoided) */
+    int64_t joined;               /* scheduler ms of its last registration (0: loaded) */
+    bool seen;                    /* it registered or sent a heartbeat since this scheduler
+                                     started: only then does it get new ranks (worker_takes) */
 };
 
 /* Step progress of an attempt, as rank 0's metric lines tell it (kept on rank 0's resv). */
@@ -65,6 +72,11 @@ struct resv {
     bool stopped;                 /* the worker's last report: a process of it is stopped */
     int64_t cpu_ms;               /* ... the CPU time of its process group (0: unknown) */
     int64_t cpu_mark;             /* @cpu_ms when the attempt last made progress */
+    int64_t placed;               /* scheduler ms of the placement (or of the restart) */
+    int64_t ended_at;             /* scheduler ms the attempt was decided, 0 before */
+    int grow_to;                  /* rank 0: grow to this many ranks at the next checkpoint,
+                                     0 when no grow is pending (grow_plan) */
+    char grow_why[200];           /* rank 0, grow pending: "worker w4 joined" */
 };
 
 /* A requeue the store could not write: the job stays running there until a retry succeeds. */
@@ -160,6 +172,14 @@ static void worker_free(struct mge_sched *s, int wi, int *cpus, int *gpus, int64
 
 static bool worker_usable(const struct worker *w) { return w->state == W_READY; }
 
+/* Whether @w may get new ranks: ready, and heard from since this scheduler started. A restarted
+ * coordinator knows the workers from the store, but one that has not re-registered yet would
+ * report the ranks placed on it meanwhile as not running, and they would be taken for lost. */
+static bool worker_takes(const struct worker *w)
+{
+    return worker_usable(w) && w->seen;
+}
+
 /* Could worker @w hold one rank of @j, counting its slots @cpus/@gpus/@mem? */
 static bool fits(const struct worker *w, const struct mge_job_row *j, int cpus, int gpus,
                  int64_t mem)
@@ -198,11 +218,23 @@ static void attempt_finish(struct mge_sched *s, int64_t job, int attempt, bool c
         if (r->job_id != job || (attempt > 0 && r->attempt != attempt))
             continue;
         r->finished = true;
+        if (!r->ended_at)
+            r->ended_at = now;
         if (cancel_live && !r->exited && r->widx >= 0 && s->w[r->widx].state != W_LOST) {
             r->cancel_sent = now;
             queue_cancel(s, r->widx, job, r->attempt);
         }
     }
+}
+
+/* Whether the Assign of reservation @r waits in its worker @w's queue. */
+static bool assign_queued(const struct worker *w, const struct resv *r)
+{
+    for (size_t i = 0; i < w->n_assign; i++)
+        if (w->assign[i].job_id == r->job_id && w->assign[i].attempt == r->attempt &&
+            w->assign[i].rank == r->rank)
+            return true;
+    return false;
 }
 
 /* Queue (again) the Assign of reservation @r to its worker, unless already queued. */
@@ -212,10 +244,8 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
     struct mge_sched_assign *a;
     char *spec = NULL, *resume = NULL, *resume_copy = NULL;
     int rc;
-    for (size_t i = 0; i < w->n_assign; i++)
-        if (w->assign[i].job_id == r->job_id && w->assign[i].attempt == r->attempt &&
-            w->assign[i].rank == r->rank)
-            return MGE_OK;
+    if (assign_queued(w, r))
+        return MGE_OK;
     rc = mge_store_job_spec(s->st, r->job_id, &spec);
     if (rc != MGE_OK)
         return rc;
@@ -616,6 +646,25 @@ static void watchdog_check(struct mge_sched *s)
     }
 }
 
+/*
+ * Whether ranks of an earlier attempt of @j still run on live workers: the next incarnation
+ * waits until they end (they were cancelled when that attempt ended) so that it is placed on
+ * every worker it may have, survivors included, not on those that happened to be free first;
+ * at most the cancel grace plus PREV_WAIT_MS, after which it takes what is free. Lock held.
+ */
+static bool prev_attempt_live(const struct mge_sched *s, const struct mge_job_row *j)
+{
+    int64_t now = now_ms(s);
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->job_id == j->id && r->attempt < j->attempt && !r->exited && r->widx >= 0 &&
+            s->w[r->widx].state != W_LOST &&
+            now - r->ended_at < s->opts.cancel_grace_ms + PREV_WAIT_MS)
+            return true;
+    }
+    return false;
+}
+
 /* Try to place @j. Lock held. */
 static void place_one(struct mge_sched *s, const struct mge_job_row *j)
 {
@@ -624,10 +673,12 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
     int widx[64], n = 0, rc, want = j->workers_max;
     if (want > 64)
         want = 64;
+    if (prev_attempt_live(s, j))
+        return;
     for (size_t i = 0; i < s->n_w && n < want; i++) {
         int cpus, gpus;
         int64_t mem;
-        if (!worker_usable(&s->w[i]) || worker_avoided(s, (int)i, j))
+        if (!worker_takes(&s->w[i]) || worker_avoided(s, (int)i, j))
             continue;
         /* a gang's ranks are started through the workers' launch sockets */
         if (want > 1 && !s->w[i].launch_url[0])
@@ -666,12 +717,135 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
         r->cpus = j->cpus;
         r->gpus = j->gpus;
         r->memory_mb = j->memory_mb;
+        r->placed = now_ms(s);
     }
     /* all reservations first: rank 0's Assign lists every rank's worker */
     for (size_t i = s->n_r - (size_t)n; i < s->n_r; i++)
         queue_assign(s, &s->r[i]);
     mge_log_info("job %lld attempt %d placed: %d rank(s), rank 0 on '%s'%s", (long long)j->id,
                  j->attempt, n, s->w[widx[0]].name, n > 1 ? " (one mpirun)" : "");
+}
+
+/* Whether a job of @queued (@nq of them) could use worker @wi, by its total slots. */
+static bool worker_wanted(const struct mge_sched *s, int wi, const struct mge_job_row *queued,
+                          int nq)
+{
+    const struct worker *w = &s->w[wi];
+    for (int i = 0; i < nq; i++)
+        if ((queued[i].workers_max <= 1 || w->launch_url[0]) &&
+            fits(w, &queued[i], w->cpus, w->gpus, w->memory_mb))
+            return true;
+    return false;
+}
+
+/*
+ * How many ranks running attempt @r0 (its rank 0) of an elastic job should grow to now, 0 for
+ * none: the job is below its max, and ready workers that are not its members have free slots
+ * for one more rank each (a launch socket; not a worker the attempt was formed without,
+ * worker_avoided) that no queued job could use (queued jobs first: a grow never takes a worker
+ * that a waiting job fits, whatever their priorities). @why receives "worker w4 joined" (it
+ * registered after the placement) or "workers w4, w5 free". Lock held.
+ */
+static int grow_plan(struct mge_sched *s, const struct resv *r0, char *why, size_t size)
+{
+    struct mge_job_row row, *queued = NULL;
+    char names[GROW_NAMES_MAX * 130] = "";
+    int nq = 0, n = 0;
+    bool joined = true;
+    if (mge_store_job_row(s->st, r0->job_id, &row) != MGE_OK || row.state != MGE_JOB_RUNNING ||
+        row.attempt != r0->attempt || row.workers_min >= row.workers_max ||
+        r0->world >= row.workers_max)
+        return 0;
+    if (mge_store_jobs_queued(s->st, QUEUE_SCAN_MAX, &queued, &nq) != MGE_OK)
+        return 0;
+    for (size_t i = 0; i < s->n_w && r0->world + n < row.workers_max; i++) {
+        int cpus, gpus;
+        int64_t mem;
+        bool member = false;
+        if (!worker_takes(&s->w[i]) || !s->w[i].launch_url[0] || worker_avoided(s, (int)i, &row))
+            continue;
+        for (size_t k = 0; k < s->n_r && !member; k++)
+            member = s->r[k].job_id == r0->job_id && s->r[k].attempt == r0->attempt &&
+                     s->r[k].widx == (int)i;
+        worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
+        if (member || !fits(&s->w[i], &row, cpus, gpus, mem) ||
+            worker_wanted(s, (int)i, queued, nq))
+            continue;
+        joined = joined && s->w[i].joined > r0->placed;
+        if (n < GROW_NAMES_MAX) {
+            size_t len = strlen(names);
+            snprintf(names + len, sizeof(names) - len, "%s%s", n ? ", " : "", s->w[i].name);
+        }
+        n++;
+    }
+    mge_free(queued);
+    if (n == 0)
+        return 0;
+    snprintf(why, size, "worker%s %s%s %s", n > 1 ? "s" : "", names,
+             n > GROW_NAMES_MAX ? " and others" : "", joined ? "joined" : "free");
+    return r0->world + n;
+}
+
+/*
+ * Mark the grows that are due (see grow_plan), or drop those that are no longer; they happen
+ * at the attempt's next checkpoint (grow_at_checkpoint). Lock held.
+ */
+static void grow_check(struct mge_sched *s)
+{
+    for (size_t i = 0; i < s->n_r && !s->opts.no_grow; i++) {
+        struct resv *r0 = &s->r[i];
+        char why[sizeof(r0->grow_why)];
+        int to;
+        if (r0->rank != 0 || r0->finished || r0->failing || r0->exited || r0->widx < 0)
+            continue;
+        to = grow_plan(s, r0, why, sizeof(why));
+        if (to == r0->grow_to)
+            continue;
+        if (to)
+            mge_log_info("job %lld attempt %d: grow pending (%s): %d -> %d at its next checkpoint",
+                         (long long)r0->job_id, r0->attempt, why, r0->world, to);
+        else
+            mge_log_info("job %lld attempt %d: grow to %d dropped: no free worker for it now",
+                         (long long)r0->job_id, r0->attempt, r0->grow_to);
+        r0->grow_to = to;
+        snprintf(r0->grow_why, sizeof(r0->grow_why), "%s", to ? why : "");
+    }
+}
+
+/*
+ * A commit boundary: checkpoint notices in @lines from worker @wi of rank 0 of an attempt with
+ * a grow pending end that attempt (requeued, not charged: "worker w4 joined: growing"), its
+ * ranks cancelled; the next incarnation is placed once they have ended (prev_attempt_live),
+ * on the survivors and the free workers, and resumes from that very checkpoint, the newest
+ * the store has indexed (the lines were stored before this is called), so no step it
+ * committed is lost. The grow is planned again first: a worker taken meanwhile cancels it.
+ * Lock held.
+ */
+static void grow_at_checkpoint(struct mge_sched *s, int wi, const struct mge_store_line *lines,
+                               size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const struct mge_store_line *l = &lines[i];
+        struct resv *r0;
+        char why[sizeof(r0->grow_why)], reason[sizeof(why) + 16];
+        bool requeued = false;
+        if (l->stream != 3 || l->rank != 0 || !l->text || !strncmp(l->text, "latest ", 7))
+            continue;
+        r0 = resv_find(s, l->job_id, l->attempt, 0);
+        if (!r0 || r0->widx != wi || r0->finished || r0->failing || !r0->grow_to)
+            continue;
+        r0->grow_to = grow_plan(s, r0, why, sizeof(why));
+        if (!r0->grow_to)
+            continue;
+        snprintf(reason, sizeof(reason), "%s: growing", why);
+        if (mge_store_job_requeue(s->st, r0->job_id, r0->attempt, reason, false, &requeued) !=
+            MGE_OK)
+            continue; /* the next checkpoint tries again */
+        mge_log_info("job %lld attempt %d: %s %d -> %d at checkpoint '%.80s'",
+                     (long long)r0->job_id, r0->attempt, reason, r0->world, r0->grow_to, l->text);
+        attempt_finish(s, r0->job_id, r0->attempt, true);
+        s->dirty = true;
+    }
 }
 
 static void schedule(struct mge_sched *s)
@@ -694,6 +868,7 @@ static void schedule(struct mge_sched *s)
     for (int i = 0; i < n; i++)
         place_one(s, &rows[i]);
     mge_free(rows);
+    grow_check(s);
 }
 
 /* The periodic checks: lost workers, hung attempts, finished reservations. Lock held. */
@@ -827,6 +1002,15 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         /* a restart gives a running attempt the startup allowance again */
         r->prog.since = now_ms(s);
         r->prog.step = -1;
+        r->placed = now_ms(s);
+        if (pl[i].superseded) {
+            /* A membership change ended this attempt just before the restart: its ranks are
+             * fenced (cancelled when reported running), and their slots stay taken until they
+             * end, so that the next incarnation waits for them (prev_attempt_live). */
+            r->finished = true;
+            r->ended_at = now_ms(s);
+            r->exited = r->exited || s->w[wi].state == W_LOST;
+        }
     }
     for (size_t i = 0; i < s->n_r; i++) { /* world size = ranks of the same attempt */
         int world = 0;
@@ -929,6 +1113,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     struct mge_worker_row row;
     struct worker *w;
     int wi, rc;
+    bool fresh = false;
 
     memset(out, 0, sizeof(*out));
     memset(&row, 0, sizeof(row));
@@ -954,6 +1139,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
             goto out_unlock;
         wi = (int)s->n_w++;
         memset(&s->w[wi], 0, sizeof(s->w[wi]));
+        fresh = true;
     }
     w = &s->w[wi];
     snprintf(w->id, sizeof(w->id), "%s", row.id);
@@ -965,8 +1151,11 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     w->cpus = row.cpus;
     w->gpus = row.gpus;
     w->memory_mb = row.memory_mb;
+    if (fresh || w->state == W_LOST)
+        w->joined = now_ms(s); /* not when it reconnects after a restart (grow_plan's wording) */
     if (w->state == W_LOST)
         w->state = W_READY;
+    w->seen = true;
     w->last_seen = now_ms(s);
     w->last_seen_wall = row.registered_ms;
     /* A fresh worker process: ranks we placed there that it does not report are gone. */
@@ -1230,8 +1419,10 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
         goto out_unlock;
     }
     w->last_seen = now;
+    w->seen = true;
     w->last_seen_wall = mge_now_ms();
     progress_from_lines(s, wi, lines, n_lines);
+    grow_at_checkpoint(s, wi, lines, n_lines);
     out->acks = n ? mge_calloc(n, sizeof(*out->acks)) : NULL;
     for (size_t i = 0; i < n; i++) {
         const struct mge_rank_report *rep = &ranks[i];
@@ -1288,17 +1479,24 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
             out->acks[out->n_acks++] = (struct mge_sched_exit_ack){rep->job_id, rep->attempt,
                                                                     rep->rank};
     }
-    /* Ranks placed here that the worker does not report: their Assign never arrived. */
+    /* Ranks placed here that the worker does not report: their Assign never arrived, or, for
+     * an attempt already decided (one superseded before a restart), they have ended. */
     for (size_t i = 0; i < s->n_r; i++) {
         struct resv *r = &s->r[i];
         bool reported = false;
-        if (r->widx != wi || r->exited || r->finished)
+        if (r->widx != wi || r->exited)
             continue;
         for (size_t k = 0; k < n && !reported; k++)
             reported = ranks[k].job_id == r->job_id && ranks[k].attempt == r->attempt &&
                        ranks[k].rank == r->rank;
-        if (!reported)
+        if (reported)
+            continue;
+        if (!r->finished) {
             queue_assign(s, r);
+        } else if (!assign_queued(w, r)) {
+            r->exited = true;
+            s->dirty = true;
+        }
     }
     out->assign = w->assign;
     out->n_assign = w->n_assign;

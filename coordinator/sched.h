@@ -8,7 +8,12 @@
  * rank each) or none. A worker silent for longer than the timeout is lost: its jobs fail
  * with "worker lost" and are queued again (a new attempt, or incarnation, placed on the
  * workers free then: an elastic job goes on with at least workers_min). Such infrastructure
- * requeues are not charged to the job's restarts (mge_store_job_requeue).
+ * requeues are not charged to the job's restarts (mge_store_job_requeue). An elastic job below
+ * workers_max grows when a ready worker has room for one more of its ranks and no queued job
+ * could use it: at its rank 0's next checkpoint notice the attempt ends ("worker w4 joined:
+ * growing") and the next one resumes from that checkpoint with it. The next attempt of a job
+ * is placed once the ranks of the one before have ended (or after the cancel grace + 5 s); a
+ * restarted coordinator reloads those ranks, fences them and keeps their slots until then.
  *
  * Fencing: only the current attempt's ranks, on the very worker the attempt placed them on,
  * change a job. Exits from elsewhere are acknowledged and dropped (the store fences output
@@ -57,6 +62,7 @@ struct mge_sched_opts {
     int64_t (*now_ms)(void *arg);
     void *now_arg;
     bool no_thread;          /* tests: no scheduler thread; the caller runs mge_sched_tick() */
+    bool no_grow;            /* running elastic jobs never grow (mge-coordinator --grow 0) */
     /* Called (with the scheduler's lock held, so it must not call back) when @worker_id has
      * commands waiting; the RPC layer wakes the worker. May be NULL. */
     void (*notify)(void *arg, const char *worker_id);

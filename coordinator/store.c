@@ -144,9 +144,14 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_JOBS_QUEUED] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
                       " memory_mb, device FROM jobs WHERE state = 0"
                       " ORDER BY priority DESC, id ASC LIMIT ?",
+    /* the current attempt of running jobs, and the ranks of the attempt before the current one
+     * of a job not ended yet that are not known to have ended (superseded: sched.c fences them
+     * and counts their slots until they do) */
     [Q_PLACEMENTS_ACTIVE] = "SELECT p.job_id, p.attempt, p.rank, p.worker_id, p.exited,"
-                            " p.exit_code, p.term_signal FROM placements p JOIN jobs j"
-                            " ON j.id = p.job_id AND j.attempt = p.attempt WHERE j.state = 1",
+                            " p.exit_code, p.term_signal, p.attempt < j.attempt FROM placements p"
+                            " JOIN jobs j ON j.id = p.job_id WHERE (j.state = 1 AND p.attempt ="
+                            " j.attempt) OR (j.state <= 1 AND p.attempt = j.attempt - 1 AND"
+                            " p.exited = 0)",
     [Q_JOB_STATE_GET] = "SELECT state, attempt, max_attempts - 1 - restarts,"
                         " attempt - 1 - restarts FROM jobs WHERE id = ?",
     [Q_JOB_STATE_SET] = "UPDATE jobs SET state = ?1,"
@@ -998,6 +1003,7 @@ int mge_store_placements_active(struct mge_store *st, struct mge_placement **out
         p[k].exited = sqlite3_column_int(s, 4) != 0;
         p[k].exit_code = sqlite3_column_int(s, 5);
         p[k].term_signal = sqlite3_column_int(s, 6);
+        p[k].superseded = sqlite3_column_int(s, 7) != 0;
         k++;
     }
     sqlite3_reset(s);

@@ -55,6 +55,7 @@ struct mge_placement {
     bool exited;
     int exit_code;
     int term_signal;
+    bool superseded; /* mge_store_placements_active: an attempt before the current one */
 };
 
 /* One output line from a worker (see proto/worker.proto Line). Strings are borrowed. */
@@ -149,7 +150,11 @@ int mge_store_job_list(struct mge_store *st, int state, int64_t before_id, int l
  */
 int mge_store_jobs_queued(struct mge_store *st, int max, struct mge_job_row **rows, int *n);
 
-/* Jobs in state running with their current attempt's placements (for restart). Caller frees. */
+/*
+ * For a restart: the current attempt's placements of running jobs, and those of the attempt
+ * before the current one of a queued or running job that are not known to have ended (a
+ * membership change ended that attempt; its ranks may still run: .superseded). Caller frees.
+ */
 int mge_store_placements_active(struct mge_store *st, struct mge_placement **out, int *n);
 
 /*

@@ -33,7 +33,8 @@ ok "3 nodes: namespaces $(netns_name 1)..3 on bridge $NETNS_BR, $NETNS_CIDR"
 WORKER_TIMEOUT=3
 HTTP_ADDR=$NETNS_HOST:0
 WORKER_URL=tcp://$NETNS_HOST:0
-start_coord --progress-timeout 5
+# each victim is restored idle before the next fault: no grow onto it (control_grow.sh's part)
+start_coord --progress-timeout 5 --grow 0
 
 # start_node I: worker wI in node I; MPI traffic on the bridge; its launch socket on the
 # default, the node's address towards the coordinator (127.0.0.1 would be the node's own lo)

@@ -6,7 +6,8 @@
  * worker dropped; a returning worker told to cancel), the step-progress watchdog, the
  * naming of the rank that broke a gang, and elastic jobs (shrink on a lost worker, waiting
  * below min, infrastructure restarts not charged, the watchdog's re-form, a drain's re-form,
- * incarnation rows).
+ * incarnation rows, growing at a checkpoint when a worker joins, a restart of the scheduler
+ * right after a membership change).
  */
 #include <check.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@ static char g_dir[64];
 static struct mge_store *g_st;
 static struct mge_sched *g_s;
 static int64_t g_now; /* the scheduler's clock, ms */
+static bool g_no_grow; /* sched_start: mge-coordinator --grow 0 */
 
 static int64_t fake_now(void *arg)
 {
@@ -33,21 +35,29 @@ static int64_t fake_now(void *arg)
     return g_now;
 }
 
-static void setup(void)
+/* Start the scheduler over the test's store (again, for a restart). */
+static void sched_start(void)
 {
     struct mge_sched_opts o = {0};
-    snprintf(g_dir, sizeof(g_dir), "/tmp/mge-test-sched.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_dir));
-    mge_log_set_level(MGE_LOG_OFF);
-    ck_assert_int_eq(mge_store_open(g_dir, &g_st), MGE_OK);
-    g_now = 1000000;
     o.worker_timeout_ms = 3000;
     o.cancel_grace_ms = 1000;
     o.progress_timeout_ms = 10000;
     o.startup_timeout_ms = 60000;
     o.now_ms = fake_now;
     o.no_thread = true;
+    o.no_grow = g_no_grow;
     ck_assert_int_eq(mge_sched_new(g_st, &o, &g_s), MGE_OK);
+}
+
+static void setup(void)
+{
+    snprintf(g_dir, sizeof(g_dir), "/tmp/mge-test-sched.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    mge_log_set_level(MGE_LOG_OFF);
+    ck_assert_int_eq(mge_store_open(g_dir, &g_st), MGE_OK);
+    g_now = 1000000;
+    g_no_grow = false;
+    sched_start();
 }
 
 static void teardown(void)
@@ -723,6 +733,24 @@ static void assert_assigned_rank(const char *wid, int64_t job, int attempt, int 
     mge_sched_cmds_fini(&c);
 }
 
+/* Workers w1 .. w@n (2 CPUs each) and a {min: 2, max: 3} job of 2 CPUs a rank, placed on all
+ * of them, which report it running. */
+static int64_t elastic_on(char w[3][40], int n)
+{
+    static const char *const names[] = {"w1", "w2", "w3"};
+    int64_t job;
+    for (int k = 0; k < n; k++)
+        worker_add(names[k], true, w[k]);
+    job = job_add_workers("{min: 2, max: 3}", 2);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
+    for (int k = 0; k < n; k++) {
+        struct mge_rank_report r = running(job, 1, k);
+        beat_quiet(w[k], &r, 1, NULL, 0);
+    }
+    return job;
+}
+
 /*
  * Workers w1, w2, w3 (2 CPUs each) and a {min: 2, max: 3} job of 2 CPUs a rank, placed on all
  * three, which report it running; rank 0 reports step 40 and a checkpoint at step 30.
@@ -732,17 +760,7 @@ static int64_t elastic_placed(char w[3][40])
     struct mge_rank_report r;
     struct mge_store_line l[2];
     char note[200];
-    int64_t job;
-    worker_add("w1", true, w[0]);
-    worker_add("w2", true, w[1]);
-    worker_add("w3", true, w[2]);
-    job = job_add_workers("{min: 2, max: 3}", 2);
-    mge_sched_tick(g_s);
-    ck_assert_int_eq(job_row(job).state, MGE_JOB_RUNNING);
-    for (int k = 0; k < 3; k++) {
-        r = running(job, 1, k);
-        beat_quiet(w[k], &r, 1, NULL, 0);
-    }
+    int64_t job = elastic_on(w, 3);
     snprintf(note, sizeof(note),
              "ckpt-000030.mgeckpt 30 100 /w1/job-%lld/attempt-1/rank-0/ckpt-000030.mgeckpt",
              (long long)job);
@@ -983,6 +1001,202 @@ START_TEST(test_sched_elastic_watchdog_reform)
 }
 END_TEST
 
+/* ---- growing: a worker joins an elastic job that runs below its max ---- */
+
+/* Rank 0 of @attempt of @job on @wid reports step @step (line @seq) and, when @ckpt, a
+ * checkpoint of that step (line @seq + 1). */
+static void step_at(const char *wid, int64_t job, int attempt, int64_t step, uint64_t seq,
+                    bool ckpt)
+{
+    char note[200], metric[64];
+    struct mge_store_line l[2];
+    struct mge_rank_report r = running(job, attempt, 0);
+    snprintf(metric, sizeof(metric), "{\"step\":%lld,\"loss\":1.0}", (long long)step);
+    snprintf(note, sizeof(note),
+             "ckpt-%06lld.mgeckpt %lld 100 /w1/job-%lld/attempt-%d/rank-0/ckpt-%06lld.mgeckpt",
+             (long long)step, (long long)step, (long long)job, attempt, (long long)step);
+    l[0] = line(job, attempt, 0, seq, 2, metric, (int64_t)seq);
+    l[1] = line(job, attempt, 0, seq + 1, 3, note, (int64_t)seq + 1);
+    beat_quiet(wid, &r, 1, l, ckpt ? 2 : 1);
+}
+
+/* The job is in @state at attempt @attempt. */
+static void assert_at(int64_t job, int state, int attempt)
+{
+    struct mge_job_row row = job_row(job);
+    ck_assert_int_eq(row.state, state);
+    ck_assert_int_eq(row.attempt, attempt);
+}
+
+/*
+ * Attempt 1 of @job on w1, w2 was ended for a grow at its checkpoint of step 40: once both of
+ * its ranks are reported ended (rank 1 by @w2_report: an exit, or nothing, when its worker no
+ * longer runs it), attempt 2 runs on w1, w2, w3 from that checkpoint.
+ */
+static void grown_to_three(char w[3][40], int64_t job, bool w2_exit)
+{
+    struct mge_rank_report r = exited(job, 1, 1, 0, 15);
+    struct mge_sched_cmds c;
+    json_t *inc;
+    char want[200];
+    if (w2_exit)
+        beat_quiet(w[1], &r, 1, NULL, 0);
+    else
+        beat_quiet(w[1], NULL, 0, NULL, 0);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_QUEUED, 2); /* rank 0 of attempt 1 still holds w1 */
+    r = exited(job, 1, 0, 0, 15);
+    beat_quiet(w[0], &r, 1, NULL, 0);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 2);
+    ck_assert_int_eq(beat(w[0], NULL, 0, NULL, 0, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_assign, 1);
+    ck_assert_int_eq(c.assign[0].world, 3);
+    snprintf(want, sizeof(want), "/w1/job-%lld/attempt-1/rank-0/ckpt-000040.mgeckpt",
+             (long long)job);
+    ck_assert_str_eq(c.assign[0].resume, want);
+    mge_sched_cmds_fini(&c);
+    assert_assigned_rank(w[1], job, 2, 1, 3);
+    assert_assigned_rank(w[2], job, 2, 2, 3);
+    inc = incarnation(job, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "ended")), "requeued");
+    ck_assert(json_is_true(json_object_get(inc, "infra")));
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "reason")),
+                     "worker w3 joined: growing at step 40; resized 2 -> 3");
+    json_decref(inc);
+    inc = incarnation(job, 1);
+    assert_members(inc, "w1,w2,w3");
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "start_step")), 40);
+    json_decref(inc);
+    inc = job_json(job);
+    ck_assert_int_eq(json_integer_value(json_object_get(inc, "restarts")), 0);
+    json_decref(inc);
+}
+
+/* A worker joins: the grow waits for the next checkpoint, then re-forms the job with it. */
+START_TEST(test_sched_grow_at_checkpoint)
+{
+    char w[3][40];
+    struct mge_rank_report r;
+    struct mge_sched_cmds c;
+    int64_t job = elastic_on(w, 2);
+    step_at(w[0], job, 1, 20, 1, true);
+    g_now += 1000;
+    worker_add("w3", true, w[2]);
+    mge_sched_tick(g_s);
+    /* pending: nothing in flight is killed, and steps without a checkpoint change nothing */
+    assert_at(job, MGE_JOB_RUNNING, 1);
+    step_at(w[0], job, 1, 30, 3, false);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1);
+    /* the commit boundary: attempt 1 ends (requeued), its ranks are cancelled */
+    step_at(w[0], job, 1, 40, 5, true);
+    assert_at(job, MGE_JOB_QUEUED, 2);
+    r = running(job, 1, 1);
+    ck_assert_int_eq(beat(w[1], &r, 1, NULL, 0, &c), MGE_OK);
+    ck_assert(has_cancel(&c, job, 1));
+    mge_sched_cmds_fini(&c);
+    grown_to_three(w, job, true);
+}
+END_TEST
+
+/* Queued jobs first: no grow takes a worker that a waiting job could use. */
+START_TEST(test_sched_grow_queued_first)
+{
+    char w[3][40];
+    int64_t job = elastic_on(w, 2), other = job_add(2, 2);
+    worker_add("w3", true, w[2]);
+    mge_sched_tick(g_s);
+    assert_at(other, MGE_JOB_QUEUED, 1); /* it needs two free workers, one is */
+    step_at(w[0], job, 1, 20, 1, true);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1);
+    /* the waiting job is cancelled: the next checkpoint grows the elastic one */
+    ck_assert_int_eq(mge_sched_job_cancel(g_s, other), MGE_OK);
+    mge_sched_tick(g_s);
+    step_at(w[0], job, 1, 40, 3, true);
+    assert_at(job, MGE_JOB_QUEUED, 2);
+}
+END_TEST
+
+/* With --grow 0 a joining worker waits for the next membership change. */
+START_TEST(test_sched_grow_off)
+{
+    char w[3][40];
+    int64_t job;
+    mge_sched_free(g_s);
+    g_no_grow = true;
+    sched_start();
+    job = elastic_on(w, 2);
+    g_now += 1000;
+    worker_add("w3", true, w[2]);
+    mge_sched_tick(g_s);
+    step_at(w[0], job, 1, 40, 1, true);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1);
+}
+END_TEST
+
+/* No grow beyond max. */
+START_TEST(test_sched_grow_not_beyond_max)
+{
+    char w[3][40], w4[40];
+    int64_t job = elastic_placed(w);
+    worker_add("w4", true, w4);
+    mge_sched_tick(g_s);
+    step_at(w[0], job, 1, 50, 10, true);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1); /* it has max = 3 ranks */
+}
+END_TEST
+
+/* A pending grow is dropped when its worker is taken by a job submitted meanwhile. */
+START_TEST(test_sched_grow_dropped)
+{
+    char w[3][40];
+    int64_t job = elastic_on(w, 2), one;
+    worker_add("w3", true, w[2]);
+    mge_sched_tick(g_s); /* pending */
+    one = job_add_tick(1, 2, MGE_JOB_RUNNING);
+    assert_assigned(w[2], one, 1, NULL);
+    step_at(w[0], job, 1, 40, 1, true);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1);
+}
+END_TEST
+
+/*
+ * kill -9 of the coordinator right after a membership change (a grow ended attempt 1 and
+ * requeued the job; its ranks still run; attempt 2 is not placed): a new scheduler over the
+ * same database fences the old ranks (cancels them), keeps their workers' slots until they
+ * end (w2's ended while nobody listened: it no longer reports it), then places attempt 2.
+ */
+START_TEST(test_sched_restart_mid_change)
+{
+    char w[3][40];
+    struct mge_rank_report r;
+    struct mge_sched_cmds c;
+    int64_t job = elastic_on(w, 2);
+    g_now += 1000;
+    worker_add("w3", true, w[2]);
+    mge_sched_tick(g_s);
+    step_at(w[0], job, 1, 40, 1, true);
+    assert_at(job, MGE_JOB_QUEUED, 2);
+    mge_sched_free(g_s);
+    g_now += 500;
+    sched_start();
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_QUEUED, 2);
+    r = running(job, 1, 0);
+    ck_assert_int_eq(beat(w[0], &r, 1, NULL, 0, &c), MGE_OK);
+    ck_assert(has_cancel(&c, job, 1));
+    mge_sched_cmds_fini(&c);
+    /* w3 was seen before the restart; it beats again */
+    beat_quiet(w[2], NULL, 0, NULL, 0);
+    grown_to_three(w, job, false);
+}
+END_TEST
+
 /* The watchdog re-forms an elastic job without the worker whose rank is stopped, although
  * that worker still sends heartbeats. */
 START_TEST(test_sched_elastic_watchdog_stopped_rank)
@@ -1009,6 +1223,24 @@ START_TEST(test_sched_elastic_watchdog_stopped_rank)
                      "no progress for 10 s since step 40 (rank 1 on w2 stopped) at step 40");
     json_decref(inc);
     reformed_on(w, job, 9, "w1,w3");
+}
+END_TEST
+
+/* A restarted scheduler places nothing on a worker it has not heard from since (it would take
+ * the ranks for lost when the worker registers again without them). */
+START_TEST(test_sched_restart_unseen_worker)
+{
+    char w1[40], w2[40];
+    int64_t job;
+    worker_add("w1", false, w1);
+    worker_add("w2", false, w2);
+    mge_sched_free(g_s);
+    sched_start();
+    job = job_add_tick(1, 2, MGE_JOB_QUEUED);
+    beat_quiet(w2, NULL, 0, NULL, 0);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1);
+    assert_assigned(w2, job, 1, NULL);
 }
 END_TEST
 
@@ -1043,6 +1275,13 @@ static Suite *sched_suite(void)
         {"elastic_drain", test_sched_elastic_drain, 1},
         {"elastic_watchdog", test_sched_elastic_watchdog_reform, 1},
         {"elastic_watchdog_stopped", test_sched_elastic_watchdog_stopped_rank, 1},
+        {"grow", test_sched_grow_at_checkpoint, 1},
+        {"grow_queued_first", test_sched_grow_queued_first, 1},
+        {"grow_max", test_sched_grow_not_beyond_max, 1},
+        {"grow_off", test_sched_grow_off, 1},
+        {"grow_dropped", test_sched_grow_dropped, 1},
+        {"restart_mid_change", test_sched_restart_mid_change, 1},
+        {"restart_unseen", test_sched_restart_unseen_worker, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

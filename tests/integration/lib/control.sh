@@ -164,6 +164,36 @@ LONG_DATA='data: {format: synthetic, train_size: 4096, test_size: 512, input_dim
 LONG_MODEL='model: {type: mlp, hidden: [1024, 1024]}'
 LONG_OPT='optimizer: {type: sgd, lr: 0.01, momentum: 0.9}'
 
+# elastic_start NAME STEPS CHECKPOINT_EVERY: skip (77) without Open MPI; a coordinator with a
+# 3 s worker timeout, workers wa, wb, wc, and a {min: 2, max: 3} job of the LONG_* MLP (its
+# id in $JOB), checked to start on all three
+elastic_start() {
+    MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
+    [ -n "$MPIRUN" ] || { echo "SKIP: mpirun (Open MPI) is not installed"; exit 77; }
+    [ -x "$BIN/mge-launch" ] || { echo "SKIP: $BIN/mge-launch not built"; exit 77; }
+    WORKER_TIMEOUT=3
+    start_coord
+    start_worker wa
+    start_worker wb
+    start_worker wc
+    cat >"$T/$1.yaml" <<Y
+name: $1
+$LONG_MODEL
+$LONG_DATA
+resources: {workers: {min: 2, max: 3}, cpus: 1}
+train: {steps: $2, batch_size: 128, $LONG_OPT, checkpoint_every: $3}
+Y
+    JOB=$("$BIN/mgectl" submit "$T/$1.yaml" -o json | jq -r .id)
+    check "the {min: 2, max: 3} job starts with 3 workers" wait_until 30 sh -c "
+        curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$JOB' |
+        jq -e '.state == \"running\" and (.placement | length) == 3' >/dev/null"
+}
+
+# iso_epoch TIME: an API time (2026-01-02T03:04:05.678Z) as epoch seconds, ms precision
+iso_epoch() { echo "$1" | jq -R '(.[0:19] + "Z" | fromdateiso8601) + (.[20:23] | tonumber) / 1000'; }
+# secs A B: B - A in seconds, two decimals
+secs() { echo "$2 - $1" | bc -l | awk '{ printf "%.2f", $1 }'; }
+
 finish() {
     if [ "$fails" -eq 0 ]; then echo "all passed"; exit 0; fi
     echo "$fails failed"; exit 1
