@@ -24,6 +24,7 @@
 #include "engine/comm/comm.h"
 #include "engine/engine_int.h"
 #include "engine/optim.h"
+#include "engine/safetensors.h"
 #include "engine/trace.h"
 #include "kernels/cpu/cpu.h"
 
@@ -317,6 +318,118 @@ static int ckpt_restore(struct trainer *t, const char *path)
         t->test_acc = ck->test_accuracy;
     }
     mge_ckpt_free(ck);
+    return rc;
+}
+
+/* "[512, 784]" into @buf. */
+static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n)
+{
+    size_t at = 0;
+    at += (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && at < n; d++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (at < n)
+        snprintf(buf + at, n - at, "]");
+    return buf;
+}
+
+/*
+ * --init-from: every parameter and buffer from @ts (an mge checkpoint's tensors, named as mge
+ * names them, or a safetensors file's, named as PyTorch does: @torch_names), which must hold
+ * each with the model's shape as float32, and nothing else besides an mge checkpoint's
+ * optimiser state (ignored: the optimiser starts fresh, at step 0).
+ */
+static int init_from_tensors(struct trainer *t, const char *path, const struct mge_ckpt_tensor *ts,
+                             int n, int torch_names)
+{
+    char name[160], s1[160], s2[160];
+    int np = mge_graph_n_params(t->g), used = 0, expected = 0;
+    for (int i = 0; i < n; i++)
+        expected += strncmp(ts[i].name, "optim.", 6) != 0 || torch_names;
+    for (int i = 0; i < np; i++) {
+        int v = mge_graph_param(t->g, i);
+        const char *pname = mge_value_name(t->g, v);
+        const int64_t *shape = mge_value_shape(t->g, v);
+        int ndim = mge_value_ndim(t->g, v);
+        const struct mge_ckpt_tensor *have = NULL;
+        if (torch_names)
+            mge_model_torch_name(pname, name, sizeof(name));
+        else
+            snprintf(name, sizeof(name), "%s", pname);
+        for (int k = 0; k < n && !have; k++)
+            if (!strcmp(ts[k].name, name))
+                have = &ts[k];
+        if (!have) {
+            fprintf(stderr, "mge-train: %s: tensor '%s' (shape %s) is missing\n", path, name,
+                    shape_str(shape, ndim, s1, sizeof(s1)));
+            return MGE_INVAL;
+        }
+        if (have->dtype != MGE_CKPT_F32 || have->ndim != ndim ||
+            memcmp(have->shape, shape, sizeof(int64_t) * (size_t)ndim) != 0) {
+            fprintf(stderr,
+                    "mge-train: %s: tensor '%s': the model expects float32 %s, the file "
+                    "has %s%s\n",
+                    path, name, shape_str(shape, ndim, s1, sizeof(s1)),
+                    have->dtype != MGE_CKPT_F32 ? "another dtype, " : "",
+                    shape_str(have->shape, have->ndim, s2, sizeof(s2)));
+            return MGE_INVAL;
+        }
+        memcpy(mge_value_data(t->g, v), have->data, have->nbytes);
+        used++;
+    }
+    if (used != expected) {
+        for (int k = 0; k < n; k++) {
+            int found = 0;
+            if (!torch_names && !strncmp(ts[k].name, "optim.", 6))
+                continue;
+            for (int i = 0; i < np && !found; i++) {
+                const char *pname = mge_value_name(t->g, mge_graph_param(t->g, i));
+                found =
+                    !strcmp(torch_names ? mge_model_torch_name(pname, name, sizeof(name)) : pname,
+                            ts[k].name);
+            }
+            if (!found) {
+                fprintf(stderr,
+                        "mge-train: %s: tensor '%s' (shape %s) is not a parameter or "
+                        "buffer of the model\n",
+                        path, ts[k].name, shape_str(ts[k].shape, ts[k].ndim, s1, sizeof(s1)));
+                break;
+            }
+        }
+        return MGE_INVAL;
+    }
+    return MGE_OK;
+}
+
+/* --init-from FILE: an mge checkpoint (by its magic) or a safetensors file. */
+static int init_from(struct trainer *t, const char *path)
+{
+    char err[768], magic[8] = {0};
+    FILE *fp = fopen(path, "rb");
+    int rc;
+    if (!fp) {
+        fprintf(stderr, "mge-train: --init-from: cannot open '%s': %s\n", path, strerror(errno));
+        return MGE_NOENT;
+    }
+    size_t got = fread(magic, 1, sizeof(magic), fp);
+    fclose(fp);
+    if (got == sizeof(magic) && !memcmp(magic, MGE_CKPT_MAGIC, sizeof(magic))) {
+        struct mge_ckpt *ck = NULL;
+        if ((rc = mge_ckpt_read(path, &ck, err, sizeof(err))) != MGE_OK) {
+            fprintf(stderr, "mge-train: --init-from: %s\n", err);
+            return rc;
+        }
+        rc = init_from_tensors(t, path, ck->tensors, ck->n_tensors, 0);
+        mge_ckpt_free(ck);
+        return rc;
+    }
+    struct mge_safetensors *st = NULL;
+    if ((rc = mge_safetensors_read(path, &st, err, sizeof(err))) != MGE_OK) {
+        fprintf(stderr, "mge-train: --init-from: %s\n", err);
+        return rc;
+    }
+    rc = init_from_tensors(t, path, st->tensors, st->n_tensors, 1);
+    mge_safetensors_free(st);
     return rc;
 }
 
@@ -1171,6 +1284,10 @@ int mge_train_main(const struct mge_train_opts *o)
         snprintf(t.out_dir, sizeof(t.out_dir), "mge-out/%s", t.spec->name);
     if (t.rank == 0 && mkdir_p(t.out_dir) != 0) {
         fprintf(stderr, "mge-train: cannot create '%s': %s\n", t.out_dir, strerror(errno));
+        goto out;
+    }
+    if (t.rank == 0 && o->init_from && (rc = init_from(&t, o->init_from)) != MGE_OK) {
+        code = 2;
         goto out;
     }
     if (t.rank == 0 && o->resume && (rc = ckpt_restore(&t, o->resume)) != MGE_OK) {
