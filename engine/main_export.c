@@ -17,8 +17,9 @@ static void usage(FILE *fp)
     fprintf(fp, "usage: mge-export CKPT --format safetensors --output FILE\n"
                 "Writes the parameters and buffers of checkpoint CKPT (not its optimiser state)\n"
                 "to FILE as safetensors, named as PyTorch's equivalent module names them\n"
-                "(fc1.weight, layer1.0.bn1.running_mean): torch.nn.Module.load_state_dict reads\n"
-                "them, and mge-train --init-from FILE starts from them.\n");
+                "(fc1.weight, layer1.0.bn1.running_mean; batch norms also get PyTorch's\n"
+                "num_batches_tracked): torch.nn.Module.load_state_dict(strict=True) reads them,\n"
+                "and mge-train --init-from FILE starts from them.\n");
 }
 
 static int export_safetensors(const char *path, const char *out)
@@ -33,8 +34,9 @@ static int export_safetensors(const char *path, const char *out)
         fprintf(stderr, "mge-export: %s\n", err);
         return 2;
     }
-    ts = mge_calloc((size_t)ck->n_tensors + 1, sizeof(*ts));
-    names = mge_calloc((size_t)ck->n_tensors + 1, sizeof(*names));
+    /* room for a num_batches_tracked beside each batch norm's running statistics */
+    ts = mge_calloc(2 * (size_t)ck->n_tensors + 1, sizeof(*ts));
+    names = mge_calloc(2 * (size_t)ck->n_tensors + 1, sizeof(*names));
     if (!ts || !names) {
         fprintf(stderr, "mge-export: %s: out of memory\n", path);
         code = 1;
@@ -51,6 +53,16 @@ static int export_safetensors(const char *path, const char *out)
         ts[n] = *t;
         ts[n].name = mge_model_torch_name(t->name, names[n], sizeof(names[n]));
         n++;
+        /* PyTorch's BatchNorm2d also counts its training batches (int64), and a strict
+         * load_state_dict wants the counter; mge's fixed momentum needs none: write the step */
+        size_t len = strlen(t->name), sfx = strlen(".running_var");
+        if (len > sfx && !strcmp(t->name + len - sfx, ".running_var")) {
+            snprintf(names[n], sizeof(names[n]), "%.*s.num_batches_tracked", (int)(len - sfx),
+                     t->name);
+            ts[n] = (struct mge_ckpt_tensor){names[n], MGE_CKPT_I64, 0,
+                                             {0},      &ck->step,    sizeof(ck->step)};
+            n++;
+        }
     }
     snprintf(step, sizeof(step), "%lld", (long long)ck->step);
     const char *meta[] = {

@@ -35,6 +35,22 @@ static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
 
 /* ---- writing ---- */
 
+/* The dtypes we read and write: float32 weights, and int64 for PyTorch's batch-norm counters
+ * (num_batches_tracked), which a strict load_state_dict wants. */
+static const struct {
+    const char *name;
+    int dtype;
+    unsigned size;
+} dtypes[] = {{"F32", MGE_CKPT_F32, 4}, {"I64", MGE_CKPT_I64, 8}};
+
+static int dtype_index(int dtype)
+{
+    for (int i = 0; i < (int)(sizeof(dtypes) / sizeof(dtypes[0])); i++)
+        if (dtypes[i].dtype == dtype)
+            return i;
+    return -1;
+}
+
 static json_t *shape_json(const struct mge_ckpt_tensor *t)
 {
     json_t *a = json_array();
@@ -67,8 +83,9 @@ static char *header_build(const struct mge_ckpt_tensor *ts, int n, const char *c
             bad = 1;
             break;
         }
-        json_t *e = json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape", shape_json(&ts[i]),
-                              "data_offsets", (json_int_t)off, (json_int_t)(off + ts[i].nbytes));
+        json_t *e = json_pack("{s:s, s:o, s:[I,I]}", "dtype", dtypes[dtype_index(ts[i].dtype)].name,
+                              "shape", shape_json(&ts[i]), "data_offsets", (json_int_t)off,
+                              (json_int_t)(off + ts[i].nbytes));
         bad |= !e || json_object_set_new(root, ts[i].name, e) != 0;
         off += ts[i].nbytes;
     }
@@ -113,9 +130,9 @@ int mge_safetensors_write(const char *path, const struct mge_ckpt_tensor *ts, in
     uint8_t lenb[8];
 
     for (int i = 0; i < n; i++)
-        if (ts[i].dtype != MGE_CKPT_F32 || !ts[i].name || !ts[i].name[0])
-            return fail(MGE_INVAL, err, errlen, "%s: tensor %d '%s': only named F32 tensors", path,
-                        i, ts[i].name ? ts[i].name : "");
+        if (dtype_index(ts[i].dtype) < 0 || !ts[i].name || !ts[i].name[0])
+            return fail(MGE_INVAL, err, errlen, "%s: tensor %d '%s': only named F32 or I64 tensors",
+                        path, i, ts[i].name ? ts[i].name : "");
     header = header_build(ts, n, meta, &hlen, &dup);
     if (!header)
         return dup ? fail(MGE_INVAL, err, errlen, "%s: a tensor name appears twice", path)
@@ -188,9 +205,14 @@ static int entry_parse(const char *name, json_t *v, uint64_t data_len, struct mg
     if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off))
         return fail(MGE_FORMAT, err, errlen,
                     "tensor '%s': needs dtype (string), shape and data_offsets (arrays)", name);
-    if (strcmp(json_string_value(dt), "F32") != 0)
-        return fail(MGE_UNSUPPORTED, err, errlen, "tensor '%s': dtype '%.16s' (only F32 for now)",
-                    name, json_string_value(dt));
+    int di = -1;
+    for (int i = 0; i < (int)(sizeof(dtypes) / sizeof(dtypes[0])); i++)
+        if (!strcmp(json_string_value(dt), dtypes[i].name))
+            di = i;
+    if (di < 0)
+        return fail(MGE_UNSUPPORTED, err, errlen,
+                    "tensor '%s': dtype '%.16s' (only F32, and I64 for counters, for now)", name,
+                    json_string_value(dt));
     if (json_array_size(sh) > MGE_CKPT_MAX_DIMS)
         return fail(MGE_FORMAT, err, errlen, "tensor '%s': %zu dims (at most %d)", name,
                     json_array_size(sh), MGE_CKPT_MAX_DIMS);
@@ -219,11 +241,12 @@ static int entry_parse(const char *name, json_t *v, uint64_t data_len, struct mg
                     "tensor '%s': data_offsets [%llu, %llu] outside the %llu data bytes", name,
                     (unsigned long long)r->begin, (unsigned long long)r->end,
                     (unsigned long long)data_len);
-    if (r->end - r->begin != numel * 4)
+    if (r->end - r->begin != numel * dtypes[di].size)
         return fail(MGE_FORMAT, err, errlen,
                     "tensor '%s': data_offsets span %llu bytes, shape and dtype need %llu", name,
-                    (unsigned long long)(r->end - r->begin), (unsigned long long)(numel * 4));
-    t->dtype = MGE_CKPT_F32;
+                    (unsigned long long)(r->end - r->begin),
+                    (unsigned long long)(numel * dtypes[di].size));
+    t->dtype = dtypes[di].dtype;
     t->nbytes = (size_t)(r->end - r->begin);
     return MGE_OK;
 }

@@ -18,16 +18,17 @@
 #define MGE_SAFETENSORS_HEADER_MAX (100u << 20) /* the reference implementation's limit */
 
 struct mge_safetensors {
-    struct mge_ckpt_tensor *tensors; /* (n_tensors) in the file's data order; dtype F32 */
+    struct mge_ckpt_tensor *tensors; /* (n_tensors) in the header's order; F32 or I64 */
     int n_tensors;
     void *priv; /* the file image and names the tensors point into (data may be unaligned) */
 };
 
 /*
- * Write @n tensors of @ts (dtype MGE_CKPT_F32 only) to @path in file order, with the metadata
+ * Write @n tensors of @ts (dtype MGE_CKPT_F32, or MGE_CKPT_I64 for counters) to @path in file
+ * order, with the metadata
  * @meta: NULL or pairs of strings key, value, ..., ended by a NULL key. The file is written
- * to "<path>.tmp.<pid>" and renamed over @path. Returns MGE_OK, MGE_INVAL (a tensor that is not
- * F32 or a name twice), MGE_IO (cannot create, write or rename: no temp file is left),
+ * to "<path>.tmp.<pid>" and renamed over @path. Returns MGE_OK, MGE_INVAL (a tensor of another
+ * dtype, or a name twice), MGE_IO (cannot create, write or rename: no temp file is left),
  * MGE_NOMEM; @err (if not NULL) gets a message naming @path. Thread: any.
  */
 int mge_safetensors_write(const char *path, const struct mge_ckpt_tensor *ts, int n,
@@ -36,8 +37,9 @@ int mge_safetensors_write(const char *path, const struct mge_ckpt_tensor *ts, in
 /*
  * Parse and validate the file image @buf/@len (untrusted): header length within the file and
  * MGE_SAFETENSORS_HEADER_MAX, a JSON object without duplicate keys, "__metadata__" an object
- * of strings, each tensor exactly {dtype, shape, data_offsets} with dtype "F32", at most
- * MGE_CKPT_MAX_DIMS non-negative dims, end - begin == 4 * product(shape), and the tensors'
+ * of strings, each tensor exactly {dtype, shape, data_offsets} with dtype "F32" or "I64" (PyTorch's
+ * batch-norm counters), at most MGE_CKPT_MAX_DIMS non-negative dims, end - begin ==
+ * dtype size * product(shape), and the tensors'
  * ranges inside the data, non-overlapping and covering it without gaps (as the reference
  * implementation requires). @buf is copied. Returns MGE_OK, MGE_FORMAT (anything above broken;
  * @err names the tensor and the rule), MGE_UNSUPPORTED (another dtype), MGE_NOMEM. On error

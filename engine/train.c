@@ -333,11 +333,22 @@ static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n
     return buf;
 }
 
+/* Tensors --init-from skips: a checkpoint's optimiser state ("optim.<state>.<param>"), and
+ * PyTorch's batch-norm counters (mge's batch norm has a fixed momentum and keeps none). */
+static bool init_from_ignores(const char *name, int torch_names)
+{
+    const char *nbt = ".num_batches_tracked";
+    size_t len = strlen(name), nl = strlen(nbt);
+    if (!torch_names)
+        return !strncmp(name, "optim.", 6);
+    return len > nl && !strcmp(name + len - nl, nbt);
+}
+
 /*
  * --init-from: every parameter and buffer from @ts (an mge checkpoint's tensors, named as mge
  * names them, or a safetensors file's, named as PyTorch does: @torch_names), which must hold
- * each with the model's shape as float32, and nothing else besides an mge checkpoint's
- * optimiser state (ignored: the optimiser starts fresh, at step 0).
+ * each with the model's shape as float32, and nothing else besides what init_from_ignores()
+ * (the optimiser starts fresh, at step 0).
  */
 static int init_from_tensors(struct trainer *t, const char *path, const struct mge_ckpt_tensor *ts,
                              int n, int torch_names)
@@ -345,7 +356,7 @@ static int init_from_tensors(struct trainer *t, const char *path, const struct m
     char name[160], s1[160], s2[160];
     int np = mge_graph_n_params(t->g), used = 0, expected = 0;
     for (int i = 0; i < n; i++)
-        expected += strncmp(ts[i].name, "optim.", 6) != 0 || torch_names;
+        expected += !init_from_ignores(ts[i].name, torch_names);
     for (int i = 0; i < np; i++) {
         int v = mge_graph_param(t->g, i);
         const char *pname = mge_value_name(t->g, v);
@@ -380,7 +391,7 @@ static int init_from_tensors(struct trainer *t, const char *path, const struct m
     if (used != expected) {
         for (int k = 0; k < n; k++) {
             int found = 0;
-            if (!torch_names && !strncmp(ts[k].name, "optim.", 6))
+            if (init_from_ignores(ts[k].name, torch_names))
                 continue;
             for (int i = 0; i < np && !found; i++) {
                 const char *pname = mge_value_name(t->g, mge_graph_param(t->g, i));

@@ -42,16 +42,16 @@ def st_read(path):
     meta = hdr.pop("__metadata__", {})
     out = {}
     for name, e in hdr.items():
-        assert e["dtype"] == "F32"
+        assert e["dtype"] in ("F32", "I64"), e["dtype"]
         b, end = e["data_offsets"]
         raw = data[8 + n + b:8 + n + end]
-        out[name] = (e["shape"], raw)
+        out[name] = (e["shape"], raw, e["dtype"])
     return meta, out
 
-def st_write(path, tensors):  # tensors: [(name, shape, raw bytes)]
+def st_write(path, tensors):  # tensors: [(name, shape, raw bytes, dtype)]
     hdr, off = {"__metadata__": {"format": "pt"}}, 0
-    for name, shape, raw in tensors:
-        hdr[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(raw)]}
+    for name, shape, raw, dt in tensors:
+        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
         off += len(raw)
     h = json.dumps(hdr).encode()
     h += b" " * (-len(h) % 8)
@@ -103,8 +103,9 @@ def mlp_loss_torch(st, images, labels):
         def forward(self, x):
             return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
     m = MLP()
-    m.load_state_dict({k: torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape)
-                       for k, (shape, raw) in st.items()}, strict=True)
+    dt = {"F32": torch.float32, "I64": torch.int64}
+    m.load_state_dict({k: torch.frombuffer(bytearray(raw), dtype=dt[d]).reshape(shape)
+                       for k, (shape, raw, d) in st.items()}, strict=True)
     (_, xs), (_, ys) = idx(images), idx(labels)
     x = torch.tensor(list(xs), dtype=torch.float32).reshape(-1, 784) / 255.0
     y = torch.tensor(list(ys), dtype=torch.int64)
@@ -125,11 +126,11 @@ if __name__ == "__main__":
     elif cmd == "edit":  # edit IN OUT drop:NAME | add:NAME | reshape:NAME
         st = st_read(sys.argv[2])[1]
         op, name = sys.argv[4].split(":")
-        ts = [(k, s, r) for k, (s, r) in st.items() if not (op == "drop" and k == name)]
+        ts = [(k, s, r, d) for k, (s, r, d) in st.items() if not (op == "drop" and k == name)]
         if op == "add":
-            ts.append((name, [3], b"\0" * 12))
+            ts.append((name, [3], b"\0" * 12, "F32"))
         if op == "reshape":
-            ts = [(k, [s[1], s[0]] if k == name else s, r) for k, s, r in ts]
+            ts = [(k, [s[1], s[0]] if k == name else s, r, d) for k, s, r, d in ts]
         st_write(sys.argv[3], ts)
 PY
 
@@ -181,6 +182,29 @@ s1=$(step1 "$T/st.out"); c1=$(step1 "$T/ck.out"); f1=$(step1 "$T/fresh.out")
 python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) - 0.5 else 1)' "$s1" "$f1" &&
     ok "trained weights loaded: step-1 loss $s1, fresh weights $f1" || bad "step-1 loss $s1 vs fresh $f1: weights not loaded?"
 [ "$(json "$T/st.out" steps_run)" = 5 ] && ok "fresh run from step 0 (5 steps run)" || bad "steps_run $(json "$T/st.out" steps_run)"
+
+echo "-- resnet (depth 8): torchvision's names, batch norm's buffers and counters, and back"
+rspec="$ROOT/examples/fmnist-resnet20.yaml"
+rrun() { # out-name, steps, extra flags...
+    n=$1; st=$2; shift 2
+    # shellcheck disable=SC2086
+    "$BIN/mge-train" "$rspec" $small --set model.depth=8 --set train.batch_size=16 --set train.steps=$st \
+        --set train.checkpoint_every=0 --json --out "$T/$n" "$@" > "$T/$n.out" 2>"$T/$n.err" ||
+        { bad "$n: mge-train exited $?"; cat "$T/$n.err"; }
+}
+rrun r 3
+"$BIN/mge-export" "$T/r/latest.mgeckpt" --format safetensors --output "$T/r.st" 2>"$T/err" || { bad "mge-export resnet exited $?"; cat "$T/err"; }
+rn=$(python3 "$T/st.py" names "$T/r.st")
+for want in "conv1.weight[16,1,3,3]" "bn1.running_var[16]" "bn1.num_batches_tracked[]" \
+    "layer2.0.downsample.0.weight[32,16,1,1]" "layer3.0.downsample.1.running_mean[64]" "fc.weight[10,64]"; do
+    case $rn in *"$want"*) ok "resnet file has $want" ;; *) bad "resnet file lacks $want: $rn" ;; esac
+done
+rrun rst 2 --init-from "$T/r.st"
+rrun rck 2 --init-from "$T/r/latest.mgeckpt"
+a=$(step1 "$T/rst.out"); b=$(step1 "$T/rck.out")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "resnet step-1 loss $a from safetensors == $b from the checkpoint" || bad "resnet step-1 loss $a != $b"
+a=$(json "$T/rst.out" test_loss); b=$(json "$T/rck.out" test_loss)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "resnet test loss (running statistics) $a == $b" || bad "resnet test loss $a != $b"
 
 echo "-- bad input: exit 2 naming the file and the tensor"
 expect_2 "export: no checkpoint" "$T/none.mgeckpt" "$BIN/mge-export" "$T/none.mgeckpt" --format safetensors --output "$T/o"

@@ -33,6 +33,7 @@ static void teardown(void)
 static float w1[2 * 3] = {1, 2, 3, 4, 5, -6};
 static float b1[2] = {0.5f, -0.25f};
 static float sc[1] = {3.5f};
+static int64_t count = 1407;
 
 static int sample(struct mge_ckpt_tensor *ts)
 {
@@ -40,7 +41,9 @@ static int sample(struct mge_ckpt_tensor *ts)
     ts[1] = (struct mge_ckpt_tensor){"fc1.bias", MGE_CKPT_F32, 1, {2}, b1, sizeof(b1)};
     ts[2] = (struct mge_ckpt_tensor){"scale", MGE_CKPT_F32, 0, {0}, sc, sizeof(sc)};
     ts[3] = (struct mge_ckpt_tensor){"empty", MGE_CKPT_F32, 2, {0, 4}, NULL, 0};
-    return 4;
+    ts[4] = (struct mge_ckpt_tensor){
+        "bn1.num_batches_tracked", MGE_CKPT_I64, 0, {0}, &count, sizeof(count)};
+    return 5;
 }
 
 static uint8_t *slurp(const char *p, size_t *len)
@@ -60,7 +63,7 @@ static uint8_t *slurp(const char *p, size_t *len)
 
 START_TEST(test_round_trip)
 {
-    struct mge_ckpt_tensor ts[4];
+    struct mge_ckpt_tensor ts[5];
     struct mge_safetensors *st = NULL;
     const char *meta[] = {"format", "pt", "mge.step", "7", NULL};
     char err[512];
@@ -71,7 +74,7 @@ START_TEST(test_round_trip)
     for (int i = 0; i < n; i++) {
         const struct mge_ckpt_tensor *t = mge_safetensors_find(st, ts[i].name);
         ck_assert_ptr_nonnull(t);
-        ck_assert_int_eq(t->dtype, MGE_CKPT_F32);
+        ck_assert_int_eq(t->dtype, ts[i].dtype);
         ck_assert_int_eq(t->ndim, ts[i].ndim);
         for (int d = 0; d < t->ndim; d++)
             ck_assert_int_eq(t->shape[d], ts[i].shape[d]);
@@ -89,7 +92,9 @@ START_TEST(test_round_trip)
     for (int b = 7; b >= 0; b--)
         hl = hl << 8 | img[b];
     ck_assert_uint_eq(hl % 8, 0);
-    ck_assert_uint_eq(len, 8 + hl + sizeof(w1) + sizeof(b1) + sizeof(sc));
+    ck_assert_uint_eq(len, 8 + hl + sizeof(w1) + sizeof(b1) + sizeof(sc) + sizeof(count));
+    ck_assert_ptr_nonnull(strstr((char *)img + 8, "\"bn1.num_batches_tracked\":{\"dtype\":\"I64\","
+                                                  "\"shape\":[],\"data_offsets\":[36,44]}"));
     ck_assert_int_eq(img[8], '{');
     ck_assert_ptr_nonnull(strstr((char *)img + 8, "\"__metadata__\":{\"format\":\"pt\""));
     ck_assert_ptr_nonnull(strstr((char *)img + 8, "\"fc1.weight\":{\"dtype\":\"F32\",\"shape\":"
@@ -148,6 +153,7 @@ START_TEST(test_malformed)
     refused("{" T("a", "F32", "[2]", "[0,8]") "}", 4, MGE_FORMAT,
             "'a': data_offsets [0, 8] outside");
     refused("{" T("a", "F32", "[2]", "[0,4]") "}", 4, MGE_FORMAT, "'a': data_offsets span 4 bytes");
+    refused("{" T("a", "I64", "[2]", "[0,8]") "}", 8, MGE_FORMAT, "need 16");
     refused("{" T("a", "F32", "[2]", "[0,8]") "," T("b", "F32", "[2]", "[4,12]") "}", 12,
             MGE_FORMAT, "overlap tensor 'a'");
     refused("{" T("a", "F32", "[1]", "[4,8]") "}", 8, MGE_FORMAT, "leaving bytes [0, 4) unused");
@@ -181,7 +187,7 @@ END_TEST
 
 START_TEST(test_write_errors)
 {
-    struct mge_ckpt_tensor ts[4];
+    struct mge_ckpt_tensor ts[5];
     char err[512], bad[200];
     int n = sample(ts);
     snprintf(bad, sizeof(bad), "%s/no/such/dir/w.safetensors", tmpdir);
@@ -191,7 +197,7 @@ START_TEST(test_write_errors)
     ck_assert_int_eq(mge_safetensors_write(path, ts, n, NULL, err, sizeof(err)), MGE_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "twice"));
     n = sample(ts);
-    ts[2].dtype = MGE_CKPT_I64;
+    ts[2].dtype = MGE_CKPT_F16;
     ck_assert_int_eq(mge_safetensors_write(path, ts, n, NULL, err, sizeof(err)), MGE_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "'scale'"));
     ck_assert_int_eq(access(path, F_OK), -1);
@@ -218,7 +224,7 @@ END_TEST
 /* Every allocation that can fail does so once: a clean MGE_NOMEM, nothing leaked. */
 START_TEST(test_alloc_failures)
 {
-    struct mge_ckpt_tensor ts[4];
+    struct mge_ckpt_tensor ts[5];
     struct mge_safetensors *st;
     char err[512];
     size_t len;
