@@ -3,7 +3,9 @@
 # a hand-written reader (json + struct) loads it into the MLP's forward pass (PyTorch's
 # nn.Module with load_state_dict(strict=True) when /usr/bin/python3 has torch, pure Python
 # otherwise) and matches mge-infer's loss; mge-train --init-from that file starts exactly where
-# --init-from the checkpoint does; bad files and flags exit 2 naming the file and tensor.
+# --init-from the checkpoint does; weights written in Python (or initialised by torch) give
+# mge-train the step-1 loss Python computes; a ResNet round-trips with torchvision's names;
+# bad files and flags exit 2 naming the file and tensor.
 BUILD=${1:-build}
 BIN=$(cd "$BUILD/bin" && pwd)
 ROOT=$(pwd)
@@ -123,6 +125,25 @@ if __name__ == "__main__":
         st = st_read(sys.argv[2])[1]
         f = mlp_loss_pure if cmd == "pure" else mlp_loss_torch
         print("%.9g" % f(st, sys.argv[3], sys.argv[4]))
+    elif cmd == "random":  # random OUT SEED: a 784-512-512-10 MLP, uniform weights at three
+        # times nn.Linear's bound, so that its loss is far from a fresh init's ~ln 10
+        import random
+        rng, ts = random.Random(int(sys.argv[3])), []
+        for i, (o, k) in enumerate(((512, 784), (512, 512), (10, 512)), 1):
+            bound = 3 / math.sqrt(k)
+            for name, shape in (("fc%d.weight" % i, [o, k]), ("fc%d.bias" % i, [o])):
+                n = o * (k if len(shape) == 2 else 1)
+                vals = [rng.uniform(-bound, bound) for _ in range(n)]
+                ts.append((name, shape, struct.pack("<%df" % n, *vals), "F32"))
+        st_write(sys.argv[2], ts)
+    elif cmd == "torch_random":  # torch_random OUT IMAGES LABELS SEED: torch's init, by hand
+        import torch, torch.nn as nn
+        torch.manual_seed(int(sys.argv[5]))
+        m = nn.Module()
+        m.fc1, m.fc2, m.fc3 = nn.Linear(784, 512), nn.Linear(512, 512), nn.Linear(512, 10)
+        st_write(sys.argv[2], [(k, list(v.shape), struct.pack("<%df" % v.numel(), *v.flatten().tolist()),
+                                "F32") for k, v in m.state_dict().items()])
+        print("%.9g" % mlp_loss_torch(st_read(sys.argv[2])[1], sys.argv[3], sys.argv[4]))
     elif cmd == "edit":  # edit IN OUT drop:NAME | add:NAME | reshape:NAME
         st = st_read(sys.argv[2])[1]
         op, name = sys.argv[4].split(":")
@@ -182,6 +203,29 @@ s1=$(step1 "$T/st.out"); c1=$(step1 "$T/ck.out"); f1=$(step1 "$T/fresh.out")
 python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) - 0.5 else 1)' "$s1" "$f1" &&
     ok "trained weights loaded: step-1 loss $s1, fresh weights $f1" || bad "step-1 loss $s1 vs fresh $f1: weights not loaded?"
 [ "$(json "$T/st.out" steps_run)" = 5 ] && ok "fresh run from step 0 (5 steps run)" || bad "steps_run $(json "$T/st.out" steps_run)"
+
+echo "-- the other way: weights written in Python, step 1 of mge-train --init-from"
+# a 32-sample training set and batch 32: step 1's loss is the mean over exactly these samples
+python3 "$T/st.py" small $D/train-images-idx3-ubyte.gz $D/train-labels-idx1-ubyte.gz 32 \
+    "$T/tr-images.gz" "$T/tr-labels.gz" || bad "cannot make the 32-sample training set"
+tiny="--set data.train_images=$T/tr-images.gz --set data.train_labels=$T/tr-labels.gz --set train.batch_size=32"
+python3 "$T/st.py" random "$T/py.st" 7
+ploss=$(python3 "$T/st.py" pure "$T/py.st" "$T/tr-images.gz" "$T/tr-labels.gz")
+# shellcheck disable=SC2086
+run py $tiny --init-from "$T/py.st"
+mloss=$(step1 "$T/py.out")
+close "$mloss" "$ploss" && ok "Python-written weights: mge-train's step-1 loss $mloss == Python's $ploss (1e-5 rel)" ||
+    bad "Python-written weights: step-1 loss $mloss != Python's $ploss"
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    tloss=$(/usr/bin/python3 "$T/st.py" torch_random "$T/torch.st" "$T/tr-images.gz" "$T/tr-labels.gz" 3)
+    # shellcheck disable=SC2086
+    run torch $tiny --init-from "$T/torch.st"
+    mloss=$(step1 "$T/torch.out")
+    close "$mloss" "$tloss" && ok "torch-initialised weights: step-1 loss $mloss == torch's $tloss" ||
+        bad "torch-initialised weights: step-1 loss $mloss != torch's $tloss"
+else
+    echo "  skipped: no torch (torch initialises, mge-train --init-from matches its loss)"
+fi
 
 echo "-- resnet (depth 8): torchvision's names, batch norm's buffers and counters, and back"
 rspec="$ROOT/examples/fmnist-resnet20.yaml"
