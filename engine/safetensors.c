@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,22 +15,6 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Fill @err and log once where the error starts; returns @code. */
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (err && errlen)
-        snprintf(err, errlen, "%s", buf);
-    return MGE_ERR(code, "%s", buf);
-}
 
 /* ---- writing ---- */
 
@@ -131,19 +114,21 @@ int mge_safetensors_write(const char *path, const struct mge_ckpt_tensor *ts, in
 
     for (int i = 0; i < n; i++)
         if (dtype_index(ts[i].dtype) < 0 || !ts[i].name || !ts[i].name[0])
-            return fail(MGE_INVAL, err, errlen, "%s: tensor %d '%s': only named F32 or I64 tensors",
-                        path, i, ts[i].name ? ts[i].name : "");
+            return MGE_ERR_FILL(MGE_INVAL, err, errlen,
+                                "%s: tensor %d '%s': only named F32 or I64 tensors", path, i,
+                                ts[i].name ? ts[i].name : "");
     header = header_build(ts, n, meta, &hlen, &dup);
     if (!header)
-        return dup ? fail(MGE_INVAL, err, errlen, "%s: a tensor name appears twice", path)
-                   : fail(MGE_NOMEM, err, errlen, "%s: out of memory", path);
+        return dup ? MGE_ERR_FILL(MGE_INVAL, err, errlen, "%s: a tensor name appears twice", path)
+                   : MGE_ERR_FILL(MGE_NOMEM, err, errlen, "%s: out of memory", path);
     for (int b = 0; b < 8; b++)
         lenb[b] = (uint8_t)((uint64_t)hlen >> (8 * b));
     snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0) {
         e = errno;
-        rc = fail(MGE_IO, err, errlen, "%s: cannot create '%s': %s", path, tmp, strerror(e));
+        rc =
+            MGE_ERR_FILL(MGE_IO, err, errlen, "%s: cannot create '%s': %s", path, tmp, strerror(e));
         goto out_free_header;
     }
     e = write_all(fd, lenb, sizeof(lenb));
@@ -158,7 +143,7 @@ int mge_safetensors_write(const char *path, const struct mge_ckpt_tensor *ts, in
     if (!e && rename(tmp, path) != 0)
         e = errno;
     if (e) {
-        rc = fail(MGE_IO, err, errlen, "%s: cannot write: %s", path, strerror(e));
+        rc = MGE_ERR_FILL(MGE_IO, err, errlen, "%s: cannot write: %s", path, strerror(e));
         unlink(tmp);
     }
 out_free_header:
@@ -196,56 +181,59 @@ static int entry_parse(const char *name, json_t *v, uint64_t data_len, struct mg
     const char *k;
     json_t *ignored;
     if (!json_is_object(v))
-        return fail(MGE_FORMAT, err, errlen, "tensor '%s': entry is not an object", name);
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "tensor '%s': entry is not an object", name);
     json_object_foreach(v, k, ignored)
     {
         if (strcmp(k, "dtype") && strcmp(k, "shape") && strcmp(k, "data_offsets"))
-            return fail(MGE_FORMAT, err, errlen, "tensor '%s': unknown key '%s'", name, k);
+            return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "tensor '%s': unknown key '%s'", name, k);
     }
     if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off))
-        return fail(MGE_FORMAT, err, errlen,
-                    "tensor '%s': needs dtype (string), shape and data_offsets (arrays)", name);
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                            "tensor '%s': needs dtype (string), shape and data_offsets (arrays)",
+                            name);
     int di = -1;
     for (int i = 0; i < (int)(sizeof(dtypes) / sizeof(dtypes[0])); i++)
         if (!strcmp(json_string_value(dt), dtypes[i].name))
             di = i;
     if (di < 0)
-        return fail(MGE_UNSUPPORTED, err, errlen,
-                    "tensor '%s': dtype '%.16s' (only F32, and I64 for counters, for now)", name,
-                    json_string_value(dt));
+        return MGE_ERR_FILL(MGE_UNSUPPORTED, err, errlen,
+                            "tensor '%s': dtype '%.16s' (only F32, and I64 for counters, for now)",
+                            name, json_string_value(dt));
     if (json_array_size(sh) > MGE_CKPT_MAX_DIMS)
-        return fail(MGE_FORMAT, err, errlen, "tensor '%s': %zu dims (at most %d)", name,
-                    json_array_size(sh), MGE_CKPT_MAX_DIMS);
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "tensor '%s': %zu dims (at most %d)", name,
+                            json_array_size(sh), MGE_CKPT_MAX_DIMS);
     t->ndim = (int)json_array_size(sh);
     for (int d = 0; d < t->ndim; d++) {
         json_t *x = json_array_get(sh, (size_t)d);
         json_int_t dim = json_is_integer(x) ? json_integer_value(x) : -1;
         if (dim < 0 || dim > (json_int_t)data_len)
-            return fail(MGE_FORMAT, err, errlen,
-                        "tensor '%s': shape[%d] is not an integer in [0, %llu]", name, d,
-                        (unsigned long long)data_len);
+            return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                                "tensor '%s': shape[%d] is not an integer in [0, %llu]", name, d,
+                                (unsigned long long)data_len);
         t->shape[d] = dim;
         numel = dim == 0 || numel == 0 ? 0 : numel * (uint64_t)dim;
         if (numel > data_len)
-            return fail(MGE_FORMAT, err, errlen, "tensor '%s': shape larger than the file", name);
+            return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "tensor '%s': shape larger than the file",
+                                name);
     }
     json_t *b = json_array_get(off, 0), *e = json_array_get(off, 1);
     if (json_array_size(off) != 2 || !json_is_integer(b) || !json_is_integer(e) ||
         json_integer_value(b) < 0 || json_integer_value(e) < json_integer_value(b))
-        return fail(MGE_FORMAT, err, errlen,
-                    "tensor '%s': data_offsets must be [begin, end] with 0 <= begin <= end", name);
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                            "tensor '%s': data_offsets must be [begin, end] with 0 <= begin <= end",
+                            name);
     r->begin = (uint64_t)json_integer_value(b);
     r->end = (uint64_t)json_integer_value(e);
     if (r->end > data_len)
-        return fail(MGE_FORMAT, err, errlen,
-                    "tensor '%s': data_offsets [%llu, %llu] outside the %llu data bytes", name,
-                    (unsigned long long)r->begin, (unsigned long long)r->end,
-                    (unsigned long long)data_len);
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                            "tensor '%s': data_offsets [%llu, %llu] outside the %llu data bytes",
+                            name, (unsigned long long)r->begin, (unsigned long long)r->end,
+                            (unsigned long long)data_len);
     if (r->end - r->begin != numel * dtypes[di].size)
-        return fail(MGE_FORMAT, err, errlen,
-                    "tensor '%s': data_offsets span %llu bytes, shape and dtype need %llu", name,
-                    (unsigned long long)(r->end - r->begin),
-                    (unsigned long long)(numel * dtypes[di].size));
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                            "tensor '%s': data_offsets span %llu bytes, shape and dtype need %llu",
+                            name, (unsigned long long)(r->end - r->begin),
+                            (unsigned long long)(numel * dtypes[di].size));
     t->dtype = dtypes[di].dtype;
     t->nbytes = (size_t)(r->end - r->begin);
     return MGE_OK;
@@ -256,11 +244,11 @@ static int metadata_check(json_t *md, char *err, size_t errlen)
     const char *k;
     json_t *v;
     if (!json_is_object(md))
-        return fail(MGE_FORMAT, err, errlen, "__metadata__ is not an object");
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "__metadata__ is not an object");
     json_object_foreach(md, k, v)
     {
         if (!json_is_string(v))
-            return fail(MGE_FORMAT, err, errlen, "__metadata__: '%s' is not a string", k);
+            return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "__metadata__: '%s' is not a string", k);
     }
     return MGE_OK;
 }
@@ -273,14 +261,14 @@ static int ranges_check(struct range *r, int n, const struct mge_ckpt_tensor *ts
     qsort(r, (size_t)n, sizeof(*r), range_cmp);
     for (int i = 0; i < n; i++) {
         if (r[i].begin < at)
-            return fail(MGE_FORMAT, err, errlen,
-                        "tensor '%s': data_offsets [%llu, %llu] overlap "
-                        "tensor '%s' (ends at %llu)",
-                        ts[r[i].idx].name, (unsigned long long)r[i].begin,
-                        (unsigned long long)r[i].end, ts[r[i - 1].idx].name,
-                        (unsigned long long)at);
+            return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                                "tensor '%s': data_offsets [%llu, %llu] overlap "
+                                "tensor '%s' (ends at %llu)",
+                                ts[r[i].idx].name, (unsigned long long)r[i].begin,
+                                (unsigned long long)r[i].end, ts[r[i - 1].idx].name,
+                                (unsigned long long)at);
         if (r[i].begin > at)
-            return fail(
+            return MGE_ERR_FILL(
                 MGE_FORMAT, err, errlen,
                 "tensor '%s': data_offsets begin at %llu, leaving bytes [%llu, %llu) unused",
                 ts[r[i].idx].name, (unsigned long long)r[i].begin, (unsigned long long)at,
@@ -288,8 +276,8 @@ static int ranges_check(struct range *r, int n, const struct mge_ckpt_tensor *ts
         at = r[i].end;
     }
     if (at != data_len)
-        return fail(MGE_FORMAT, err, errlen, "%llu data bytes after the last tensor",
-                    (unsigned long long)(data_len - at));
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "%llu data bytes after the last tensor",
+                            (unsigned long long)(data_len - at));
     return MGE_OK;
 }
 
@@ -312,26 +300,27 @@ int mge_safetensors_decode(const void *buf, size_t len, struct mge_safetensors *
     if (err && errlen)
         err[0] = '\0';
     if (len < 8)
-        return fail(MGE_FORMAT, err, errlen, "%zu bytes: too short for the 8-byte header length",
-                    len);
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                            "%zu bytes: too short for the 8-byte header length", len);
     for (int b = 7; b >= 0; b--)
         hlen = hlen << 8 | p[b];
     if (hlen < 2 || hlen > MGE_SAFETENSORS_HEADER_MAX || hlen > len - 8)
-        return fail(MGE_FORMAT, err, errlen,
-                    "header length %llu outside [2, %llu] (the file has %zu bytes)",
-                    (unsigned long long)hlen,
-                    (unsigned long long)(len - 8 < MGE_SAFETENSORS_HEADER_MAX
-                                             ? len - 8
-                                             : MGE_SAFETENSORS_HEADER_MAX),
-                    len);
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                            "header length %llu outside [2, %llu] (the file has %zu bytes)",
+                            (unsigned long long)hlen,
+                            (unsigned long long)(len - 8 < MGE_SAFETENSORS_HEADER_MAX
+                                                     ? len - 8
+                                                     : MGE_SAFETENSORS_HEADER_MAX),
+                            len);
     if (p[8] != '{')
-        return fail(MGE_FORMAT, err, errlen, "header does not start with '{'");
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "header does not start with '{'");
     data_len = len - 8 - hlen;
     root = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return fail(MGE_FORMAT, err, errlen, "header JSON, column %d: %s", jerr.column, jerr.text);
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "header JSON, column %d: %s", jerr.column,
+                            jerr.text);
     if (!json_is_object(root)) {
-        rc = fail(MGE_FORMAT, err, errlen, "header is not a JSON object");
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen, "header is not a JSON object");
         goto out_decref;
     }
     json_object_foreach(root, k, v)
@@ -342,7 +331,7 @@ int mge_safetensors_decode(const void *buf, size_t len, struct mge_safetensors *
             continue;
         }
         if (!k[0]) {
-            rc = fail(MGE_FORMAT, err, errlen, "a tensor has an empty name");
+            rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen, "a tensor has an empty name");
             goto out_decref;
         }
         n++;
@@ -365,7 +354,7 @@ int mge_safetensors_decode(const void *buf, size_t len, struct mge_safetensors *
             mge_free(pv->names);
             mge_free(pv);
         }
-        rc = fail(MGE_NOMEM, err, errlen, "out of memory for a %zu-byte file", len);
+        rc = MGE_ERR_FILL(MGE_NOMEM, err, errlen, "out of memory for a %zu-byte file", len);
         goto out_free;
     }
     memcpy(pv->image, buf, len);
@@ -407,16 +396,16 @@ int mge_safetensors_read(const char *path, struct mge_safetensors **out, char *e
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         e = errno;
-        return fail(e == ENOENT ? MGE_NOENT : MGE_IO, err, errlen, "%s: cannot open: %s", path,
-                    strerror(e));
+        return MGE_ERR_FILL(e == ENOENT ? MGE_NOENT : MGE_IO, err, errlen, "%s: cannot open: %s",
+                            path, strerror(e));
     }
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        rc = fail(MGE_IO, err, errlen, "%s: not a regular file", path);
+        rc = MGE_ERR_FILL(MGE_IO, err, errlen, "%s: not a regular file", path);
         goto out_close;
     }
     buf = mge_malloc((size_t)sb.st_size + 1);
     if (!buf) {
-        rc = fail(MGE_NOMEM, err, errlen, "%s: out of memory", path);
+        rc = MGE_ERR_FILL(MGE_NOMEM, err, errlen, "%s: out of memory", path);
         goto out_close;
     }
     while (got < (size_t)sb.st_size) {
@@ -428,7 +417,7 @@ int mge_safetensors_read(const char *path, struct mge_safetensors **out, char *e
         got += (size_t)r;
     }
     if (got != (size_t)sb.st_size) {
-        rc = fail(MGE_IO, err, errlen, "%s: cannot read", path);
+        rc = MGE_ERR_FILL(MGE_IO, err, errlen, "%s: cannot read", path);
         goto out_free;
     }
     rc = mge_safetensors_decode(buf, got, out, err, errlen);
