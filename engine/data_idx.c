@@ -28,21 +28,9 @@ struct idx_file {
     bool gzip;
 };
 
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Fill @err and log once where the error starts; returns @code. */
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (err && errlen)
-        snprintf(err, errlen, "%s", buf);
-    return MGE_ERR(code, "%s", buf);
-}
+/* fail(code, err, errlen, fmt, ...): fill @err and log once where the error starts; returns
+ * @code (common/err.h) */
+#define fail MGE_ERR_FILL
 
 /* The roots every load checks at open (mge_dataset_set_roots); NULL: any path. */
 static const struct mge_data_roots *g_roots;
