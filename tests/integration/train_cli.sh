@@ -108,16 +108,20 @@ expect_budget() {
 }
 expect_budget
 
+# the data section of the specs below (6 lines)
+D=/usr/share/datasets/fashion-mnist
+FMNIST_DATA="data:
+  format: idx
+  train_images: $D/train-images-idx3-ubyte.gz
+  train_labels: $D/train-labels-idx1-ubyte.gz
+  test_images: $D/t10k-images-idx3-ubyte.gz
+  test_labels: $D/t10k-labels-idx1-ubyte.gz"
+
 echo "-- resnet (ResNet-8, width 4): resume is bit-identical, running statistics included"
 cat > "$T/rn.yaml" <<EOF
 name: rn8
 model: {type: resnet, depth: 8, width: 4}
-data:
-  format: idx
-  train_images: /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+$FMNIST_DATA
 train:
   steps: 12
   batch_size: 32
@@ -145,12 +149,7 @@ echo "-- clip_grad_norm + label_smoothing + AdamW without decay on 1-D parameter
 cat > "$T/ops.yaml" <<EOF
 name: ops
 model: {type: mlp, hidden: [64]}
-data:
-  format: idx
-  train_images: /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+$FMNIST_DATA
 train:
   steps: 80
   batch_size: 64
