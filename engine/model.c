@@ -181,7 +181,7 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
     m->x = x;
     m->y = mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1);
     m->logits = t;
-    m->loss = mge_cross_entropy(g, t, m->y);
+    m->loss = mge_cross_entropy_smoothed(g, t, m->y, (float)spec->train.label_smoothing);
     if (mge_graph_error(g) == MGE_OK)
         mge_graph_keep(g, m->logits);
     return mge_graph_error(g);

@@ -180,6 +180,7 @@ struct trainer {
     int32_t *det_y;         /* (ceil(batch / micro_shards)) its labels */
     struct mge_trace trace; /* --profile */
     int64_t trace_until;    /* steps below this are traced */
+    double grad_norm;       /* train.clip_grad_norm: the last step's norm before clipping */
     int tracing;            /* the current step is traced */
     /* checkpoints (rank 0): tensor list over the live state, and the background writer */
     struct mge_ckpt_tensor *ck_ts; /* (ck_n) */
@@ -711,6 +712,35 @@ static int dist_sync_state(struct trainer *t)
     return MGE_OK;
 }
 
+/* train.optimizer.decay_1d: false: every 1-D trained parameter (biases, norm weights and
+ * biases) is kept out of weight decay, the nanoGPT/PyTorch param-group convention. */
+static int optim_exclude_1d(struct trainer *t)
+{
+    if (!t->spec->train.optim.no_decay_1d)
+        return MGE_OK;
+    for (int i = 0; i < mge_graph_n_params(t->g); i++) {
+        int p = mge_graph_param(t->g, i);
+        size_t off, bytes;
+        int rc;
+        if (mge_value_ndim(t->g, p) != 1 || mge_graph_grad(t->g, p) < 0 ||
+            mge_graph_grad_span(t->g, p, &off, &bytes) != MGE_OK)
+            continue;
+        rc = mge_optim_exclude_decay(&t->optim, (int64_t)(off / sizeof(float)),
+                                     (int64_t)(bytes / sizeof(float)));
+        if (rc != MGE_OK)
+            return rc;
+    }
+    return MGE_OK;
+}
+
+/* train.clip_grad_norm: clip the whole (reduced) gradient before any update. */
+static void clip_grads(struct trainer *t, float *grads, int64_t n_grads)
+{
+    double max_norm = t->spec->train.clip_grad_norm;
+    if (max_norm > 0.0)
+        t->grad_norm = mge_optim_clip(grads, n_grads, max_norm);
+}
+
 /* Packs over the gradient arena, cut at gradient boundaries; their all-reduces start from the
  * gradient-ready hook. The first pack is small (1 MiB at most) so communication starts early. */
 static int dist_packs_init(struct trainer *t)
@@ -789,6 +819,8 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
     if ((rc = mge_comm_allreduce_start(t->comm, lsum, 1, MGE_COMM_F64, &lticket)) != MGE_OK)
         return rc;
     mge_optim_step_begin(&t->optim);
+    /* clipping needs the global norm of the whole sum: update only once every pack is in */
+    int clip = t->spec->train.clip_grad_norm > 0.0;
     for (int i = 0; i < mge_comm_packs_count(t->packs); i++) {
         double c0 = thread_cpu_sec();
         w0 = now_sec();
@@ -798,8 +830,9 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
         st->wait += w1 - w0;
         st->wait_cpu += thread_cpu_sec() - c0;
         const struct mge_comm_pack *k = mge_comm_packs_get(t->packs, i);
-        mge_optim_step_range(&t->optim, params, grads, t->step, (int64_t)k->first,
-                             (int64_t)k->count);
+        if (!clip)
+            mge_optim_step_range(&t->optim, params, grads, t->step, (int64_t)k->first,
+                                 (int64_t)k->count);
         st->comm += k->timing.end - k->timing.start;
         st->hidden += overlap(k->timing.start, k->timing.end, t0, t_bwd);
         if (t->tracing) {
@@ -814,6 +847,14 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
             mge_trace_event(&t->trace, TRACK_COMPUTE, "optimizer", "optimizer", w1, now_sec(),
                             NULL);
         }
+    }
+    if (clip) {
+        double o0 = now_sec();
+        clip_grads(t, grads, n_grads);
+        mge_optim_step_range(&t->optim, params, grads, t->step, 0, t->optim.n);
+        if (t->tracing)
+            mge_trace_event(&t->trace, TRACK_COMPUTE, "optimizer", "optimizer", o0, now_sec(),
+                            NULL);
     }
     w0 = now_sec();
     double c0 = thread_cpu_sec();
@@ -911,6 +952,7 @@ static int det_step(struct trainer *t, const struct mge_batch *b, const float *l
     st->wait_cpu = thread_cpu_sec() - c0;
     st->comm = ct.end - ct.start;
     mge_exact_to_f32(grads, t->det_acc, (size_t)n_grads);
+    clip_grads(t, grads, n_grads);
     mge_optim_step(&t->optim, params, grads, t->step);
     if (t->tracing) {
         mge_trace_event(&t->trace, TRACK_COMM, "allreduce exact", "comm", ct.start, ct.end, NULL);
@@ -969,9 +1011,9 @@ static int train_loop(struct trainer *t)
         mge_free(wait_t);
         return MGE_ERR(MGE_NOMEM, "cannot allocate step timers");
     }
-    int64_t n_params;
+    int64_t n_params, n_grads;
     float *params = mge_graph_params(t->g, &n_params);
-    float *grads = mge_graph_grads(t->g, NULL);
+    float *grads = mge_graph_grads(t->g, &n_grads);
     const float *loss = mge_value_data(t->g, t->model.loss);
     const char *prof = getenv("MGE_PROFILE");
     if (prof && *prof && strcmp(prof, "0") && mge_graph_profile(t->g, 1) != MGE_OK)
@@ -1000,6 +1042,7 @@ static int train_loop(struct trainer *t)
             mge_graph_set_batch(t->g, b->n);
             if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
                 goto out_free;
+            clip_grads(t, grads, n_grads);
             if (t->tracing) {
                 double o0 = now_sec();
                 mge_optim_step(&t->optim, params, grads, t->step);
@@ -1033,22 +1076,25 @@ static int train_loop(struct trainer *t)
         if (lead && (t->step % le == 0 || t->step == t->total_steps)) {
             double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
             double lr = mge_optim_lr(&t->optim, t->step - 1);
+            char gn[48] = ""; /* the norm before clipping, when clipping is on */
+            if (spec->train.clip_grad_norm > 0.0)
+                snprintf(gn, sizeof(gn), ",\"grad_norm\":%.7g", t->grad_norm);
             if (o->json && t->det) /* loss_bits: the double's exact bits, to compare runs */
                 printf("{\"step\":%lld,\"loss\":%.7g,\"loss_bits\":\"%a\","
                        "\"samples_per_sec\":%.1f,\"lr\":%.6g,\"epoch\":%lld,"
-                       "\"compute_ms\":%.3f,\"comm_ms\":%.3f,\"comm_wait_ms\":%.3f}\n",
+                       "\"compute_ms\":%.3f,\"comm_ms\":%.3f,\"comm_wait_ms\":%.3f%s}\n",
                        (long long)t->step, t->last_loss, t->last_loss, sps, lr, (long long)b->epoch,
-                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.wait);
+                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.wait, gn);
             else if (o->json && t->dist)
                 printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
                        "\"epoch\":%lld,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
-                       "\"comm_hidden_ms\":%.3f,\"comm_wait_ms\":%.3f}\n",
+                       "\"comm_hidden_ms\":%.3f,\"comm_wait_ms\":%.3f%s}\n",
                        (long long)t->step, t->last_loss, sps, lr, (long long)t->epoch,
-                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.hidden, 1e3 * ds.wait);
+                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.hidden, 1e3 * ds.wait, gn);
             else if (o->json)
                 printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
-                       "\"epoch\":%lld}\n",
-                       (long long)t->step, t->last_loss, sps, lr, (long long)t->epoch);
+                       "\"epoch\":%lld%s}\n",
+                       (long long)t->step, t->last_loss, sps, lr, (long long)t->epoch, gn);
             else if (t->step % 100 == 0 || t->step == t->total_steps)
                 printf("step %lld/%lld  loss %.4f  %.0f samples/s\n", (long long)t->step,
                        (long long)t->total_steps, t->last_loss, sps);
@@ -1281,6 +1327,8 @@ int mge_train_main(const struct mge_train_opts *o)
                              t.total_steps, n_params_f)) != MGE_OK)
         goto out;
     t.optim_ok = 1;
+    if ((rc = optim_exclude_1d(&t)) != MGE_OK)
+        goto out;
     if (o->plan_only) {
         rc = print_plan(&t);
         code = rc == MGE_OK ? 0 : 2;
