@@ -1,0 +1,96 @@
+#!/bin/sh
+# control_tls.sh: HTTPS for the REST API and the dashboard (--tls-cert/--tls-key), with
+# certificates made here by openssl: mgectl over https with --cacert works, clients without
+# the CA and plain HTTP on the TLS port are refused, bad key/cert files refuse the start naming
+# the file; the worker link stays plain tcp://.
+. "$(dirname "$0")/lib/control.sh"
+command -v openssl >/dev/null 2>&1 || { echo "SKIP: openssl not installed"; exit 77; }
+M=$BIN/mgectl
+export XDG_CONFIG_HOME="$T/xdg" HOME="$T/home"
+unset MGE_CONFIG MGE_TOKEN_FILE MGE_CACERT CURL_CA_BUNDLE
+mkdir -p "$T/xdg/mge" "$T/home"
+
+# --- a CA, a server certificate for 127.0.0.1/localhost signed by it, and an unrelated CA
+ossl() { openssl "$@" >>"$T/openssl.log" 2>&1; }
+mkca() { # NAME
+    ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+        -subj "/CN=mge test $1" -keyout "$T/$1.key" -out "$T/$1.pem"
+}
+mkca ca
+mkca otherca
+ossl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
+    -keyout "$T/server.key" -out "$T/server.csr"
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$T/san.ext"
+ossl x509 -req -in "$T/server.csr" -CA "$T/ca.pem" -CAkey "$T/ca.key" -CAcreateserial \
+    -days 2 -extfile "$T/san.ext" -out "$T/server.pem"
+chmod 600 "$T"/*.key
+[ -s "$T/server.pem" ] || { fail "openssl made no certificate"; cat "$T/openssl.log"; exit 1; }
+
+# --- refusals at start: each names the file
+refuses() { # DESCRIPTION FILE-NAMED FLAGS...: exits non-zero, names FILE-NAMED on stderr
+    d=$1; f=$2; shift 2
+    timeout 10 "$BIN/mge-coordinator" --listen 127.0.0.1:0 --worker-listen tcp://127.0.0.1:0 \
+        --state-dir "$T/refused" --token-file "$T/tokens" --join-token-file "$T/join" \
+        "$@" >"$T/refuse.out" 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "$f" "$T/refuse.out"; then
+        ok "refuses to start: $d ($(grep -m1 "$f" "$T/refuse.out" | cut -c1-150))"
+    else
+        fail "refuses to start: $d (rc $rc)"; cat "$T/refuse.out"
+    fi
+}
+refuses "key of another certificate" "does not go with" \
+    --tls-cert "$T/server.pem" --tls-key "$T/otherca.key"
+refuses "missing key file" "$T/nonexistent.key" \
+    --tls-cert "$T/server.pem" --tls-key "$T/nonexistent.key"
+echo "not a certificate" >"$T/junk.pem"
+refuses "certificate file that is not PEM" "$T/junk.pem" \
+    --tls-cert "$T/junk.pem" --tls-key "$T/server.key"
+cp "$T/server.key" "$T/open.key"
+chmod 644 "$T/open.key"
+refuses "key file readable by every user" "$T/open.key" \
+    --tls-cert "$T/server.pem" --tls-key "$T/open.key"
+refuses "--tls-cert without --tls-key" "go together" --tls-cert "$T/server.pem"
+
+# --- serving HTTPS (through the config file, as a deployment would)
+printf 'tls-cert = %s\ntls-key = %s\n' "$T/server.pem" "$T/server.key" >"$T/coord.conf"
+start_coord --config "$T/coord.conf"
+URL=https://$HTTP_ADDR
+export MGE_SERVER=$URL CURL_CA_BUNDLE="$T/ca.pem" # curl(1) of lib/control.sh trusts our CA
+check "the coordinator logs that it serves https" grep -q "https api on $HTTP_ADDR" "$T/coordinator.log"
+check "the worker link is still plain tcp://" sh -c "echo '$WORKER_URL' | grep -q '^tcp://'"
+start_worker w1
+check "a worker registers over tcp:// and is listed over https" worker_ready w1
+
+cat >"$T/quick.yaml" <<Y
+name: quick-tls
+$QUICK_MODEL
+$QUICK_DATA
+train: {steps: 20, batch_size: 32, $QUICK_OPT}
+Y
+JOB=$("$M" --cacert "$T/ca.pem" submit "$T/quick.yaml" -o json 2>"$T/submit.err" | jq -r .id)
+check "mgectl --cacert submit over https" sh -c "[ -n '$JOB' ] && [ '$JOB' != null ]"
+check "the job succeeds" wait_until 60 state_is "$JOB" succeeded
+check "mgectl --cacert list shows it" sh -c "'$M' --cacert '$T/ca.pem' list | grep -q quick-tls"
+check "MGE_CACERT get shows it" sh -c "MGE_CACERT='$T/ca.pem' '$M' get $JOB | grep -q succeeded"
+printf 'cacert: %s\n' "$T/ca.pem" >"$T/xdg/mge/config.yaml"
+check "cacert: in config.yaml works" sh -c "'$M' get $JOB -o json | jq -e '.state == \"succeeded\"'"
+rm "$T/xdg/mge/config.yaml"
+
+check "the dashboard over https: GET / with the CA returns the page" \
+    sh -c "curl -sf --cacert '$T/ca.pem' '$URL/' | grep -qi '<html'"
+check "curl without the CA fails verification (exit 60)" \
+    sh -c "CURL_CA_BUNDLE= curl -s -o /dev/null --capath /nonexistent '$URL/healthz'; [ \$? = 60 ]"
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://$HTTP_ADDR/healthz")
+check "plain HTTP to the TLS port gets no HTTP answer (status '$code')" [ "$code" = 000 ]
+
+"$M" --cacert "$T/otherca.pem" list >/dev/null 2>"$T/wrongca.err"; rc=$?
+check "mgectl with the wrong CA exits 3 (unreachable/TLS)" [ "$rc" = 3 ]
+check "... and says the certificate does not verify against that CA" \
+    grep -q "not signed by the CA given with --cacert" "$T/wrongca.err"
+"$M" list >/dev/null 2>"$T/noca.err"; rc=$?
+check "mgectl without a CA (system CAs only) exits 3 and names --cacert" \
+    sh -c "[ $rc = 3 ] && grep -q 'give its CA with --cacert' '$T/noca.err'"
+check "no token in the coordinator's log" sh -c "! grep -q 'adm-secret\|ro-secret' '$T/coordinator.log'"
+check "no token in mgectl's errors" sh -c "! grep -q 'adm-secret' '$T/wrongca.err' '$T/noca.err'"
+[ "$fails" -eq 0 ] || exit 1
