@@ -345,12 +345,11 @@ static void transfer_setup(CURL *cu, const struct mgectl *c, const char *url, st
 static void transfer_error(const struct mgectl *c, CURLcode cc, const char *detail, char *out,
                            size_t n)
 {
-    bool tls = cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE ||
-               cc == CURLE_SSL_CONNECT_ERROR;
+    bool tls = cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE;
     snprintf(out, n, "%s%s", detail[0] ? detail : curl_easy_strerror(cc),
              !tls           ? ""
-             : c->cacert[0] ? " (TLS: the server's certificate is not signed by the CA given "
-                              "with --cacert / MGE_CACERT / cacert:)"
+             : c->cacert[0] ? " (TLS: the server's certificate does not verify with the CA "
+                              "given by --cacert / MGE_CACERT / cacert:)"
                             : " (TLS: the server's certificate does not verify against the "
                               "system's CAs; give its CA with --cacert FILE, MGE_CACERT or "
                               "cacert: in config.yaml)");

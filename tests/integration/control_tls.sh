@@ -83,11 +83,15 @@ check "curl without the CA fails verification (exit 60)" \
     sh -c "CURL_CA_BUNDLE= curl -s -o /dev/null --capath /nonexistent '$URL/healthz'; [ \$? = 60 ]"
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://$HTTP_ADDR/healthz")
 check "plain HTTP to the TLS port gets no HTTP answer (status '$code')" [ "$code" = 000 ]
+check "... and the coordinator still serves https after it" \
+    sh -c "curl -sf --cacert '$T/ca.pem' '$URL/healthz' >/dev/null && kill -0 $COORD_PID"
+check "https://localhost verifies too (the certificate's DNS name)" \
+    sh -c "curl -sf --cacert '$T/ca.pem' 'https://localhost:${HTTP_ADDR##*:}/healthz' >/dev/null"
 
 "$M" --cacert "$T/otherca.pem" list >/dev/null 2>"$T/wrongca.err"; rc=$?
 check "mgectl with the wrong CA exits 3 (unreachable/TLS)" [ "$rc" = 3 ]
-check "... and says the certificate does not verify against that CA" \
-    grep -q "not signed by the CA given with --cacert" "$T/wrongca.err"
+check "... and says the certificate does not verify with that CA" \
+    grep -q "does not verify with the CA given by --cacert" "$T/wrongca.err"
 "$M" list >/dev/null 2>"$T/noca.err"; rc=$?
 check "mgectl without a CA (system CAs only) exits 3 and names --cacert" \
     sh -c "[ $rc = 3 ] && grep -q 'give its CA with --cacert' '$T/noca.err'"
