@@ -5,26 +5,16 @@
 # the file; the worker link stays plain tcp://.
 . "$(dirname "$0")/lib/control.sh"
 command -v openssl >/dev/null 2>&1 || { echo "SKIP: openssl not installed"; exit 77; }
+unset MGE_TEST_TLS # this test sets up TLS itself
 M=$BIN/mgectl
 export XDG_CONFIG_HOME="$T/xdg" HOME="$T/home"
 unset MGE_CONFIG MGE_TOKEN_FILE MGE_CACERT CURL_CA_BUNDLE
 mkdir -p "$T/xdg/mge" "$T/home"
 
 # --- a CA, a server certificate for 127.0.0.1/localhost signed by it, and an unrelated CA
-ossl() { openssl "$@" >>"$T/openssl.log" 2>&1; }
-mkca() { # NAME
-    ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-        -subj "/CN=mge test $1" -keyout "$T/$1.key" -out "$T/$1.pem"
-}
-mkca ca
-mkca otherca
-ossl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
-    -keyout "$T/server.key" -out "$T/server.csr"
-printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$T/san.ext"
-ossl x509 -req -in "$T/server.csr" -CA "$T/ca.pem" -CAkey "$T/ca.key" -CAcreateserial \
-    -days 2 -extfile "$T/san.ext" -out "$T/server.pem"
-chmod 600 "$T"/*.key
-[ -s "$T/server.pem" ] || { fail "openssl made no certificate"; cat "$T/openssl.log"; exit 1; }
+. "$HERE/lib/tls.sh"
+tls_certs "$T/tls" || { fail "openssl made no certificates"; cat "$T/tls/openssl.log"; exit 1; }
+cp "$T/tls/ca.pem" "$T/tls/otherca.pem" "$T/tls/server.pem" "$T/tls/server.key" "$T/tls/otherca.key" "$T/"
 
 # --- refusals at start: each names the file
 refuses() { # DESCRIPTION FILE-NAMED FLAGS...: exits non-zero, names FILE-NAMED on stderr
