@@ -340,6 +340,8 @@ int main(int argc, char **argv)
     ro.listen_url = c.worker_listen ? c.worker_listen : "tcp://127.0.0.1:7070";
     ro.join_token = join;
     ro.heartbeat_ms = c.heartbeat_ms;
+    ro.tls_cert = pem.cert; /* a tls+tcp:// worker link serves the same certificate */
+    ro.tls_key = pem.key;
     /* the checkpoint store: absolute, since its copies are served as checkpoint paths */
     state_abs = realpath(c.state_dir, NULL);
     if (state_abs &&

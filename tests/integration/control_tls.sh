@@ -87,4 +87,40 @@ check "mgectl without a CA (system CAs only) exits 3 and names --cacert" \
     sh -c "[ $rc = 3 ] && grep -q 'give its CA with --cacert' '$T/noca.err'"
 check "no token in the coordinator's log" sh -c "! grep -q 'adm-secret\|ro-secret' '$T/coordinator.log'"
 check "no token in mgectl's errors" sh -c "! grep -q 'adm-secret' '$T/wrongca.err' '$T/noca.err'"
+
+# --- the worker link over tls+tcp:// (the same certificate; workers verify it with --cacert)
+kill "$WORKER_PID_w1" "$COORD_PID"
+wait_until 10 sh -c "! kill -0 $COORD_PID"
+WORKER_URL=tls+tcp://127.0.0.1:0
+start_coord --config "$T/coord.conf"
+URL=https://$HTTP_ADDR MGE_SERVER=https://$HTTP_ADDR
+check "the worker link is tls+tcp:// now ($WORKER_URL)" sh -c "echo '$WORKER_URL' | grep -q '^tls+tcp://127.0.0.1:[1-9]'"
+# by name: NNG's TLS (mbedtls 2.28 in Debian 12) matches the host against the certificate's DNS
+# names only, not its IP addresses
+TLS_WORKER_URL=tls+tcp://localhost:${WORKER_URL##*:}
+WORKER_URL=$TLS_WORKER_URL
+start_worker w2 --cacert "$T/ca.pem"
+check "a worker with the CA joins over tls+tcp://" worker_ready w2
+JOB2=$("$M" --cacert "$T/ca.pem" submit "$T/quick.yaml" -o json | jq -r .id)
+check "a job is submitted ($JOB2)" sh -c "[ -n '$JOB2' ] && [ '$JOB2' != null ]"
+check "it runs on w2 and succeeds (Assign, steps and result over TLS)" \
+    wait_until 60 state_is "$JOB2" succeeded
+wstart() { # NAME FLAGS...: a worker that is not expected to join
+    n=$1; shift
+    mkdir -p "$T/w-$n"
+    "$BIN/mge-worker" --coordinator "$TLS_WORKER_URL" --join-token-file "$T/join" --name "$n" \
+        --cpus 1 --work-dir "$T/w-$n" --train-bin "$MGE_TRAIN_BIN" "$@" >>"$T/worker-$n.log" 2>&1 &
+    PIDS="$PIDS $!"
+    echo $!
+}
+WRONG=$(wstart wrongca --cacert "$T/otherca.pem")
+PLAIN=$(wstart plain --coordinator "tcp://${TLS_WORKER_URL#tls+tcp://}")
+sleep 4
+check "a worker whose CA does not verify the coordinator cannot join (4 s)" sh -c "! worker_ready wrongca 2>/dev/null && kill -0 $WRONG"
+check "a plain tcp:// worker cannot join the tls+tcp:// port (4 s)" sh -c "! worker_ready plain 2>/dev/null && kill -0 $PLAIN"
+check "... neither is listed at all" sh -c "api GET /api/v1/workers | jq -e '[.workers[].name] == [\"w2\"]'"
+"$BIN/mge-worker" --coordinator "$TLS_WORKER_URL" --join-token-file "$T/join" --name noca \
+    --work-dir "$T/w-noca" >"$T/noca-worker.out" 2>&1; rc=$?
+check "a worker without --cacert for tls+tcp:// refuses to start and says why" \
+    sh -c "[ $rc != 0 ] && grep -q 'give the CA .* with --cacert' '$T/noca-worker.out'"
 [ "$fails" -eq 0 ] || exit 1
