@@ -1,7 +1,9 @@
 #!/bin/sh
-# control_over_tls.sh: control-plane tests again with the coordinator serving HTTPS
-# (MGE_TEST_TLS=1, see lib/control.sh: certificates made by openssl, curl and mgectl given
-# the CA). Any other control_*.sh runs the same way: MGE_TEST_TLS=1 sh tests/integration/X.sh.
+# control_over_tls.sh: control-plane tests again with the coordinator serving HTTPS and the
+# worker link over tls+tcp:// (MGE_TEST_TLS=1, see lib/control.sh: certificates made by
+# openssl; curl, mgectl and the workers given the CA). Kept short for make test; any other
+# control_*.sh runs the same way: MGE_TEST_TLS=1 sh tests/integration/X.sh build
+# (control_restart.sh and control_worker_lost.sh pass so too, ~20 s each).
 BUILD=${1:-build}
 command -v openssl >/dev/null 2>&1 || { echo "SKIP: openssl not installed"; exit 77; }
 rc=0

@@ -59,10 +59,12 @@ wait_until() {
 
 # start_coord [extra flags...]: (re)start the coordinator; the first start picks free ports.
 # MGE_TEST_TLS=1: it serves HTTPS with certificates made here (lib/tls.sh), and curl and mgectl
-# trust their CA (CURL_CA_BUNDLE, MGE_CACERT); $URL is then https://
+# trust their CA (CURL_CA_BUNDLE, MGE_CACERT); $URL is then https://, and the worker link is
+# tls+tcp:// (start_worker dials it as localhost with --cacert)
 start_coord() {
     listen=${HTTP_ADDR:-127.0.0.1:0}
     wlisten=${WORKER_URL:-tcp://127.0.0.1:0}
+    [ -z "$MGE_TEST_TLS" ] || wlisten=tls+tcp://${wlisten#*://}
     set -- ${MGE_TEST_TLS:+--tls-cert "$T/tls/server.pem" --tls-key "$T/tls/server.key"} "$@"
     if [ -n "${MGE_TEST_TLS:-}" ] && [ ! -s "$T/tls/server.pem" ]; then
         . "$HERE/lib/tls.sh"
@@ -80,8 +82,9 @@ start_coord() {
     HTTP_ADDR=$(sed -n 's/^http=//p' "$T/ports")
     WORKER_URL=$(sed -n 's/^worker=//p' "$T/ports")
     URL=http${MGE_TEST_TLS:+s}://$HTTP_ADDR
-    [ -z "$MGE_TEST_TLS" ] || grep -q "https api on $HTTP_ADDR" "$T/coordinator.log" ||
-        fail "MGE_TEST_TLS=1 but the coordinator does not serve https"
+    [ -z "$MGE_TEST_TLS" ] || { grep -q "https api on $HTTP_ADDR" "$T/coordinator.log" &&
+        grep -q "worker link on tls+tcp://" "$T/coordinator.log"; } ||
+        fail "MGE_TEST_TLS=1 but the coordinator does not serve https and tls+tcp://"
     export MGE_SERVER=$URL MGE_TOKEN=$ADMIN
 }
 
@@ -90,7 +93,10 @@ start_coord() {
 start_worker() {
     name=$1; shift
     mkdir -p "$T/w-$name"
-    $WORKER_RUN "$BIN/mge-worker" --coordinator "$WORKER_URL" --join-token-file "$T/join" --name "$name" \
+    wurl=$WORKER_URL # under MGE_TEST_TLS by name: NNG's mbedtls checks DNS names only
+    [ -z "$MGE_TEST_TLS" ] || set -- --cacert "$T/tls/ca.pem" "$@"
+    [ -z "$MGE_TEST_TLS" ] || wurl=tls+tcp://localhost:${WORKER_URL##*:}
+    $WORKER_RUN "$BIN/mge-worker" --coordinator "$wurl" --join-token-file "$T/join" --name "$name" \
         --cpus 2 --memory-mb 4096 --work-dir "$T/w-$name" --train-bin "$MGE_TRAIN_BIN" \
         --heartbeat-ms 500 "$@" >>"$T/worker-$name.log" 2>&1 &
     eval "WORKER_PID_$name=$!"
