@@ -6,6 +6,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1147,6 +1148,22 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+/*
+ * libmicrohttpd's own error messages (a failed TLS handshake, e.g. a plain-HTTP client on the
+ * HTTPS port, or a client without the CA) as our log lines, not bare lines on stderr.
+ */
+static void mhd_log(void *arg, const char *fmt, va_list ap)
+{
+    char msg[512];
+    size_t n;
+    (void)arg;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
+        msg[--n] = '\0';
+    mge_log_info("libmicrohttpd: %s", msg);
+}
+
 int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struct mge_sched *sched,
                    const struct mge_auth *auth, struct mge_rpc *rpc, struct mge_http **out)
 {
@@ -1199,9 +1216,10 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
     h->d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG | (tls ? MHD_USE_TLS : 0),
-        0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_THREAD_POOL_SIZE,
-        threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)120, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_CONNECTION_LIMIT,
+        0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)1000, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     if (!h->d) {
         pthread_mutex_destroy(&h->mu);

@@ -73,6 +73,8 @@ check "curl without the CA fails verification (exit 60)" \
     sh -c "CURL_CA_BUNDLE= curl -s -o /dev/null --capath /nonexistent '$URL/healthz'; [ \$? = 60 ]"
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://$HTTP_ADDR/healthz")
 check "plain HTTP to the TLS port gets no HTTP answer (status '$code')" [ "$code" = 000 ]
+check "... which the coordinator logs as a failed TLS handshake, in its own log format" \
+    grep -q "coordinator info .*libmicrohttpd: .*handshake" "$T/coordinator.log"
 check "... and the coordinator still serves https after it" \
     sh -c "curl -sf --cacert '$T/ca.pem' '$URL/healthz' >/dev/null && kill -0 $COORD_PID"
 check "https://localhost verifies too (the certificate's DNS name)" \
