@@ -26,7 +26,7 @@ ALL_LDFLAGS = -fopenmp $(LDFLAGS)
 LIBS_BLAS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -ldnnl
 LIBS_PROTO  := -lprotobuf-c
 LIBS_COMMON := -lyaml -ljansson -lz -lm -lpthread -lcrypto
-LIBS_DAEMON := -lmicrohttpd -lsqlite3 -lnng -luv -lcurl
+LIBS_DAEMON := -lmicrohttpd -lgnutls -lsqlite3 -lnng -luv -lcurl
 
 # Open MPI (the mpi backend) and NCCL (the nccl backend) are optional: without them the
 # backend is a stub that says so. System headers go in with -isystem (not our warnings).
