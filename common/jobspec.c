@@ -1102,7 +1102,7 @@ static int forbid(struct ctx *c, const struct sect *s, const char *name, const c
 
 static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", "resnet", NULL};
 static const char *const act_names[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
-static const char *const format_names[] = {"idx", "synthetic", NULL};
+static const char *const format_names[] = {"idx", "synthetic", "npy", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
 static const char *const device_names[] = {"cpu", "gpu", NULL};
@@ -1216,11 +1216,18 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
     d->train_size = 60000;
     d->test_size = 10000;
     d->classes = 10;
-    if (d->format == MGE_DATA_IDX) {
+    if (d->format == MGE_DATA_IDX || d->format == MGE_DATA_NPY) {
         const struct tnode *ti, *tl, *k;
-        for (size_t i = 0; i < sizeof(synth_only) / sizeof(synth_only[0]); i++)
+        /* npy: the spec may state the shape and classes, and the files must agree */
+        for (size_t i = 0;
+             d->format == MGE_DATA_IDX && i < sizeof(synth_only) / sizeof(synth_only[0]); i++)
+            if ((rc = forbid(
+                     c, &s, synth_only[i],
+                     "only used with data.format synthetic or npy (idx files carry their own)")))
+                return rc;
+        for (size_t i = 0; d->format == MGE_DATA_NPY && i < 2; i++)
             if ((rc = forbid(c, &s, synth_only[i],
-                             "only used with data.format synthetic (idx files carry their own)")))
+                             "only used with data.format synthetic (npy files carry their own)")))
                 return rc;
         if ((rc = get_str(c, &s, "train_images", true, SPEC_MAX_PATH, &d->train_images)))
             return rc;
@@ -1242,9 +1249,12 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
             return rc;
         if ((rc = get_str(c, &s, "test_labels", false, SPEC_MAX_PATH, &d->test_labels)))
             return rc;
+        if (d->format == MGE_DATA_NPY &&
+            (rc = get_int32(c, &s, "classes", 2, MGE_CLASSES_MAX, &(int){10}, &d->classes, NULL)))
+            return rc;
     } else {
         for (size_t i = 0; i < sizeof(idx_only) / sizeof(idx_only[0]); i++)
-            if ((rc = forbid(c, &s, idx_only[i], "only used with data.format idx")))
+            if ((rc = forbid(c, &s, idx_only[i], "only used with data.format idx or npy")))
                 return rc;
         if ((rc = get_int(c, &s, "train_size", 1, INT64_MAX, &d->train_size, &d->train_size, NULL)))
             return rc;
@@ -1252,11 +1262,11 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
             return rc;
         if ((rc = get_int32(c, &s, "classes", 2, MGE_CLASSES_MAX, &(int){10}, &d->classes, NULL)))
             return rc;
-        if (sect_get(&s, "image", NULL)) {
-            if ((rc = get_int_list(c, &s, "image", 3, 3, 1, 65536, img, &n_img)))
-                return rc;
-            img_given = true;
-        }
+    }
+    if (d->format != MGE_DATA_IDX && sect_get(&s, "image", NULL)) {
+        if ((rc = get_int_list(c, &s, "image", 3, 3, 1, 65536, img, &n_img)))
+            return rc;
+        img_given = true;
     }
     if ((int64_t)img[0] * img[1] * img[2] > (1 << 24))
         return fail_at(c, sect_get(&s, "image", NULL), "data.image",
@@ -1265,7 +1275,8 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
     d->image_h = img[1];
     d->image_w = img[2];
     dflt = (int64_t)img[0] * img[1] * img[2];
-    if (d->format == MGE_DATA_SYNTHETIC) {
+    d->image_given = img_given;
+    if (d->format != MGE_DATA_IDX) {
         int64_t dim;
         if ((rc = get_int(c, &s, "input_dim", 1, 1 << 24, &dflt, &dim, &dim_given)))
             return rc;
@@ -1275,6 +1286,7 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
             return fail_expected(c, sect_get(&s, "input_dim", NULL), "data.input_dim", what);
         }
         d->input_dim = (int)dim;
+        d->input_dim_given = dim_given;
     } else {
         d->input_dim = (int)dflt;
     }
@@ -1905,7 +1917,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     json_t *root, *model, *data, *train, *optim, *sched, *res, *workers, *mem, *dist;
     const struct mge_optim_spec *o;
     const struct mge_sched_spec *sc;
-    bool sgd, idx;
+    bool sgd, idx, npy;
     char *out = NULL;
     size_t n;
 
@@ -1915,6 +1927,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     sc = &spec->train.sched;
     sgd = o->type == MGE_OPTIM_SGD;
     idx = spec->data.format == MGE_DATA_IDX;
+    npy = spec->data.format == MGE_DATA_NPY;
     root = json_object();
     jset(&b, root, "name", jstr_or_null(spec->name));
 
@@ -1939,17 +1952,20 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, root, "model", model);
 
     data = json_object();
-    jset(&b, data, "format", json_string(idx ? "idx" : "synthetic"));
+    jset(&b, data, "format", json_string(format_names[spec->data.format]));
     jset(&b, data, "train_images", jstr_or_null(spec->data.train_images));
     jset(&b, data, "train_labels", jstr_or_null(spec->data.train_labels));
     jset(&b, data, "test_images", jstr_or_null(spec->data.test_images));
     jset(&b, data, "test_labels", jstr_or_null(spec->data.test_labels));
-    jset(&b, data, "train_size", idx ? json_null() : json_integer(spec->data.train_size));
-    jset(&b, data, "test_size", idx ? json_null() : json_integer(spec->data.test_size));
-    jset(&b, data, "input_dim", idx ? json_null() : json_integer(spec->data.input_dim));
+    jset(&b, data, "train_size", idx || npy ? json_null() : json_integer(spec->data.train_size));
+    jset(&b, data, "test_size", idx || npy ? json_null() : json_integer(spec->data.test_size));
+    jset(&b, data, "input_dim",
+         idx || (npy && !spec->data.input_dim_given) ? json_null()
+                                                     : json_integer(spec->data.input_dim));
     jset(&b, data, "classes", idx ? json_null() : json_integer(spec->data.classes));
     jset(&b, data, "image",
-         idx ? json_null()
+         idx || (npy && !spec->data.image_given)
+             ? json_null()
              : jint_list((const int[]){spec->data.channels, spec->data.image_h, spec->data.image_w},
                          3));
     jset(&b, data, "prefetch", json_integer(spec->data.prefetch));

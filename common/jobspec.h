@@ -24,7 +24,7 @@ extern "C" {
 
 enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP, MGE_MODEL_RESNET };
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
-enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC };
+enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC, MGE_DATA_NPY };
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
 enum mge_sched_type { MGE_SCHED_CONSTANT, MGE_SCHED_STEP, MGE_SCHED_COSINE };
 enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU };
@@ -44,8 +44,8 @@ struct mge_model_spec {
 };
 
 struct mge_data_spec {
-    enum mge_data_format format;   /* data.format: idx | synthetic */
-    char *train_images;            /* data.train_images (idx; gz or plain) */
+    enum mge_data_format format;   /* data.format: idx | synthetic | npy */
+    char *train_images;            /* data.train_images (idx: gz or plain; npy: inputs .npy) */
     char *train_labels;
     char *test_images;             /* optional: no test set when NULL */
     char *test_labels;
@@ -56,6 +56,7 @@ struct mge_data_spec {
     int classes;                   /* data.classes, [2, MGE_CLASSES_MAX] (default 10) */
     int image_h, image_w, channels; /* data.image: [c, h, w] for conv models (default 1,28,28) */
     int prefetch;                  /* data.prefetch: batches read ahead (default 2) */
+    int image_given, input_dim_given; /* npy: the file must agree with data.image/input_dim */
 };
 
 struct mge_optim_spec {

@@ -2,6 +2,7 @@
 #include "engine/data.h"
 
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -41,7 +42,10 @@ static uint64_t uniform_below(uint64_t *state, uint64_t bound)
 
 void mge_dataset_fini(struct mge_dataset *ds)
 {
-    mge_free(ds->pixels);
+    if (ds->map)
+        munmap(ds->map, ds->map_len);
+    else
+        mge_free(ds->pixels);
     mge_free(ds->labels);
     memset(ds, 0, sizeof(*ds));
 }
@@ -115,11 +119,15 @@ int mge_dataset_gather(const struct mge_dataset *ds, const int64_t *idx, int64_t
         if (s < 0 || s >= ds->n)
             return MGE_ERR(MGE_RANGE, "sample index %lld outside [0, %lld)", (long long)s,
                            (long long)ds->n);
-        const uint8_t *src = ds->pixels + s * dim;
         float *dst = x + i * dim;
+        y[i] = ds->labels[s];
+        if (ds->f32) {
+            memcpy(dst, ds->pixels + s * dim * (int64_t)sizeof(float), (size_t)dim * sizeof(float));
+            continue;
+        }
+        const uint8_t *src = ds->pixels + s * dim;
         for (int64_t j = 0; j < dim; j++)
             dst[j] = (float)src[j] / 255.0f;
-        y[i] = ds->labels[s];
     }
     return MGE_OK;
 }

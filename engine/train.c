@@ -105,6 +105,17 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
         snprintf(err, errlen, "data: no %s set", test ? "test" : "train");
         return MGE_NOENT;
     }
+    if (d->format == MGE_DATA_NPY) {
+        struct mge_data_expect want = {.classes = d->classes};
+        if (d->image_given) {
+            want.c = d->channels;
+            want.h = d->image_h;
+            want.w = d->image_w;
+        }
+        if (d->image_given || d->input_dim_given)
+            want.dim = d->input_dim;
+        return mge_dataset_load_npy(ds, images, labels, &want, err, errlen);
+    }
     return mge_dataset_load_idx_classes(ds, images, labels, d->classes, err, errlen);
 }
 
@@ -1126,6 +1137,14 @@ int mge_train_main(const struct mge_train_opts *o)
     if (want_test && t.rank == 0) { /* rank 0 alone evaluates */
         if ((rc = mge_data_load(t.spec, 1, &t.test, err, sizeof(err))) != MGE_OK) {
             fprintf(stderr, "mge-train: %s\n", err);
+            code = 2;
+            goto out;
+        }
+        if (t.test.dim != t.train.dim) {
+            fprintf(stderr,
+                    "mge-train: %s: test set has %lld values per sample, the train set %lld\n",
+                    t.spec->data.test_images ? t.spec->data.test_images : "data",
+                    (long long)t.test.dim, (long long)t.train.dim);
             code = 2;
             goto out;
         }
