@@ -480,6 +480,10 @@ static const struct err_case err_cases[] = {
      "65536, got '65537'"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: synthetic\n  classes: 1000000\n",
      MGE_SPEC, 5, "data.classes", "expected an integer between 2 and 65536, got '1000000'"},
+    {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: npy\n  train_size: 3\n", MGE_SPEC,
+     5, "data.train_size", "only used with data.format synthetic (npy files carry their own)"},
+    {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: npy\n  train_labels: y.npy\n",
+     MGE_SPEC, 3, "data.train_images", "required key is missing"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: idx\n  classes: 3\n", MGE_SPEC, 5,
      "data.classes", "only used with data.format synthetic"},
     {"name: t\nmodel: {type: lenet}\ndata:\n  format: synthetic\n  image: [3, 32, 32]\n"
@@ -707,6 +711,52 @@ START_TEST(test_jobspec_round_trip)
                      "       train_labels: \"tab\\there\", test_images: '123',"
                      " test_labels: 'null'}\n" TRAIN,
                      NULL, 0);
+}
+END_TEST
+
+START_TEST(test_jobspec_npy)
+{
+    static const char *const npy_img =
+        "name: n\nmodel: {type: lenet}\n"
+        "data: {format: npy, train_images: /d/x.npy, train_labels: /d/y.npy,\n"
+        "       test_images: /d/tx.npy, test_labels: /d/ty.npy, image: [1, 28, 28],"
+        " classes: 12}\n" TRAIN;
+    static const char *const npy_plain = "name: n\nmodel: {type: mlp, hidden: [4]}\n"
+                                         "data: {format: npy, train_images: /d/x.npy,"
+                                         " train_labels: /d/y.npy}\n" TRAIN;
+    struct mge_jobspec *s = parse_ok(npy_img, NULL, 0);
+    char *text;
+    json_t *j, *d;
+    ck_assert_int_eq(s->data.format, MGE_DATA_NPY);
+    ck_assert_str_eq(s->data.train_images, "/d/x.npy");
+    ck_assert_str_eq(s->data.test_labels, "/d/ty.npy");
+    ck_assert_int_eq(s->data.classes, 12);
+    ck_assert_int_eq(s->data.image_given, 1);
+    ck_assert_int_eq(s->data.input_dim_given, 0);
+    ck_assert_int_eq(s->data.input_dim, 784);
+    text = mge_jobspec_to_json(s);
+    j = json_loads(text, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    d = json_object_get(j, "data");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "format")), "npy");
+    ck_assert(json_is_null(json_object_get(d, "input_dim")));
+    ck_assert(json_is_null(json_object_get(d, "train_size")));
+    ck_assert_int_eq(json_array_size(json_object_get(d, "image")), 3);
+    json_decref(j);
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(npy_img, NULL, 0);
+
+    s = parse_ok(npy_plain, NULL, 0);
+    ck_assert_int_eq(s->data.image_given, 0);
+    ck_assert_int_eq(s->data.classes, 10);
+    text = mge_jobspec_to_json(s);
+    j = json_loads(text, 0, NULL);
+    ck_assert(json_is_null(json_object_get(json_object_get(j, "data"), "image")));
+    json_decref(j);
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(npy_plain, NULL, 0);
 }
 END_TEST
 
@@ -993,6 +1043,7 @@ static Suite *jobspec_suite(void)
 
     tc = tcase_create("forms");
     tcase_add_test(tc, test_jobspec_round_trip);
+    tcase_add_test(tc, test_jobspec_npy);
     tcase_add_test(tc, test_jobspec_to_json_shape);
     tcase_add_test(tc, test_jobspec_resnet);
     tcase_add_test(tc, test_jobspec_total_steps);
