@@ -37,6 +37,22 @@ static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
     return MGE_ERR(code, "%s", buf);
 }
 
+static int why_set(int code, char *why, size_t whylen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The header parser's failures: fill @why without logging (the loader logs once, with the
+ * file's name; the fuzzer calls the parser millions of times). */
+static int why_set(int code, char *why, size_t whylen, const char *fmt, ...)
+{
+    va_list ap;
+    if (why && whylen) {
+        va_start(ap, fmt);
+        vsnprintf(why, whylen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
 /* ---- the header dict: {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), } ---- */
 
 struct npy_lex {
@@ -94,7 +110,7 @@ static bool lex_word(struct npy_lex *l, const char *w)
 static int lex_shape(struct npy_lex *l, struct mge_npy_header *h, char *why, size_t whylen)
 {
     if (!lex_char(l, '('))
-        return fail(MGE_FORMAT, why, whylen, "'shape' is not a tuple");
+        return why_set(MGE_FORMAT, why, whylen, "'shape' is not a tuple");
     h->ndim = 0;
     for (;;) {
         int64_t v = 0;
@@ -104,20 +120,20 @@ static int lex_shape(struct npy_lex *l, struct mge_npy_header *h, char *why, siz
         lex_ws(l);
         while (l->p < l->end && *l->p >= '0' && *l->p <= '9') {
             if (v > (NPY_MAX_BYTES - 9) / 10)
-                return fail(MGE_TOOBIG, why, whylen, "a 'shape' dimension is too large");
+                return why_set(MGE_TOOBIG, why, whylen, "a 'shape' dimension is too large");
             v = v * 10 + (*l->p++ - '0');
             digits = true;
         }
         if (!digits)
-            return fail(MGE_FORMAT, why, whylen, "'shape' holds something that is not a size");
+            return why_set(MGE_FORMAT, why, whylen, "'shape' holds something that is not a size");
         if (h->ndim == MGE_NPY_MAX_DIMS)
-            return fail(MGE_FORMAT, why, whylen, "'shape' has more than %d dimensions",
-                        MGE_NPY_MAX_DIMS);
+            return why_set(MGE_FORMAT, why, whylen, "'shape' has more than %d dimensions",
+                           MGE_NPY_MAX_DIMS);
         h->shape[h->ndim++] = v;
         if (lex_char(l, ')'))
             break;
         if (!lex_char(l, ','))
-            return fail(MGE_FORMAT, why, whylen, "'shape' is not a tuple of sizes");
+            return why_set(MGE_FORMAT, why, whylen, "'shape' is not a tuple of sizes");
     }
     return MGE_OK;
 }
@@ -139,13 +155,13 @@ static int parse_descr(const char *d, struct mge_npy_header *h, char *why, size_
         }
     }
     if (d[0] == '>')
-        return fail(MGE_FORMAT, why, whylen,
-                    "big-endian dtype '%s' is not supported (save it little-endian: "
-                    "a.astype(a.dtype.newbyteorder('<')))",
-                    d);
-    return fail(MGE_FORMAT, why, whylen,
-                "unsupported dtype '%s' (uint8 '|u1', float32 '<f4', int32 '<i4' or int64 '<i8')",
-                d);
+        return why_set(MGE_FORMAT, why, whylen,
+                       "big-endian dtype '%s' is not supported (save it little-endian: "
+                       "a.astype(a.dtype.newbyteorder('<')))",
+                       d);
+    return why_set(
+        MGE_FORMAT, why, whylen,
+        "unsupported dtype '%s' (uint8 '|u1', float32 '<f4', int32 '<i4' or int64 '<i8')", d);
 }
 
 int mge_npy_parse_header(const uint8_t *buf, size_t len, struct mge_npy_header *h, char *why,
@@ -161,74 +177,77 @@ int mge_npy_parse_header(const uint8_t *buf, size_t len, struct mge_npy_header *
     if (why && whylen)
         why[0] = '\0';
     if (len < 8 || memcmp(buf, magic, 6) != 0)
-        return fail(MGE_FORMAT, why, whylen, "bad magic: not a .npy file (expected \\x93NUMPY)");
+        return why_set(MGE_FORMAT, why, whylen, "bad magic: not a .npy file (expected \\x93NUMPY)");
     if (buf[6] == 1 && buf[7] == 0) {
         pre = 10;
         if (len < pre)
-            return fail(MGE_CORRUPT, why, whylen, "truncated: %zu of %zu header bytes", len, pre);
+            return why_set(MGE_CORRUPT, why, whylen, "truncated: %zu of %zu header bytes", len,
+                           pre);
         hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
     } else if ((buf[6] == 2 || buf[6] == 3) && buf[7] == 0) {
         pre = 12;
         if (len < pre)
-            return fail(MGE_CORRUPT, why, whylen, "truncated: %zu of %zu header bytes", len, pre);
+            return why_set(MGE_CORRUPT, why, whylen, "truncated: %zu of %zu header bytes", len,
+                           pre);
         hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
     } else {
-        return fail(MGE_FORMAT, why, whylen, "unsupported .npy version %u.%u (1.0, 2.0 or 3.0)",
-                    buf[6], buf[7]);
+        return why_set(MGE_FORMAT, why, whylen, "unsupported .npy version %u.%u (1.0, 2.0 or 3.0)",
+                       buf[6], buf[7]);
     }
     if (hlen > NPY_MAX_HEADER)
-        return fail(MGE_FORMAT, why, whylen, "header length %zu is over %d bytes", hlen,
-                    NPY_MAX_HEADER);
+        return why_set(MGE_FORMAT, why, whylen, "header length %zu is over %d bytes", hlen,
+                       NPY_MAX_HEADER);
     if (len < pre + hlen)
-        return fail(MGE_CORRUPT, why, whylen, "truncated: %zu of %zu header bytes", len,
-                    pre + hlen);
+        return why_set(MGE_CORRUPT, why, whylen, "truncated: %zu of %zu header bytes", len,
+                       pre + hlen);
     h->data_offset = pre + hlen;
     l.p = (const char *)buf + pre;
     l.end = l.p + hlen;
     if (!lex_char(&l, '{'))
-        return fail(MGE_FORMAT, why, whylen, "header is not a dict");
+        return why_set(MGE_FORMAT, why, whylen, "header is not a dict");
     for (;;) {
         char key[16], val[16];
         if (lex_char(&l, '}'))
             break;
         if (!lex_str(&l, key, sizeof(key)) || !lex_char(&l, ':'))
-            return fail(MGE_FORMAT, why, whylen, "header dict: expected a key and ':'");
+            return why_set(MGE_FORMAT, why, whylen, "header dict: expected a key and ':'");
         if (strcmp(key, "descr") == 0 && !seen[0]) {
             seen[0] = true;
             if (!lex_str(&l, val, sizeof(val)))
-                return fail(MGE_FORMAT, why, whylen,
-                            "'descr' is not a simple dtype string (structured arrays are not "
-                            "supported)");
+                return why_set(MGE_FORMAT, why, whylen,
+                               "'descr' is not a simple dtype string (structured arrays are not "
+                               "supported)");
             if ((rc = parse_descr(val, h, why, whylen)) != MGE_OK)
                 return rc;
         } else if (strcmp(key, "fortran_order") == 0 && !seen[1]) {
             seen[1] = true;
             if (lex_word(&l, "True"))
-                return fail(MGE_FORMAT, why, whylen,
-                            "fortran_order is True: only C order is supported "
-                            "(save np.ascontiguousarray(a))");
+                return why_set(MGE_FORMAT, why, whylen,
+                               "fortran_order is True: only C order is supported "
+                               "(save np.ascontiguousarray(a))");
             if (!lex_word(&l, "False"))
-                return fail(MGE_FORMAT, why, whylen, "'fortran_order' is not True or False");
+                return why_set(MGE_FORMAT, why, whylen, "'fortran_order' is not True or False");
         } else if (strcmp(key, "shape") == 0 && !seen[2]) {
             seen[2] = true;
             if ((rc = lex_shape(&l, h, why, whylen)) != MGE_OK)
                 return rc;
         } else {
-            return fail(MGE_FORMAT, why, whylen, "header dict: unknown or repeated key '%s'", key);
+            return why_set(MGE_FORMAT, why, whylen, "header dict: unknown or repeated key '%s'",
+                           key);
         }
         if (lex_char(&l, '}'))
             break;
         if (!lex_char(&l, ','))
-            return fail(MGE_FORMAT, why, whylen, "header dict: expected ',' or '}'");
+            return why_set(MGE_FORMAT, why, whylen, "header dict: expected ',' or '}'");
     }
     lex_ws(&l);
     if (l.p != l.end)
-        return fail(MGE_FORMAT, why, whylen, "header: data after the dict");
+        return why_set(MGE_FORMAT, why, whylen, "header: data after the dict");
     if (!seen[0] || !seen[1] || !seen[2])
-        return fail(MGE_FORMAT, why, whylen, "header dict lacks '%s'",
-                    !seen[0]   ? "descr"
-                    : !seen[1] ? "fortran_order"
-                               : "shape");
+        return why_set(MGE_FORMAT, why, whylen, "header dict lacks '%s'",
+                       !seen[0]   ? "descr"
+                       : !seen[1] ? "fortran_order"
+                                  : "shape");
     return MGE_OK;
 }
 
@@ -371,13 +390,6 @@ static int load_inputs(struct mge_dataset *ds, const char *path, const struct mg
     ds->c = m.h.ndim == 4 ? (int)m.h.shape[1] : 1;
     ds->h = m.h.ndim == 2 ? 1 : (int)m.h.shape[m.h.ndim - 2];
     ds->w = (int)m.h.shape[m.h.ndim - 1];
-    if (want && want->dim > 0 && want->dim != m.per) {
-        rc = fail(MGE_FORMAT, err, errlen,
-                  "%s: shape %s has %lld values per sample but the spec says %lld "
-                  "(data.input_dim or data.image)",
-                  path, shp, (long long)m.per, (long long)want->dim);
-        goto out_unmap;
-    }
     if (want && want->c > 0) {
         if (m.h.ndim > 2 && (ds->c != want->c || ds->h != want->h || ds->w != want->w)) {
             rc = fail(MGE_FORMAT, err, errlen,
@@ -388,6 +400,13 @@ static int load_inputs(struct mge_dataset *ds, const char *path, const struct mg
         ds->c = want->c;
         ds->h = want->h;
         ds->w = want->w;
+    }
+    if (want && want->dim > 0 && want->dim != m.per) {
+        rc = fail(MGE_FORMAT, err, errlen,
+                  "%s: shape %s has %lld values per sample but the spec says %lld "
+                  "(data.input_dim or data.image)",
+                  path, shp, (long long)m.per, (long long)want->dim);
+        goto out_unmap;
     }
     ds->f32 = m.h.dtype == MGE_NPY_F32;
     ds->map = m.base;
