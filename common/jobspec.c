@@ -521,7 +521,8 @@ static const struct keydef model_keys[] = {
 static const struct keydef data_keys[] = {
     {"format", NULL},      {"train_images", NULL}, {"train_labels", NULL}, {"test_images", NULL},
     {"test_labels", NULL}, {"train_size", NULL},   {"test_size", NULL},    {"input_dim", NULL},
-    {"classes", NULL},     {"image", NULL},        {"prefetch", NULL},     {NULL, NULL},
+    {"classes", NULL},     {"image", NULL},        {"prefetch", NULL},     {"train_files", NULL},
+    {"test_file", NULL},   {NULL, NULL},
 };
 static const struct keydef optim_keys[] = {
     {"type", NULL},     {"lr", NULL},           {"momentum", NULL},
@@ -1086,6 +1087,33 @@ static int get_int_list(struct ctx *c, const struct sect *s, const char *name, i
     return MGE_OK;
 }
 
+/* A list of 1..@max_n strings of 1..@max bytes into @out (room for @max_n), each the caller's
+ * to free (also on error: *@n_out says how many were made). */
+static int get_str_list(struct ctx *c, const struct sect *s, const char *name, int max_n,
+                        size_t max, char **out, int *n_out)
+{
+    char what[128], path[128];
+    const struct tnode *v = sect_get(s, name, NULL);
+    strfmt(what, sizeof(what), "a list of 1 to %d paths (strings of 1 to %zu bytes)", max_n, max);
+    path_join(path, sizeof(path), s->path, name);
+    *n_out = 0;
+    if (!v)
+        return fail_missing(c, s, name, what);
+    if (v->kind != TN_SEQ || v->n < 1 || (int)v->n > max_n)
+        return fail_expected(c, v, path, what);
+    for (size_t i = 0; i < v->n; i++) {
+        const struct tnode *e = v->kids[i];
+        if (e->kind != TN_SCALAR || e->len == 0 || e->len > max || strlen(e->str) != e->len ||
+            !utf8_valid(e->str, e->len))
+            return fail_at(c, e, path, "item %zu: expected a string of 1 to %zu bytes", i + 1, max);
+        out[i] = mge_strdup(e->str);
+        if (!out[i])
+            return fail_nomem(c);
+        *n_out = (int)i + 1;
+    }
+    return MGE_OK;
+}
+
 /* @name must not be given (because @why); a null value counts as not given. */
 static int forbid(struct ctx *c, const struct sect *s, const char *name, const char *why)
 {
@@ -1102,7 +1130,7 @@ static int forbid(struct ctx *c, const struct sect *s, const char *name, const c
 
 static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", "resnet", NULL};
 static const char *const act_names[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
-static const char *const format_names[] = {"idx", "synthetic", "npy", NULL};
+static const char *const format_names[] = {"idx", "synthetic", "npy", "cifar", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
 static const char *const device_names[] = {"cpu", "gpu", NULL};
@@ -1216,6 +1244,34 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
     d->train_size = 60000;
     d->test_size = 10000;
     d->classes = 10;
+    if (d->format == MGE_DATA_CIFAR) {
+        static const char *const not_cifar[] = {"train_images", "train_labels", "test_images",
+                                                "test_labels",  "train_size",   "test_size",
+                                                "input_dim",    "image"};
+        for (size_t i = 0; i < sizeof(not_cifar) / sizeof(not_cifar[0]); i++)
+            if ((rc = forbid(c, &s, not_cifar[i],
+                             "not used with data.format cifar (train_files, test_file; "
+                             "CIFAR images are [3, 32, 32])")))
+                return rc;
+        if ((rc = get_str_list(c, &s, "train_files", MGE_SPEC_MAX_DATA_FILES, SPEC_MAX_PATH,
+                               d->train_files, &d->n_train_files)))
+            return rc;
+        if ((rc = get_str(c, &s, "test_file", false, SPEC_MAX_PATH, &d->test_file)))
+            return rc;
+        if ((rc = get_int32(c, &s, "classes", 10, 100, &(int){10}, &d->classes, NULL)))
+            return rc;
+        if (d->classes != 10 && d->classes != 100)
+            return fail_expected(c, sect_get(&s, "classes", NULL), "data.classes",
+                                 "10 (CIFAR-10) or 100 (CIFAR-100)");
+        d->channels = 3;
+        d->image_h = d->image_w = 32;
+        d->input_dim = 3 * 32 * 32;
+        return MGE_OK;
+    }
+    static const char *const cifar_only[] = {"train_files", "test_file"};
+    for (size_t i = 0; i < 2; i++)
+        if ((rc = forbid(c, &s, cifar_only[i], "only used with data.format cifar")))
+            return rc;
     if (d->format == MGE_DATA_IDX || d->format == MGE_DATA_NPY) {
         const struct tnode *ti, *tl, *k;
         /* npy: the spec may state the shape and classes, and the files must agree */
@@ -1832,6 +1888,9 @@ void mge_jobspec_free(struct mge_jobspec *spec)
     mge_free(spec->data.train_labels);
     mge_free(spec->data.test_images);
     mge_free(spec->data.test_labels);
+    for (int i = 0; i < spec->data.n_train_files; i++)
+        mge_free(spec->data.train_files[i]);
+    mge_free(spec->data.test_file);
     mge_free(spec->source);
     mge_free(spec);
 }
@@ -1917,7 +1976,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     json_t *root, *model, *data, *train, *optim, *sched, *res, *workers, *mem, *dist;
     const struct mge_optim_spec *o;
     const struct mge_sched_spec *sc;
-    bool sgd, idx, npy;
+    bool sgd, idx, npy, cifar;
     char *out = NULL;
     size_t n;
 
@@ -1928,6 +1987,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     sgd = o->type == MGE_OPTIM_SGD;
     idx = spec->data.format == MGE_DATA_IDX;
     npy = spec->data.format == MGE_DATA_NPY;
+    cifar = spec->data.format == MGE_DATA_CIFAR;
     root = json_object();
     jset(&b, root, "name", jstr_or_null(spec->name));
 
@@ -1957,18 +2017,30 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, data, "train_labels", jstr_or_null(spec->data.train_labels));
     jset(&b, data, "test_images", jstr_or_null(spec->data.test_images));
     jset(&b, data, "test_labels", jstr_or_null(spec->data.test_labels));
-    jset(&b, data, "train_size", idx || npy ? json_null() : json_integer(spec->data.train_size));
-    jset(&b, data, "test_size", idx || npy ? json_null() : json_integer(spec->data.test_size));
+    jset(&b, data, "train_size",
+         idx || npy || cifar ? json_null() : json_integer(spec->data.train_size));
+    jset(&b, data, "test_size",
+         idx || npy || cifar ? json_null() : json_integer(spec->data.test_size));
     jset(&b, data, "input_dim",
-         idx || (npy && !spec->data.input_dim_given) ? json_null()
-                                                     : json_integer(spec->data.input_dim));
+         idx || cifar || (npy && !spec->data.input_dim_given) ? json_null()
+                                                              : json_integer(spec->data.input_dim));
     jset(&b, data, "classes", idx ? json_null() : json_integer(spec->data.classes));
     jset(&b, data, "image",
-         idx || (npy && !spec->data.image_given)
+         idx || cifar || (npy && !spec->data.image_given)
              ? json_null()
              : jint_list((const int[]){spec->data.channels, spec->data.image_h, spec->data.image_w},
                          3));
     jset(&b, data, "prefetch", json_integer(spec->data.prefetch));
+    if (cifar) {
+        json_t *files = json_array();
+        for (int i = 0; files && i < spec->data.n_train_files; i++)
+            if (json_array_append_new(files, json_string(spec->data.train_files[i])) != 0)
+                b.failed = 1;
+        jset(&b, data, "train_files", files);
+    } else {
+        jset(&b, data, "train_files", json_null());
+    }
+    jset(&b, data, "test_file", jstr_or_null(spec->data.test_file));
     jset(&b, root, "data", data);
 
     train = json_object();

@@ -2,7 +2,8 @@
  * data.h: training data for the engine: datasets (IDX files or synthetic), the epoch sampler
  * that shards every global batch across ranks, and the prefetching batch loader.
  *
- * Formats: IDX (data_idx.c), NumPy .npy (data_npy.c), synthetic (data.c).
+ * Formats: IDX (data_idx.c), NumPy .npy (data_npy.c), CIFAR binary (data_cifar.c), synthetic
+ * (data.c).
  *
  * Determinism contract: the samples a rank sees are a pure function of
  * (seed, epoch, pos, global_batch, rank, world). Nothing else (thread timing, prefetch depth,
@@ -113,6 +114,27 @@ struct mge_data_expect {
  */
 int mge_dataset_load_npy(struct mge_dataset *ds, const char *inputs, const char *labels,
                          const struct mge_data_expect *want, char *err, size_t errlen);
+
+/* ---- CIFAR binary files ---- */
+
+#define MGE_CIFAR_MAX_FILES 16
+
+/*
+ * Load CIFAR binary files (the "binary version" of CIFAR-10/100: fixed records, no header),
+ * concatenated in the order given: @classes 10 reads records of 1 label byte + 3072 pixel
+ * bytes (32x32x3, channel-major, as the dataset ships), 100 reads CIFAR-100 records of 2 label
+ * bytes (coarse, fine) + 3072 and uses the fine label. Each file is opened through the data
+ * roots; its record count comes from its size, which must be a positive multiple of the
+ * record. The dataset is c, h, w = 3, 32, 32 uint8 (scaled to [0, 1] when gathered).
+ * Returns MGE_OK; MGE_NOENT, MGE_IO, MGE_FORBIDDEN, MGE_STATE as mge_data_open(); MGE_INVAL
+ * (@classes not 10 or 100, @n_files outside [1, MGE_CIFAR_MAX_FILES]), MGE_FORMAT (size not a
+ * multiple: "train.bin: size 30000 is not a positive multiple of the 3073-byte CIFAR-10
+ * record ..."), MGE_CORRUPT (a label out of range, CIFAR-100 coarse labels too), MGE_TOOBIG,
+ * MGE_NOMEM; on error @err names the file and @ds is zeroed. The caller releases @ds with
+ * mge_dataset_fini().
+ */
+int mge_dataset_load_cifar(struct mge_dataset *ds, const char *const *files, int n_files,
+                           int classes, char *err, size_t errlen);
 
 /* mge_dataset_load_idx_classes() with @classes = 0 (classes = max label + 1; 10 for MNIST). */
 int mge_dataset_load_idx(struct mge_dataset *ds, const char *images, const char *labels, char *err,

@@ -99,6 +99,16 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
             snprintf(err, errlen, "synthetic data: %s", mge_strerror(rc));
         return rc;
     }
+    if (d->format == MGE_DATA_CIFAR) {
+        if (test && !d->test_file) {
+            snprintf(err, errlen, "data: no test set");
+            return MGE_NOENT;
+        }
+        return test ? mge_dataset_load_cifar(ds, (const char *const *)&d->test_file, 1, d->classes,
+                                             err, errlen)
+                    : mge_dataset_load_cifar(ds, (const char *const *)d->train_files,
+                                             d->n_train_files, d->classes, err, errlen);
+    }
     const char *images = test ? d->test_images : d->train_images;
     const char *labels = test ? d->test_labels : d->train_labels;
     if (!images || !labels) {
@@ -1133,7 +1143,8 @@ int mge_train_main(const struct mge_train_opts *o)
         goto out;
     }
     int want_test = t.spec->data.format == MGE_DATA_SYNTHETIC ? t.spec->data.test_size > 0
-                                                                : t.spec->data.test_images != NULL;
+                    : t.spec->data.format == MGE_DATA_CIFAR   ? t.spec->data.test_file != NULL
+                                                              : t.spec->data.test_images != NULL;
     if (want_test && t.rank == 0) { /* rank 0 alone evaluates */
         if ((rc = mge_data_load(t.spec, 1, &t.test, err, sizeof(err))) != MGE_OK) {
             fprintf(stderr, "mge-train: %s\n", err);

@@ -1086,6 +1086,107 @@ START_TEST(test_npy_long_header_and_roots)
 }
 END_TEST
 
+/* ---- CIFAR binary files ---- */
+
+/* Write @n CIFAR records: label bytes (@lb: 1, or 2 with coarse = label % 20) of label
+ * (first + i) % classes and pixels (first + i) * 3 + j; @cut bytes less at the end. */
+static const char *write_cifar(const char *name, int lb, int classes, int first, int n, int cut)
+{
+    const char *path = tmp_path(name);
+    FILE *f = fopen(path, "wb");
+    size_t rec = (size_t)lb + 3072, total = rec * (size_t)n - (size_t)cut;
+    uint8_t *buf = malloc(rec * (size_t)n);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(buf);
+    for (int i = 0; i < n; i++) {
+        uint8_t *r = buf + rec * (size_t)i;
+        int label = (first + i) % classes;
+        if (lb == 2)
+            r[0] = (uint8_t)(label % 20);
+        r[lb - 1] = (uint8_t)label;
+        for (int j = 0; j < 3072; j++)
+            r[lb + j] = (uint8_t)((first + i) * 3 + j);
+    }
+    ck_assert_uint_eq(fwrite(buf, 1, total, f), total);
+    fclose(f);
+    free(buf);
+    return path;
+}
+
+START_TEST(test_cifar_load)
+{
+    /* CIFAR-10 from two files, concatenated in order; CIFAR-100 takes the fine label */
+    struct mge_dataset ds;
+    char err[256];
+    const char *files[2] = {write_cifar("data_batch_1.bin", 1, 10, 0, 7, 0),
+                            write_cifar("data_batch_2.bin", 1, 10, 7, 5, 0)};
+    ck_assert_int_eq(mge_dataset_load_cifar(&ds, files, 2, 10, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.n, 12);
+    ck_assert_int_eq(ds.c, 3);
+    ck_assert_int_eq(ds.h, 32);
+    ck_assert_int_eq(ds.w, 32);
+    ck_assert_int_eq(ds.dim, 3072);
+    ck_assert_int_eq(ds.classes, 10);
+    for (int i = 0; i < 12; i++) {
+        ck_assert_int_eq(ds.labels[i], i % 10);
+        for (int j = 0; j < 3072; j += 97)
+            ck_assert_uint_eq(ds.pixels[i * 3072 + j], (uint8_t)(i * 3 + j));
+    }
+    mge_dataset_fini(&ds);
+
+    const char *c100 = write_cifar("train.bin", 2, 100, 30, 80, 0);
+    ck_assert_int_eq(mge_dataset_load_cifar(&ds, &c100, 1, 100, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.n, 80);
+    ck_assert_int_eq(ds.classes, 100);
+    for (int i = 0; i < 80; i++) {
+        ck_assert_int_eq(ds.labels[i], (30 + i) % 100);
+        ck_assert_uint_eq(ds.pixels[i * 3072 + 5], (uint8_t)((30 + i) * 3 + 5));
+    }
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+static void cifar_refused(const char *const *files, int n, int classes, int code, const char *msg)
+{
+    struct mge_dataset ds;
+    char err[512];
+    int rc = mge_dataset_load_cifar(&ds, files, n, classes, err, sizeof(err));
+    ck_assert_msg(rc == code, "%s: got %s (%s)", msg, mge_strerror(rc), err);
+    ck_assert_msg(strstr(err, msg) != NULL, "message '%s' lacks '%s'", err, msg);
+    ck_assert_ptr_null(ds.pixels);
+    ck_assert_ptr_null(ds.labels);
+}
+
+START_TEST(test_cifar_malformed)
+{
+    const char *good = write_cifar("good.bin", 1, 10, 0, 3, 0);
+    const char *f[2] = {good, write_cifar("cut.bin", 1, 10, 0, 3, 100)};
+    cifar_refused(f, 2, 10, MGE_FORMAT,
+                  "cut.bin: size 9119 is not a positive multiple of the 3073-byte CIFAR-10 "
+                  "record (1 label byte + 3072 pixels)");
+    /* CIFAR-100 records read as CIFAR-10: 3074 * 3 bytes is no multiple of 3073 */
+    f[1] = write_cifar("c100.bin", 2, 100, 0, 3, 0);
+    cifar_refused(f + 1, 1, 10, MGE_FORMAT, "c100.bin: size 9222 is not a positive multiple");
+    f[1] = write_cifar("empty.bin", 1, 10, 0, 1, 3073);
+    cifar_refused(f + 1, 1, 10, MGE_FORMAT, "empty.bin: size 0 is not");
+    /* a label >= 10 in a CIFAR-10 file; a coarse label >= 20 in CIFAR-100 */
+    f[1] = write_cifar("labels.bin", 1, 12, 0, 12, 0);
+    cifar_refused(f, 2, 10, MGE_CORRUPT,
+                  "labels.bin: label 10 of record 10 is out of range [0, 10)");
+    const char *p = tmp_path("coarse.bin");
+    uint8_t rec[3074] = {25, 3};
+    FILE *fp = fopen(p, "wb");
+    fwrite(rec, 1, sizeof(rec), fp);
+    fclose(fp);
+    cifar_refused(&p, 1, 100, MGE_CORRUPT,
+                  "coarse.bin: coarse label 25 of record 0 is out of range [0, 20)");
+    f[1] = tmp_path("missing.bin");
+    cifar_refused(f, 2, 10, MGE_NOENT, "missing.bin");
+    cifar_refused(f, 1, 20, MGE_INVAL, "CIFAR classes must be 10 or 100, got 20");
+    cifar_refused(f, 0, 10, MGE_INVAL, "1 to 16 files, got 0");
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -1109,6 +1210,8 @@ static Suite *data_suite(void)
         {"npy_load_f32", test_npy_load_f32},
         {"npy_malformed", test_npy_malformed},
         {"npy_long_header_roots", test_npy_long_header_and_roots},
+        {"cifar_load", test_cifar_load},
+        {"cifar_malformed", test_cifar_malformed},
         {"synthetic", test_synthetic_deterministic},
         {"synthetic_errors", test_synthetic_errors},
         {"gather", test_gather},

@@ -760,6 +760,62 @@ START_TEST(test_jobspec_npy)
 }
 END_TEST
 
+START_TEST(test_jobspec_cifar)
+{
+    static const char *const c10 = "name: c\nmodel: {type: lenet}\n"
+                                   "data:\n  format: cifar\n"
+                                   "  train_files: [/d/data_batch_1.bin, /d/data_batch_2.bin]\n"
+                                   "  test_file: /d/test_batch.bin\n" TRAIN;
+    struct mge_jobspec *s = parse_ok(c10, NULL, 0);
+    struct mge_spec_error err;
+    ck_assert_int_eq(s->data.format, MGE_DATA_CIFAR);
+    ck_assert_int_eq(s->data.n_train_files, 2);
+    ck_assert_str_eq(s->data.train_files[1], "/d/data_batch_2.bin");
+    ck_assert_str_eq(s->data.test_file, "/d/test_batch.bin");
+    ck_assert_int_eq(s->data.classes, 10);
+    ck_assert_int_eq(s->data.channels, 3);
+    ck_assert_int_eq(s->data.image_h, 32);
+    ck_assert_int_eq(s->data.input_dim, 3072);
+    char *text = mge_jobspec_to_json(s);
+    json_t *j = json_loads(text, 0, NULL);
+    json_t *d = json_object_get(j, "data");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "format")), "cifar");
+    ck_assert_int_eq(json_array_size(json_object_get(d, "train_files")), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(d, "test_file")), "/d/test_batch.bin");
+    json_decref(j);
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(c10, NULL, 0);
+    check_round_trip("name: c\nmodel: {type: mlp, hidden: [8]}\n"
+                     "data: {format: cifar, train_files: [train.bin], classes: 100}\n" TRAIN,
+                     NULL, 0);
+
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: cifar\n"
+              "  train_files: [a.bin]\n  classes: 50\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.classes");
+    ck_assert_ptr_nonnull(strstr(err.message, "10 (CIFAR-10) or 100 (CIFAR-100)"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: cifar\n"
+              "  train_files: [a.bin]\n  image: [1, 28, 28]\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.image");
+    ck_assert_ptr_nonnull(strstr(err.message, "not used with data.format cifar"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: cifar\n"
+              "  train_files: []\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.train_files");
+    ck_assert_int_eq(err.line, 5);
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: cifar\n"
+              "  train_files: [a.bin, [x]]\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_ptr_nonnull(strstr(err.message, "item 2: expected a string"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: npy\n"
+              "  train_files: [a.bin]\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_ptr_nonnull(strstr(err.message, "only used with data.format cifar"));
+}
+END_TEST
+
 START_TEST(test_jobspec_to_json_shape)
 {
     struct mge_jobspec *s = parse_ok(FULL_IDX, NULL, 0);
@@ -1044,6 +1100,7 @@ static Suite *jobspec_suite(void)
     tc = tcase_create("forms");
     tcase_add_test(tc, test_jobspec_round_trip);
     tcase_add_test(tc, test_jobspec_npy);
+    tcase_add_test(tc, test_jobspec_cifar);
     tcase_add_test(tc, test_jobspec_to_json_shape);
     tcase_add_test(tc, test_jobspec_resnet);
     tcase_add_test(tc, test_jobspec_total_steps);
