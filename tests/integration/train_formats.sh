@@ -1,11 +1,12 @@
 #!/bin/sh
-# train_npy.sh: mge-train on NumPy .npy files made from the real Fashion-MNIST (tests/tools/
-# mge-npy writes what np.save writes): an MLP's loss falls, uint8 [N,1,28,28] and float32
-# [N,784] files train bit-identically, mge-infer reproduces the test accuracy from the
-# checkpoint, and files that disagree with the spec exit 2 naming the file and the reason.
+# train_formats.sh: mge-train on NumPy .npy and CIFAR binary files made from the real
+# Fashion-MNIST (tests/tools/mge-convert writes what np.save writes, and CIFAR-10 records):
+# an MLP's loss falls, uint8 [N,1,28,28] and float32 [N,784] files train bit-identically,
+# mge-infer reproduces the test accuracy from the checkpoint, CIFAR from two training files
+# trains, and files that disagree with the spec exit 2 naming the file and the reason.
 BUILD=${1:-build}
 BIN=$(cd "$BUILD/bin" && pwd)
-TOOL="$(cd "$BUILD/tests" && pwd)/mge-npy"
+TOOL="$(cd "$BUILD/tests" && pwd)/mge-convert"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fails=0; passes=0
@@ -25,7 +26,7 @@ echo "-- Fashion-MNIST as .npy"
 "$TOOL" $F/train-images-idx3-ubyte.gz $F/train-labels-idx1-ubyte.gz "$T/x8.npy" "$T/y.npy" u8 12000 &&
 "$TOOL" $F/train-images-idx3-ubyte.gz $F/train-labels-idx1-ubyte.gz "$T/x32.npy" "$T/y.npy" f32 12000 &&
 "$TOOL" $F/t10k-images-idx3-ubyte.gz $F/t10k-labels-idx1-ubyte.gz "$T/tx.npy" "$T/ty.npy" u8 2000 &&
-    ok "wrote $(wc -c < "$T/x8.npy") + $(wc -c < "$T/x32.npy") + $(wc -c < "$T/tx.npy") bytes" || bad "mge-npy failed"
+    ok "wrote $(wc -c < "$T/x8.npy") + $(wc -c < "$T/x32.npy") + $(wc -c < "$T/tx.npy") bytes" || bad "mge-convert failed"
 
 spec() { # NAME INPUTS EXTRA-DATA-LINE
     cat > "$T/$1.yaml" <<EOF
@@ -85,5 +86,33 @@ head -c 100000 "$T/x8.npy" > "$T/trunc.npy"
 expect2 "truncated file" "trunc.npy: truncated: header says 12000 samples, file has data for 127" "$BIN/mge-train" "$T/lab.yaml" --set data.train_images="$T/trunc.npy"
 expect2 "IDX file as npy" "train-images-idx3-ubyte.gz: bad magic: not a .npy file" "$BIN/mge-train" "$T/lab.yaml" --set data.train_images=$F/train-images-idx3-ubyte.gz
 
-echo "train_npy: $passes passed, $fails failed"
+echo "-- CIFAR-10 records (Fashion-MNIST centred in 32x32x3) from two training files"
+"$TOOL" $F/train-images-idx3-ubyte.gz $F/train-labels-idx1-ubyte.gz "$T/b1.bin" - cifar 6000 &&
+"$TOOL" $F/t10k-images-idx3-ubyte.gz $F/t10k-labels-idx1-ubyte.gz "$T/test.bin" - cifar 2000 &&
+    ok "wrote $(wc -c < "$T/b1.bin") + $(wc -c < "$T/test.bin") bytes of CIFAR records" || bad "mge-convert cifar failed"
+cp "$T/b1.bin" "$T/b2.bin"
+cat > "$T/cifar.yaml" <<EOF
+name: cifar-mlp
+model: {type: mlp, hidden: [64]}
+data:
+  format: cifar
+  train_files: [$T/b1.bin, $T/b2.bin]
+  test_file: $T/test.bin
+train:
+  steps: 150
+  batch_size: 64
+  optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+  seed: 3
+EOF
+"$BIN/mge-train" "$T/cifar.yaml" --json --out "$T/cifar" > "$T/cifar.out" 2>"$T/err" || { bad "cifar run exited $?"; cat "$T/err"; }
+cfirst=$(grep '"step":1,' "$T/cifar.out" | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["loss"])')
+clast=$(json "$T/cifar.out" final_loss)
+cacc=$(json "$T/cifar.out" test_accuracy)
+lt "$clast" "$cfirst" && ok "cifar loss falls: step 1 $cfirst -> step 150 $clast" || bad "cifar loss did not fall: $cfirst -> $clast"
+lt 0.6 "$cacc" && ok "cifar test accuracy $cacc > 0.6 after 150 steps" || bad "cifar test accuracy $cacc"
+head -c 100000 "$T/b1.bin" > "$T/cut.bin"
+expect2 "cifar size not a multiple" "cut.bin: size 100000 is not a positive multiple of the 3073-byte CIFAR-10 record" "$BIN/mge-train" "$T/cifar.yaml" --set data.test_file="$T/cut.bin"
+expect2 "cifar-10 read as cifar-100" "b1.bin: size 18438000 is not a positive multiple of the 3074-byte CIFAR-100 record" "$BIN/mge-train" "$T/cifar.yaml" --set data.classes=100
+
+echo "train_formats: $passes passed, $fails failed"
 [ $fails -eq 0 ]
