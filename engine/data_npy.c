@@ -138,6 +138,17 @@ static int lex_shape(struct npy_lex *l, struct mge_npy_header *h, char *why, siz
     return MGE_OK;
 }
 
+/* Whether @s may be quoted in a message: a dtype or key name of letters, digits and <>|=_
+ * (a message never carries other bytes of a file). */
+static bool token_quotable(const char *s)
+{
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              strchr("<>|=_", *s)))
+            return false;
+    return true;
+}
+
 static int parse_descr(const char *d, struct mge_npy_header *h, char *why, size_t whylen)
 {
     static const struct {
@@ -154,6 +165,8 @@ static int parse_descr(const char *d, struct mge_npy_header *h, char *why, size_
             return MGE_OK;
         }
     }
+    if (!token_quotable(d))
+        d = "?";
     if (d[0] == '>')
         return why_set(MGE_FORMAT, why, whylen,
                        "big-endian dtype '%s' is not supported (save it little-endian: "
@@ -233,7 +246,7 @@ int mge_npy_parse_header(const uint8_t *buf, size_t len, struct mge_npy_header *
                 return rc;
         } else {
             return why_set(MGE_FORMAT, why, whylen, "header dict: unknown or repeated key '%s'",
-                           key);
+                           token_quotable(key) ? key : "?");
         }
         if (lex_char(&l, '}'))
             break;
