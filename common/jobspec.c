@@ -518,11 +518,16 @@ static const struct keydef model_keys[] = {
     {"type", NULL},  {"hidden", NULL},  {"activation", NULL}, {"layers", NULL},
     {"width", NULL}, {"dropout", NULL}, {"depth", NULL},      {NULL, NULL},
 };
+static const struct keydef normalize_keys[] = {{"mean", NULL}, {"std", NULL}, {NULL, NULL}};
 static const struct keydef data_keys[] = {
-    {"format", NULL},      {"train_images", NULL}, {"train_labels", NULL}, {"test_images", NULL},
-    {"test_labels", NULL}, {"train_size", NULL},   {"test_size", NULL},    {"input_dim", NULL},
-    {"classes", NULL},     {"image", NULL},        {"prefetch", NULL},     {"train_files", NULL},
-    {"test_file", NULL},   {NULL, NULL},
+    {"format", NULL},       {"train_images", NULL},
+    {"train_labels", NULL}, {"test_images", NULL},
+    {"test_labels", NULL},  {"train_size", NULL},
+    {"test_size", NULL},    {"input_dim", NULL},
+    {"classes", NULL},      {"image", NULL},
+    {"prefetch", NULL},     {"train_files", NULL},
+    {"test_file", NULL},    {"normalize", normalize_keys},
+    {NULL, NULL},
 };
 static const struct keydef optim_keys[] = {
     {"type", NULL},     {"lr", NULL},           {"momentum", NULL},
@@ -1114,6 +1119,55 @@ static int get_str_list(struct ctx *c, const struct sect *s, const char *name, i
     return MGE_OK;
 }
 
+/* A list of 1..@max_n numbers, each > @lo when @lo_open else >= @lo, into @out. */
+static int get_num_list(struct ctx *c, const struct sect *s, const char *name, int max_n, double lo,
+                        int lo_open, double *out, int *n_out)
+{
+    char what[128], path[128];
+    const struct tnode *v = sect_get(s, name, NULL);
+    strfmt(what, sizeof(what), "a list of 1 to %d numbers", max_n);
+    path_join(path, sizeof(path), s->path, name);
+    if (!v)
+        return fail_missing(c, s, name, what);
+    if (v->kind != TN_SEQ || v->n < 1 || (int)v->n > max_n)
+        return fail_expected(c, v, path, what);
+    for (size_t i = 0; i < v->n; i++) {
+        double x;
+        if (!scalar_is_num(v->kids[i], &x) || !isfinite(x) || (lo_open ? x <= lo : x < lo)) {
+            char got[192];
+            describe(got, sizeof(got), v->kids[i]);
+            return fail_at(c, v->kids[i], path, "item %zu: expected a finite number %s %g, got %s",
+                           i + 1, lo_open ? ">" : ">=", lo, got);
+        }
+        out[i] = x;
+    }
+    *n_out = (int)v->n;
+    return MGE_OK;
+}
+
+/* data.normalize: {mean: [...], std: [...]}, one entry per channel, std > 0. */
+static int check_normalize(struct ctx *c, const struct sect *data, struct mge_data_spec *d)
+{
+    struct sect s;
+    int rc, n_std;
+    if ((rc = sect_enter(c, data, "normalize", normalize_keys, &s)))
+        return rc;
+    if (!s.map)
+        return MGE_OK;
+    if ((rc = get_num_list(c, &s, "mean", MGE_SPEC_MAX_CHANNELS, -INFINITY, 0, d->norm_mean,
+                           &d->n_norm)))
+        return rc;
+    if ((rc = get_num_list(c, &s, "std", MGE_SPEC_MAX_CHANNELS, 0, 1, d->norm_std, &n_std)))
+        return rc;
+    if (n_std != d->n_norm) {
+        char what[96];
+        strfmt(what, sizeof(what), "as many entries as data.normalize.mean (%d)", d->n_norm);
+        d->n_norm = 0;
+        return fail_expected(c, sect_get(&s, "std", NULL), "data.normalize.std", what);
+    }
+    return MGE_OK;
+}
+
 /* @name must not be given (because @why); a null value counts as not given. */
 static int forbid(struct ctx *c, const struct sect *s, const char *name, const char *why)
 {
@@ -1240,6 +1294,8 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
         return rc;
     d->format = (enum mge_data_format)format;
     if ((rc = get_int32(c, &s, "prefetch", 0, 64, &(int){2}, &d->prefetch, NULL)))
+        return rc;
+    if ((rc = check_normalize(c, &s, d)))
         return rc;
     d->train_size = 60000;
     d->test_size = 10000;
@@ -2041,6 +2097,18 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
         jset(&b, data, "train_files", json_null());
     }
     jset(&b, data, "test_file", jstr_or_null(spec->data.test_file));
+    if (spec->data.n_norm > 0) {
+        json_t *norm = json_object(), *mean = json_array(), *std = json_array();
+        for (int i = 0; mean && std && i < spec->data.n_norm; i++)
+            if (json_array_append_new(mean, json_real(spec->data.norm_mean[i])) ||
+                json_array_append_new(std, json_real(spec->data.norm_std[i])))
+                b.failed = 1;
+        jset(&b, norm, "mean", mean);
+        jset(&b, norm, "std", std);
+        jset(&b, data, "normalize", norm);
+    } else {
+        jset(&b, data, "normalize", json_null());
+    }
     jset(&b, root, "data", data);
 
     train = json_object();

@@ -18,6 +18,8 @@ extern "C" {
 #define MGE_SPEC_NAME_MAX 128
 /* data.train_files: at most this many CIFAR files (MGE_CIFAR_MAX_FILES in engine/data.h) */
 #define MGE_SPEC_MAX_DATA_FILES 16
+/* data.normalize: at most this many channels */
+#define MGE_SPEC_MAX_CHANNELS 16
 /* The most classes a model may have: the spec (data.classes) and the engine (synthetic data,
  * the output layer) share this one limit. */
 #define MGE_CLASSES_MAX 65536
@@ -62,6 +64,8 @@ struct mge_data_spec {
     char *train_files[MGE_SPEC_MAX_DATA_FILES]; /* cifar: data.train_files */
     int n_train_files;
     char *test_file;               /* cifar: data.test_file; optional */
+    int n_norm;                    /* data.normalize: channels given; 0: no normalisation */
+    double norm_mean[MGE_SPEC_MAX_CHANNELS], norm_std[MGE_SPEC_MAX_CHANNELS]; /* std > 0 */
 };
 
 struct mge_optim_spec {

@@ -24,6 +24,8 @@ extern "C" {
 
 /* ---- datasets ---- */
 
+#define MGE_DATASET_MAX_CHANNELS 16 /* per-channel normalisation (data.normalize) */
+
 struct mge_dataset {
     int64_t n;       /* samples */
     int c, h, w;     /* image shape; dim = c*h*w */
@@ -35,7 +37,18 @@ struct mge_dataset {
     int f32;         /* 1: pixels holds float32 values (npy '<f4') */
     void *map;       /* when not NULL, pixels points into this read-only mapping of a file */
     size_t map_len;
+    int norm; /* 1: gathered values become (x - mean[ch]) / std[ch] */
+    float mean[MGE_DATASET_MAX_CHANNELS], std[MGE_DATASET_MAX_CHANNELS];
 };
+
+/*
+ * Normalise every value @ds gathers per channel: x = (x - @mean[ch]) / @std[ch], where x is
+ * what gathering gives without it (bytes / 255, or float32 as stored) and ch the channel of
+ * the value in (c, h, w) order. @n must equal ds->c. Returns MGE_OK or MGE_FORMAT (@n is not
+ * the data's channel count; @err says so, naming data.normalize), MGE_INVAL (a std <= 0).
+ */
+int mge_dataset_set_normalize(struct mge_dataset *ds, int n, const double *mean, const double *std,
+                              char *err, size_t errlen);
 
 /*
  * Load an IDX image file and its IDX label file. Each may be gzip-compressed or plain; zlib's
@@ -160,7 +173,7 @@ void mge_dataset_fini(struct mge_dataset *ds);
 
 /*
  * Gather samples @idx[0..n) into @x (n, dim) as floats (byte / 255, so in [0, 1]; float32
- * data as it is) and
+ * data as it is; then normalised per channel when mge_dataset_set_normalize() was called) and
  * @y (n) labels. Returns MGE_OK, or MGE_RANGE if an index is outside [0, ds->n) (then @x and @y
  * are partly written). Thread: any; reads @ds only.
  */

@@ -77,8 +77,8 @@ static long peak_rss_bytes(void)
     return ru.ru_maxrss * 1024L;
 }
 
-int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *ds, char *err,
-                  size_t errlen)
+static int data_load_raw(const struct mge_jobspec *spec, int test, struct mge_dataset *ds,
+                         char *err, size_t errlen)
 {
     const struct mge_data_spec *d = &spec->data;
     if (d->format == MGE_DATA_SYNTHETIC) {
@@ -127,6 +127,19 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
         return mge_dataset_load_npy(ds, images, labels, &want, err, errlen);
     }
     return mge_dataset_load_idx_classes(ds, images, labels, d->classes, err, errlen);
+}
+
+int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *ds, char *err,
+                  size_t errlen)
+{
+    int rc = data_load_raw(spec, test, ds, err, errlen);
+    if (rc == MGE_OK && spec->data.n_norm > 0) {
+        rc = mge_dataset_set_normalize(ds, spec->data.n_norm, spec->data.norm_mean,
+                                       spec->data.norm_std, err, errlen);
+        if (rc != MGE_OK)
+            mge_dataset_fini(ds);
+    }
+    return rc;
 }
 
 int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struct mge_dataset *ds,

@@ -3,7 +3,8 @@
 # Fashion-MNIST (tests/tools/mge-convert writes what np.save writes, and CIFAR-10 records):
 # an MLP's loss falls, uint8 [N,1,28,28] and float32 [N,784] files train bit-identically,
 # mge-infer reproduces the test accuracy from the checkpoint, CIFAR from two training files
-# trains, and files that disagree with the spec exit 2 naming the file and the reason.
+# trains, data.normalize applies alike in training and mge-infer, and files that disagree
+# with the spec exit 2 naming the file and the reason.
 BUILD=${1:-build}
 BIN=$(cd "$BUILD/bin" && pwd)
 TOOL="$(cd "$BUILD/tests" && pwd)/mge-convert"
@@ -113,6 +114,15 @@ lt 0.6 "$cacc" && ok "cifar test accuracy $cacc > 0.6 after 150 steps" || bad "c
 head -c 100000 "$T/b1.bin" > "$T/cut.bin"
 expect2 "cifar size not a multiple" "cut.bin: size 100000 is not a positive multiple of the 3073-byte CIFAR-10 record" "$BIN/mge-train" "$T/cifar.yaml" --set data.test_file="$T/cut.bin"
 expect2 "cifar-10 read as cifar-100" "b1.bin: size 18438000 is not a positive multiple of the 3074-byte CIFAR-100 record" "$BIN/mge-train" "$T/cifar.yaml" --set data.classes=100
+
+echo "-- data.normalize: training, evaluation and mge-infer normalise alike"
+"$BIN/mge-train" "$T/cifar.yaml" --set 'data.normalize={mean: [0.2, 0.2, 0.2], std: [0.3, 0.3, 0.3]}' --json --out "$T/norm" > "$T/norm.out" 2>"$T/err" || { bad "normalised run exited $?"; cat "$T/err"; }
+nlast=$(json "$T/norm.out" final_loss)
+nacc=$(json "$T/norm.out" test_accuracy)
+lt "$nlast" "$cfirst" && [ "$nlast" != "$clast" ] && ok "normalised loss falls to $nlast (unnormalised $clast)" || bad "normalised final loss $nlast"
+"$BIN/mge-infer" "$T/norm/latest.mgeckpt" --json > "$T/ninfer.out" 2>"$T/err" || { bad "mge-infer exited $?"; cat "$T/err"; }
+[ "$(json "$T/ninfer.out" accuracy)" = "$nacc" ] && ok "mge-infer accuracy $nacc == training's (normalisation from the checkpoint's spec)" || bad "mge-infer $(json "$T/ninfer.out" accuracy) != $nacc"
+expect2 "normalize entries != channels" "data.normalize has 1 entry but the data has 3 channels" "$BIN/mge-train" "$T/cifar.yaml" --set 'data.normalize={mean: [0.5], std: [0.5]}'
 
 echo "train_formats: $passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -1187,6 +1187,35 @@ START_TEST(test_cifar_malformed)
 }
 END_TEST
 
+START_TEST(test_normalize)
+{
+    /* per channel (x - mean) / std after the byte scaling, channel = j / (h*w) */
+    struct mge_dataset ds;
+    const double mean[2] = {0.5, 0.25}, std[2] = {0.2, 2.0};
+    char err[256];
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 10, 2, 2, 3, 4, 7), MGE_OK);
+    ck_assert_int_eq(mge_dataset_set_normalize(&ds, 1, mean, std, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_str_eq(err,
+                     "data.normalize has 1 entry but the data has 2 channels (c of [c, h, w])");
+    const double bad_std[2] = {0.2, 0};
+    ck_assert_int_eq(mge_dataset_set_normalize(&ds, 2, mean, bad_std, err, sizeof(err)), MGE_INVAL);
+    ck_assert_int_eq(ds.norm, 0);
+    ck_assert_int_eq(mge_dataset_set_normalize(&ds, 2, mean, std, err, sizeof(err)), MGE_OK);
+    int64_t idx[2] = {9, 3};
+    float x[24];
+    int32_t y[2];
+    ck_assert_int_eq(mge_dataset_gather(&ds, idx, 2, x, y), MGE_OK);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 12; j++) {
+            int ch = j / 6;
+            float want =
+                ((float)ds.pixels[idx[i] * 12 + j] / 255.0f - (float)mean[ch]) / (float)std[ch];
+            ck_assert_float_eq(x[i * 12 + j], want);
+        }
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -1212,6 +1241,7 @@ static Suite *data_suite(void)
         {"npy_long_header_roots", test_npy_long_header_and_roots},
         {"cifar_load", test_cifar_load},
         {"cifar_malformed", test_cifar_malformed},
+        {"normalize", test_normalize},
         {"synthetic", test_synthetic_deterministic},
         {"synthetic_errors", test_synthetic_errors},
         {"gather", test_gather},

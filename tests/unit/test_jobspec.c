@@ -816,6 +816,51 @@ START_TEST(test_jobspec_cifar)
 }
 END_TEST
 
+START_TEST(test_jobspec_normalize)
+{
+    static const char *const norm = "name: c\nmodel: {type: lenet}\n"
+                                    "data:\n  format: cifar\n  train_files: [a.bin]\n"
+                                    "  normalize: {mean: [0.4914, 0.4822, 0.4465],"
+                                    " std: [0.247, 0.243, 0.261]}\n" TRAIN;
+    struct mge_jobspec *s = parse_ok(norm, NULL, 0);
+    struct mge_spec_error err;
+    ck_assert_int_eq(s->data.n_norm, 3);
+    ck_assert(s->data.norm_mean[1] == 0.4822);
+    ck_assert(s->data.norm_std[2] == 0.261);
+    char *text = mge_jobspec_to_json(s);
+    json_t *j = json_loads(text, 0, NULL);
+    json_t *n = json_object_get(json_object_get(j, "data"), "normalize");
+    ck_assert_int_eq(json_array_size(json_object_get(n, "std")), 3);
+    ck_assert(json_real_value(json_array_get(json_object_get(n, "mean"), 0)) == 0.4914);
+    json_decref(j);
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(norm, NULL, 0);
+    s = parse_ok(MINIMAL, NULL, 0);
+    ck_assert_int_eq(s->data.n_norm, 0);
+    mge_jobspec_free(s);
+
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  normalize: {mean: [0.5], std: [0]}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.normalize.std");
+    ck_assert_ptr_nonnull(strstr(err.message, "item 1: expected a finite number > 0, got '0'"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  normalize: {mean: [0.5, 0.5], std: [1]}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.normalize.std");
+    ck_assert_ptr_nonnull(strstr(err.message, "as many entries as data.normalize.mean (2)"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  normalize: {mean: [0.5], std: [1], scale: 2}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.normalize.scale");
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  normalize: {std: [1]}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.normalize.mean");
+}
+END_TEST
+
 START_TEST(test_jobspec_to_json_shape)
 {
     struct mge_jobspec *s = parse_ok(FULL_IDX, NULL, 0);
@@ -1101,6 +1146,7 @@ static Suite *jobspec_suite(void)
     tcase_add_test(tc, test_jobspec_round_trip);
     tcase_add_test(tc, test_jobspec_npy);
     tcase_add_test(tc, test_jobspec_cifar);
+    tcase_add_test(tc, test_jobspec_normalize);
     tcase_add_test(tc, test_jobspec_to_json_shape);
     tcase_add_test(tc, test_jobspec_resnet);
     tcase_add_test(tc, test_jobspec_total_steps);
