@@ -1094,18 +1094,31 @@ static int get_int_list(struct ctx *c, const struct sect *s, const char *name, i
 
 /* A list of 1..@max_n strings of 1..@max bytes into @out (room for @max_n), each the caller's
  * to free (also on error: *@n_out says how many were made). */
-static int get_str_list(struct ctx *c, const struct sect *s, const char *name, int max_n,
-                        size_t max, char **out, int *n_out)
+/* The required list @name of 1..@max_n items (@what says of what) into *@out; its dotted
+ * path into @path (128 bytes). */
+static int get_seq(struct ctx *c, const struct sect *s, const char *name, int max_n,
+                   const char *what, const struct tnode **out, char *path)
 {
-    char what[128], path[128];
     const struct tnode *v = sect_get(s, name, NULL);
-    strfmt(what, sizeof(what), "a list of 1 to %d paths (strings of 1 to %zu bytes)", max_n, max);
-    path_join(path, sizeof(path), s->path, name);
-    *n_out = 0;
+    path_join(path, 128, s->path, name);
     if (!v)
         return fail_missing(c, s, name, what);
     if (v->kind != TN_SEQ || v->n < 1 || (int)v->n > max_n)
         return fail_expected(c, v, path, what);
+    *out = v;
+    return MGE_OK;
+}
+
+static int get_str_list(struct ctx *c, const struct sect *s, const char *name, int max_n,
+                        size_t max, char **out, int *n_out)
+{
+    char what[128], path[128];
+    const struct tnode *v;
+    int rc;
+    strfmt(what, sizeof(what), "a list of 1 to %d paths (strings of 1 to %zu bytes)", max_n, max);
+    *n_out = 0;
+    if ((rc = get_seq(c, s, name, max_n, what, &v, path)))
+        return rc;
     for (size_t i = 0; i < v->n; i++) {
         const struct tnode *e = v->kids[i];
         if (e->kind != TN_SCALAR || e->len == 0 || e->len > max || strlen(e->str) != e->len ||
@@ -1124,13 +1137,11 @@ static int get_num_list(struct ctx *c, const struct sect *s, const char *name, i
                         int lo_open, double *out, int *n_out)
 {
     char what[128], path[128];
-    const struct tnode *v = sect_get(s, name, NULL);
+    const struct tnode *v;
+    int rc;
     strfmt(what, sizeof(what), "a list of 1 to %d numbers", max_n);
-    path_join(path, sizeof(path), s->path, name);
-    if (!v)
-        return fail_missing(c, s, name, what);
-    if (v->kind != TN_SEQ || v->n < 1 || (int)v->n > max_n)
-        return fail_expected(c, v, path, what);
+    if ((rc = get_seq(c, s, name, max_n, what, &v, path)))
+        return rc;
     for (size_t i = 0; i < v->n; i++) {
         double x;
         if (!scalar_is_num(v->kids[i], &x) || !isfinite(x) || (lo_open ? x <= lo : x < lo)) {

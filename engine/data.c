@@ -1,7 +1,6 @@
 /* data.c: synthetic datasets, batch gathering, the epoch sampler and the prefetching loader. */
 #include "engine/data.h"
 
-#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -114,17 +113,14 @@ int mge_dataset_synthetic(struct mge_dataset *ds, int64_t n, int c, int h, int w
 int mge_dataset_set_normalize(struct mge_dataset *ds, int n, const double *mean, const double *std,
                               char *err, size_t errlen)
 {
-    if (n != ds->c || n < 1 || n > MGE_DATASET_MAX_CHANNELS) {
-        snprintf(err, errlen,
-                 "data.normalize has %d entr%s but the data has %d channel%s (c of [c, h, w])", n,
-                 n == 1 ? "y" : "ies", ds->c, ds->c == 1 ? "" : "s");
-        return MGE_ERR(MGE_FORMAT, "%s", err);
-    }
+    if (n != ds->c || n < 1 || n > MGE_DATASET_MAX_CHANNELS)
+        return mge__data_fail(
+            MGE_FORMAT, err, errlen,
+            "data.normalize has %d entr%s but the data has %d channel%s (c of [c, h, w])", n,
+            n == 1 ? "y" : "ies", ds->c, ds->c == 1 ? "" : "s");
     for (int i = 0; i < n; i++) {
-        if (!(std[i] > 0)) {
-            snprintf(err, errlen, "data.normalize.std[%d] must be > 0", i);
-            return MGE_ERR(MGE_INVAL, "%s", err);
-        }
+        if (!(std[i] > 0))
+            return mge__data_fail(MGE_INVAL, err, errlen, "data.normalize.std[%d] must be > 0", i);
         ds->mean[i] = (float)mean[i];
         ds->std[i] = (float)std[i];
     }
