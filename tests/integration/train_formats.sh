@@ -5,16 +5,8 @@
 # mge-infer reproduces the test accuracy from the checkpoint, CIFAR from two training files
 # trains, data.normalize applies alike in training and mge-infer, and files that disagree
 # with the spec exit 2 naming the file and the reason.
-BUILD=${1:-build}
-BIN=$(cd "$BUILD/bin" && pwd)
+. "$(dirname "$0")/lib/train.sh"
 TOOL="$(cd "$BUILD/tests" && pwd)/mge-convert"
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok() { passes=$((passes + 1)); echo "  ok: $*"; }
-bad() { fails=$((fails + 1)); echo "  FAIL: $*"; }
-json() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$1" "$2"; }
-lt() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$1" "$2"; }
 
 F=/usr/share/datasets/fashion-mnist
 if [ ! -f $F/train-images-idx3-ubyte.gz ]; then
