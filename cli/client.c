@@ -338,13 +338,30 @@ static void transfer_setup(CURL *cu, const struct mgectl *c, const char *url, st
         curl_easy_setopt(cu, CURLOPT_CAINFO, c->cacert);
 }
 
+/*
+ * The text of failed transfer @cc into @out: libcurl's detail (@detail, its error buffer) and,
+ * when the server's certificate did not verify, where the CA comes from.
+ */
+static void transfer_error(const struct mgectl *c, CURLcode cc, const char *detail, char *out,
+                           size_t n)
+{
+    bool tls = cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE;
+    snprintf(out, n, "%s%s", detail[0] ? detail : curl_easy_strerror(cc),
+             !tls           ? ""
+             : c->cacert[0] ? " (TLS: the server's certificate does not verify with the CA "
+                              "given by --cacert / MGE_CACERT / cacert:)"
+                            : " (TLS: the server's certificate does not verify against the "
+                              "system's CAs; give its CA with --cacert FILE, MGE_CACERT or "
+                              "cacert: in config.yaml)");
+}
+
 int mgectl_request(const struct mgectl *c, const char *method, const char *path, const char *ctype,
                    const char *body, size_t len, struct mgectl_resp *r)
 {
     CURL *cu = curl_easy_init();
     struct curl_slist *h;
     struct buf b = {0};
-    char url[2048];
+    char url[2048], detail[CURL_ERROR_SIZE] = "";
     CURLcode cc;
     memset(r, 0, sizeof(*r));
     if (!cu)
@@ -361,11 +378,12 @@ int mgectl_request(const struct mgectl *c, const char *method, const char *path,
         curl_easy_setopt(cu, CURLOPT_POSTFIELDS, body ? body : "");
         curl_easy_setopt(cu, CURLOPT_POSTFIELDSIZE, (long)(body ? len : 0));
     }
+    curl_easy_setopt(cu, CURLOPT_ERRORBUFFER, detail);
     cc = curl_easy_perform(cu);
     if (cc == CURLE_OK)
         curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &r->status);
     else
-        snprintf(r->error, sizeof(r->error), "%s", curl_easy_strerror(cc));
+        transfer_error(c, cc, detail, r->error, sizeof(r->error));
     curl_slist_free_all(h);
     curl_easy_cleanup(cu);
     r->body = b.p ? b.p : strdup("");

@@ -59,6 +59,19 @@ int mge__err_log(int code, const char *file, int line, const char *fmt, ...)
     return code;
 }
 
+int mge__err_fill(int code, char *err, size_t errlen, const char *file, int line, const char *fmt,
+                  ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (err && errlen)
+        snprintf(err, errlen, "%s", buf);
+    return mge__err_log(code, file, line, "%s", buf);
+}
+
 void mge__assert_fail(const char *expr, const char *file, int line)
 {
     fprintf(stderr, "%s:%d: assertion failed: %s\n", file, line, expr);

@@ -3,6 +3,7 @@
 #define MGE_COMMON_ERR_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -72,6 +73,16 @@ bool mge_err_is_system(int err);
 int mge__err_log(int code, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define MGE_ERR(code, ...) mge__err_log((code), __FILE__, __LINE__, __VA_ARGS__)
+
+/*
+ * As MGE_ERR, and also write the message (without the code's name) to @err, @errlen bytes
+ * (neither written when @err is NULL or @errlen 0), for functions that hand their caller the
+ * text: `return MGE_ERR_FILL(MGE_FORMAT, err, errlen, "%s: bad header", path);`
+ */
+int mge__err_fill(int code, char *err, size_t errlen, const char *file, int line, const char *fmt,
+                  ...) __attribute__((format(printf, 6, 7)));
+#define MGE_ERR_FILL(code, err, errlen, ...)                                                       \
+    mge__err_fill((code), (err), (errlen), __FILE__, __LINE__, __VA_ARGS__)
 
 /* Our own bugs only; never for bad input. Logs and aborts. */
 void mge__assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));

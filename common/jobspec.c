@@ -530,9 +530,9 @@ static const struct keydef data_keys[] = {
     {NULL, NULL},
 };
 static const struct keydef optim_keys[] = {
-    {"type", NULL},     {"lr", NULL},           {"momentum", NULL},
-    {"nesterov", NULL}, {"weight_decay", NULL}, {"beta1", NULL},
-    {"beta2", NULL},    {"eps", NULL},          {NULL, NULL},
+    {"type", NULL},         {"lr", NULL},    {"momentum", NULL}, {"nesterov", NULL},
+    {"weight_decay", NULL}, {"beta1", NULL}, {"beta2", NULL},    {"eps", NULL},
+    {"decay_1d", NULL},     {NULL, NULL},
 };
 static const struct keydef sched_keys[] = {
     {"type", NULL},         {"step_size", NULL}, {"gamma", NULL},
@@ -549,6 +549,8 @@ static const struct keydef train_keys[] = {
     {"checkpoint_every_sec", NULL},
     {"log_every", NULL},
     {"eval", NULL},
+    {"clip_grad_norm", NULL},
+    {"label_smoothing", NULL},
     {NULL, NULL},
 };
 static const struct keydef workers_keys[] = {{"min", NULL}, {"max", NULL}, {NULL, NULL}};
@@ -1437,6 +1439,11 @@ static int check_optim(struct ctx *c, const struct sect *train, struct mge_optim
                  o->type == MGE_OPTIM_ADAMW ? &wd_adamw : &zero, &o->weight_decay, NULL);
     if (rc)
         return rc;
+    /* decay_1d: false keeps biases and norm weights (1-D parameters) out of weight decay */
+    int decay_1d;
+    if ((rc = get_bool(c, &s, "decay_1d", true, &decay_1d)))
+        return rc;
+    o->no_decay_1d = !decay_1d;
     strfmt(why, sizeof(why), "not used by optimizer type '%s'", optim_names[type]);
     if (o->type == MGE_OPTIM_SGD) {
         const struct tnode *k;
@@ -1562,6 +1569,13 @@ static int check_train(struct ctx *c, const struct sect *root, struct mge_train_
     if ((rc = get_int(c, &s, "log_every", 1, INT64_MAX, &one, &t->log_every, NULL)))
         return rc;
     if ((rc = get_bool(c, &s, "eval", true, &t->eval_every_epoch)))
+        return rc;
+    /* 0 is "absent": clipping off */
+    if ((rc = get_num(c, &s, "clip_grad_norm", 0, OPEN, INFINITY, 0, &(double){0},
+                      &t->clip_grad_norm, NULL)))
+        return rc;
+    if ((rc = get_num(c, &s, "label_smoothing", 0, CLOSED, 1, OPEN, &(double){0},
+                      &t->label_smoothing, NULL)))
         return rc;
     return MGE_OK;
 }
@@ -2136,6 +2150,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, optim, "beta1", sgd ? json_null() : json_real(o->beta1));
     jset(&b, optim, "beta2", sgd ? json_null() : json_real(o->beta2));
     jset(&b, optim, "eps", sgd ? json_null() : json_real(o->eps));
+    jset(&b, optim, "decay_1d", json_boolean(!o->no_decay_1d));
     jset(&b, train, "optimizer", optim);
     sched = json_object();
     jset(&b, sched, "type",
@@ -2152,6 +2167,9 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, train, "checkpoint_every_sec", json_integer(spec->train.checkpoint_every_sec));
     jset(&b, train, "log_every", json_integer(spec->train.log_every));
     jset(&b, train, "eval", json_boolean(spec->train.eval_every_epoch));
+    jset(&b, train, "clip_grad_norm",
+         spec->train.clip_grad_norm > 0 ? json_real(spec->train.clip_grad_norm) : json_null());
+    jset(&b, train, "label_smoothing", json_real(spec->train.label_smoothing));
     jset(&b, root, "train", train);
 
     res = json_object();

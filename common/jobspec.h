@@ -75,6 +75,8 @@ struct mge_optim_spec {
     int nesterov;                  /* sgd, bool */
     double weight_decay;           /* >= 0 */
     double beta1, beta2, eps;      /* adam/adamw (defaults 0.9, 0.999, 1e-8) */
+    int no_decay_1d;               /* decay_1d: false (default true) sets it: 1-D parameters
+                                    * (biases, norm weights) get no weight decay */
 };
 
 struct mge_sched_spec {
@@ -96,6 +98,8 @@ struct mge_train_spec {
     int64_t checkpoint_every_sec;  /* train.checkpoint_every_sec: seconds; 0 = off */
     int64_t log_every;             /* train.log_every: steps between metric lines (default 1) */
     int eval_every_epoch;          /* train.eval: evaluate each epoch (default 1) */
+    double clip_grad_norm;         /* train.clip_grad_norm: > 0; 0 = absent, no clipping */
+    double label_smoothing;        /* train.label_smoothing: [0, 1) (default 0) */
 };
 
 struct mge_resources_spec {

@@ -6,6 +6,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1147,6 +1148,22 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+/*
+ * libmicrohttpd's own error messages (a failed TLS handshake, e.g. a plain-HTTP client on the
+ * HTTPS port, or a client without the CA) as our log lines, not bare lines on stderr.
+ */
+static void mhd_log(void *arg, const char *fmt, va_list ap)
+{
+    char msg[512];
+    size_t n;
+    (void)arg;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
+        msg[--n] = '\0';
+    mge_log_info("libmicrohttpd: %s", msg);
+}
+
 int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struct mge_sched *sched,
                    const struct mge_auth *auth, struct mge_rpc *rpc, struct mge_http **out)
 {
@@ -1154,6 +1171,12 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
     struct sockaddr_in sa;
     const union MHD_DaemonInfo *info;
     unsigned threads = opts->threads > 0 ? (unsigned)opts->threads : 4;
+    bool tls = opts->tls_cert && opts->tls_key;
+    struct MHD_OptionItem tls_opts[] = {
+        {tls ? MHD_OPTION_HTTPS_MEM_KEY : MHD_OPTION_END, 0, (void *)opts->tls_key},
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)opts->tls_cert},
+        {MHD_OPTION_END, 0, NULL},
+    };
 
     *out = NULL;
     memset(&sa, 0, sizeof(sa));
@@ -1181,15 +1204,23 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
                          opts->web_root);
         }
     }
+    if (tls && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+        mge_free(h->web_root);
+        mge_free(h);
+        return MGE_ERR(MGE_UNSUPPORTED, "--tls-cert given, but this libmicrohttpd was built "
+                                        "without TLS (GnuTLS): cannot serve HTTPS");
+    }
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
-                                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
-                            MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, h, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000, MHD_OPTION_END);
+    /* TLS: the whole port speaks it; a plain-HTTP client gets no HTTP answer */
+    h->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+            MHD_USE_ERROR_LOG | (tls ? MHD_USE_TLS : 0),
+        0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)1000, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     if (!h->d) {
         pthread_mutex_destroy(&h->mu);
         pthread_cond_destroy(&h->cv);
@@ -1206,8 +1237,8 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
         return MGE_ERR(MGE_INTERNAL, "cannot start the event thread");
     }
     mge_store_on_events(st, sse_notify, h);
-    mge_log_info("http api on %s:%d (%u threads)%s%s", opts->host, h->port, threads,
-                 h->web_root ? ", dashboard from " : "", h->web_root ? h->web_root : "");
+    mge_log_info("%s api on %s:%d (%u threads)%s%s", tls ? "https" : "http", opts->host, h->port,
+                 threads, h->web_root ? ", dashboard from " : "", h->web_root ? h->web_root : "");
     *out = h;
     return MGE_OK;
 }

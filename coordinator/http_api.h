@@ -26,6 +26,8 @@ struct mge_http_opts {
     int port;                /* 0: the kernel picks; see mge_http_port() */
     int threads;             /* pool size (default 4) */
     const char *web_root;    /* dashboard files served at / (NULL or missing: not served) */
+    const char *tls_cert;    /* PEM text (not a path; see tls.h): serve HTTPS only, or NULL */
+    const char *tls_key;     /* its key's PEM text, with tls_cert */
 };
 
 /*

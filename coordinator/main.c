@@ -17,12 +17,14 @@
 #include "rpc.h"
 #include "sched.h"
 #include "store.h"
+#include "tls.h"
 
 #define MGE_VERSION "0.1.0"
 
 struct config {
     char *listen, *worker_listen, *state_dir, *token_file, *join_token_file, *ports_file;
     char *web_root, *restore_from;
+    char *tls_cert, *tls_key; /* HTTPS on --listen when both are set */
     int worker_timeout_s, heartbeat_ms, http_threads, cancel_grace_ms;
     int progress_timeout_s, startup_timeout_s; /* the watchdog; 0: off */
     int grow;                                  /* 0: elastic jobs do not grow while running */
@@ -50,6 +52,9 @@ static void usage(FILE *f)
             "  --grow 0|1                    grow a running elastic job onto a free worker at\n"
             "                                its next checkpoint (default 1)\n"
             "  --http-threads N              HTTP thread pool size (default 4)\n"
+            "  --tls-cert FILE               serve the API and dashboard over HTTPS only, with\n"
+            "                                this PEM certificate (chain after it); needs:\n"
+            "  --tls-key FILE                its PEM private key (not readable by others)\n"
             "  --ports-file FILE             write the bound addresses there once listening\n"
             "  --web-root DIR                dashboard files served at / (default: ../web next\n"
             "                                to this binary, i.e. build/web in a build tree)\n"
@@ -80,6 +85,10 @@ static bool config_set(struct config *c, const char *key, const char *val)
         s = &c->web_root;
     else if (!strcmp(key, "restore-from"))
         s = &c->restore_from;
+    else if (!strcmp(key, "tls-cert"))
+        s = &c->tls_cert;
+    else if (!strcmp(key, "tls-key"))
+        s = &c->tls_key;
     else if (!strcmp(key, "worker-timeout"))
         i = &c->worker_timeout_s;
     else if (!strcmp(key, "heartbeat-ms"))
@@ -233,6 +242,7 @@ int main(int argc, char **argv)
     struct mge_rpc_opts ro = {0};
     char ckpt_dir[4200], *state_abs = NULL;
     struct mge_http_opts ho = {0};
+    struct mge_tls_pem pem = {0};
     sigset_t sigs;
     int sig, port = 8080, rc, exit_code = 1;
     const char *config = NULL;
@@ -273,6 +283,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "mge-coordinator: --token-file and --join-token-file are required\n");
         return 2;
     }
+    if (!c.tls_cert != !c.tls_key) {
+        fprintf(stderr, "mge-coordinator: --tls-cert and --tls-key go together (HTTPS needs "
+                        "both; neither: plain HTTP)\n");
+        return 2;
+    }
     if (c.listen) {
         const char *colon = strrchr(c.listen, ':');
         size_t n = colon ? (size_t)(colon - c.listen) : 0;
@@ -291,6 +306,14 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* threads inherit it; main waits below */
     signal(SIGPIPE, SIG_IGN);
 
+    /* before anything listens: a bad certificate or key refuses the start, naming the file */
+    if (c.tls_cert && mge_tls_pem_load(c.tls_cert, c.tls_key, &pem) != MGE_OK) {
+        fprintf(stderr,
+                "mge-coordinator: cannot serve HTTPS with certificate '%s' and key '%s' "
+                "(the reason is logged above); refusing to start\n",
+                c.tls_cert, c.tls_key);
+        goto out;
+    }
     if (mge_auth_load(c.token_file, &auth) != MGE_OK) {
         fprintf(stderr, "mge-coordinator: cannot load tokens from '%s'\n", c.token_file);
         goto out;
@@ -317,6 +340,8 @@ int main(int argc, char **argv)
     ro.listen_url = c.worker_listen ? c.worker_listen : "tcp://127.0.0.1:7070";
     ro.join_token = join;
     ro.heartbeat_ms = c.heartbeat_ms;
+    ro.tls_cert = pem.cert; /* a tls+tcp:// worker link serves the same certificate */
+    ro.tls_key = pem.key;
     /* the checkpoint store: absolute, since its copies are served as checkpoint paths */
     state_abs = realpath(c.state_dir, NULL);
     if (state_abs &&
@@ -355,6 +380,8 @@ int main(int argc, char **argv)
     if (!c.web_root)
         c.web_root = default_web_root();
     ho.web_root = c.web_root;
+    ho.tls_cert = pem.cert;
+    ho.tls_key = pem.key;
     rc = mge_http_start(&ho, st, sched, auth, rpc, &http);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-coordinator: cannot listen on %s:%d\n", host, port);
@@ -395,5 +422,8 @@ out:
     mge_free(c.ports_file);
     mge_free(c.web_root);
     mge_free(c.restore_from);
+    mge_free(c.tls_cert);
+    mge_free(c.tls_key);
+    mge_tls_pem_fini(&pem);
     return exit_code;
 }

@@ -4,6 +4,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/pubsub0/pub.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -42,6 +43,8 @@ struct mge_rpc {
     nng_socket rep;
     nng_socket pub;
     bool pub_open;
+    nng_tls_config *tls; /* tls+tcp:// (both ports), or NULL */
+    const char *scheme;  /* "tcp" or "tls+tcp" */
     char notify_url[256];
     char listen_url[256];         /* with the port actually bound */
     const char *join_token;
@@ -63,6 +66,34 @@ static int err_from_nng(int rv, const char *what, const char *url)
     return MGE_ERR(MGE_NET, "%s '%s': %s", what, url, nng_strerror(rv));
 }
 
+/* Listen on @url with @s, through r->tls when the link is tls+tcp://. Returns NNG's code. */
+static int rpc_listen(struct mge_rpc *r, nng_socket s, const char *url, nng_listener *l)
+{
+    int rv = nng_listener_create(l, s, url);
+    if (rv == 0 && r->tls)
+        rv = nng_listener_set_ptr(*l, NNG_OPT_TLS_CONFIG, r->tls);
+    if (rv == 0)
+        rv = nng_listener_start(*l, 0);
+    return rv;
+}
+
+/* The server TLS configuration of a tls+tcp:// link into r->tls. */
+static int rpc_tls_new(struct mge_rpc *r, const struct mge_rpc_opts *opts)
+{
+    int rv;
+    if (!opts->tls_cert || !opts->tls_key)
+        return MGE_ERR(MGE_INVAL,
+                       "worker link '%s' is tls+tcp:// but the coordinator has no certificate: "
+                       "give --tls-cert and --tls-key",
+                       opts->listen_url);
+    if ((rv = nng_tls_config_alloc(&r->tls, NNG_TLS_MODE_SERVER)) != 0)
+        return err_from_nng(rv, "no TLS for worker link", opts->listen_url);
+    if ((rv = nng_tls_config_own_cert(r->tls, opts->tls_cert, opts->tls_key, NULL)) != 0)
+        return err_from_nng(rv, "NNG's TLS (mbedtls) refuses the certificate or key for",
+                            opts->listen_url);
+    return MGE_OK;
+}
+
 int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mge_rpc **out)
 {
     struct mge_rpc *r;
@@ -77,6 +108,12 @@ int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mg
     r->join_token = opts->join_token;
     r->heartbeat_ms = opts->heartbeat_ms > 0 ? opts->heartbeat_ms : 1000;
     r->ckpt_dir = opts->ckpt_dir;
+    r->scheme = "tcp";
+    if (!strncmp(opts->listen_url, "tls+tcp://", 10)) {
+        r->scheme = "tls+tcp";
+        if ((rc = rpc_tls_new(r, opts)) != MGE_OK)
+            goto err_free;
+    }
     if ((rv = nng_rep0_open(&r->rep)) != 0) {
         rc = err_from_nng(rv, "cannot open rep socket", opts->listen_url);
         goto err_free;
@@ -84,7 +121,7 @@ int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mg
     nng_socket_set_size(r->rep, NNG_OPT_RECVMAXSZ, 16 << 20);
     nng_socket_set_ms(r->rep, NNG_OPT_RECVTIMEO, 200);
     nng_socket_set_ms(r->rep, NNG_OPT_SENDTIMEO, 1000);
-    if ((rv = nng_listen(r->rep, opts->listen_url, &rep_l, 0)) != 0) {
+    if ((rv = rpc_listen(r, r->rep, opts->listen_url, &rep_l)) != 0) {
         rc = err_from_nng(rv, "cannot listen on", opts->listen_url);
         goto err_close_rep;
     }
@@ -96,13 +133,15 @@ int mge_rpc_new(const struct mge_rpc_opts *opts, struct mge_store *st, struct mg
     mge_url_host(opts->listen_url, host, sizeof(host));
     snprintf(r->listen_url, sizeof(r->listen_url), "%s", opts->listen_url);
     if (nng_listener_get_int(rep_l, NNG_OPT_TCP_BOUND_PORT, &port) == 0)
-        snprintf(r->listen_url, sizeof(r->listen_url), "tcp://%s:%d", host, port);
+        snprintf(r->listen_url, sizeof(r->listen_url), "%s://%s:%d", r->scheme, host, port);
     *out = r;
     return MGE_OK;
 
 err_close_rep:
     nng_close(r->rep);
 err_free:
+    if (r->tls)
+        nng_tls_config_free(r->tls);
     mge_free(r);
     return rc;
 }
@@ -760,11 +799,11 @@ int mge_rpc_start(struct mge_rpc *r, struct mge_sched *s)
      * bound last, after every fixed port of this process (the caller starts the HTTP API
      * first): an ephemeral port taken earlier could be the HTTP port a restart wants back. */
     mge_url_host(r->listen_url, host, sizeof(host));
-    snprintf(url, sizeof(url), "tcp://%s:0", host);
-    if ((rv = nng_listen(r->pub, url, &l, 0)) != 0 ||
+    snprintf(url, sizeof(url), "%s://%s:0", r->scheme, host);
+    if ((rv = rpc_listen(r, r->pub, url, &l)) != 0 ||
         (rv = nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port)) != 0)
         return err_from_nng(rv, "cannot listen on", url);
-    snprintf(r->notify_url, sizeof(r->notify_url), "tcp://%s:%d", host, port);
+    snprintf(r->notify_url, sizeof(r->notify_url), "%s://%s:%d", r->scheme, host, port);
     mge_log_info("worker link on %s (notify %s)", r->listen_url, r->notify_url);
     r->sched = s;
     if (pthread_create(&r->thread, NULL, rpc_main, r) != 0)
@@ -793,6 +832,8 @@ void mge_rpc_free(struct mge_rpc *r)
     for (size_t i = 0; i < r->n_sess; i++)
         mge_ckpt_upload_fini(&r->sess[i].up);
     mge_free(r->fetch_buf);
+    if (r->tls)
+        nng_tls_config_free(r->tls);
     /* the session keys die with the process; do not leave them in freed memory */
     if (r->sess)
         explicit_bzero(r->sess, r->cap_sess * sizeof(*r->sess));

@@ -23,6 +23,9 @@ struct mge_rpc_opts {
     int heartbeat_ms;        /* interval asked of workers (default 1000) */
     const char *ckpt_dir;    /* checkpoint store (absolute path, borrowed), NULL: uploads are
                               * refused (coordinator/ckpt_store.h) */
+    const char *tls_cert;    /* PEM text of the certificate and key (tls.h) a tls+tcp://
+                              * listen_url serves with (its notify port too); NULL: none */
+    const char *tls_key;
 };
 
 /*

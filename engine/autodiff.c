@@ -390,6 +390,7 @@ static int ad_forward_node(struct ad *ad, int ni)
     case MGE_OP_XENT: {
         struct mge_node n = {.op = MGE_OP_XENT_GRAD, .in = {dy, f.out[1], f.in[1]}, .n_in = 3,
                              .n_out = 1};
+        n.a.xent = f.a.xent;
         return ad_emit_grad(ad, f.in[0], &n, 1);
     }
     case MGE_OP_REDUCE: {

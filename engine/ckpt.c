@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,21 +20,9 @@
  * before allocating them. */
 #define PAYLOAD_MAX ((uint64_t)1 << 40)
 
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Fill @err and log once where the error starts; returns @code. */
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (err && errlen)
-        snprintf(err, errlen, "%s", buf);
-    return MGE_ERR(code, "%s", buf);
-}
+/* fail(code, err, errlen, fmt, ...): fill @err and log once where the error starts; returns
+ * @code (common/err.h) */
+#define fail MGE_ERR_FILL
 
 size_t mge_ckpt_dtype_size(int dtype)
 {

@@ -114,13 +114,13 @@ int mge_dataset_set_normalize(struct mge_dataset *ds, int n, const double *mean,
                               char *err, size_t errlen)
 {
     if (n != ds->c || n < 1 || n > MGE_DATASET_MAX_CHANNELS)
-        return mge__data_fail(
+        return MGE_ERR_FILL(
             MGE_FORMAT, err, errlen,
             "data.normalize has %d entr%s but the data has %d channel%s (c of [c, h, w])", n,
             n == 1 ? "y" : "ies", ds->c, ds->c == 1 ? "" : "s");
     for (int i = 0; i < n; i++) {
         if (!(std[i] > 0))
-            return mge__data_fail(MGE_INVAL, err, errlen, "data.normalize.std[%d] must be > 0", i);
+            return MGE_ERR_FILL(MGE_INVAL, err, errlen, "data.normalize.std[%d] must be > 0", i);
         ds->mean[i] = (float)mean[i];
         ds->std[i] = (float)std[i];
     }

@@ -81,11 +81,6 @@ void mge_dataset_set_roots(const struct mge_data_roots *dr);
 /* The roots set by mge_dataset_set_roots() (NULL: any path), for every loader of the module. */
 const struct mge_data_roots *mge__dataset_roots(void);
 
-/* The loaders' one way to fail: fill @err (if not NULL) with the message and log it once where
- * the error starts; returns @code. */
-int mge__data_fail(int code, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
 /* ---- NumPy .npy ---- */
 
 #define MGE_NPY_MAX_DIMS 4

@@ -30,14 +30,14 @@ static int cifar_open(const char *path, int classes, int *fd_out, int64_t *n, ch
     char why[512];
     int fd, rc = mge_data_open(mge__dataset_roots(), path, &fd, why, sizeof(why));
     if (rc != MGE_OK)
-        return mge__data_fail(rc, err, errlen, "%s", why);
+        return MGE_ERR_FILL(rc, err, errlen, "%s", why);
     if (fstat(fd, &st) != 0) {
         close(fd);
-        return mge__data_fail(MGE_IO, err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        return MGE_ERR_FILL(MGE_IO, err, errlen, "%s: cannot stat: %s", path, strerror(errno));
     }
     if (st.st_size == 0 || st.st_size % rec != 0) {
         close(fd);
-        return mge__data_fail(
+        return MGE_ERR_FILL(
             MGE_FORMAT, err, errlen,
             "%s: size %lld is not a positive multiple of the %lld-byte CIFAR-%d record "
             "(%d label byte%s + 3072 pixels)",
@@ -58,27 +58,27 @@ static int cifar_read(struct mge_dataset *ds, int fd, const char *path, int clas
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         close(fd);
-        return mge__data_fail(MGE_NOMEM, err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return MGE_ERR_FILL(MGE_NOMEM, err, errlen, "%s: cannot open: %s", path, strerror(errno));
     }
     for (int64_t i = 0; i < n; i++) {
         if (fread(rec, 1, (size_t)lb + CIFAR_PIXELS, f) != (size_t)lb + CIFAR_PIXELS) {
             fclose(f);
-            return mge__data_fail(MGE_IO, err, errlen,
-                                  "%s: read error at record %lld (the file shrank?)", path,
-                                  (long long)i);
+            return MGE_ERR_FILL(MGE_IO, err, errlen,
+                                "%s: read error at record %lld (the file shrank?)", path,
+                                (long long)i);
         }
         /* CIFAR-100: coarse label (0..19), then fine label (0..99); the fine one is used */
         if (lb == 2 && rec[0] >= 20) {
             fclose(f);
-            return mge__data_fail(MGE_CORRUPT, err, errlen,
-                                  "%s: coarse label %u of record %lld is out of range [0, 20)",
-                                  path, rec[0], (long long)i);
+            return MGE_ERR_FILL(MGE_CORRUPT, err, errlen,
+                                "%s: coarse label %u of record %lld is out of range [0, 20)", path,
+                                rec[0], (long long)i);
         }
         if (rec[lb - 1] >= classes) {
             fclose(f);
-            return mge__data_fail(MGE_CORRUPT, err, errlen,
-                                  "%s: label %u of record %lld is out of range [0, %d)", path,
-                                  rec[lb - 1], (long long)i, classes);
+            return MGE_ERR_FILL(MGE_CORRUPT, err, errlen,
+                                "%s: label %u of record %lld is out of range [0, %d)", path,
+                                rec[lb - 1], (long long)i, classes);
         }
         ds->labels[at + i] = rec[lb - 1];
         memcpy(ds->pixels + (at + i) * CIFAR_PIXELS, rec + lb, CIFAR_PIXELS);
@@ -97,11 +97,11 @@ int mge_dataset_load_cifar(struct mge_dataset *ds, const char *const *files, int
     if (err && errlen)
         err[0] = '\0';
     if (classes != 10 && classes != 100)
-        return mge__data_fail(MGE_INVAL, err, errlen, "CIFAR classes must be 10 or 100, got %d",
-                              classes);
+        return MGE_ERR_FILL(MGE_INVAL, err, errlen, "CIFAR classes must be 10 or 100, got %d",
+                            classes);
     if (n_files < 1 || n_files > MGE_CIFAR_MAX_FILES)
-        return mge__data_fail(MGE_INVAL, err, errlen, "CIFAR: 1 to %d files, got %d",
-                              MGE_CIFAR_MAX_FILES, n_files);
+        return MGE_ERR_FILL(MGE_INVAL, err, errlen, "CIFAR: 1 to %d files, got %d",
+                            MGE_CIFAR_MAX_FILES, n_files);
     /* sizes first, so a bad last file fails before anything is read */
     for (; opened < n_files; opened++) {
         rc = cifar_open(files[opened], classes, &fds[opened], &counts[opened], err, errlen);
@@ -110,15 +110,15 @@ int mge_dataset_load_cifar(struct mge_dataset *ds, const char *const *files, int
         total += counts[opened];
     }
     if (total > CIFAR_MAX_BYTES / CIFAR_PIXELS) {
-        rc = mge__data_fail(MGE_TOOBIG, err, errlen, "%s: too many CIFAR records (%lld)", files[0],
-                            (long long)total);
+        rc = MGE_ERR_FILL(MGE_TOOBIG, err, errlen, "%s: too many CIFAR records (%lld)", files[0],
+                          (long long)total);
         goto out_close;
     }
     ds->pixels = mge_malloc((size_t)(total * CIFAR_PIXELS));
     ds->labels = mge_malloc((size_t)total * sizeof(*ds->labels));
     if (!ds->pixels || !ds->labels) {
-        rc = mge__data_fail(MGE_NOMEM, err, errlen, "%s: cannot allocate %lld CIFAR records",
-                            files[0], (long long)total);
+        rc = MGE_ERR_FILL(MGE_NOMEM, err, errlen, "%s: cannot allocate %lld CIFAR records",
+                          files[0], (long long)total);
         goto out_close;
     }
     ds->n = total;

@@ -2,7 +2,6 @@
 #include "engine/data.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,17 +27,9 @@ struct idx_file {
     bool gzip;
 };
 
-int mge__data_fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (err && errlen)
-        snprintf(err, errlen, "%s", buf);
-    return MGE_ERR(code, "%s", buf);
-}
+/* fail(code, err, errlen, fmt, ...): fill @err and log once where the error starts; returns
+ * @code (common/err.h) */
+#define fail MGE_ERR_FILL
 
 /* The roots every load checks at open (mge_dataset_set_roots); NULL: any path. */
 static const struct mge_data_roots *g_roots;
@@ -70,13 +61,13 @@ static int idx_open(struct idx_file *f, const char *path, char *err, size_t errl
      * path cannot make us read another file; a FIFO or directory is refused here too */
     rc = mge_data_open(g_roots, path, &fd, why, sizeof(why));
     if (rc != MGE_OK)
-        return mge__data_fail(rc, err, errlen, "%s", why);
+        return fail(rc, err, errlen, "%s", why);
     if (fstat(fd, &st) == 0)
         f->size = st.st_size;
     f->gz = gzdopen(fd, "rb");
     if (!f->gz) {
         close(fd);
-        return mge__data_fail(MGE_NOMEM, err, errlen, "%s: cannot open: out of memory", path);
+        return fail(MGE_NOMEM, err, errlen, "%s: cannot open: out of memory", path);
     }
     f->gzip = !gzdirect(f->gz);
     return MGE_OK;
@@ -105,12 +96,10 @@ static int idx_read(struct idx_file *f, void *buf, size_t len, size_t *got, char
             int zerr;
             const char *msg = gzerror(f->gz, &zerr);
             if (zerr == Z_ERRNO)
-                return mge__data_fail(MGE_IO, err, errlen, "%s: read error: %s", f->path,
-                                      strerror(errno));
+                return fail(MGE_IO, err, errlen, "%s: read error: %s", f->path, strerror(errno));
             if (zerr == Z_MEM_ERROR)
-                return mge__data_fail(MGE_NOMEM, err, errlen, "%s: out of memory in zlib", f->path);
-            return mge__data_fail(MGE_CORRUPT, err, errlen, "%s: broken gzip data: %s", f->path,
-                                  msg);
+                return fail(MGE_NOMEM, err, errlen, "%s: out of memory in zlib", f->path);
+            return fail(MGE_CORRUPT, err, errlen, "%s: broken gzip data: %s", f->path, msg);
         }
         if (n == 0)
             break;
@@ -124,8 +113,7 @@ static int idx_read(struct idx_file *f, void *buf, size_t len, size_t *got, char
         int zerr;
         const char *msg = gzerror(f->gz, &zerr);
         if (zerr != Z_OK && zerr != Z_BUF_ERROR)
-            return mge__data_fail(MGE_CORRUPT, err, errlen, "%s: broken gzip data: %s", f->path,
-                                  msg);
+            return fail(MGE_CORRUPT, err, errlen, "%s: broken gzip data: %s", f->path, msg);
     }
     return MGE_OK;
 }
@@ -141,36 +129,32 @@ static int idx_read_header(struct idx_file *f, const char *what, unsigned magic_
     if (rc != MGE_OK)
         return rc;
     if (got < 4)
-        return mge__data_fail(MGE_CORRUPT, err, errlen, "%s: truncated: %zu of 4 header bytes",
-                              f->path, got);
+        return fail(MGE_CORRUPT, err, errlen, "%s: truncated: %zu of 4 header bytes", f->path, got);
     /* Say what was expected and what the file is, never its bytes: a file the user may not
      * read (/etc/shadow) must not come back in an error message. */
     idx_not_idx(f, is, sizeof(is));
     if (h[0] != 0 || h[1] != 0 || h[3] > IDX_MAX_DIMS || !(magic_dims & (1u << h[3])))
-        return mge__data_fail(
-            MGE_FORMAT, err, errlen,
-            "%s: bad magic: not an IDX file of %s (expected 00 00 08 %s: unsigned bytes, "
-            "%s; it is %s)",
-            f->path, what, magic_dims == (1u << 1) ? "01" : "02, 03 or 04",
-            magic_dims == (1u << 1) ? "1 dimension" : "2 to 4 dimensions", is);
+        return fail(MGE_FORMAT, err, errlen,
+                    "%s: bad magic: not an IDX file of %s (expected 00 00 08 %s: unsigned bytes, "
+                    "%s; it is %s)",
+                    f->path, what, magic_dims == (1u << 1) ? "01" : "02, 03 or 04",
+                    magic_dims == (1u << 1) ? "1 dimension" : "2 to 4 dimensions", is);
     if (h[2] != IDX_TYPE_UBYTE)
-        return mge__data_fail(
-            MGE_FORMAT, err, errlen,
-            "%s: unsupported IDX data type for %s (only unsigned bytes, 0x08; it is %s)", f->path,
-            what, is);
+        return fail(MGE_FORMAT, err, errlen,
+                    "%s: unsupported IDX data type for %s (only unsigned bytes, 0x08; it is %s)",
+                    f->path, what, is);
     f->ndims = h[3];
     rc = idx_read(f, h + 4, 4 * (size_t)f->ndims, &got, err, errlen);
     if (rc != MGE_OK)
         return rc;
     if (got < 4 * (size_t)f->ndims)
-        return mge__data_fail(MGE_CORRUPT, err, errlen, "%s: truncated: %zu of %d header bytes",
-                              f->path, 4 + got, 4 + 4 * f->ndims);
+        return fail(MGE_CORRUPT, err, errlen, "%s: truncated: %zu of %d header bytes", f->path,
+                    4 + got, 4 + 4 * f->ndims);
     for (int i = 0; i < f->ndims; i++) {
         const unsigned char *d = h + 4 + 4 * i;
         f->dims[i] = (int64_t)d[0] << 24 | (int64_t)d[1] << 16 | (int64_t)d[2] << 8 | d[3];
         if (f->dims[i] == 0)
-            return mge__data_fail(MGE_FORMAT, err, errlen, "%s: dimension %d of %s is 0", f->path,
-                                  i, what);
+            return fail(MGE_FORMAT, err, errlen, "%s: dimension %d of %s is 0", f->path, i, what);
     }
     return MGE_OK;
 }
@@ -184,8 +168,8 @@ static int idx_expect_end(struct idx_file *f, char *err, size_t errlen)
     if (rc != MGE_OK)
         return rc;
     if (got)
-        return mge__data_fail(MGE_FORMAT, err, errlen,
-                              "%s: trailing data after the samples the header declares", f->path);
+        return fail(MGE_FORMAT, err, errlen,
+                    "%s: trailing data after the samples the header declares", f->path);
     return MGE_OK;
 }
 
@@ -208,9 +192,8 @@ static int load_images(struct mge_dataset *ds, const char *path, char *err, size
     }
     ds->n = f.dims[0];
     if (too_big || ds->n > IDX_MAX_BYTES / ds->dim) {
-        rc = mge__data_fail(
-            MGE_TOOBIG, err, errlen, "%s: header says %lld images of %lld x %lld: too large", path,
-            (long long)f.dims[0], (long long)f.dims[1], (long long)f.dims[f.ndims - 1]);
+        rc = fail(MGE_TOOBIG, err, errlen, "%s: header says %lld images of %lld x %lld: too large",
+                  path, (long long)f.dims[0], (long long)f.dims[1], (long long)f.dims[f.ndims - 1]);
         goto out_close;
     }
     ds->c = f.ndims == 4 ? (int)f.dims[1] : 1;
@@ -219,19 +202,17 @@ static int load_images(struct mge_dataset *ds, const char *path, char *err, size
     bytes = (size_t)(ds->n * ds->dim);
     ds->pixels = mge_malloc(bytes);
     if (!ds->pixels) {
-        rc = mge__data_fail(MGE_NOMEM, err, errlen, "%s: cannot allocate %zu bytes for images",
-                            path, bytes);
+        rc = fail(MGE_NOMEM, err, errlen, "%s: cannot allocate %zu bytes for images", path, bytes);
         goto out_close;
     }
     rc = idx_read(&f, ds->pixels, bytes, &got, err, errlen);
     if (rc != MGE_OK)
         goto out_close;
     if (got < bytes) {
-        rc = mge__data_fail(
-            MGE_CORRUPT, err, errlen,
-            "%s: truncated: header says %lld images, file has %lld (and %lld bytes more)", path,
-            (long long)ds->n, (long long)(got / (size_t)ds->dim),
-            (long long)(got % (size_t)ds->dim));
+        rc = fail(MGE_CORRUPT, err, errlen,
+                  "%s: truncated: header says %lld images, file has %lld (and %lld bytes more)",
+                  path, (long long)ds->n, (long long)(got / (size_t)ds->dim),
+                  (long long)(got % (size_t)ds->dim));
         goto out_close;
     }
     rc = idx_expect_end(&f, err, errlen);
@@ -254,24 +235,23 @@ static int load_labels(struct mge_dataset *ds, const char *path, const char *ima
     if (rc != MGE_OK)
         goto out_close;
     if (f.dims[0] != ds->n) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen, "%s: has %lld labels but %s has %lld images",
-                            path, (long long)f.dims[0], images, (long long)ds->n);
+        rc = fail(MGE_FORMAT, err, errlen, "%s: has %lld labels but %s has %lld images", path,
+                  (long long)f.dims[0], images, (long long)ds->n);
         goto out_close;
     }
     ds->labels = mge_malloc((size_t)ds->n * sizeof(*ds->labels));
     raw = mge_malloc((size_t)ds->n);
     if (!ds->labels || !raw) {
-        rc = mge__data_fail(MGE_NOMEM, err, errlen, "%s: cannot allocate %lld labels", path,
-                            (long long)ds->n);
+        rc =
+            fail(MGE_NOMEM, err, errlen, "%s: cannot allocate %lld labels", path, (long long)ds->n);
         goto out_free_raw;
     }
     rc = idx_read(&f, raw, (size_t)ds->n, &got, err, errlen);
     if (rc != MGE_OK)
         goto out_free_raw;
     if (got < (size_t)ds->n) {
-        rc = mge__data_fail(MGE_CORRUPT, err, errlen,
-                            "%s: truncated: header says %lld labels, file has %zu", path,
-                            (long long)ds->n, got);
+        rc = fail(MGE_CORRUPT, err, errlen, "%s: truncated: header says %lld labels, file has %zu",
+                  path, (long long)ds->n, got);
         goto out_free_raw;
     }
     rc = idx_expect_end(&f, err, errlen);
@@ -279,9 +259,9 @@ static int load_labels(struct mge_dataset *ds, const char *path, const char *ima
         goto out_free_raw;
     for (int64_t i = 0; i < ds->n; i++) {
         if (classes > 0 && raw[i] >= classes) {
-            rc = mge__data_fail(MGE_CORRUPT, err, errlen,
-                                "%s: label %u of sample %lld is out of range [0, %d)", path, raw[i],
-                                (long long)i, classes);
+            rc = fail(MGE_CORRUPT, err, errlen,
+                      "%s: label %u of sample %lld is out of range [0, %d)", path, raw[i],
+                      (long long)i, classes);
             goto out_free_raw;
         }
         if (raw[i] > maxl)
@@ -304,8 +284,7 @@ int mge_dataset_load_idx_classes(struct mge_dataset *ds, const char *images, con
     if (err && errlen)
         err[0] = '\0';
     if (classes < 0 || classes > 256)
-        return mge__data_fail(MGE_INVAL, err, errlen, "classes must be in [0, 256], got %d",
-                              classes);
+        return fail(MGE_INVAL, err, errlen, "classes must be in [0, 256], got %d", classes);
     rc = load_images(ds, images, err, errlen);
     if (rc == MGE_OK)
         rc = load_labels(ds, labels, images, classes, err, errlen);

@@ -273,14 +273,14 @@ static int npy_map_open(struct npy_map *m, const char *path, char *err, size_t e
     memset(m, 0, sizeof(*m));
     rc = mge_data_open(mge__dataset_roots(), path, &fd, why, sizeof(why));
     if (rc != MGE_OK)
-        return mge__data_fail(rc, err, errlen, "%s", why);
+        return MGE_ERR_FILL(rc, err, errlen, "%s", why);
     if (fstat(fd, &st) != 0) {
-        rc = mge__data_fail(MGE_IO, err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        rc = MGE_ERR_FILL(MGE_IO, err, errlen, "%s: cannot stat: %s", path, strerror(errno));
         goto out_close;
     }
     got = pread(fd, head, sizeof(head), 0);
     if (got < 0) {
-        rc = mge__data_fail(MGE_IO, err, errlen, "%s: read error: %s", path, strerror(errno));
+        rc = MGE_ERR_FILL(MGE_IO, err, errlen, "%s: read error: %s", path, strerror(errno));
         goto out_close;
     }
     want = (size_t)got;
@@ -289,33 +289,33 @@ static int npy_map_open(struct npy_map *m, const char *path, char *err, size_t e
         /* a long header: map the file and parse again */
         want = 0;
     } else if (rc != MGE_OK) {
-        rc = mge__data_fail(rc, err, errlen, "%s: %s", path, why);
+        rc = MGE_ERR_FILL(rc, err, errlen, "%s: %s", path, why);
         goto out_close;
     }
     m->len = (size_t)st.st_size;
     m->base = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m->base == MAP_FAILED) {
         m->base = NULL;
-        rc = mge__data_fail(MGE_IO, err, errlen, "%s: cannot map: %s", path, strerror(errno));
+        rc = MGE_ERR_FILL(MGE_IO, err, errlen, "%s: cannot map: %s", path, strerror(errno));
         goto out_close;
     }
     if (want == 0 && (rc = mge_npy_parse_header(m->base, m->len, &m->h, why, sizeof(why)))) {
-        rc = mge__data_fail(rc, err, errlen, "%s: %s", path, why);
+        rc = MGE_ERR_FILL(rc, err, errlen, "%s: %s", path, why);
         goto out_close;
     }
     if (m->h.ndim == 0) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen, "%s: a 0-dimensional array has no samples",
-                            path);
+        rc =
+            MGE_ERR_FILL(MGE_FORMAT, err, errlen, "%s: a 0-dimensional array has no samples", path);
         goto out_close;
     }
     for (int i = 0; i < m->h.ndim; i++) {
         if (m->h.shape[i] == 0) {
-            rc = mge__data_fail(MGE_FORMAT, err, errlen, "%s: dimension %d of the shape is 0", path,
-                                i);
+            rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen, "%s: dimension %d of the shape is 0", path,
+                              i);
             goto out_close;
         }
         if (elems > NPY_MAX_BYTES / m->h.shape[i]) {
-            rc = mge__data_fail(MGE_TOOBIG, err, errlen, "%s: shape is too large", path);
+            rc = MGE_ERR_FILL(MGE_TOOBIG, err, errlen, "%s: shape is too large", path);
             goto out_close;
         }
         elems *= m->h.shape[i];
@@ -325,15 +325,15 @@ static int npy_map_open(struct npy_map *m, const char *path, char *err, size_t e
     int64_t bytes = elems * dtype_size[m->h.dtype];
     int64_t have = (int64_t)m->len - (int64_t)m->h.data_offset;
     if (have < bytes) {
-        rc = mge__data_fail(MGE_CORRUPT, err, errlen,
-                            "%s: truncated: header says %lld samples, file has data for %lld", path,
-                            (long long)m->n,
-                            (long long)(have < 0 ? 0 : have / (m->per * dtype_size[m->h.dtype])));
+        rc = MGE_ERR_FILL(MGE_CORRUPT, err, errlen,
+                          "%s: truncated: header says %lld samples, file has data for %lld", path,
+                          (long long)m->n,
+                          (long long)(have < 0 ? 0 : have / (m->per * dtype_size[m->h.dtype])));
         goto out_close;
     }
     if (have > bytes) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen,
-                            "%s: trailing data after the samples the header declares", path);
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                          "%s: trailing data after the samples the header declares", path);
         goto out_close;
     }
 out_close:
@@ -370,19 +370,19 @@ static int load_inputs(struct mge_dataset *ds, const char *path, const struct mg
         return rc;
     shape_str(&m.h, shp, sizeof(shp));
     if (m.h.dtype != MGE_NPY_U8 && m.h.dtype != MGE_NPY_F32) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen, "%s: inputs must be uint8 or float32, not %s",
-                            path, dtype_names[m.h.dtype]);
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen, "%s: inputs must be uint8 or float32, not %s",
+                          path, dtype_names[m.h.dtype]);
         goto out_unmap;
     }
     if (m.h.ndim < 2) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen,
-                            "%s: inputs have shape %s; expected [N, D], [N, H, W] or [N, C, H, W]",
-                            path, shp);
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                          "%s: inputs have shape %s; expected [N, D], [N, H, W] or [N, C, H, W]",
+                          path, shp);
         goto out_unmap;
     }
     if (m.per > INT32_MAX) {
-        rc = mge__data_fail(MGE_TOOBIG, err, errlen, "%s: %lld values per sample is too many", path,
-                            (long long)m.per);
+        rc = MGE_ERR_FILL(MGE_TOOBIG, err, errlen, "%s: %lld values per sample is too many", path,
+                          (long long)m.per);
         goto out_unmap;
     }
     ds->n = m.n;
@@ -392,9 +392,9 @@ static int load_inputs(struct mge_dataset *ds, const char *path, const struct mg
     ds->w = (int)m.h.shape[m.h.ndim - 1];
     if (want && want->c > 0) {
         if (m.h.ndim > 2 && (ds->c != want->c || ds->h != want->h || ds->w != want->w)) {
-            rc = mge__data_fail(MGE_FORMAT, err, errlen,
-                                "%s: shape %s does not match data.image [%d, %d, %d] of the spec",
-                                path, shp, want->c, want->h, want->w);
+            rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                              "%s: shape %s does not match data.image [%d, %d, %d] of the spec",
+                              path, shp, want->c, want->h, want->w);
             goto out_unmap;
         }
         ds->c = want->c;
@@ -402,10 +402,10 @@ static int load_inputs(struct mge_dataset *ds, const char *path, const struct mg
         ds->w = want->w;
     }
     if (want && want->dim > 0 && want->dim != m.per) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen,
-                            "%s: shape %s has %lld values per sample but the spec says %lld "
-                            "(data.input_dim or data.image)",
-                            path, shp, (long long)m.per, (long long)want->dim);
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                          "%s: shape %s has %lld values per sample but the spec says %lld "
+                          "(data.input_dim or data.image)",
+                          path, shp, (long long)m.per, (long long)want->dim);
         goto out_unmap;
     }
     ds->f32 = m.h.dtype == MGE_NPY_F32;
@@ -429,24 +429,24 @@ static int load_labels(struct mge_dataset *ds, const char *path, const char *inp
         return rc;
     shape_str(&m.h, shp, sizeof(shp));
     if (m.h.dtype == MGE_NPY_F32) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen,
-                            "%s: labels must be uint8, int32 or int64, not float32", path);
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                          "%s: labels must be uint8, int32 or int64, not float32", path);
         goto out_unmap;
     }
     if (m.h.ndim != 1) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen, "%s: labels have shape %s; expected [N]", path,
-                            shp);
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen, "%s: labels have shape %s; expected [N]", path,
+                          shp);
         goto out_unmap;
     }
     if (m.n != ds->n) {
-        rc = mge__data_fail(MGE_FORMAT, err, errlen, "%s: has %lld labels but %s has %lld samples",
-                            path, (long long)m.n, inputs, (long long)ds->n);
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen, "%s: has %lld labels but %s has %lld samples",
+                          path, (long long)m.n, inputs, (long long)ds->n);
         goto out_unmap;
     }
     ds->labels = mge_malloc((size_t)ds->n * sizeof(*ds->labels));
     if (!ds->labels) {
-        rc = mge__data_fail(MGE_NOMEM, err, errlen, "%s: cannot allocate %lld labels", path,
-                            (long long)ds->n);
+        rc = MGE_ERR_FILL(MGE_NOMEM, err, errlen, "%s: cannot allocate %lld labels", path,
+                          (long long)ds->n);
         goto out_unmap;
     }
     const uint8_t *p = npy_data(&m);
@@ -462,9 +462,9 @@ static int load_labels(struct mge_dataset *ds, const char *path, const char *inp
             memcpy(&v, p + 8 * i, 8);
         }
         if (v < 0 || (classes > 0 && v >= classes) || v >= MGE_CLASSES_MAX) {
-            rc = mge__data_fail(
-                MGE_CORRUPT, err, errlen, "%s: label %lld of sample %lld is out of range [0, %d)",
-                path, (long long)v, (long long)i, classes > 0 ? classes : MGE_CLASSES_MAX);
+            rc = MGE_ERR_FILL(MGE_CORRUPT, err, errlen,
+                              "%s: label %lld of sample %lld is out of range [0, %d)", path,
+                              (long long)v, (long long)i, classes > 0 ? classes : MGE_CLASSES_MAX);
             goto out_unmap;
         }
         if (v > maxl)

@@ -150,18 +150,18 @@ static int cpu_softmax_grad(struct mge_graph *g, const struct mge_node *n)
 static int cpu_xent(struct mge_graph *g, const struct mge_node *n)
 {
     int logits = n->in[0], labels = n->in[1];
-    mge_cpu_softmax_xent_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, logits),
-                                 (const int32_t *)g->values[labels].data, rows_now(g, logits),
-                                 last_dim(g, logits));
+    mge_cpu_softmax_xent_smooth_forward(
+        F(g, n->out[0]), F(g, n->out[1]), F(g, logits), (const int32_t *)g->values[labels].data,
+        rows_now(g, logits), last_dim(g, logits), n->a.xent.smoothing);
     return MGE_OK;
 }
 
 static int cpu_xent_grad(struct mge_graph *g, const struct mge_node *n)
 {
     int probs = n->in[1], labels = n->in[2];
-    mge_cpu_softmax_xent_backward(F(g, n->out[0]), F(g, probs),
-                                  (const int32_t *)g->values[labels].data, rows_now(g, probs),
-                                  last_dim(g, probs), F(g, n->in[0])[0], n->acc);
+    mge_cpu_softmax_xent_smooth_backward(
+        F(g, n->out[0]), F(g, probs), (const int32_t *)g->values[labels].data, rows_now(g, probs),
+        last_dim(g, probs), F(g, n->in[0])[0], n->a.xent.smoothing, n->acc);
     return MGE_OK;
 }
 

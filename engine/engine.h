@@ -111,6 +111,11 @@ int mge_softmax(struct mge_graph *g, int x);
 int mge_log_softmax(struct mge_graph *g, int x);
 /* Mean cross-entropy of logits (B, V) against int32 labels (B): a scalar. Fused with softmax. */
 int mge_cross_entropy(struct mge_graph *g, int logits, int labels);
+/*
+ * The same with label smoothing @smoothing in [0, 1) (PyTorch's label_smoothing: the target
+ * is (1 - e) on the label plus e / V on every class); MGE_INVAL outside that range.
+ */
+int mge_cross_entropy_smoothed(struct mge_graph *g, int logits, int labels, float smoothing);
 /* Sum or mean over @axis (-1: all elements), the axis removed (keepdim = 0). */
 int mge_sum(struct mge_graph *g, int x, int axis);
 int mge_mean(struct mge_graph *g, int x, int axis);

@@ -93,6 +93,7 @@ struct mge_node {
         struct { float p; uint64_t salt; } drop;
         struct { float eps; } ln;
         struct { float eps, momentum; } bn;
+        struct { float smoothing; } xent; /* label smoothing in [0, 1) */
     } a;
 };
 

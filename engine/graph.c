@@ -440,6 +440,11 @@ int mge_log_softmax(struct mge_graph *g, int x) { return same_shape_op(g, x, MGE
 
 int mge_cross_entropy(struct mge_graph *g, int logits, int labels)
 {
+    return mge_cross_entropy_smoothed(g, logits, labels, 0.0f);
+}
+
+int mge_cross_entropy_smoothed(struct mge_graph *g, int logits, int labels, float smoothing)
+{
     if (check_value(g, logits, "cross_entropy") || check_value(g, labels, "cross_entropy"))
         return -g->err;
     const struct mge_value *L = &g->values[logits], *Y = &g->values[labels];
@@ -447,6 +452,9 @@ int mge_cross_entropy(struct mge_graph *g, int logits, int labels)
         return mge__graph_fail(g, MGE_INVAL,
                                "cross_entropy: logits '%s' must be (B, V) and labels '%s' int32 (B)",
                                L->name, Y->name);
+    if (!(smoothing >= 0.0f && smoothing < 1.0f))
+        return mge__graph_fail(g, MGE_INVAL, "cross_entropy: label smoothing %g is not in [0, 1)",
+                               (double)smoothing);
     int64_t one = 1, ls[2] = {L->shape[0], L->shape[1]};
     int lb = L->batched;
     int loss = new_act(g, "loss", 0, &one, 0, rg(g, logits)); /* L may move from here on */
@@ -455,6 +463,7 @@ int mge_cross_entropy(struct mge_graph *g, int logits, int labels)
         return -g->err;
     struct mge_node n = {.op = MGE_OP_XENT, .in = {logits, labels}, .n_in = 2, .out = {loss, probs},
                          .n_out = 2};
+    n.a.xent.smoothing = smoothing;
     return emit(g, &n);
 }
 

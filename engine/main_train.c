@@ -17,13 +17,15 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
             "usage: mge-train SPEC.yaml [--set key.path=value]... [--resume CKPT] [--out DIR]\n"
-            "                 [--json] [--threads N] [--profile TRACE.json]\n"
+            "                 [--init-from FILE] [--json] [--threads N] [--profile TRACE.json]\n"
             "       mge-train --plan SPEC.yaml [--set key.path=value]...\n"
             "       mge-train --max-batch SPEC.yaml --set memory.budget_mb=N\n"
             "\n"
             "Trains the job SPEC.yaml describes on this machine.\n"
             "  --set k=v     override a spec key (train.epochs=1, model.hidden=[256,256])\n"
             "  --resume F    continue from checkpoint F (exactly where it was written)\n"
+            "  --init-from F start from the weights in F (safetensors, e.g. from mge-export or\n"
+            "                PyTorch, or an mge checkpoint): fresh optimiser, step 0\n"
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
             "  --threads N   kernel threads, 1..4096 (default $OMP_NUM_THREADS or all cores)\n"
@@ -118,6 +120,8 @@ int main(int argc, char **argv)
             sets[o.n_overrides++] = a + 6;
         } else if (!strcmp(a, "--resume") && has_val) {
             o.resume = argv[++i];
+        } else if (!strcmp(a, "--init-from") && has_val) {
+            o.init_from = argv[++i];
         } else if (!strcmp(a, "--out") && has_val) {
             o.out_dir = argv[++i];
         } else if (!strcmp(a, "--threads") && has_val) {
@@ -144,6 +148,12 @@ int main(int argc, char **argv)
     }
     if (!o.spec_path) {
         usage(stderr);
+        mge_free(sets);
+        return 2;
+    }
+    if (o.init_from && o.resume) {
+        fprintf(stderr, "mge-train: --init-from and --resume exclude each other (--resume "
+                        "continues a run; --init-from starts a new one from its weights)\n");
         mge_free(sets);
         return 2;
     }

@@ -2,6 +2,7 @@
 #include "engine/model.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "common/err.h"
 
@@ -127,6 +128,18 @@ static int resnet(struct mge_graph *g, const struct mge_model_spec *ms, int x, i
     return linear_layer(g, "fc", torch_names, t, cin, classes, MGE_ACT_NONE, 0.0f);
 }
 
+char *mge_model_torch_name(const char *name, char *out, size_t n)
+{
+    size_t len = strlen(name);
+    if (len > 2 && !strcmp(name + len - 2, ".w"))
+        snprintf(out, n, "%.*s.weight", (int)(len - 2), name);
+    else if (len > 2 && !strcmp(name + len - 2, ".b"))
+        snprintf(out, n, "%.*s.bias", (int)(len - 2), name);
+    else
+        snprintf(out, n, "%s", name);
+    return out;
+}
+
 int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t batch, int c,
                     int h, int w, int classes, struct mge_model *m)
 {
@@ -168,7 +181,7 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
     m->x = x;
     m->y = mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1);
     m->logits = t;
-    m->loss = mge_cross_entropy(g, t, m->y);
+    m->loss = mge_cross_entropy_smoothed(g, t, m->y, (float)spec->train.label_smoothing);
     if (mge_graph_error(g) == MGE_OK)
         mge_graph_keep(g, m->logits);
     return mge_graph_error(g);

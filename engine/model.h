@@ -22,4 +22,11 @@ struct mge_model {
 int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t batch, int c,
                     int h, int w, int classes, struct mge_model *m);
 
+/*
+ * The name PyTorch's equivalent module gives the parameter or buffer mge calls @name: the
+ * first zoo models' "fc1.w"/"fc1.b" become "fc1.weight"/"fc1.bias"; resnet's names are
+ * PyTorch's already. Writes at most @n bytes (NUL included) to @out; returns @out.
+ */
+char *mge_model_torch_name(const char *name, char *out, size_t n);
+
 #endif

@@ -36,7 +36,49 @@ void mge_optim_fini(struct mge_optim *o)
 {
     mge_free_aligned(o->m);
     mge_free_aligned(o->v);
+    mge_free(o->no_decay);
     o->m = o->v = NULL;
+    o->no_decay = NULL;
+    o->n_no_decay = o->cap_no_decay = 0;
+}
+
+int mge_optim_exclude_decay(struct mge_optim *o, int64_t first, int64_t count)
+{
+    int i;
+    if (first < 0 || count <= 0 || first + count > o->n)
+        return MGE_ERR(MGE_INVAL, "no-decay span [%lld, +%lld) is outside the arena (%lld)",
+                       (long long)first, (long long)count, (long long)o->n);
+    for (i = 0; i < o->n_no_decay && o->no_decay[i].first < first; i++)
+        ;
+    if ((i > 0 && o->no_decay[i - 1].first + o->no_decay[i - 1].count > first) ||
+        (i < o->n_no_decay && first + count > o->no_decay[i].first))
+        return MGE_ERR(MGE_INVAL, "no-decay span [%lld, +%lld) overlaps another", (long long)first,
+                       (long long)count);
+    if (o->n_no_decay == o->cap_no_decay) {
+        int cap = o->cap_no_decay ? 2 * o->cap_no_decay : 16;
+        struct mge_optim_span *p = mge_realloc(o->no_decay, sizeof(*p) * (size_t)cap);
+        if (!p)
+            return MGE_ERR(MGE_NOMEM, "cannot grow the no-decay list to %d spans", cap);
+        o->no_decay = p;
+        o->cap_no_decay = cap;
+    }
+    memmove(o->no_decay + i + 1, o->no_decay + i,
+            sizeof(*o->no_decay) * (size_t)(o->n_no_decay - i));
+    o->no_decay[i] = (struct mge_optim_span){first, count};
+    o->n_no_decay++;
+    return MGE_OK;
+}
+
+double mge_optim_clip(float *grads, int64_t n, double max_norm)
+{
+    double norm = mge_cpu_l2_norm(grads, n);
+    /* as torch: the coefficient in fp32, applied even when clamped to 1 (a no-op multiply) */
+    if (max_norm > 0.0) {
+        float coef = (float)max_norm / ((float)norm + 1e-6f);
+        if (coef < 1.0f)
+            mge_cpu_scale(grads, grads, coef, n);
+    }
+    return norm;
 }
 
 double mge_optim_lr(const struct mge_optim *o, int64_t step)
@@ -65,21 +107,42 @@ double mge_optim_lr(const struct mge_optim *o, int64_t step)
 
 void mge_optim_step_begin(struct mge_optim *o) { o->t++; }
 
-void mge_optim_step_range(struct mge_optim *o, float *params, const float *grads, int64_t step,
-                          int64_t first, int64_t count)
+static void update(struct mge_optim *o, float *params, const float *grads, float lr, int64_t first,
+                   int64_t count, float wd)
 {
-    float lr = (float)mge_optim_lr(o, step);
     const struct mge_optim_spec *s = &o->spec;
     float *m = o->m ? o->m + first : NULL, *v = o->v ? o->v + first : NULL;
     if (count <= 0)
         return;
     if (s->type == MGE_OPTIM_SGD)
-        mge_cpu_sgd_update(params + first, grads + first, m, count, lr, (float)s->momentum,
-                           (float)s->weight_decay, s->nesterov);
+        mge_cpu_sgd_update(params + first, grads + first, m, count, lr, (float)s->momentum, wd,
+                           s->nesterov);
     else
         mge_cpu_adam_update(params + first, grads + first, m, v, count, lr, (float)s->beta1,
-                            (float)s->beta2, (float)s->eps, (float)s->weight_decay,
-                            s->type == MGE_OPTIM_ADAMW, o->t);
+                            (float)s->beta2, (float)s->eps, wd, s->type == MGE_OPTIM_ADAMW, o->t);
+}
+
+void mge_optim_step_range(struct mge_optim *o, float *params, const float *grads, int64_t step,
+                          int64_t first, int64_t count)
+{
+    float lr = (float)mge_optim_lr(o, step), wd = (float)o->spec.weight_decay;
+    int64_t pos = first, end = first + count;
+    /* the range in pieces: decayed stretches between the no-decay spans it crosses */
+    for (int i = 0; i < o->n_no_decay && pos < end; i++) {
+        int64_t a = o->no_decay[i].first, b = a + o->no_decay[i].count;
+        if (b <= pos)
+            continue;
+        if (a >= end)
+            break;
+        if (a > pos) {
+            update(o, params, grads, lr, pos, a - pos, wd);
+            pos = a;
+        }
+        int64_t e = b < end ? b : end;
+        update(o, params, grads, lr, pos, e - pos, 0.0f);
+        pos = e;
+    }
+    update(o, params, grads, lr, pos, end - pos, wd);
 }
 
 void mge_optim_step(struct mge_optim *o, float *params, const float *grads, int64_t step)

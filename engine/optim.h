@@ -14,6 +14,12 @@ struct mge_optim {
     float *m;             /* sgd momentum buffer or adam first moment (n), NULL if unused */
     float *v;             /* adam second moment (n), NULL if unused */
     int64_t t;            /* updates applied so far */
+    struct mge_optim_span *no_decay; /* ranges without weight decay, sorted, disjoint */
+    int n_no_decay, cap_no_decay;
+};
+
+struct mge_optim_span {
+    int64_t first, count; /* floats of the arena */
 };
 
 /*
@@ -36,6 +42,19 @@ void mge_optim_step(struct mge_optim *o, float *params, const float *grads, int6
 void mge_optim_step_begin(struct mge_optim *o);
 void mge_optim_step_range(struct mge_optim *o, float *params, const float *grads, int64_t step,
                           int64_t first, int64_t count);
+/*
+ * Exempt arena floats [first, first + count) from weight decay (a bias or a norm weight, as
+ * PyTorch's param groups with weight_decay 0 do). Spans must not overlap; any order.
+ * Returns MGE_OK, MGE_INVAL for a span outside the arena or overlapping one, or MGE_NOMEM.
+ */
+int mge_optim_exclude_decay(struct mge_optim *o, int64_t first, int64_t count);
+/*
+ * Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_): the L2 norm of all @n
+ * floats of @grads, and, when @max_norm > 0, grads *= min(1, max_norm / (norm + 1e-6)) in
+ * place. Returns the norm before clipping. It must see the whole reduced gradient, so callers
+ * that update in ranges clip first and update after every range has arrived.
+ */
+double mge_optim_clip(float *grads, int64_t n, double max_norm);
 /* Number of state buffers (0, 1 or 2) and the i-th one's name ("m", "v") and data. */
 int mge_optim_n_states(const struct mge_optim *o);
 float *mge_optim_state(struct mge_optim *o, int i, const char **name);

@@ -24,6 +24,7 @@
 #include "engine/comm/comm.h"
 #include "engine/engine_int.h"
 #include "engine/optim.h"
+#include "engine/safetensors.h"
 #include "engine/trace.h"
 #include "kernels/cpu/cpu.h"
 
@@ -213,6 +214,7 @@ struct trainer {
     int32_t *det_y;         /* (ceil(batch / micro_shards)) its labels */
     struct mge_trace trace; /* --profile */
     int64_t trace_until;    /* steps below this are traced */
+    double grad_norm;       /* train.clip_grad_norm: the last step's norm before clipping */
     int tracing;            /* the current step is traced */
     /* checkpoints (rank 0): tensor list over the live state, and the background writer */
     struct mge_ckpt_tensor *ck_ts; /* (ck_n) */
@@ -351,6 +353,129 @@ static int ckpt_restore(struct trainer *t, const char *path)
         t->test_acc = ck->test_accuracy;
     }
     mge_ckpt_free(ck);
+    return rc;
+}
+
+/* "[512, 784]" into @buf. */
+static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n)
+{
+    size_t at = 0;
+    at += (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && at < n; d++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (at < n)
+        snprintf(buf + at, n - at, "]");
+    return buf;
+}
+
+/* Tensors --init-from skips: a checkpoint's optimiser state ("optim.<state>.<param>"), and
+ * PyTorch's batch-norm counters (mge's batch norm has a fixed momentum and keeps none). */
+static bool init_from_ignores(const char *name, int torch_names)
+{
+    const char *nbt = ".num_batches_tracked";
+    size_t len = strlen(name), nl = strlen(nbt);
+    if (!torch_names)
+        return !strncmp(name, "optim.", 6);
+    return len > nl && !strcmp(name + len - nl, nbt);
+}
+
+/*
+ * --init-from: every parameter and buffer from @ts (an mge checkpoint's tensors, named as mge
+ * names them, or a safetensors file's, named as PyTorch does: @torch_names), which must hold
+ * each with the model's shape as float32, and nothing else besides what init_from_ignores()
+ * (the optimiser starts fresh, at step 0).
+ */
+static int init_from_tensors(struct trainer *t, const char *path, const struct mge_ckpt_tensor *ts,
+                             int n, int torch_names)
+{
+    char name[160], s1[160], s2[160];
+    int np = mge_graph_n_params(t->g), used = 0, expected = 0;
+    for (int i = 0; i < n; i++)
+        expected += !init_from_ignores(ts[i].name, torch_names);
+    for (int i = 0; i < np; i++) {
+        int v = mge_graph_param(t->g, i);
+        const char *pname = mge_value_name(t->g, v);
+        const int64_t *shape = mge_value_shape(t->g, v);
+        int ndim = mge_value_ndim(t->g, v);
+        const struct mge_ckpt_tensor *have = NULL;
+        if (torch_names)
+            mge_model_torch_name(pname, name, sizeof(name));
+        else
+            snprintf(name, sizeof(name), "%s", pname);
+        for (int k = 0; k < n && !have; k++)
+            if (!strcmp(ts[k].name, name))
+                have = &ts[k];
+        if (!have) {
+            fprintf(stderr, "mge-train: %s: tensor '%s' (shape %s) is missing\n", path, name,
+                    shape_str(shape, ndim, s1, sizeof(s1)));
+            return MGE_INVAL;
+        }
+        if (have->dtype != MGE_CKPT_F32 || have->ndim != ndim ||
+            memcmp(have->shape, shape, sizeof(int64_t) * (size_t)ndim) != 0) {
+            fprintf(stderr,
+                    "mge-train: %s: tensor '%s': the model expects float32 %s, the file "
+                    "has %s%s\n",
+                    path, name, shape_str(shape, ndim, s1, sizeof(s1)),
+                    have->dtype != MGE_CKPT_F32 ? "another dtype, " : "",
+                    shape_str(have->shape, have->ndim, s2, sizeof(s2)));
+            return MGE_INVAL;
+        }
+        memcpy(mge_value_data(t->g, v), have->data, have->nbytes);
+        used++;
+    }
+    if (used != expected) {
+        for (int k = 0; k < n; k++) {
+            int found = 0;
+            if (init_from_ignores(ts[k].name, torch_names))
+                continue;
+            for (int i = 0; i < np && !found; i++) {
+                const char *pname = mge_value_name(t->g, mge_graph_param(t->g, i));
+                found =
+                    !strcmp(torch_names ? mge_model_torch_name(pname, name, sizeof(name)) : pname,
+                            ts[k].name);
+            }
+            if (!found) {
+                fprintf(stderr,
+                        "mge-train: %s: tensor '%s' (shape %s) is not a parameter or "
+                        "buffer of the model\n",
+                        path, ts[k].name, shape_str(ts[k].shape, ts[k].ndim, s1, sizeof(s1)));
+                break;
+            }
+        }
+        return MGE_INVAL;
+    }
+    return MGE_OK;
+}
+
+/* --init-from FILE: an mge checkpoint (by its magic) or a safetensors file. */
+static int init_from(struct trainer *t, const char *path)
+{
+    char err[768], magic[8] = {0};
+    FILE *fp = fopen(path, "rb");
+    int rc;
+    if (!fp) {
+        fprintf(stderr, "mge-train: --init-from: cannot open '%s': %s\n", path, strerror(errno));
+        return MGE_NOENT;
+    }
+    size_t got = fread(magic, 1, sizeof(magic), fp);
+    fclose(fp);
+    if (got == sizeof(magic) && !memcmp(magic, MGE_CKPT_MAGIC, sizeof(magic))) {
+        struct mge_ckpt *ck = NULL;
+        if ((rc = mge_ckpt_read(path, &ck, err, sizeof(err))) != MGE_OK) {
+            fprintf(stderr, "mge-train: --init-from: %s\n", err);
+            return rc;
+        }
+        rc = init_from_tensors(t, path, ck->tensors, ck->n_tensors, 0);
+        mge_ckpt_free(ck);
+        return rc;
+    }
+    struct mge_safetensors *st = NULL;
+    if ((rc = mge_safetensors_read(path, &st, err, sizeof(err))) != MGE_OK) {
+        fprintf(stderr, "mge-train: --init-from: %s\n", err);
+        return rc;
+    }
+    rc = init_from_tensors(t, path, st->tensors, st->n_tensors, 1);
+    mge_safetensors_free(st);
     return rc;
 }
 
@@ -621,6 +746,35 @@ static int dist_sync_state(struct trainer *t)
     return MGE_OK;
 }
 
+/* train.optimizer.decay_1d: false: every 1-D trained parameter (biases, norm weights and
+ * biases) is kept out of weight decay, the nanoGPT/PyTorch param-group convention. */
+static int optim_exclude_1d(struct trainer *t)
+{
+    if (!t->spec->train.optim.no_decay_1d)
+        return MGE_OK;
+    for (int i = 0; i < mge_graph_n_params(t->g); i++) {
+        int p = mge_graph_param(t->g, i);
+        size_t off, bytes;
+        int rc;
+        if (mge_value_ndim(t->g, p) != 1 || mge_graph_grad(t->g, p) < 0 ||
+            mge_graph_grad_span(t->g, p, &off, &bytes) != MGE_OK)
+            continue;
+        rc = mge_optim_exclude_decay(&t->optim, (int64_t)(off / sizeof(float)),
+                                     (int64_t)(bytes / sizeof(float)));
+        if (rc != MGE_OK)
+            return rc;
+    }
+    return MGE_OK;
+}
+
+/* train.clip_grad_norm: clip the whole (reduced) gradient before any update. */
+static void clip_grads(struct trainer *t, float *grads, int64_t n_grads)
+{
+    double max_norm = t->spec->train.clip_grad_norm;
+    if (max_norm > 0.0)
+        t->grad_norm = mge_optim_clip(grads, n_grads, max_norm);
+}
+
 /* Packs over the gradient arena, cut at gradient boundaries; their all-reduces start from the
  * gradient-ready hook. The first pack is small (1 MiB at most) so communication starts early. */
 static int dist_packs_init(struct trainer *t)
@@ -699,6 +853,8 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
     if ((rc = mge_comm_allreduce_start(t->comm, lsum, 1, MGE_COMM_F64, &lticket)) != MGE_OK)
         return rc;
     mge_optim_step_begin(&t->optim);
+    /* clipping needs the global norm of the whole sum: update only once every pack is in */
+    int clip = t->spec->train.clip_grad_norm > 0.0;
     for (int i = 0; i < mge_comm_packs_count(t->packs); i++) {
         double c0 = thread_cpu_sec();
         w0 = now_sec();
@@ -708,8 +864,9 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
         st->wait += w1 - w0;
         st->wait_cpu += thread_cpu_sec() - c0;
         const struct mge_comm_pack *k = mge_comm_packs_get(t->packs, i);
-        mge_optim_step_range(&t->optim, params, grads, t->step, (int64_t)k->first,
-                             (int64_t)k->count);
+        if (!clip)
+            mge_optim_step_range(&t->optim, params, grads, t->step, (int64_t)k->first,
+                                 (int64_t)k->count);
         st->comm += k->timing.end - k->timing.start;
         st->hidden += overlap(k->timing.start, k->timing.end, t0, t_bwd);
         if (t->tracing) {
@@ -724,6 +881,14 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
             mge_trace_event(&t->trace, TRACK_COMPUTE, "optimizer", "optimizer", w1, now_sec(),
                             NULL);
         }
+    }
+    if (clip) {
+        double o0 = now_sec();
+        clip_grads(t, grads, n_grads);
+        mge_optim_step_range(&t->optim, params, grads, t->step, 0, t->optim.n);
+        if (t->tracing)
+            mge_trace_event(&t->trace, TRACK_COMPUTE, "optimizer", "optimizer", o0, now_sec(),
+                            NULL);
     }
     w0 = now_sec();
     double c0 = thread_cpu_sec();
@@ -821,6 +986,7 @@ static int det_step(struct trainer *t, const struct mge_batch *b, const float *l
     st->wait_cpu = thread_cpu_sec() - c0;
     st->comm = ct.end - ct.start;
     mge_exact_to_f32(grads, t->det_acc, (size_t)n_grads);
+    clip_grads(t, grads, n_grads);
     mge_optim_step(&t->optim, params, grads, t->step);
     if (t->tracing) {
         mge_trace_event(&t->trace, TRACK_COMM, "allreduce exact", "comm", ct.start, ct.end, NULL);
@@ -879,9 +1045,9 @@ static int train_loop(struct trainer *t)
         mge_free(wait_t);
         return MGE_ERR(MGE_NOMEM, "cannot allocate step timers");
     }
-    int64_t n_params;
+    int64_t n_params, n_grads;
     float *params = mge_graph_params(t->g, &n_params);
-    float *grads = mge_graph_grads(t->g, NULL);
+    float *grads = mge_graph_grads(t->g, &n_grads);
     const float *loss = mge_value_data(t->g, t->model.loss);
     const char *prof = getenv("MGE_PROFILE");
     if (prof && *prof && strcmp(prof, "0") && mge_graph_profile(t->g, 1) != MGE_OK)
@@ -910,6 +1076,7 @@ static int train_loop(struct trainer *t)
             mge_graph_set_batch(t->g, b->n);
             if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
                 goto out_free;
+            clip_grads(t, grads, n_grads);
             if (t->tracing) {
                 double o0 = now_sec();
                 mge_optim_step(&t->optim, params, grads, t->step);
@@ -943,22 +1110,25 @@ static int train_loop(struct trainer *t)
         if (lead && (t->step % le == 0 || t->step == t->total_steps)) {
             double sps = samples / (train_sec > 0 ? train_sec : 1e-9);
             double lr = mge_optim_lr(&t->optim, t->step - 1);
+            char gn[48] = ""; /* the norm before clipping, when clipping is on */
+            if (spec->train.clip_grad_norm > 0.0)
+                snprintf(gn, sizeof(gn), ",\"grad_norm\":%.7g", t->grad_norm);
             if (o->json && t->det) /* loss_bits: the double's exact bits, to compare runs */
                 printf("{\"step\":%lld,\"loss\":%.7g,\"loss_bits\":\"%a\","
                        "\"samples_per_sec\":%.1f,\"lr\":%.6g,\"epoch\":%lld,"
-                       "\"compute_ms\":%.3f,\"comm_ms\":%.3f,\"comm_wait_ms\":%.3f}\n",
+                       "\"compute_ms\":%.3f,\"comm_ms\":%.3f,\"comm_wait_ms\":%.3f%s}\n",
                        (long long)t->step, t->last_loss, t->last_loss, sps, lr, (long long)b->epoch,
-                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.wait);
+                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.wait, gn);
             else if (o->json && t->dist)
                 printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
                        "\"epoch\":%lld,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
-                       "\"comm_hidden_ms\":%.3f,\"comm_wait_ms\":%.3f}\n",
+                       "\"comm_hidden_ms\":%.3f,\"comm_wait_ms\":%.3f%s}\n",
                        (long long)t->step, t->last_loss, sps, lr, (long long)t->epoch,
-                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.hidden, 1e3 * ds.wait);
+                       1e3 * ds.compute, 1e3 * ds.comm, 1e3 * ds.hidden, 1e3 * ds.wait, gn);
             else if (o->json)
                 printf("{\"step\":%lld,\"loss\":%.7g,\"samples_per_sec\":%.1f,\"lr\":%.6g,"
-                       "\"epoch\":%lld}\n",
-                       (long long)t->step, t->last_loss, sps, lr, (long long)t->epoch);
+                       "\"epoch\":%lld%s}\n",
+                       (long long)t->step, t->last_loss, sps, lr, (long long)t->epoch, gn);
             else if (t->step % 100 == 0 || t->step == t->total_steps)
                 printf("step %lld/%lld  loss %.4f  %.0f samples/s\n", (long long)t->step,
                        (long long)t->total_steps, t->last_loss, sps);
@@ -1200,6 +1370,8 @@ int mge_train_main(const struct mge_train_opts *o)
                              t.total_steps, n_params_f)) != MGE_OK)
         goto out;
     t.optim_ok = 1;
+    if ((rc = optim_exclude_1d(&t)) != MGE_OK)
+        goto out;
     if (o->plan_only) {
         rc = print_plan(&t);
         code = rc == MGE_OK ? 0 : 2;
@@ -1214,6 +1386,10 @@ int mge_train_main(const struct mge_train_opts *o)
         snprintf(t.out_dir, sizeof(t.out_dir), "mge-out/%s", t.spec->name);
     if (t.rank == 0 && mkdir_p(t.out_dir) != 0) {
         fprintf(stderr, "mge-train: cannot create '%s': %s\n", t.out_dir, strerror(errno));
+        goto out;
+    }
+    if (t.rank == 0 && o->init_from && (rc = init_from(&t, o->init_from)) != MGE_OK) {
+        code = 2;
         goto out;
     }
     if (t.rank == 0 && o->resume && (rc = ckpt_restore(&t, o->resume)) != MGE_OK) {

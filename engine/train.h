@@ -15,6 +15,7 @@ struct mge_train_opts {
     const char *const *overrides;   /* "key.path=value" (--set) */
     int n_overrides;
     const char *resume;             /* checkpoint to resume from, or NULL */
+    const char *init_from;          /* weights to start from (safetensors or checkpoint), or NULL */
     const char *out_dir;            /* where checkpoints go (NULL: mge-out/<name>) */
     int json;                       /* stdout: JSON lines only */
     int threads;                    /* kernel threads; <= 0: $OMP_NUM_THREADS or all cores */

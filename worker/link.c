@@ -6,6 +6,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/pubsub0/sub.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -46,6 +47,8 @@ struct mge_link {
     nng_socket req, sub;
     bool sub_open, dialed_sub;
     nng_dialer sub_dialer;
+    nng_tls_config *tls; /* a tls+tcp:// coordinator (both its ports), or NULL */
+    const char *scheme;  /* "tcp" or "tls+tcp" */
     char notify_url[300];
     char coord_host[200];
     pthread_t thread, sub_thread;
@@ -222,18 +225,56 @@ out_free:
     return rc;
 }
 
+/* Dial @url from @s in the background, through l->tls when set. Returns NNG's code. */
+static int link_dial(struct mge_link *l, nng_socket s, const char *url, nng_dialer *d)
+{
+    int rv = nng_dialer_create(d, s, url);
+    if (rv == 0 && l->tls)
+        rv = nng_dialer_set_ptr(*d, NNG_OPT_TLS_CONFIG, l->tls);
+    if (rv == 0)
+        rv = nng_dialer_start(*d, NNG_FLAG_NONBLOCK);
+    return rv;
+}
+
+/*
+ * The client TLS configuration of a tls+tcp:// coordinator into l->tls: its certificate must
+ * verify against CA file @cacert for the host of the URL.
+ */
+static int link_tls_new(struct mge_link *l, const char *cacert)
+{
+    int rv;
+    if (!cacert)
+        return MGE_ERR(MGE_INVAL,
+                       "coordinator '%s' is tls+tcp://: give the CA its certificate is "
+                       "signed by with --cacert FILE",
+                       l->o.coordinator);
+    if ((rv = nng_tls_config_alloc(&l->tls, NNG_TLS_MODE_CLIENT)) != 0)
+        return MGE_ERR(MGE_NET, "no TLS for '%s': %s", l->o.coordinator, nng_strerror(rv));
+    if ((rv = nng_tls_config_ca_file(l->tls, cacert)) != 0)
+        return MGE_ERR(MGE_INVAL, "CA file '%s' (--cacert): %s", cacert, nng_strerror(rv));
+    if ((rv = nng_tls_config_auth_mode(l->tls, NNG_TLS_AUTH_MODE_REQUIRED)) != 0 ||
+        (rv = nng_tls_config_server_name(l->tls, l->coord_host)) != 0)
+        return MGE_ERR(MGE_NET, "TLS for '%s': %s", l->o.coordinator, nng_strerror(rv));
+    if (strspn(l->coord_host, "0123456789.") == strlen(l->coord_host) || strchr(l->coord_host, ':'))
+        mge_log_warn("coordinator '%s' is an IP address: NNG's TLS (mbedtls 2) checks the "
+                     "certificate's DNS names only, so this is likely to fail to verify; dial "
+                     "a name the certificate holds",
+                     l->o.coordinator);
+    return MGE_OK;
+}
+
 static void sub_connect(struct mge_link *l, const char *notify_url)
 {
     const char *colon = strrchr(notify_url, ':');
     char url[300];
     if (!l->sub_open || !colon)
         return;
-    snprintf(url, sizeof(url), "tcp://%s%s", l->coord_host, colon);
+    snprintf(url, sizeof(url), "%s://%s%s", l->scheme, l->coord_host, colon);
     if (l->dialed_sub && !strcmp(url, l->notify_url))
         return;
     if (l->dialed_sub)
         nng_dialer_close(l->sub_dialer);
-    l->dialed_sub = nng_dial(l->sub, url, &l->sub_dialer, NNG_FLAG_NONBLOCK) == 0;
+    l->dialed_sub = link_dial(l, l->sub, url, &l->sub_dialer) == 0;
     snprintf(l->notify_url, sizeof(l->notify_url), "%s", url);
     nng_socket_set(l->sub, NNG_OPT_SUB_SUBSCRIBE, l->worker_id, strlen(l->worker_id));
 }
@@ -668,6 +709,7 @@ static void *sub_main(void *arg)
 int mge_link_start(const struct mge_link_opts *opts, struct mge_ranks *rs, struct mge_link **out)
 {
     struct mge_link *l;
+    nng_dialer req_dialer;
     int rv;
 
     *out = NULL;
@@ -681,6 +723,17 @@ int mge_link_start(const struct mge_link_opts *opts, struct mge_ranks *rs, struc
     pthread_cond_init(&l->cv, NULL);
     snprintf(l->coord_host, sizeof(l->coord_host), "127.0.0.1");
     mge_url_host(opts->coordinator, l->coord_host, sizeof(l->coord_host));
+    l->scheme = "tcp";
+    if (!strncmp(opts->coordinator, "tls+tcp://", 10)) {
+        int rc;
+        l->scheme = "tls+tcp";
+        if ((rc = link_tls_new(l, opts->cacert)) != MGE_OK) {
+            if (l->tls)
+                nng_tls_config_free(l->tls);
+            mge_free(l);
+            return rc;
+        }
+    }
     if ((rv = nng_req0_open(&l->req)) != 0)
         goto err_nng;
     nng_socket_set_ms(l->req, NNG_OPT_RECVTIMEO, RPC_TIMEOUT_MS);
@@ -688,7 +741,7 @@ int mge_link_start(const struct mge_link_opts *opts, struct mge_ranks *rs, struc
     nng_socket_set_ms(l->req, NNG_OPT_RECONNMINT, 100);
     nng_socket_set_ms(l->req, NNG_OPT_RECONNMAXT, 2000);
     nng_socket_set_size(l->req, NNG_OPT_RECVMAXSZ, 64 << 20);
-    if ((rv = nng_dial(l->req, opts->coordinator, NULL, NNG_FLAG_NONBLOCK)) != 0)
+    if ((rv = link_dial(l, l->req, opts->coordinator, &req_dialer)) != 0)
         goto err_close;
     if (nng_sub0_open(&l->sub) == 0) {
         l->sub_open = true;
@@ -712,6 +765,8 @@ err_close:
     if (l->sub_open)
         nng_close(l->sub);
 err_nng:
+    if (l->tls)
+        nng_tls_config_free(l->tls);
     mge_free(l);
     return MGE_ERR(MGE_NET, "cannot dial '%s': %s", opts->coordinator, nng_strerror(rv));
 }
@@ -740,5 +795,7 @@ void mge_link_stop(struct mge_link *l)
         unlink(l->down.tmp);
     xfer_close(&l->down);
     mge_free(l->chunk);
+    if (l->tls)
+        nng_tls_config_free(l->tls);
     mge_free(l);
 }

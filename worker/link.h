@@ -23,6 +23,8 @@ struct mge_link_opts {
     int cpus, gpus;
     int64_t memory_mb;
     int heartbeat_ms;        /* default 1000 (the coordinator may ask for another) */
+    const char *cacert;      /* CA file (PEM) a tls+tcp:// coordinator's certificate must
+                              * verify against, with its host as the name; NULL: tcp:// only */
 };
 
 /*

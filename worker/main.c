@@ -32,7 +32,11 @@ static void usage(FILE *f)
     fprintf(f, "usage: mge-worker --coordinator tcp://HOST:PORT --join-token-file FILE --name NAME\n"
                "                  [--cpus N] [--memory-mb N] [--data-root DIR]... [--work-dir DIR]\n"
                "                  [--train-bin PATH] [--heartbeat-ms MS] [--launch-listen URL]\n"
-               "                  [--mpirun PATH] [--mpi-if CIDR]\n"
+               "                  [--mpirun PATH] [--mpi-if CIDR] [--cacert FILE]\n"
+               "  --coordinator URL tcp://HOST:PORT, or tls+tcp://HOST:PORT when the coordinator\n"
+               "                    serves its worker link with TLS (needs --cacert)\n"
+               "  --cacert FILE     the CA (PEM) the tls+tcp:// coordinator's certificate must\n"
+               "                    verify against, for HOST as its name\n"
                "  --data-root DIR   data paths in job specs must lie under one of these (repeatable);\n"
                "                    with none, jobs that name data files are refused\n"
                "  --train-bin PATH  the training binary (default: mge-train next to mge-worker)\n"
@@ -126,6 +130,7 @@ static void on_signal(uv_signal_t *s, int sig)
 int main(int argc, char **argv)
 {
     const char *coordinator = NULL, *join_file = NULL, *name = NULL, *work_dir = NULL;
+    const char *cacert = NULL;
     const char *train_bin = NULL, *launch_listen = NULL, *mpirun = NULL;
     const char *mpi_if = NULL;
     char mpirun_found[PATH_MAX], launch_bin[PATH_MAX + 16], launch_url[300], launch_default[300];
@@ -176,6 +181,8 @@ int main(int argc, char **argv)
             mpirun = v;
         else if (!strcmp(a, "--mpi-if"))
             mpi_if = v;
+        else if (!strcmp(a, "--cacert"))
+            cacert = v;
         else if (!strcmp(a, "--data-root")) {
             char err[PATH_MAX + 128];
             if (mge_data_roots_add(&roots, v, err, sizeof(err)) != MGE_OK) {
@@ -272,6 +279,7 @@ int main(int argc, char **argv)
     lo.gpus = cuda_device_count();
     lo.memory_mb = memory_mb;
     lo.heartbeat_ms = hb_ms;
+    lo.cacert = cacert;
     rc = mge_link_start(&lo, &g_ranks, &g_link);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-worker: cannot reach '%s'\n", coordinator);

@@ -99,6 +99,16 @@ void mge_cpu_softmax_xent_forward(float *loss, float *probs, const float *logits
 /* dlogits (+)= dloss * (probs - onehot(labels)) / B. */
 void mge_cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels,
                                    int64_t B, int64_t V, float dloss, int acc);
+/*
+ * The same with label smoothing @eps in [0, 1) (PyTorch's definition): the target is
+ * (1 - eps) on the label plus eps / V on every class, so the row loss is
+ * (1 - eps) * -log p[label] + eps * mean_j(-log p[j]), and
+ * dlogits (+)= dloss * (probs - target) / B. eps == 0 gives the plain kernels' bits.
+ */
+void mge_cpu_softmax_xent_smooth_forward(float *loss, float *probs, const float *logits,
+                                         const int32_t *labels, int64_t B, int64_t V, float eps);
+void mge_cpu_softmax_xent_smooth_backward(float *dlogits, const float *probs, const int32_t *labels,
+                                          int64_t B, int64_t V, float dloss, float eps, int acc);
 /* Number of rows whose argmax equals the label (accuracy counting). */
 int64_t mge_cpu_argmax_correct(const float *logits, const int32_t *labels, int64_t B, int64_t V);
 
@@ -210,6 +220,12 @@ void mge_cpu_sgd_update(float *p, const float *g, float *v, int64_t n, float lr,
 /* Adam (adamw != 0: decoupled weight decay p -= lr*wd*p) with bias correction at step t >= 1. */
 void mge_cpu_adam_update(float *p, const float *g, float *m, float *v, int64_t n, float lr,
                          float beta1, float beta2, float eps, float wd, int adamw, int64_t t);
+
+/*
+ * Global L2 norm of @n floats, summed in double over fixed chunks (bit-identical for any
+ * thread count). Gradient clipping then scales with mge_cpu_scale(g, g, s, n).
+ */
+double mge_cpu_l2_norm(const float *g, int64_t n);
 
 /* ---- exact sums (fixed point; engine/comm/exact.c has the contract) ------------------------ */
 /*

@@ -1,4 +1,4 @@
-/* optim.c: CPU optimiser steps (SGD with momentum/Nesterov, Adam/AdamW) over a parameter arena. */
+/* optim.c: CPU optimiser steps (SGD with momentum/Nesterov, Adam/AdamW) and gradient clipping. */
 #include <math.h>
 
 #include "kernels/cpu/cpu_int.h"
@@ -39,4 +39,25 @@ void mge_cpu_adam_update(float *p, const float *g, float *m, float *v, int64_t n
         v[i] = vi;
         p[i] -= decay * p[i] + lr * (mi * c1) / (sqrtf(vi * c2) + eps);
     }
+}
+
+enum { NORM_CHUNKS = 64 };
+
+MGE__CPU_CLONES
+double mge_cpu_l2_norm(const float *g, int64_t n)
+{
+    double part[NORM_CHUNKS] = {0};
+    int64_t chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
+#pragma omp parallel for schedule(static) if (n > MGE__PAR_MIN)
+    for (int c = 0; c < NORM_CHUNKS; c++) {
+        int64_t i0 = c * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+        double s = 0.0;
+        for (int64_t i = i0; i < i1; i++)
+            s += (double)g[i] * (double)g[i];
+        part[c] = s;
+    }
+    double total = 0.0;
+    for (int c = 0; c < NORM_CHUNKS; c++)
+        total += part[c];
+    return sqrt(total);
 }

@@ -92,9 +92,15 @@ void mge_cpu_log_softmax_backward(float *dinp, const float *dout, const float *o
  */
 enum { XENT_CHUNKS = 64 };
 
-MGE__CPU_CLONES
 void mge_cpu_softmax_xent_forward(float *loss, float *probs, const float *logits,
                                   const int32_t *labels, int64_t B, int64_t V)
+{
+    mge_cpu_softmax_xent_smooth_forward(loss, probs, logits, labels, B, V, 0.0f);
+}
+
+MGE__CPU_CLONES
+void mge_cpu_softmax_xent_smooth_forward(float *loss, float *probs, const float *logits,
+                                         const int32_t *labels, int64_t B, int64_t V, float eps)
 {
     double part[XENT_CHUNKS] = {0};
     int64_t chunk = (B + XENT_CHUNKS - 1) / XENT_CHUNKS;
@@ -114,8 +120,18 @@ void mge_cpu_softmax_xent_forward(float *loss, float *probs, const float *logits
             float inv = 1.0f / sum;
             for (int64_t j = 0; j < V; j++)
                 p[j] *= inv;
-            /* -log p[label] from the logits, finite even when p[label] underflows to 0 */
-            s += (double)(logf(sum) + m - x[labels[r]]);
+            /* -log p[label] from the logits, finite even when p[label] underflows to 0; with
+             * smoothing, (1 - eps) of it plus eps times the mean of -log p[j] over the row */
+            float lse = logf(sum) + m;
+            if (eps == 0.0f) {
+                s += (double)(lse - x[labels[r]]);
+            } else {
+                double xs = 0.0;
+                for (int64_t j = 0; j < V; j++)
+                    xs += (double)x[j];
+                s += (1.0 - (double)eps) * (double)(lse - x[labels[r]]) +
+                     (double)eps * ((double)lse - xs / (double)V);
+            }
         }
         part[c] = s;
     }
@@ -125,18 +141,24 @@ void mge_cpu_softmax_xent_forward(float *loss, float *probs, const float *logits
     *loss = (float)(total / (double)B);
 }
 
-MGE__CPU_CLONES
 void mge_cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels,
                                    int64_t B, int64_t V, float dloss, int acc)
 {
-    float k = dloss / (float)B;
+    mge_cpu_softmax_xent_smooth_backward(dlogits, probs, labels, B, V, dloss, 0.0f, acc);
+}
+
+MGE__CPU_CLONES
+void mge_cpu_softmax_xent_smooth_backward(float *dlogits, const float *probs, const int32_t *labels,
+                                          int64_t B, int64_t V, float dloss, float eps, int acc)
+{
+    float k = dloss / (float)B, on = 1.0f - eps + eps / (float)V, off = eps / (float)V;
 #pragma omp parallel for schedule(static) if (B * V > MGE__PAR_MIN)
     for (int64_t r = 0; r < B; r++) {
         const float *p = probs + r * V;
         float *d = dlogits + r * V;
         int64_t y = labels[r];
         for (int64_t j = 0; j < V; j++) {
-            float g = k * (p[j] - (j == y ? 1.0f : 0.0f));
+            float g = k * (p[j] - (j == y ? on : off));
             d[j] = acc ? d[j] + g : g;
         }
     }

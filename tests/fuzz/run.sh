@@ -23,6 +23,9 @@ libs_jobspec='-lyaml -ljansson -lz -lm -lpthread -lcrypto'
 deps_ckpt='common/*.c engine/ckpt.c $BUILD/gen/proto/checkpoint.pb-c.c'
 libs_ckpt='-lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
+deps_safetensors='common/*.c engine/safetensors.c'
+libs_safetensors='-ljansson -lyaml -lz -lm -lpthread -lcrypto'
+
 # the control plane: REST bodies and worker frames go through the coordinator's own code
 # (seeds: corpus/http_body/ by hand, corpus/worker_frame/ from gen_worker_frame_seeds.c)
 deps_control='coordinator/http_api.c coordinator/store.c coordinator/sched.c coordinator/rpc.c

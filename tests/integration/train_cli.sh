@@ -1,7 +1,8 @@
 #!/bin/sh
 # train_cli.sh: mge-train and mge-infer end to end on the real Fashion-MNIST (Debian's
 # dataset-fashion-mnist): accuracy of both examples, mge-infer reproducing the accuracy
-# exactly, bit-identical resume, --plan, and clear errors (exit 2) on bad input.
+# exactly, bit-identical resume (also with clip_grad_norm, label_smoothing and AdamW
+# decay_1d: false), --plan, and clear errors (exit 2) on bad input.
 . "$(dirname "$0")/lib/train.sh"
 ROOT=$(pwd)
 
@@ -98,16 +99,20 @@ expect_budget() {
 }
 expect_budget
 
+# the data section of the specs below (6 lines)
+D=/usr/share/datasets/fashion-mnist
+FMNIST_DATA="data:
+  format: idx
+  train_images: $D/train-images-idx3-ubyte.gz
+  train_labels: $D/train-labels-idx1-ubyte.gz
+  test_images: $D/t10k-images-idx3-ubyte.gz
+  test_labels: $D/t10k-labels-idx1-ubyte.gz"
+
 echo "-- resnet (ResNet-8, width 4): resume is bit-identical, running statistics included"
 cat > "$T/rn.yaml" <<EOF
 name: rn8
 model: {type: resnet, depth: 8, width: 4}
-data:
-  format: idx
-  train_images: /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+$FMNIST_DATA
 train:
   steps: 12
   batch_size: 32
@@ -130,6 +135,43 @@ i1=$(json "$T/rn-i1.out" accuracy); i2=$(json "$T/rn-i2.out" accuracy)
 "$BIN/mge-train" --plan "$T/rn.yaml" --set memory.sublinear=true > "$T/rnplan.json" 2>&1
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["plans"]; sys.exit(0 if d["chosen"]["mode"] == "sublinear" and p["sublinear"]["activation_bytes"] < p["plain"]["activation_bytes"] and d["chosen"]["recompute_ops"] > 0 else 1)' "$T/rnplan.json" \
     && ok "resnet --plan: sublinear keeps less than plain" || bad "resnet plan: $(cat "$T/rnplan.json")"
+
+echo "-- clip_grad_norm + label_smoothing + AdamW without decay on 1-D parameters: loss falls, resume is bit-identical"
+cat > "$T/ops.yaml" <<EOF
+name: ops
+model: {type: mlp, hidden: [64]}
+$FMNIST_DATA
+train:
+  steps: 80
+  batch_size: 64
+  optimizer: {type: adamw, lr: 0.002, weight_decay: 0.1, decay_1d: false}
+  clip_grad_norm: 0.5
+  label_smoothing: 0.1
+  seed: 5
+EOF
+"$BIN/mge-train" "$T/ops.yaml" --json --out "$T/ops-straight" > "$T/ops-straight.out" 2>"$T/err" || { bad "ops exited $?"; cat "$T/err"; }
+"$BIN/mge-train" "$T/ops.yaml" --set train.steps=35 --json --out "$T/ops-half" > /dev/null 2>"$T/err" || { bad "ops (35 steps) exited $?"; cat "$T/err"; }
+"$BIN/mge-train" "$T/ops.yaml" --resume "$T/ops-half/latest.mgeckpt" --json --out "$T/ops-resumed" > "$T/ops-resumed.out" 2>"$T/err" || { bad "ops resume exited $?"; cat "$T/err"; }
+# mean loss of the first and last 10 steps, the grad_norm range, and how many steps clipped
+msg=$(python3 -c '
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{\"step\"")]
+first = sum(s["loss"] for s in steps[:10]) / 10
+last = sum(s["loss"] for s in steps[-10:]) / 10
+norms = [s["grad_norm"] for s in steps]
+clipped = sum(n > 0.5 for n in norms)
+print("loss %.4f (steps 1-10) -> %.4f (71-80); grad_norm %.3f..%.3f, %d of %d steps clipped" % (
+    first, last, min(norms), max(norms), clipped, len(norms)))
+sys.exit(0 if len(steps) == 80 and last < 0.8 * first and clipped > 0 else 1)' "$T/ops-straight.out") \
+    && ok "$msg" || bad "ops run: $msg"
+for k in final_loss test_loss test_accuracy; do
+    v1=$(json "$T/ops-straight.out" $k); v2=$(json "$T/ops-resumed.out" $k)
+    [ -n "$v1" ] && [ "$v1" = "$v2" ] && ok "ops $k $v1 straight == $v2 resumed" || bad "ops $k $v1 straight != $v2 resumed"
+done
+"$BIN/mge-train" "$T/ops.yaml" --set train.steps=10 --set train.optimizer.decay_1d=true --json --out "$T/ops-d1" > "$T/ops-d1.out" 2>&1
+"$BIN/mge-train" "$T/ops.yaml" --set train.steps=10 --json --out "$T/ops-d0" > "$T/ops-d0.out" 2>&1
+v1=$(json "$T/ops-d1.out" final_loss); v0=$(json "$T/ops-d0.out" final_loss)
+[ -n "$v0" ] && [ "$v0" != "$v1" ] && ok "decay_1d: false changes the run (final loss $v0, $v1 with decay_1d: true)" || bad "decay_1d had no effect ($v0 vs $v1)"
 
 echo "-- bad input: exit 2 and a message naming file, key and line"
 expect2() { # name, needle, command...
@@ -155,6 +197,9 @@ for n in 0 -1 2x "" 4097 99999999999; do
     expect2 "--threads '$n'" "--threads: expected an integer between 1 and 4096, got '$n'" \
         "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --threads "$n"
 done
+expect2 "label smoothing out of range" "train.label_smoothing=1: expected a number in" "$BIN/mge-train" "$T/ops.yaml" --set train.label_smoothing=1
+sed 's/clip_grad_norm: 0.5/clip_grad_norm: -1/' "$T/ops.yaml" > "$T/ops-bad.yaml"
+expect2 "clip_grad_norm not > 0" "ops-bad.yaml:13: train.clip_grad_norm: expected a number > 0" "$BIN/mge-train" "$T/ops-bad.yaml"
 expect2 "resnet depth not 6n+2" "rn.yaml:2: model.depth: expected 6n+2" "$BIN/mge-train" "$T/rn.yaml" --set model.depth=9
 
 echo "train_cli: $passes passed, $fails failed"

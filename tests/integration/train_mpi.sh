@@ -4,7 +4,8 @@
 # uneven shards, a rank with no rows, dropout and Adam; rank 0 alone reports; resume with
 # another world size; --profile traces every rank; a failing rank ends the job promptly;
 # deterministic mode (distributed.deterministic): one process, 1, 2 and 3 ranks, and a run
-# that goes 1 -> 3 -> 2 ranks through checkpoints, all bit-identical at every step.
+# that goes 1 -> 3 -> 2 ranks through checkpoints, all bit-identical at every step. With
+# train.clip_grad_norm (and label smoothing) 2 ranks match one process in both modes.
 # Exit 77 (skip) when Open MPI's mpirun is not installed.
 BUILD=${1:-build}
 BIN=$(cd "$BUILD/bin" && pwd)
@@ -98,6 +99,31 @@ set -- $r
 rel=$(python3 -c 'import sys; a,b=map(float,sys.argv[1:]); print(abs(a-b)/abs(b))' "$1" "$2")
 within "$rel" 1e-5 && ok "2 ranks to step 100 then 4 ranks to 200: final loss $1 vs $2 (rel $rel)" || bad "resume: $1 vs $2 (rel $rel)"
 
+echo "-- clip_grad_norm + label_smoothing: 2 ranks, several packs, against one process"
+# the global norm is the reduced gradient's: with clipping the packed path updates only after
+# the last pack; 0.5 clips about half of adam.yaml's steps
+CLIP="--set train.clip_grad_norm=0.5 --set train.label_smoothing=0.1"
+"$BIN/mge-train" "$T/adam.yaml" $CLIP --json --out "$T/clip.0" > "$T/clip.0.out" 2>"$T/err" \
+    || { bad "clip one process exited $?"; cat "$T/err"; }
+if mpi 2 "$BIN/mge-train" "$T/adam.yaml" $CLIP --set distributed.pack_mb=0.004 --json \
+    --out "$T/clip.2" > "$T/clip.2.out" 2>"$T/err"; then
+    r=$(compare "$T/clip.2.out" "$T/clip.0.out") && set -- $r
+    if [ -n "$r" ] && within "$1" 1e-5 && within "$2" 1e-5; then
+        ok "clip 2 ranks: final loss $3 vs $4 (rel $1), max per-step rel diff $2"
+    else
+        bad "clip 2 ranks: $r (want <= 1e-5)"
+    fi
+    r=$(python3 -c '
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{\"step\"")]
+n = [s["grad_norm"] for s in steps]
+print(sum(x > 0.5 for x in n), len(n))' "$T/clip.2.out") && set -- $r
+    [ -n "$r" ] && [ "$1" -gt 0 ] && ok "clip 2 ranks: grad_norm on every step line, $1 of $2 steps clipped" \
+        || bad "clip 2 ranks: grad_norm lines: $r"
+else
+    bad "clip 2 ranks exited $?"; cat "$T/err"
+fi
+
 echo "-- deterministic mode: bit-identical losses and final state for any world size"
 # sgd.yaml (dropout, SGD with momentum, 1003 samples in batches of 50) for 60 steps: batch 21
 # of each epoch has 3 rows, so 9 of the 12 micro-shards are empty and, on 2 and 3 ranks, so
@@ -148,6 +174,13 @@ mpi 2 "$BIN/mge-train" "$T/sgd.yaml" $DET --resume "$T/el.3/latest.mgeckpt" --js
 cat "$T/el.1.out" "$T/el.3.out" "$T/el.2.out" > "$T/el.out"
 r=$(same "$T/det.0.out" "$T/el.out" 2>&1) && ok "deterministic 1 -> 3 -> 2 ranks = one process: $r" \
     || bad "deterministic 1 -> 3 -> 2 ranks: $r"
+# clipping sees the exact reduced sum, so it keeps the bits equal too
+"$BIN/mge-train" "$T/sgd.yaml" $DET $CLIP --json --out "$T/detc.0" > "$T/detc.0.out" 2>"$T/err" \
+    || { bad "deterministic clip one process exited $?"; cat "$T/err"; }
+mpi 2 "$BIN/mge-train" "$T/sgd.yaml" $DET $CLIP --json --out "$T/detc.2" --set distributed.backend=mpi \
+    > "$T/detc.2.out" 2>"$T/err" || { bad "deterministic clip 2 ranks exited $?"; cat "$T/err"; }
+r=$(same "$T/detc.0.out" "$T/detc.2.out" 2>&1) && ok "deterministic with clip_grad_norm, 2 ranks = one process: $r" \
+    || bad "deterministic clip 2 ranks: $r"
 mpi 2 "$BIN/mge-train" "$T/sgd.yaml" $DET --set distributed.micro_shards=1 > /dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "1 micro-shards over 2 ranks" "$T/err" \
     && ok "1 micro-shard on 2 ranks: exit 2, '$(grep -m1 'micro-shards over' "$T/err")'" \

@@ -17,6 +17,7 @@
 #include "engine/engine_int.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "kernels/cpu/cpu.h"
 #include "tests/unit/support/check_run.h"
 
 #define GC_EPS 1e-2f
@@ -212,14 +213,57 @@ END_TEST
 
 START_TEST(test_grad_cross_entropy)
 {
+    /* _i: plain, then label smoothing 0.1 and 0.45 */
+    static const float smoothing[3] = {0.0f, 0.1f, 0.45f};
     struct gc c;
     gc_init(&c);
     int64_t xs[2] = {5, 7}, ys[1] = {5};
     int x = gc_param(&c, "logits", 2, xs);
     int y = gc_int_input(&c, "labels", 1, ys, 7);
-    gc_finish(&c, mge_cross_entropy(c.g, x, y));
+    gc_finish(&c, _i ? mge_cross_entropy_smoothed(c.g, x, y, smoothing[_i])
+                     : mge_cross_entropy(c.g, x, y));
     gc_check(&c);
     gc_fini(&c);
+}
+END_TEST
+
+/* Label smoothing against values computed by hand (PyTorch's definition). */
+START_TEST(test_cross_entropy_smoothed_values)
+{
+    const float x[6] = {1, 2, 3, 0, 0, 0};
+    const int32_t y[2] = {2, 1};
+    float loss, loss0, probs[6], d[6], d0[6];
+    /* row 0: lse(1,2,3) - 0.7 * 3 - 0.1 * (1 + 2 + 3); row 1: log 3 */
+    double lse0 = 3.0 + log(exp(-2.0) + exp(-1.0) + 1.0);
+    double want = 0.5 * ((lse0 - 2.1 - 0.6) + log(3.0));
+    mge_cpu_softmax_xent_smooth_forward(&loss, probs, x, y, 2, 3, 0.3f);
+    ck_assert_double_eq_tol(loss, want, 1e-6);
+    ck_assert_double_eq_tol(loss, 0.9031091, 1e-6);
+    mge_cpu_softmax_xent_smooth_backward(d, probs, y, 2, 3, 1.0f, 0.3f, 0);
+    /* target: 0.1 off the label, 0.8 on it; dlogits = (p - target) / B */
+    for (int j = 0; j < 3; j++) {
+        double p0 = exp(x[j] - lse0);
+        ck_assert_double_eq_tol(d[j], (p0 - (j == 2 ? 0.8 : 0.1)) / 2.0, 1e-6);
+        ck_assert_double_eq_tol(d[3 + j], (1.0 / 3.0 - (j == 1 ? 0.8 : 0.1)) / 2.0, 1e-6);
+    }
+    ck_assert_double_eq_tol(d[3], 0.1166667, 1e-6);
+    ck_assert_double_eq_tol(d[4], -0.2333333, 1e-6);
+    /* smoothing 0 keeps the plain kernels' bits */
+    mge_cpu_softmax_xent_smooth_forward(&loss, probs, x, y, 2, 3, 0.0f);
+    mge_cpu_softmax_xent_smooth_backward(d, probs, y, 2, 3, 1.0f, 0.0f, 0);
+    mge_cpu_softmax_xent_forward(&loss0, probs, x, y, 2, 3);
+    mge_cpu_softmax_xent_backward(d0, probs, y, 2, 3, 1.0f, 0);
+    ck_assert_int_eq(memcmp(&loss, &loss0, sizeof(loss)), 0);
+    ck_assert_int_eq(memcmp(d, d0, sizeof(d)), 0);
+    /* out of range: a build error naming the op */
+    struct mge_graph *g;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    int64_t ls[2] = {2, 3}, lbs[1] = {2};
+    int l = mge_param(g, "l", 2, ls, MGE_INIT_ZERO, 1);
+    int lb = mge_input(g, "y", MGE_DTYPE_I32, 1, lbs, 0);
+    ck_assert_int_lt(mge_cross_entropy_smoothed(g, l, lb, 1.0f), 0);
+    ck_assert_ptr_nonnull(strstr(mge_graph_error_msg(g), "label smoothing"));
+    mge_graph_free(g);
 }
 END_TEST
 
@@ -910,6 +954,62 @@ START_TEST(test_optim_adam_adamw)
 }
 END_TEST
 
+/* AdamW with the middle element exempt from decay (a bias), two steps by hand. */
+START_TEST(test_optim_adamw_no_decay)
+{
+    struct mge_optim_spec os = {.type = MGE_OPTIM_ADAMW,
+                                .lr = 0.01,
+                                .beta1 = 0.9,
+                                .beta2 = 0.999,
+                                .eps = 1e-8,
+                                .weight_decay = 0.1};
+    struct mge_sched_spec ss = {.type = MGE_SCHED_CONSTANT};
+    struct mge_optim o;
+    float p[3] = {2.0f, 1.0f, -1.5f}, g[3] = {0.3f, -0.2f, 0.05f};
+    double pe[3] = {2.0, 1.0, -1.5}, m[3] = {0}, v[3] = {0};
+    ck_assert_int_eq(mge_optim_init(&o, &os, &ss, 10, 3), MGE_OK);
+    ck_assert_int_eq(mge_optim_exclude_decay(&o, 1, 1), MGE_OK);
+    ck_assert_int_eq(mge_optim_exclude_decay(&o, 1, 2), MGE_INVAL); /* overlaps */
+    ck_assert_int_eq(mge_optim_exclude_decay(&o, 2, 2), MGE_INVAL); /* past the arena */
+    for (int t = 1; t <= 2; t++) {
+        /* the second step in two ranges, as the packed data-parallel path applies it */
+        if (t == 1) {
+            mge_optim_step(&o, p, g, t - 1);
+        } else {
+            mge_optim_step_begin(&o);
+            mge_optim_step_range(&o, p, g, t - 1, 0, 2);
+            mge_optim_step_range(&o, p, g, t - 1, 2, 1);
+        }
+        for (int i = 0; i < 3; i++) {
+            if (i != 1)
+                pe[i] -= 0.01 * 0.1 * pe[i];
+            m[i] = 0.9 * m[i] + 0.1 * g[i];
+            v[i] = 0.999 * v[i] + 0.001 * (double)g[i] * g[i];
+            double mh = m[i] / (1 - pow(0.9, t)), vh = v[i] / (1 - pow(0.999, t));
+            pe[i] -= 0.01 * mh / (sqrt(vh) + 1e-8);
+            ck_assert_double_eq_tol(p[i], pe[i], 1e-6);
+        }
+    }
+    /* the exempt element moved by the Adam step alone: 2 * lr * sign(g) */
+    ck_assert_double_eq_tol(p[1], 1.0 + 0.02, 1e-6);
+    mge_optim_fini(&o);
+}
+END_TEST
+
+/* torch.nn.utils.clip_grad_norm_: g *= max_norm / (norm + 1e-6) when that is below 1. */
+START_TEST(test_optim_clip_grad_norm)
+{
+    float g[4] = {3.0f, 0.0f, -4.0f, 0.0f};
+    ck_assert_double_eq_tol(mge_optim_clip(g, 4, 1.0), 5.0, 1e-12);
+    ck_assert_double_eq_tol(g[0], 3.0 / (5.0 + 1e-6), 1e-7);
+    ck_assert_double_eq_tol(g[2], -4.0 / (5.0 + 1e-6), 1e-7);
+    ck_assert_double_eq_tol(mge_optim_clip(g, 4, 10.0), 1.0, 1e-6); /* under the cap */
+    ck_assert_double_eq_tol(g[0], 0.6, 1e-6);
+    ck_assert_double_eq_tol(mge_optim_clip(g, 4, 0.0), 1.0, 1e-6); /* norm only */
+    ck_assert_double_eq_tol(g[2], -0.8, 1e-6);
+}
+END_TEST
+
 START_TEST(test_lr_schedules)
 {
     struct mge_optim_spec os = {.type = MGE_OPTIM_SGD, .lr = 1.0};
@@ -940,7 +1040,8 @@ static Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_grad_linear, 0, 5);
     tcase_add_loop_test(tc, test_grad_binary_broadcast, 0, 4);
     tcase_add_loop_test(tc, test_grad_unary, 0, 6);
-    tcase_add_test(tc, test_grad_cross_entropy);
+    tcase_add_loop_test(tc, test_grad_cross_entropy, 0, 3);
+    tcase_add_test(tc, test_cross_entropy_smoothed_values);
     tcase_add_loop_test(tc, test_grad_reduce, 0, 3);
     tcase_add_test(tc, test_grad_shape_ops);
     tcase_add_loop_test(tc, test_grad_conv_pool, 0, 2);
@@ -967,6 +1068,8 @@ static Suite *engine_suite(void)
     tc = tcase_create("optimisers");
     tcase_add_loop_test(tc, test_optim_sgd_momentum_nesterov, 0, 2);
     tcase_add_loop_test(tc, test_optim_adam_adamw, 0, 2);
+    tcase_add_test(tc, test_optim_adamw_no_decay);
+    tcase_add_test(tc, test_optim_clip_grad_norm);
     tcase_add_test(tc, test_lr_schedules);
     suite_add_tcase(s, tc);
     return s;

@@ -164,6 +164,9 @@ static void assert_spec_eq(const struct mge_jobspec *a, const struct mge_jobspec
     ck_assert_int_eq(a->train.checkpoint_every, b->train.checkpoint_every);
     ck_assert_int_eq(a->train.log_every, b->train.log_every);
     ck_assert_int_eq(a->train.eval_every_epoch, b->train.eval_every_epoch);
+    ck_assert(a->train.clip_grad_norm == b->train.clip_grad_norm);
+    ck_assert(a->train.label_smoothing == b->train.label_smoothing);
+    ck_assert_int_eq(a->train.optim.no_decay_1d, b->train.optim.no_decay_1d);
     ck_assert_int_eq(a->resources.device, b->resources.device);
     ck_assert_int_eq(a->resources.workers_min, b->resources.workers_min);
     ck_assert_int_eq(a->resources.workers_max, b->resources.workers_max);
@@ -308,6 +311,9 @@ START_TEST(test_jobspec_defaults)
     ck_assert_int_eq(s->train.checkpoint_every_sec, 0);
     ck_assert_int_eq(s->train.log_every, 1);
     ck_assert_int_eq(s->train.eval_every_epoch, 1);
+    ck_assert_double_eq(s->train.clip_grad_norm, 0); /* off */
+    ck_assert_double_eq(s->train.label_smoothing, 0);
+    ck_assert_int_eq(s->train.optim.no_decay_1d, 0); /* decay_1d: true */
     ck_assert_int_eq(s->resources.device, MGE_DEVICE_CPU);
     ck_assert_int_eq(s->resources.workers_min, 1);
     ck_assert_int_eq(s->resources.workers_max, 1);
@@ -326,6 +332,22 @@ START_TEST(test_jobspec_defaults)
 END_TEST
 
 /* data.classes: the spec takes exactly what the engine can build (one limit, MGE_CLASSES_MAX). */
+START_TEST(test_jobspec_clip_smoothing_decay)
+{
+    struct mge_jobspec *s = parse_ok(HEAD TRAIN "    type: adamw\n    decay_1d: false\n"
+                                                "  clip_grad_norm: 1.5\n  label_smoothing: 0.1\n",
+                                     NULL, 0);
+    ck_assert_double_eq(s->train.clip_grad_norm, 1.5);
+    ck_assert_double_eq(s->train.label_smoothing, 0.1);
+    ck_assert_int_eq(s->train.optim.no_decay_1d, 1);
+    char *json = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(json, "\"clip_grad_norm\":1.5"));
+    ck_assert_ptr_nonnull(strstr(json, "\"decay_1d\":false"));
+    mge_free(json);
+    mge_jobspec_free(s);
+}
+END_TEST
+
 START_TEST(test_jobspec_classes_limit_is_the_engines)
 {
     struct mge_spec_error err;
@@ -468,6 +490,21 @@ static const struct err_case err_cases[] = {
      "not used by optimizer type 'adam'"},
     {HEAD TRAIN "    nesterov: true\n", MGE_SPEC, 12, "train.optimizer.nesterov",
      "needs momentum > 0"},
+    /* clipping, label smoothing, decay of 1-D parameters */
+    {HEAD TRAIN "  clip_grad_norm: 0\n", MGE_SPEC, 12, "train.clip_grad_norm",
+     "job.yaml:12: train.clip_grad_norm: expected a number > 0, got '0'"},
+    {HEAD TRAIN "  clip_grad_norm: -1\n", MGE_SPEC, 12, "train.clip_grad_norm",
+     "expected a number > 0, got '-1'"},
+    {HEAD TRAIN "  clip_grad_norm: big\n", MGE_SPEC, 12, "train.clip_grad_norm",
+     "expected a number > 0, got 'big'"},
+    {HEAD TRAIN "  label_smoothing: 1\n", MGE_SPEC, 12, "train.label_smoothing",
+     "job.yaml:12: train.label_smoothing: expected a number in [0, 1), got '1'"},
+    {HEAD TRAIN "  label_smoothing: -0.1\n", MGE_SPEC, 12, "train.label_smoothing",
+     "expected a number in [0, 1), got '-0.1'"},
+    {HEAD TRAIN "    decay_1d: no\n", MGE_SPEC, 12, "train.optimizer.decay_1d",
+     "job.yaml:12: train.optimizer.decay_1d: expected true or false, got 'no'"},
+    {HEAD TRAIN "  label_smothing: 0.1\n", MGE_SPEC, 12, "train.label_smothing",
+     "unknown key (did you mean 'label_smoothing'?)"},
     {HEAD TRAIN "  lr_schedule: {type: step}\n", MGE_SPEC, 12, "train.lr_schedule.step_size",
      "required key is missing"},
     {HEAD TRAIN "  lr_schedule: {type: cosine, min_lr: 0.5}\n", MGE_SPEC, 12,
@@ -705,6 +742,9 @@ START_TEST(test_jobspec_round_trip)
     check_round_trip(MINIMAL, NULL, 0);
     check_round_trip(MINIMAL, ov, 1);
     check_round_trip(FULL_IDX, ov + 1, 1);
+    check_round_trip(HEAD TRAIN "    type: adamw\n    decay_1d: false\n  clip_grad_norm: 1.5\n"
+                                "  label_smoothing: 0.1\n",
+                     NULL, 0);
     /* Paths may hold anything; quoted ones must stay strings ('123', 'null'). */
     check_round_trip("name: p\nmodel: {type: mlp, hidden: [4]}\n"
                      "data: {format: idx, train_images: '#odd: path, [x]',\n"
@@ -1121,6 +1161,7 @@ static Suite *jobspec_suite(void)
 
     tc = tcase_create("defaults");
     tcase_add_test(tc, test_jobspec_defaults);
+    tcase_add_test(tc, test_jobspec_clip_smoothing_decay);
     tcase_add_test(tc, test_jobspec_defaults_dependent);
     tcase_add_test(tc, test_jobspec_classes_limit_is_the_engines);
     suite_add_tcase(s, tc);

@@ -10,6 +10,7 @@ done
 for b in mge-coordinator mge-worker mgectl mge-train; do
     [ -x "$BIN/$b" ] || { echo "SKIP: $BIN/$b not built"; exit 77; }
 done
+[ "${MGE_TEST_TLS:-0}" = 1 ] || MGE_TEST_TLS= # start_coord: HTTPS when 1
 # The training binary the workers run: the real engine (MGE_TRAIN_BIN overrides it).
 MGE_TRAIN_BIN=${MGE_TRAIN_BIN:-$(cd "$BIN" && pwd)/mge-train}
 
@@ -56,10 +57,20 @@ wait_until() {
     return 1
 }
 
-# start_coord [extra flags...]: (re)start the coordinator; the first start picks free ports
+# start_coord [extra flags...]: (re)start the coordinator; the first start picks free ports.
+# MGE_TEST_TLS=1: it serves HTTPS with certificates made here (lib/tls.sh), and curl and mgectl
+# trust their CA (CURL_CA_BUNDLE, MGE_CACERT); $URL is then https://, and the worker link is
+# tls+tcp:// (start_worker dials it as localhost with --cacert)
 start_coord() {
     listen=${HTTP_ADDR:-127.0.0.1:0}
     wlisten=${WORKER_URL:-tcp://127.0.0.1:0}
+    [ -z "$MGE_TEST_TLS" ] || wlisten=tls+tcp://${wlisten#*://}
+    set -- ${MGE_TEST_TLS:+--tls-cert "$T/tls/server.pem" --tls-key "$T/tls/server.key"} "$@"
+    if [ -n "${MGE_TEST_TLS:-}" ] && [ ! -s "$T/tls/server.pem" ]; then
+        . "$HERE/lib/tls.sh"
+        tls_certs "$T/tls" || { fail "openssl made no certificates"; exit 1; }
+        export CURL_CA_BUNDLE="$T/tls/ca.pem" MGE_CACERT="$T/tls/ca.pem"
+    fi
     rm -f "$T/ports"
     "$BIN/mge-coordinator" --listen "$listen" --worker-listen "$wlisten" --state-dir "$T/state" \
         --token-file "$T/tokens" --join-token-file "$T/join" --ports-file "$T/ports" \
@@ -70,7 +81,10 @@ start_coord() {
     wait_until 10 test -s "$T/ports" || { fail "coordinator did not start"; exit 1; }
     HTTP_ADDR=$(sed -n 's/^http=//p' "$T/ports")
     WORKER_URL=$(sed -n 's/^worker=//p' "$T/ports")
-    URL=http://$HTTP_ADDR
+    URL=http${MGE_TEST_TLS:+s}://$HTTP_ADDR
+    [ -z "$MGE_TEST_TLS" ] || { grep -q "https api on $HTTP_ADDR" "$T/coordinator.log" &&
+        grep -q "worker link on tls+tcp://" "$T/coordinator.log"; } ||
+        fail "MGE_TEST_TLS=1 but the coordinator does not serve https and tls+tcp://"
     export MGE_SERVER=$URL MGE_TOKEN=$ADMIN
 }
 
@@ -79,7 +93,10 @@ start_coord() {
 start_worker() {
     name=$1; shift
     mkdir -p "$T/w-$name"
-    $WORKER_RUN "$BIN/mge-worker" --coordinator "$WORKER_URL" --join-token-file "$T/join" --name "$name" \
+    wurl=$WORKER_URL # under MGE_TEST_TLS by name: NNG's mbedtls checks DNS names only
+    [ -z "$MGE_TEST_TLS" ] || set -- --cacert "$T/tls/ca.pem" "$@"
+    [ -z "$MGE_TEST_TLS" ] || wurl=tls+tcp://localhost:${WORKER_URL##*:}
+    $WORKER_RUN "$BIN/mge-worker" --coordinator "$wurl" --join-token-file "$T/join" --name "$name" \
         --cpus 2 --memory-mb 4096 --work-dir "$T/w-$name" --train-bin "$MGE_TRAIN_BIN" \
         --heartbeat-ms 500 "$@" >>"$T/worker-$name.log" 2>&1 &
     eval "WORKER_PID_$name=$!"
