@@ -518,10 +518,16 @@ static const struct keydef model_keys[] = {
     {"type", NULL},  {"hidden", NULL},  {"activation", NULL}, {"layers", NULL},
     {"width", NULL}, {"dropout", NULL}, {"depth", NULL},      {NULL, NULL},
 };
+static const struct keydef normalize_keys[] = {{"mean", NULL}, {"std", NULL}, {NULL, NULL}};
 static const struct keydef data_keys[] = {
-    {"format", NULL},      {"train_images", NULL}, {"train_labels", NULL}, {"test_images", NULL},
-    {"test_labels", NULL}, {"train_size", NULL},   {"test_size", NULL},    {"input_dim", NULL},
-    {"classes", NULL},     {"image", NULL},        {"prefetch", NULL},     {NULL, NULL},
+    {"format", NULL},       {"train_images", NULL},
+    {"train_labels", NULL}, {"test_images", NULL},
+    {"test_labels", NULL},  {"train_size", NULL},
+    {"test_size", NULL},    {"input_dim", NULL},
+    {"classes", NULL},      {"image", NULL},
+    {"prefetch", NULL},     {"train_files", NULL},
+    {"test_file", NULL},    {"normalize", normalize_keys},
+    {NULL, NULL},
 };
 static const struct keydef optim_keys[] = {
     {"type", NULL},         {"lr", NULL},    {"momentum", NULL}, {"nesterov", NULL},
@@ -1088,6 +1094,93 @@ static int get_int_list(struct ctx *c, const struct sect *s, const char *name, i
     return MGE_OK;
 }
 
+/* A list of 1..@max_n strings of 1..@max bytes into @out (room for @max_n), each the caller's
+ * to free (also on error: *@n_out says how many were made). */
+/* The required list @name of 1..@max_n items (@what says of what) into *@out; its dotted
+ * path into @path (128 bytes). */
+static int get_seq(struct ctx *c, const struct sect *s, const char *name, int max_n,
+                   const char *what, const struct tnode **out, char *path)
+{
+    const struct tnode *v = sect_get(s, name, NULL);
+    path_join(path, 128, s->path, name);
+    if (!v)
+        return fail_missing(c, s, name, what);
+    if (v->kind != TN_SEQ || v->n < 1 || (int)v->n > max_n)
+        return fail_expected(c, v, path, what);
+    *out = v;
+    return MGE_OK;
+}
+
+static int get_str_list(struct ctx *c, const struct sect *s, const char *name, int max_n,
+                        size_t max, char **out, int *n_out)
+{
+    char what[128], path[128];
+    const struct tnode *v;
+    int rc;
+    strfmt(what, sizeof(what), "a list of 1 to %d paths (strings of 1 to %zu bytes)", max_n, max);
+    *n_out = 0;
+    if ((rc = get_seq(c, s, name, max_n, what, &v, path)))
+        return rc;
+    for (size_t i = 0; i < v->n; i++) {
+        const struct tnode *e = v->kids[i];
+        if (e->kind != TN_SCALAR || e->len == 0 || e->len > max || strlen(e->str) != e->len ||
+            !utf8_valid(e->str, e->len))
+            return fail_at(c, e, path, "item %zu: expected a string of 1 to %zu bytes", i + 1, max);
+        out[i] = mge_strdup(e->str);
+        if (!out[i])
+            return fail_nomem(c);
+        *n_out = (int)i + 1;
+    }
+    return MGE_OK;
+}
+
+/* A list of 1..@max_n numbers, each > @lo when @lo_open else >= @lo, into @out. */
+static int get_num_list(struct ctx *c, const struct sect *s, const char *name, int max_n, double lo,
+                        int lo_open, double *out, int *n_out)
+{
+    char what[128], path[128];
+    const struct tnode *v;
+    int rc;
+    strfmt(what, sizeof(what), "a list of 1 to %d numbers", max_n);
+    if ((rc = get_seq(c, s, name, max_n, what, &v, path)))
+        return rc;
+    for (size_t i = 0; i < v->n; i++) {
+        double x;
+        if (!scalar_is_num(v->kids[i], &x) || !isfinite(x) || (lo_open ? x <= lo : x < lo)) {
+            char got[192];
+            describe(got, sizeof(got), v->kids[i]);
+            return fail_at(c, v->kids[i], path, "item %zu: expected a finite number %s %g, got %s",
+                           i + 1, lo_open ? ">" : ">=", lo, got);
+        }
+        out[i] = x;
+    }
+    *n_out = (int)v->n;
+    return MGE_OK;
+}
+
+/* data.normalize: {mean: [...], std: [...]}, one entry per channel, std > 0. */
+static int check_normalize(struct ctx *c, const struct sect *data, struct mge_data_spec *d)
+{
+    struct sect s;
+    int rc, n_std;
+    if ((rc = sect_enter(c, data, "normalize", normalize_keys, &s)))
+        return rc;
+    if (!s.map)
+        return MGE_OK;
+    if ((rc = get_num_list(c, &s, "mean", MGE_SPEC_MAX_CHANNELS, -INFINITY, 0, d->norm_mean,
+                           &d->n_norm)))
+        return rc;
+    if ((rc = get_num_list(c, &s, "std", MGE_SPEC_MAX_CHANNELS, 0, 1, d->norm_std, &n_std)))
+        return rc;
+    if (n_std != d->n_norm) {
+        char what[96];
+        strfmt(what, sizeof(what), "as many entries as data.normalize.mean (%d)", d->n_norm);
+        d->n_norm = 0;
+        return fail_expected(c, sect_get(&s, "std", NULL), "data.normalize.std", what);
+    }
+    return MGE_OK;
+}
+
 /* @name must not be given (because @why); a null value counts as not given. */
 static int forbid(struct ctx *c, const struct sect *s, const char *name, const char *why)
 {
@@ -1104,7 +1197,7 @@ static int forbid(struct ctx *c, const struct sect *s, const char *name, const c
 
 static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", "resnet", NULL};
 static const char *const act_names[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
-static const char *const format_names[] = {"idx", "synthetic", NULL};
+static const char *const format_names[] = {"idx", "synthetic", "npy", "cifar", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
 static const char *const device_names[] = {"cpu", "gpu", NULL};
@@ -1215,14 +1308,51 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
     d->format = (enum mge_data_format)format;
     if ((rc = get_int32(c, &s, "prefetch", 0, 64, &(int){2}, &d->prefetch, NULL)))
         return rc;
+    if ((rc = check_normalize(c, &s, d)))
+        return rc;
     d->train_size = 60000;
     d->test_size = 10000;
     d->classes = 10;
-    if (d->format == MGE_DATA_IDX) {
+    if (d->format == MGE_DATA_CIFAR) {
+        static const char *const not_cifar[] = {"train_images", "train_labels", "test_images",
+                                                "test_labels",  "train_size",   "test_size",
+                                                "input_dim",    "image"};
+        for (size_t i = 0; i < sizeof(not_cifar) / sizeof(not_cifar[0]); i++)
+            if ((rc = forbid(c, &s, not_cifar[i],
+                             "not used with data.format cifar (train_files, test_file; "
+                             "CIFAR images are [3, 32, 32])")))
+                return rc;
+        if ((rc = get_str_list(c, &s, "train_files", MGE_SPEC_MAX_DATA_FILES, SPEC_MAX_PATH,
+                               d->train_files, &d->n_train_files)))
+            return rc;
+        if ((rc = get_str(c, &s, "test_file", false, SPEC_MAX_PATH, &d->test_file)))
+            return rc;
+        if ((rc = get_int32(c, &s, "classes", 10, 100, &(int){10}, &d->classes, NULL)))
+            return rc;
+        if (d->classes != 10 && d->classes != 100)
+            return fail_expected(c, sect_get(&s, "classes", NULL), "data.classes",
+                                 "10 (CIFAR-10) or 100 (CIFAR-100)");
+        d->channels = 3;
+        d->image_h = d->image_w = 32;
+        d->input_dim = 3 * 32 * 32;
+        return MGE_OK;
+    }
+    static const char *const cifar_only[] = {"train_files", "test_file"};
+    for (size_t i = 0; i < 2; i++)
+        if ((rc = forbid(c, &s, cifar_only[i], "only used with data.format cifar")))
+            return rc;
+    if (d->format == MGE_DATA_IDX || d->format == MGE_DATA_NPY) {
         const struct tnode *ti, *tl, *k;
-        for (size_t i = 0; i < sizeof(synth_only) / sizeof(synth_only[0]); i++)
+        /* npy: the spec may state the shape and classes, and the files must agree */
+        for (size_t i = 0;
+             d->format == MGE_DATA_IDX && i < sizeof(synth_only) / sizeof(synth_only[0]); i++)
+            if ((rc = forbid(
+                     c, &s, synth_only[i],
+                     "only used with data.format synthetic or npy (idx files carry their own)")))
+                return rc;
+        for (size_t i = 0; d->format == MGE_DATA_NPY && i < 2; i++)
             if ((rc = forbid(c, &s, synth_only[i],
-                             "only used with data.format synthetic (idx files carry their own)")))
+                             "only used with data.format synthetic (npy files carry their own)")))
                 return rc;
         if ((rc = get_str(c, &s, "train_images", true, SPEC_MAX_PATH, &d->train_images)))
             return rc;
@@ -1244,9 +1374,12 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
             return rc;
         if ((rc = get_str(c, &s, "test_labels", false, SPEC_MAX_PATH, &d->test_labels)))
             return rc;
+        if (d->format == MGE_DATA_NPY &&
+            (rc = get_int32(c, &s, "classes", 2, MGE_CLASSES_MAX, &(int){10}, &d->classes, NULL)))
+            return rc;
     } else {
         for (size_t i = 0; i < sizeof(idx_only) / sizeof(idx_only[0]); i++)
-            if ((rc = forbid(c, &s, idx_only[i], "only used with data.format idx")))
+            if ((rc = forbid(c, &s, idx_only[i], "only used with data.format idx or npy")))
                 return rc;
         if ((rc = get_int(c, &s, "train_size", 1, INT64_MAX, &d->train_size, &d->train_size, NULL)))
             return rc;
@@ -1254,11 +1387,11 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
             return rc;
         if ((rc = get_int32(c, &s, "classes", 2, MGE_CLASSES_MAX, &(int){10}, &d->classes, NULL)))
             return rc;
-        if (sect_get(&s, "image", NULL)) {
-            if ((rc = get_int_list(c, &s, "image", 3, 3, 1, 65536, img, &n_img)))
-                return rc;
-            img_given = true;
-        }
+    }
+    if (d->format != MGE_DATA_IDX && sect_get(&s, "image", NULL)) {
+        if ((rc = get_int_list(c, &s, "image", 3, 3, 1, 65536, img, &n_img)))
+            return rc;
+        img_given = true;
     }
     if ((int64_t)img[0] * img[1] * img[2] > (1 << 24))
         return fail_at(c, sect_get(&s, "image", NULL), "data.image",
@@ -1267,7 +1400,8 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
     d->image_h = img[1];
     d->image_w = img[2];
     dflt = (int64_t)img[0] * img[1] * img[2];
-    if (d->format == MGE_DATA_SYNTHETIC) {
+    d->image_given = img_given;
+    if (d->format != MGE_DATA_IDX) {
         int64_t dim;
         if ((rc = get_int(c, &s, "input_dim", 1, 1 << 24, &dflt, &dim, &dim_given)))
             return rc;
@@ -1277,6 +1411,7 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
             return fail_expected(c, sect_get(&s, "input_dim", NULL), "data.input_dim", what);
         }
         d->input_dim = (int)dim;
+        d->input_dim_given = dim_given;
     } else {
         d->input_dim = (int)dflt;
     }
@@ -1834,6 +1969,9 @@ void mge_jobspec_free(struct mge_jobspec *spec)
     mge_free(spec->data.train_labels);
     mge_free(spec->data.test_images);
     mge_free(spec->data.test_labels);
+    for (int i = 0; i < spec->data.n_train_files; i++)
+        mge_free(spec->data.train_files[i]);
+    mge_free(spec->data.test_file);
     mge_free(spec->source);
     mge_free(spec);
 }
@@ -1919,7 +2057,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     json_t *root, *model, *data, *train, *optim, *sched, *res, *workers, *mem, *dist;
     const struct mge_optim_spec *o;
     const struct mge_sched_spec *sc;
-    bool sgd, idx;
+    bool sgd, idx, npy, cifar;
     char *out = NULL;
     size_t n;
 
@@ -1929,6 +2067,8 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     sc = &spec->train.sched;
     sgd = o->type == MGE_OPTIM_SGD;
     idx = spec->data.format == MGE_DATA_IDX;
+    npy = spec->data.format == MGE_DATA_NPY;
+    cifar = spec->data.format == MGE_DATA_CIFAR;
     root = json_object();
     jset(&b, root, "name", jstr_or_null(spec->name));
 
@@ -1953,20 +2093,47 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, root, "model", model);
 
     data = json_object();
-    jset(&b, data, "format", json_string(idx ? "idx" : "synthetic"));
+    jset(&b, data, "format", json_string(format_names[spec->data.format]));
     jset(&b, data, "train_images", jstr_or_null(spec->data.train_images));
     jset(&b, data, "train_labels", jstr_or_null(spec->data.train_labels));
     jset(&b, data, "test_images", jstr_or_null(spec->data.test_images));
     jset(&b, data, "test_labels", jstr_or_null(spec->data.test_labels));
-    jset(&b, data, "train_size", idx ? json_null() : json_integer(spec->data.train_size));
-    jset(&b, data, "test_size", idx ? json_null() : json_integer(spec->data.test_size));
-    jset(&b, data, "input_dim", idx ? json_null() : json_integer(spec->data.input_dim));
+    jset(&b, data, "train_size",
+         idx || npy || cifar ? json_null() : json_integer(spec->data.train_size));
+    jset(&b, data, "test_size",
+         idx || npy || cifar ? json_null() : json_integer(spec->data.test_size));
+    jset(&b, data, "input_dim",
+         idx || cifar || (npy && !spec->data.input_dim_given) ? json_null()
+                                                              : json_integer(spec->data.input_dim));
     jset(&b, data, "classes", idx ? json_null() : json_integer(spec->data.classes));
     jset(&b, data, "image",
-         idx ? json_null()
+         idx || cifar || (npy && !spec->data.image_given)
+             ? json_null()
              : jint_list((const int[]){spec->data.channels, spec->data.image_h, spec->data.image_w},
                          3));
     jset(&b, data, "prefetch", json_integer(spec->data.prefetch));
+    if (cifar) {
+        json_t *files = json_array();
+        for (int i = 0; files && i < spec->data.n_train_files; i++)
+            if (json_array_append_new(files, json_string(spec->data.train_files[i])) != 0)
+                b.failed = 1;
+        jset(&b, data, "train_files", files);
+    } else {
+        jset(&b, data, "train_files", json_null());
+    }
+    jset(&b, data, "test_file", jstr_or_null(spec->data.test_file));
+    if (spec->data.n_norm > 0) {
+        json_t *norm = json_object(), *mean = json_array(), *std = json_array();
+        for (int i = 0; mean && std && i < spec->data.n_norm; i++)
+            if (json_array_append_new(mean, json_real(spec->data.norm_mean[i])) ||
+                json_array_append_new(std, json_real(spec->data.norm_std[i])))
+                b.failed = 1;
+        jset(&b, norm, "mean", mean);
+        jset(&b, norm, "std", std);
+        jset(&b, data, "normalize", norm);
+    } else {
+        jset(&b, data, "normalize", json_null());
+    }
     jset(&b, root, "data", data);
 
     train = json_object();

@@ -16,6 +16,10 @@ extern "C" {
 
 #define MGE_SPEC_MAX_LAYERS 64
 #define MGE_SPEC_NAME_MAX 128
+/* data.train_files: at most this many CIFAR files (MGE_CIFAR_MAX_FILES in engine/data.h) */
+#define MGE_SPEC_MAX_DATA_FILES 16
+/* data.normalize: at most this many channels */
+#define MGE_SPEC_MAX_CHANNELS 16
 /* The most classes a model may have: the spec (data.classes) and the engine (synthetic data,
  * the output layer) share this one limit. */
 #define MGE_CLASSES_MAX 65536
@@ -24,7 +28,7 @@ extern "C" {
 
 enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP, MGE_MODEL_RESNET };
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
-enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC };
+enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC, MGE_DATA_NPY, MGE_DATA_CIFAR };
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
 enum mge_sched_type { MGE_SCHED_CONSTANT, MGE_SCHED_STEP, MGE_SCHED_COSINE };
 enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU };
@@ -44,8 +48,8 @@ struct mge_model_spec {
 };
 
 struct mge_data_spec {
-    enum mge_data_format format;   /* data.format: idx | synthetic */
-    char *train_images;            /* data.train_images (idx; gz or plain) */
+    enum mge_data_format format;   /* data.format: idx | synthetic | npy | cifar */
+    char *train_images;            /* data.train_images (idx: gz or plain; npy: inputs .npy) */
     char *train_labels;
     char *test_images;             /* optional: no test set when NULL */
     char *test_labels;
@@ -56,6 +60,12 @@ struct mge_data_spec {
     int classes;                   /* data.classes, [2, MGE_CLASSES_MAX] (default 10) */
     int image_h, image_w, channels; /* data.image: [c, h, w] for conv models (default 1,28,28) */
     int prefetch;                  /* data.prefetch: batches read ahead (default 2) */
+    int image_given, input_dim_given; /* npy: the file must agree with data.image/input_dim */
+    char *train_files[MGE_SPEC_MAX_DATA_FILES]; /* cifar: data.train_files */
+    int n_train_files;
+    char *test_file;               /* cifar: data.test_file; optional */
+    int n_norm;                    /* data.normalize: channels given; 0: no normalisation */
+    double norm_mean[MGE_SPEC_MAX_CHANNELS], norm_std[MGE_SPEC_MAX_CHANNELS]; /* std > 0 */
 };
 
 struct mge_optim_spec {

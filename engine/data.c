@@ -2,6 +2,7 @@
 #include "engine/data.h"
 
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -41,7 +42,10 @@ static uint64_t uniform_below(uint64_t *state, uint64_t bound)
 
 void mge_dataset_fini(struct mge_dataset *ds)
 {
-    mge_free(ds->pixels);
+    if (ds->map)
+        munmap(ds->map, ds->map_len);
+    else
+        mge_free(ds->pixels);
     mge_free(ds->labels);
     memset(ds, 0, sizeof(*ds));
 }
@@ -106,6 +110,36 @@ int mge_dataset_synthetic(struct mge_dataset *ds, int64_t n, int c, int h, int w
     return mge_dataset_synthetic_split(ds, n, c, h, w, classes, seed, 0);
 }
 
+int mge_dataset_set_normalize(struct mge_dataset *ds, int n, const double *mean, const double *std,
+                              char *err, size_t errlen)
+{
+    if (n != ds->c || n < 1 || n > MGE_DATASET_MAX_CHANNELS)
+        return MGE_ERR_FILL(
+            MGE_FORMAT, err, errlen,
+            "data.normalize has %d entr%s but the data has %d channel%s (c of [c, h, w])", n,
+            n == 1 ? "y" : "ies", ds->c, ds->c == 1 ? "" : "s");
+    for (int i = 0; i < n; i++) {
+        if (!(std[i] > 0))
+            return MGE_ERR_FILL(MGE_INVAL, err, errlen, "data.normalize.std[%d] must be > 0", i);
+        ds->mean[i] = (float)mean[i];
+        ds->std[i] = (float)std[i];
+    }
+    ds->norm = 1;
+    return MGE_OK;
+}
+
+/* (x - mean) / std per channel over one gathered sample of (c, hw) values. */
+static void normalize_sample(const struct mge_dataset *ds, float *x)
+{
+    const int64_t hw = ds->dim / ds->c;
+    for (int ch = 0; ch < ds->c; ch++) {
+        const float m = ds->mean[ch], sd = ds->std[ch];
+        float *p = x + ch * hw;
+        for (int64_t k = 0; k < hw; k++)
+            p[k] = (p[k] - m) / sd;
+    }
+}
+
 int mge_dataset_gather(const struct mge_dataset *ds, const int64_t *idx, int64_t n, float *x,
                        int32_t *y)
 {
@@ -115,11 +149,17 @@ int mge_dataset_gather(const struct mge_dataset *ds, const int64_t *idx, int64_t
         if (s < 0 || s >= ds->n)
             return MGE_ERR(MGE_RANGE, "sample index %lld outside [0, %lld)", (long long)s,
                            (long long)ds->n);
-        const uint8_t *src = ds->pixels + s * dim;
         float *dst = x + i * dim;
-        for (int64_t j = 0; j < dim; j++)
-            dst[j] = (float)src[j] / 255.0f;
         y[i] = ds->labels[s];
+        if (ds->f32) {
+            memcpy(dst, ds->pixels + s * dim * (int64_t)sizeof(float), (size_t)dim * sizeof(float));
+        } else {
+            const uint8_t *src = ds->pixels + s * dim;
+            for (int64_t j = 0; j < dim; j++)
+                dst[j] = (float)src[j] / 255.0f;
+        }
+        if (ds->norm)
+            normalize_sample(ds, dst);
     }
     return MGE_OK;
 }

@@ -2,6 +2,9 @@
  * data.h: training data for the engine: datasets (IDX files or synthetic), the epoch sampler
  * that shards every global batch across ranks, and the prefetching batch loader.
  *
+ * Formats: IDX (data_idx.c), NumPy .npy (data_npy.c), CIFAR binary (data_cifar.c), synthetic
+ * (data.c).
+ *
  * Determinism contract: the samples a rank sees are a pure function of
  * (seed, epoch, pos, global_batch, rank, world). Nothing else (thread timing, prefetch depth,
  * how many times the process was restarted) changes them, so resuming at the (epoch, pos) a
@@ -21,14 +24,31 @@ extern "C" {
 
 /* ---- datasets ---- */
 
+#define MGE_DATASET_MAX_CHANNELS 16 /* per-channel normalisation (data.normalize) */
+
 struct mge_dataset {
     int64_t n;       /* samples */
     int c, h, w;     /* image shape; dim = c*h*w */
     int64_t dim;     /* features per sample */
     int classes;     /* labels are in [0, classes) */
-    uint8_t *pixels; /* (n, dim), raw bytes; scaled to [0,1] when batches are gathered */
+    uint8_t *pixels; /* (n, dim), raw bytes; scaled to [0,1] when batches are gathered; with
+                        f32, (n, dim) little-endian floats, gathered as they are */
     int32_t *labels; /* (n) in [0, classes) */
+    int f32;         /* 1: pixels holds float32 values (npy '<f4') */
+    void *map;       /* when not NULL, pixels points into this read-only mapping of a file */
+    size_t map_len;
+    int norm; /* 1: gathered values become (x - mean[ch]) / std[ch] */
+    float mean[MGE_DATASET_MAX_CHANNELS], std[MGE_DATASET_MAX_CHANNELS];
 };
+
+/*
+ * Normalise every value @ds gathers per channel: x = (x - @mean[ch]) / @std[ch], where x is
+ * what gathering gives without it (bytes / 255, or float32 as stored) and ch the channel of
+ * the value in (c, h, w) order. @n must equal ds->c. Returns MGE_OK or MGE_FORMAT (@n is not
+ * the data's channel count; @err says so, naming data.normalize), MGE_INVAL (a std <= 0).
+ */
+int mge_dataset_set_normalize(struct mge_dataset *ds, int n, const double *mean, const double *std,
+                              char *err, size_t errlen);
 
 /*
  * Load an IDX image file and its IDX label file. Each may be gzip-compressed or plain; zlib's
@@ -58,6 +78,77 @@ int mge_dataset_load_idx_classes(struct mge_dataset *ds, const char *images, con
 struct mge_data_roots;
 void mge_dataset_set_roots(const struct mge_data_roots *dr);
 
+/* The roots set by mge_dataset_set_roots() (NULL: any path), for every loader of the module. */
+const struct mge_data_roots *mge__dataset_roots(void);
+
+/* ---- NumPy .npy ---- */
+
+#define MGE_NPY_MAX_DIMS 4
+
+enum mge_npy_dtype { MGE_NPY_U8, MGE_NPY_F32, MGE_NPY_I32, MGE_NPY_I64 };
+
+struct mge_npy_header {
+    enum mge_npy_dtype dtype;
+    int ndim;                        /* 0..MGE_NPY_MAX_DIMS */
+    int64_t shape[MGE_NPY_MAX_DIMS]; /* each < 2^40 */
+    size_t data_offset;              /* bytes before the array data */
+};
+
+/*
+ * Parse the start of a .npy file, @buf of @len bytes: the magic "\x93NUMPY", version 1.0, 2.0
+ * or 3.0, the header length, and the header dict, which must hold exactly 'descr' (one of
+ * '|u1', '<u1', '<f4', '<i4', '<i8'; big-endian and other types are refused by name),
+ * 'fortran_order' (False only) and 'shape' (a tuple of at most MGE_NPY_MAX_DIMS sizes), with
+ * nothing but white space after it. Returns MGE_OK, MGE_FORMAT (the reason in @why),
+ * MGE_CORRUPT (@len ends inside the header) or MGE_TOOBIG (a dimension >= 2^40). Reads only
+ * [@buf, @buf + @len); never echoes file bytes except the 'descr' string. Thread: any.
+ */
+int mge_npy_parse_header(const uint8_t *buf, size_t len, struct mge_npy_header *h, char *why,
+                         size_t whylen);
+
+/* What the spec says a file must hold; 0 in a field: not checked. */
+struct mge_data_expect {
+    int c, h, w; /* data.image: a [N, C, H, W] or [N, H, W] file must match it */
+    int64_t dim; /* values per sample (data.input_dim, or c*h*w) */
+    int classes; /* every label must be < classes; 0: classes = max label + 1 */
+};
+
+/*
+ * Load a .npy inputs array (uint8 or float32; [N, D], [N, H, W] or [N, C, H, W]) and a .npy
+ * labels array (uint8, int32 or int64; [N]), both opened through the data roots
+ * (mge_dataset_set_roots). The inputs stay memory-mapped read-only (ds->map); the labels are
+ * copied to int32. The file size must be exactly header + N * sample bytes. When @want gives
+ * an image shape, the dataset takes it (so [N, D] data can feed a conv model if D = c*h*w).
+ * Returns MGE_OK; MGE_NOENT, MGE_IO, MGE_FORBIDDEN, MGE_STATE as mge_data_open(); MGE_FORMAT
+ * (bad header, wrong dtype or rank, shape disagreeing with @want, counts differ, trailing
+ * data), MGE_CORRUPT (truncated, label out of range), MGE_TOOBIG, MGE_NOMEM. On error @err
+ * names the file and the reason, e.g. "x.npy: fortran_order is True: ..." and @ds is zeroed.
+ * On MGE_OK the caller releases @ds with mge_dataset_fini().
+ */
+int mge_dataset_load_npy(struct mge_dataset *ds, const char *inputs, const char *labels,
+                         const struct mge_data_expect *want, char *err, size_t errlen);
+
+/* ---- CIFAR binary files ---- */
+
+#define MGE_CIFAR_MAX_FILES 16
+
+/*
+ * Load CIFAR binary files (the "binary version" of CIFAR-10/100: fixed records, no header),
+ * concatenated in the order given: @classes 10 reads records of 1 label byte + 3072 pixel
+ * bytes (32x32x3, channel-major, as the dataset ships), 100 reads CIFAR-100 records of 2 label
+ * bytes (coarse, fine) + 3072 and uses the fine label. Each file is opened through the data
+ * roots; its record count comes from its size, which must be a positive multiple of the
+ * record. The dataset is c, h, w = 3, 32, 32 uint8 (scaled to [0, 1] when gathered).
+ * Returns MGE_OK; MGE_NOENT, MGE_IO, MGE_FORBIDDEN, MGE_STATE as mge_data_open(); MGE_INVAL
+ * (@classes not 10 or 100, @n_files outside [1, MGE_CIFAR_MAX_FILES]), MGE_FORMAT (size not a
+ * multiple: "train.bin: size 30000 is not a positive multiple of the 3073-byte CIFAR-10
+ * record ..."), MGE_CORRUPT (a label out of range, CIFAR-100 coarse labels too), MGE_TOOBIG,
+ * MGE_NOMEM; on error @err names the file and @ds is zeroed. The caller releases @ds with
+ * mge_dataset_fini().
+ */
+int mge_dataset_load_cifar(struct mge_dataset *ds, const char *const *files, int n_files,
+                           int classes, char *err, size_t errlen);
+
 /* mge_dataset_load_idx_classes() with @classes = 0 (classes = max label + 1; 10 for MNIST). */
 int mge_dataset_load_idx(struct mge_dataset *ds, const char *images, const char *labels, char *err,
                          size_t errlen);
@@ -81,7 +172,8 @@ int mge_dataset_synthetic(struct mge_dataset *ds, int64_t n, int c, int h, int w
 void mge_dataset_fini(struct mge_dataset *ds);
 
 /*
- * Gather samples @idx[0..n) into @x (n, dim) as floats (byte / 255, so in [0, 1]) and
+ * Gather samples @idx[0..n) into @x (n, dim) as floats (byte / 255, so in [0, 1]; float32
+ * data as it is; then normalised per channel when mge_dataset_set_normalize() was called) and
  * @y (n) labels. Returns MGE_OK, or MGE_RANGE if an index is outside [0, ds->n) (then @x and @y
  * are partly written). Thread: any; reads @ds only.
  */

@@ -39,6 +39,11 @@ void mge_dataset_set_roots(const struct mge_data_roots *dr)
     g_roots = dr;
 }
 
+const struct mge_data_roots *mge__dataset_roots(void)
+{
+    return g_roots;
+}
+
 /* What a file that is not IDX was, for messages that must not echo its bytes. */
 static void idx_not_idx(const struct idx_file *f, char *what, size_t len)
 {

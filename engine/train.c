@@ -78,8 +78,8 @@ static long peak_rss_bytes(void)
     return ru.ru_maxrss * 1024L;
 }
 
-int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *ds, char *err,
-                  size_t errlen)
+static int data_load_raw(const struct mge_jobspec *spec, int test, struct mge_dataset *ds,
+                         char *err, size_t errlen)
 {
     const struct mge_data_spec *d = &spec->data;
     if (d->format == MGE_DATA_SYNTHETIC) {
@@ -100,13 +100,47 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
             snprintf(err, errlen, "synthetic data: %s", mge_strerror(rc));
         return rc;
     }
+    if (d->format == MGE_DATA_CIFAR) {
+        if (test && !d->test_file) {
+            snprintf(err, errlen, "data: no test set");
+            return MGE_NOENT;
+        }
+        return test ? mge_dataset_load_cifar(ds, (const char *const *)&d->test_file, 1, d->classes,
+                                             err, errlen)
+                    : mge_dataset_load_cifar(ds, (const char *const *)d->train_files,
+                                             d->n_train_files, d->classes, err, errlen);
+    }
     const char *images = test ? d->test_images : d->train_images;
     const char *labels = test ? d->test_labels : d->train_labels;
     if (!images || !labels) {
         snprintf(err, errlen, "data: no %s set", test ? "test" : "train");
         return MGE_NOENT;
     }
+    if (d->format == MGE_DATA_NPY) {
+        struct mge_data_expect want = {.classes = d->classes};
+        if (d->image_given) {
+            want.c = d->channels;
+            want.h = d->image_h;
+            want.w = d->image_w;
+        }
+        if (d->image_given || d->input_dim_given)
+            want.dim = d->input_dim;
+        return mge_dataset_load_npy(ds, images, labels, &want, err, errlen);
+    }
     return mge_dataset_load_idx_classes(ds, images, labels, d->classes, err, errlen);
+}
+
+int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *ds, char *err,
+                  size_t errlen)
+{
+    int rc = data_load_raw(spec, test, ds, err, errlen);
+    if (rc == MGE_OK && spec->data.n_norm > 0) {
+        rc = mge_dataset_set_normalize(ds, spec->data.n_norm, spec->data.norm_mean,
+                                       spec->data.norm_std, err, errlen);
+        if (rc != MGE_OK)
+            mge_dataset_fini(ds);
+    }
+    return rc;
 }
 
 int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struct mge_dataset *ds,
@@ -1292,10 +1326,19 @@ int mge_train_main(const struct mge_train_opts *o)
         goto out;
     }
     int want_test = t.spec->data.format == MGE_DATA_SYNTHETIC ? t.spec->data.test_size > 0
-                                                                : t.spec->data.test_images != NULL;
+                    : t.spec->data.format == MGE_DATA_CIFAR   ? t.spec->data.test_file != NULL
+                                                              : t.spec->data.test_images != NULL;
     if (want_test && t.rank == 0) { /* rank 0 alone evaluates */
         if ((rc = mge_data_load(t.spec, 1, &t.test, err, sizeof(err))) != MGE_OK) {
             fprintf(stderr, "mge-train: %s\n", err);
+            code = 2;
+            goto out;
+        }
+        if (t.test.dim != t.train.dim) {
+            fprintf(stderr,
+                    "mge-train: %s: test set has %lld values per sample, the train set %lld\n",
+                    t.spec->data.test_images ? t.spec->data.test_images : "data",
+                    (long long)t.test.dim, (long long)t.train.dim);
             code = 2;
             goto out;
         }

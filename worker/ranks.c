@@ -334,12 +334,16 @@ static const struct mge_data_roots *roots_of(const struct mge_ranks_opts *opts)
 static bool data_paths_check(const struct mge_ranks_opts *opts, const struct mge_jobspec *spec,
                              char *why, size_t why_len)
 {
-    const char *paths[4];
-    paths[0] = spec->data.train_images;
-    paths[1] = spec->data.train_labels;
-    paths[2] = spec->data.test_images;
-    paths[3] = spec->data.test_labels;
-    for (int i = 0; i < 4; i++) {
+    const char *paths[5 + MGE_SPEC_MAX_DATA_FILES];
+    int n = 0;
+    paths[n++] = spec->data.train_images;
+    paths[n++] = spec->data.train_labels;
+    paths[n++] = spec->data.test_images;
+    paths[n++] = spec->data.test_labels;
+    paths[n++] = spec->data.test_file;
+    for (int i = 0; i < spec->data.n_train_files; i++)
+        paths[n++] = spec->data.train_files[i];
+    for (int i = 0; i < n; i++) {
         int fd;
         if (!paths[i] || !*paths[i])
             continue;

@@ -42,6 +42,10 @@ libs_worker_frame=$libs_control
 deps_launch_request='worker/launch.c worker/ranks.c common/*.c $BUILD/gen/proto/worker.pb-c.c'
 libs_launch_request='-lnng -luv -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
+# the .npy reader: header parser and loader (engine/data_npy.c with the module it belongs to)
+deps_npy='engine/data_npy.c engine/data_idx.c engine/data.c common/*.c'
+libs_npy='-lyaml -ljansson -lz -lm -lpthread -lcrypto'
+
 # ---------------------------------------------------------------------------------------------
 BUILD=${1:-build}
 MODE=${2:-short}

@@ -3,17 +3,8 @@
 # dataset-fashion-mnist): accuracy of both examples, mge-infer reproducing the accuracy
 # exactly, bit-identical resume (also with clip_grad_norm, label_smoothing and AdamW
 # decay_1d: false), --plan, and clear errors (exit 2) on bad input.
-BUILD=${1:-build}
-BIN=$(cd "$BUILD/bin" && pwd)
+. "$(dirname "$0")/lib/train.sh"
 ROOT=$(pwd)
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok() { passes=$((passes + 1)); echo "  ok: $*"; }
-bad() { fails=$((fails + 1)); echo "  FAIL: $*"; }
-# json FILE KEY: a key of the last JSON line of FILE
-json() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$1" "$2"; }
-ge() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' "$1" "$2"; }
 
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     echo "skip: dataset-fashion-mnist is not installed"; exit 77

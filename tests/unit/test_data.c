@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "engine/data.h"
 #include "tests/unit/support/check_run.h"
+#include "tests/unit/support/npy_write.h"
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist/"
 
@@ -822,6 +823,399 @@ START_TEST(test_loader_errors)
 }
 END_TEST
 
+/* ---- NumPy .npy ---- */
+
+#define NPY_N 6
+
+/* Labels 0..5 and pixels i*7+j for the npy tests. */
+static void npy_small(const char **img, const char **lab, const char *descr_lab)
+{
+    static uint8_t pix[NPY_N * 2 * 3 * 4];
+    int64_t shape[4] = {NPY_N, 2, 3, 4};
+    for (size_t i = 0; i < sizeof(pix); i++)
+        pix[i] = (uint8_t)(i * 7 + 1);
+    *img = tmp_path("x-u8.npy");
+    ck_assert_int_eq(mge_test_npy_write(*img, "|u1", 4, shape, pix, sizeof(pix)), 0);
+    *lab = tmp_path("y.npy");
+    if (strcmp(descr_lab, "<i8") == 0) {
+        int64_t y[NPY_N] = {0, 1, 2, 3, 4, 5};
+        ck_assert_int_eq(mge_test_npy_write(*lab, descr_lab, 1, shape, y, sizeof(y)), 0);
+    } else if (strcmp(descr_lab, "<i4") == 0) {
+        int32_t y[NPY_N] = {0, 1, 2, 3, 4, 5};
+        ck_assert_int_eq(mge_test_npy_write(*lab, descr_lab, 1, shape, y, sizeof(y)), 0);
+    } else {
+        uint8_t y[NPY_N] = {0, 1, 2, 3, 4, 5};
+        ck_assert_int_eq(mge_test_npy_write(*lab, descr_lab, 1, shape, y, sizeof(y)), 0);
+    }
+}
+
+START_TEST(test_npy_load_u8)
+{
+    static const char *const label_types[] = {"|u1", "<i4", "<i8"};
+    struct mge_dataset ds;
+    const char *img, *lab;
+    char err[256];
+    for (int t = 0; t < 3; t++) {
+        npy_small(&img, &lab, label_types[t]);
+        ck_assert_int_eq(mge_dataset_load_npy(&ds, img, lab, NULL, err, sizeof(err)), MGE_OK);
+        ck_assert_int_eq(ds.n, NPY_N);
+        ck_assert_int_eq(ds.c, 2);
+        ck_assert_int_eq(ds.h, 3);
+        ck_assert_int_eq(ds.w, 4);
+        ck_assert_int_eq(ds.dim, 24);
+        ck_assert_int_eq(ds.classes, NPY_N);
+        ck_assert_int_eq(ds.f32, 0);
+        ck_assert_ptr_nonnull(ds.map);
+        for (int i = 0; i < NPY_N; i++) {
+            ck_assert_int_eq(ds.labels[i], i);
+            for (int j = 0; j < 24; j++)
+                ck_assert_uint_eq(ds.pixels[i * 24 + j], (uint8_t)((i * 24 + j) * 7 + 1));
+        }
+        int64_t idx[2] = {5, 1};
+        float x[48];
+        int32_t y[2];
+        ck_assert_int_eq(mge_dataset_gather(&ds, idx, 2, x, y), MGE_OK);
+        ck_assert_int_eq(y[0], 5);
+        ck_assert_float_eq(x[24 + 3], (float)(uint8_t)((24 + 3) * 7 + 1) / 255.0f);
+        mge_dataset_fini(&ds);
+        ck_assert_ptr_null(ds.map);
+    }
+    /* the spec's image shape and classes, when given, must hold and are taken */
+    struct mge_data_expect want = {.c = 2, .h = 3, .w = 4, .dim = 24, .classes = 10};
+    ck_assert_int_eq(mge_dataset_load_npy(&ds, img, lab, &want, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.classes, 10);
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+START_TEST(test_npy_load_f32)
+{
+    /* float32 [N, D] inputs, gathered as they are; [N, H, W] too; version 2.0 and 3.0 */
+    float xs[NPY_N * 5];
+    int64_t shape[3] = {NPY_N, 5, 1}, y[NPY_N] = {1, 0, 1, 0, 1, 0};
+    struct mge_dataset ds;
+    const char *img = tmp_path("x-f32.npy"), *lab = tmp_path("y-i8.npy");
+    const char *img3 = tmp_path("x-f32-v3.npy");
+    char err[256];
+    for (int i = 0; i < NPY_N * 5; i++)
+        xs[i] = (float)i * 0.25f - 3.0f;
+    ck_assert_int_eq(mge_test_npy_write(img, "<f4", 2, shape, xs, sizeof(xs)), 0);
+    ck_assert_int_eq(mge_test_npy_write(lab, "<i8", 1, shape, y, sizeof(y)), 0);
+    ck_assert_int_eq(mge_dataset_load_npy(&ds, img, lab, NULL, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.f32, 1);
+    ck_assert_int_eq(ds.dim, 5);
+    ck_assert_int_eq(ds.c * ds.h * ds.w, 5);
+    ck_assert_int_eq(ds.classes, 2);
+    int64_t idx[NPY_N] = {5, 4, 3, 2, 1, 0};
+    float x[NPY_N * 5];
+    int32_t yy[NPY_N];
+    ck_assert_int_eq(mge_dataset_gather(&ds, idx, NPY_N, x, yy), MGE_OK);
+    for (int i = 0; i < NPY_N; i++) {
+        ck_assert_int_eq(yy[i], (int)y[idx[i]]);
+        for (int j = 0; j < 5; j++)
+            ck_assert_float_eq(x[i * 5 + j], xs[idx[i] * 5 + j]);
+    }
+    mge_dataset_fini(&ds);
+    ck_assert_int_eq(mge_test_npy_write_raw(img3, 3,
+                                            "{\"shape\": (6, 5, 1), \"fortran_order\": False, "
+                                            "\"descr\": \"<f4\"}",
+                                            xs, sizeof(xs)),
+                     0);
+    ck_assert_int_eq(mge_dataset_load_npy(&ds, img3, lab, NULL, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.h, 5);
+    ck_assert_int_eq(ds.w, 1);
+    ck_assert_float_eq(((const float *)ds.pixels)[7], xs[7]);
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+/* Load @img with the labels of npy_small(); expect @code and @want_msg in the message. */
+static void npy_refused(const char *img, const char *lab, const struct mge_data_expect *want,
+                        int code, const char *want_msg)
+{
+    struct mge_dataset ds;
+    char err[512];
+    int rc = mge_dataset_load_npy(&ds, img, lab, want, err, sizeof(err));
+    ck_assert_msg(rc == code, "%s: got %s, want %s (%s)", want_msg, mge_strerror(rc),
+                  mge_strerror(code), err);
+    ck_assert_msg(strstr(err, want_msg) != NULL, "message '%s' lacks '%s'", err, want_msg);
+    ck_assert_ptr_null(ds.pixels);
+    ck_assert_ptr_null(ds.map);
+    ck_assert_ptr_null(ds.labels);
+}
+
+START_TEST(test_npy_malformed)
+{
+    uint8_t pix[NPY_N * 4] = {0};
+    int64_t shape[4] = {NPY_N, 2, 2, 1}, y8[NPY_N] = {0, 1, 2, 3, 4, 5};
+    const char *img, *lab, *p;
+    char dict[256];
+    npy_small(&img, &lab, "|u1");
+
+    p = tmp_path("magic.npy");
+    FILE *f = fopen(p, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs("PK\x03\x04 this is a zip file, as np.savez writes", f);
+    fclose(f);
+    npy_refused(p, lab, NULL, MGE_FORMAT, "bad magic");
+    p = tmp_path("empty.npy");
+    f = fopen(p, "wb");
+    fclose(f);
+    npy_refused(p, lab, NULL, MGE_FORMAT, "bad magic");
+
+    p = tmp_path("fortran.npy");
+    ck_assert_int_eq(mge_test_npy_write_raw(p, 1,
+                                            "{'descr': '|u1', 'fortran_order': True, "
+                                            "'shape': (6, 4), }",
+                                            pix, sizeof(pix)),
+                     0);
+    npy_refused(p, lab, NULL, MGE_FORMAT, "fortran_order is True");
+
+    p = tmp_path("big-endian.npy");
+    ck_assert_int_eq(mge_test_npy_write(p, ">f4", 2, shape, pix, sizeof(pix)), 0);
+    npy_refused(p, lab, NULL, MGE_FORMAT, "big-endian dtype '>f4'");
+    p = tmp_path("f8.npy");
+    ck_assert_int_eq(mge_test_npy_write(p, "<f8", 2, shape, pix, sizeof(pix) / 2), 0);
+    npy_refused(p, lab, NULL, MGE_FORMAT, "unsupported dtype '<f8'");
+    p = tmp_path("i4-inputs.npy");
+    ck_assert_int_eq(mge_test_npy_write(p, "<i4", 2, (int64_t[]){NPY_N, 1}, pix, sizeof(pix)), 0);
+    npy_refused(p, lab, NULL, MGE_FORMAT, "inputs must be uint8 or float32, not int32");
+    p = tmp_path("version.npy");
+    ck_assert_int_eq(mge_test_npy_write(p, "|u1", 2, shape, pix, sizeof(pix)), 0);
+    f = fopen(p, "r+b");
+    fseek(f, 6, SEEK_SET);
+    fputc(4, f);
+    fclose(f);
+    npy_refused(p, lab, NULL, MGE_FORMAT, "unsupported .npy version 4.0");
+
+    /* the dict itself */
+    static const struct {
+        const char *dict, *msg;
+    } dicts[] = {
+        {"{'descr': '|u1', 'shape': (6, 4), }", "lacks 'fortran_order'"},
+        {"{'descr': '|u1', 'fortran_order': False, 'shape': (6, 4), 'x': 1}",
+         "unknown or repeated key 'x'"},
+        {"{'descr': '|u1', 'descr': '|u1', 'fortran_order': False, 'shape': (6, 4)}",
+         "repeated key 'descr'"},
+        {"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (6, 4)}", "structured arrays"},
+        {"{'descr': '|u1', 'fortran_order': False, 'shape': (6, 4)} junk", "data after the dict"},
+        {"{'descr': '|u1', 'fortran_order': False, 'shape': (6, -4)}", "not a size"},
+        {"{'descr': '|u1', 'fortran_order': False, 'shape': (6, 1, 1, 1, 4)}",
+         "more than 4 dimensions"},
+        {"{'descr': '|u1', 'fortran_order': False, 'shape': (0, 4)}",
+         "dimension 0 of the shape is 0"},
+        {"{'descr': '|u1', 'fortran_order': False, 'shape': ()}", "0-dimensional"},
+    };
+    for (size_t i = 0; i < sizeof(dicts) / sizeof(dicts[0]); i++) {
+        snprintf(dict, sizeof(dict), "dict%zu.npy", i);
+        p = tmp_path(dict);
+        ck_assert_int_eq(mge_test_npy_write_raw(p, 1, dicts[i].dict, pix, sizeof(pix)), 0);
+        npy_refused(p, lab, NULL, MGE_FORMAT, dicts[i].msg);
+    }
+
+    /* sizes: truncated, trailing data, a header longer than the file */
+    int64_t sh24[2] = {NPY_N, 4};
+    p = tmp_path("truncated.npy");
+    ck_assert_int_eq(mge_test_npy_write(p, "|u1", 2, sh24, pix, sizeof(pix) - 5), 0);
+    npy_refused(p, lab, NULL, MGE_CORRUPT, "truncated: header says 6 samples, file has data for 4");
+    p = tmp_path("trailing.npy");
+    int64_t sh5[2] = {5, 4};
+    ck_assert_int_eq(mge_test_npy_write(p, "|u1", 2, sh5, pix, sizeof(pix)), 0);
+    npy_refused(p, lab, NULL, MGE_FORMAT, "trailing data");
+    p = tmp_path("short-header.npy");
+    ck_assert_int_eq(mge_test_npy_write(p, "|u1", 2, sh24, pix, sizeof(pix)), 0);
+    ck_assert_int_eq(truncate(p, 40), 0);
+    npy_refused(p, lab, NULL, MGE_CORRUPT, "truncated: 40 of 128 header bytes");
+
+    /* the spec disagrees with the file */
+    struct mge_data_expect want_img = {.c = 1, .h = 3, .w = 8};
+    npy_refused(img, lab, &want_img, MGE_FORMAT,
+                "shape [6, 2, 3, 4] does not match data.image [1, 3, 8] of the spec");
+    struct mge_data_expect want_dim = {.dim = 784};
+    npy_refused(img, lab, &want_dim, MGE_FORMAT,
+                "shape [6, 2, 3, 4] has 24 values per sample but the spec says 784");
+
+    /* labels: range, sign, type, rank, count */
+    struct mge_data_expect want_cls = {.classes = 5};
+    npy_refused(img, lab, &want_cls, MGE_CORRUPT, "label 5 of sample 5 is out of range [0, 5)");
+    p = tmp_path("neg.npy");
+    y8[2] = -1;
+    ck_assert_int_eq(mge_test_npy_write(p, "<i8", 1, sh24, y8, sizeof(y8)), 0);
+    npy_refused(img, p, NULL, MGE_CORRUPT, "label -1 of sample 2 is out of range");
+    p = tmp_path("float-labels.npy");
+    ck_assert_int_eq(mge_test_npy_write(p, "<f4", 1, sh24, pix, sizeof(pix)), 0);
+    npy_refused(img, p, NULL, MGE_FORMAT, "labels must be uint8, int32 or int64, not float32");
+    p = tmp_path("labels-2d.npy");
+    int64_t sh61[2] = {NPY_N, 1};
+    ck_assert_int_eq(mge_test_npy_write(p, "|u1", 2, sh61, pix, NPY_N), 0);
+    npy_refused(img, p, NULL, MGE_FORMAT, "labels have shape [6, 1]; expected [N]");
+    p = tmp_path("labels-5.npy");
+    ck_assert_int_eq(mge_test_npy_write(p, "|u1", 1, sh5, pix, 5), 0);
+    npy_refused(img, p, NULL, MGE_FORMAT, "has 5 labels but");
+    npy_refused(tmp_path("missing.npy"), lab, NULL, MGE_NOENT, "missing.npy");
+}
+END_TEST
+
+START_TEST(test_npy_long_header_and_roots)
+{
+    /* a header past the first 4096 bytes is read from the mapping; the data roots hold */
+    char dict[6000];
+    uint8_t pix[NPY_N * 4];
+    const char *img, *lab, *p = tmp_path("long.npy");
+    struct mge_dataset ds;
+    struct mge_data_roots dr = {0};
+    char err[256];
+    npy_small(&img, &lab, "|u1");
+    for (int i = 0; i < NPY_N * 4; i++)
+        pix[i] = (uint8_t)(200 + i);
+    int at = snprintf(dict, sizeof(dict),
+                      "{'descr': '|u1', 'fortran_order': False, "
+                      "'shape': (6, 4),");
+    memset(dict + at, ' ', 5000);
+    snprintf(dict + at + 5000, sizeof(dict) - (size_t)at - 5000, "}");
+    ck_assert_int_eq(mge_test_npy_write_raw(p, 2, dict, pix, sizeof(pix)), 0);
+    ck_assert_int_eq(mge_dataset_load_npy(&ds, p, lab, NULL, err, sizeof(err)), MGE_OK);
+    ck_assert_uint_eq(ds.pixels[23], 223);
+    mge_dataset_fini(&ds);
+
+    ck_assert_int_eq(mge_data_roots_add(&dr, "/usr/share", err, sizeof(err)), MGE_OK);
+    mge_dataset_set_roots(&dr);
+    npy_refused(p, lab, NULL, MGE_FORBIDDEN, "is outside the worker's data roots");
+    mge_dataset_set_roots(NULL);
+    mge_data_roots_fini(&dr);
+}
+END_TEST
+
+/* ---- CIFAR binary files ---- */
+
+/* Write @n CIFAR records: label bytes (@lb: 1, or 2 with coarse = label % 20) of label
+ * (first + i) % classes and pixels (first + i) * 3 + j; @cut bytes less at the end. */
+static const char *write_cifar(const char *name, int lb, int classes, int first, int n, int cut)
+{
+    const char *path = tmp_path(name);
+    FILE *f = fopen(path, "wb");
+    size_t rec = (size_t)lb + 3072, total = rec * (size_t)n - (size_t)cut;
+    uint8_t *buf = malloc(rec * (size_t)n);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(buf);
+    for (int i = 0; i < n; i++) {
+        uint8_t *r = buf + rec * (size_t)i;
+        int label = (first + i) % classes;
+        if (lb == 2)
+            r[0] = (uint8_t)(label % 20);
+        r[lb - 1] = (uint8_t)label;
+        for (int j = 0; j < 3072; j++)
+            r[lb + j] = (uint8_t)((first + i) * 3 + j);
+    }
+    ck_assert_uint_eq(fwrite(buf, 1, total, f), total);
+    fclose(f);
+    free(buf);
+    return path;
+}
+
+START_TEST(test_cifar_load)
+{
+    /* CIFAR-10 from two files, concatenated in order; CIFAR-100 takes the fine label */
+    struct mge_dataset ds;
+    char err[256];
+    const char *files[2] = {write_cifar("data_batch_1.bin", 1, 10, 0, 7, 0),
+                            write_cifar("data_batch_2.bin", 1, 10, 7, 5, 0)};
+    ck_assert_int_eq(mge_dataset_load_cifar(&ds, files, 2, 10, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.n, 12);
+    ck_assert_int_eq(ds.c, 3);
+    ck_assert_int_eq(ds.h, 32);
+    ck_assert_int_eq(ds.w, 32);
+    ck_assert_int_eq(ds.dim, 3072);
+    ck_assert_int_eq(ds.classes, 10);
+    for (int i = 0; i < 12; i++) {
+        ck_assert_int_eq(ds.labels[i], i % 10);
+        for (int j = 0; j < 3072; j += 97)
+            ck_assert_uint_eq(ds.pixels[i * 3072 + j], (uint8_t)(i * 3 + j));
+    }
+    mge_dataset_fini(&ds);
+
+    const char *c100 = write_cifar("train.bin", 2, 100, 30, 80, 0);
+    ck_assert_int_eq(mge_dataset_load_cifar(&ds, &c100, 1, 100, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(ds.n, 80);
+    ck_assert_int_eq(ds.classes, 100);
+    for (int i = 0; i < 80; i++) {
+        ck_assert_int_eq(ds.labels[i], (30 + i) % 100);
+        ck_assert_uint_eq(ds.pixels[i * 3072 + 5], (uint8_t)((30 + i) * 3 + 5));
+    }
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+static void cifar_refused(const char *const *files, int n, int classes, int code, const char *msg)
+{
+    struct mge_dataset ds;
+    char err[512];
+    int rc = mge_dataset_load_cifar(&ds, files, n, classes, err, sizeof(err));
+    ck_assert_msg(rc == code, "%s: got %s (%s)", msg, mge_strerror(rc), err);
+    ck_assert_msg(strstr(err, msg) != NULL, "message '%s' lacks '%s'", err, msg);
+    ck_assert_ptr_null(ds.pixels);
+    ck_assert_ptr_null(ds.labels);
+}
+
+START_TEST(test_cifar_malformed)
+{
+    const char *good = write_cifar("good.bin", 1, 10, 0, 3, 0);
+    const char *f[2] = {good, write_cifar("cut.bin", 1, 10, 0, 3, 100)};
+    cifar_refused(f, 2, 10, MGE_FORMAT,
+                  "cut.bin: size 9119 is not a positive multiple of the 3073-byte CIFAR-10 "
+                  "record (1 label byte + 3072 pixels)");
+    /* CIFAR-100 records read as CIFAR-10: 3074 * 3 bytes is no multiple of 3073 */
+    f[1] = write_cifar("c100.bin", 2, 100, 0, 3, 0);
+    cifar_refused(f + 1, 1, 10, MGE_FORMAT, "c100.bin: size 9222 is not a positive multiple");
+    f[1] = write_cifar("empty.bin", 1, 10, 0, 1, 3073);
+    cifar_refused(f + 1, 1, 10, MGE_FORMAT, "empty.bin: size 0 is not");
+    /* a label >= 10 in a CIFAR-10 file; a coarse label >= 20 in CIFAR-100 */
+    f[1] = write_cifar("labels.bin", 1, 12, 0, 12, 0);
+    cifar_refused(f, 2, 10, MGE_CORRUPT,
+                  "labels.bin: label 10 of record 10 is out of range [0, 10)");
+    const char *p = tmp_path("coarse.bin");
+    uint8_t rec[3074] = {25, 3};
+    FILE *fp = fopen(p, "wb");
+    fwrite(rec, 1, sizeof(rec), fp);
+    fclose(fp);
+    cifar_refused(&p, 1, 100, MGE_CORRUPT,
+                  "coarse.bin: coarse label 25 of record 0 is out of range [0, 20)");
+    f[1] = tmp_path("missing.bin");
+    cifar_refused(f, 2, 10, MGE_NOENT, "missing.bin");
+    cifar_refused(f, 1, 20, MGE_INVAL, "CIFAR classes must be 10 or 100, got 20");
+    cifar_refused(f, 0, 10, MGE_INVAL, "1 to 16 files, got 0");
+}
+END_TEST
+
+START_TEST(test_normalize)
+{
+    /* per channel (x - mean) / std after the byte scaling, channel = j / (h*w) */
+    struct mge_dataset ds;
+    const double mean[2] = {0.5, 0.25}, std[2] = {0.2, 2.0};
+    char err[256];
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 10, 2, 2, 3, 4, 7), MGE_OK);
+    ck_assert_int_eq(mge_dataset_set_normalize(&ds, 1, mean, std, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_str_eq(err,
+                     "data.normalize has 1 entry but the data has 2 channels (c of [c, h, w])");
+    const double bad_std[2] = {0.2, 0};
+    ck_assert_int_eq(mge_dataset_set_normalize(&ds, 2, mean, bad_std, err, sizeof(err)), MGE_INVAL);
+    ck_assert_int_eq(ds.norm, 0);
+    ck_assert_int_eq(mge_dataset_set_normalize(&ds, 2, mean, std, err, sizeof(err)), MGE_OK);
+    int64_t idx[2] = {9, 3};
+    float x[24];
+    int32_t y[2];
+    ck_assert_int_eq(mge_dataset_gather(&ds, idx, 2, x, y), MGE_OK);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 12; j++) {
+            int ch = j / 6;
+            float want =
+                ((float)ds.pixels[idx[i] * 12 + j] / 255.0f - (float)mean[ch]) / (float)std[ch];
+            ck_assert_float_eq(x[i * 12 + j], want);
+        }
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -841,6 +1235,13 @@ static Suite *data_suite(void)
         {"idx_data_roots", test_idx_data_roots},
         {"idx_alloc", test_idx_alloc_failures},
         {"idx_fashion_mnist", test_idx_fashion_mnist},
+        {"npy_load_u8", test_npy_load_u8},
+        {"npy_load_f32", test_npy_load_f32},
+        {"npy_malformed", test_npy_malformed},
+        {"npy_long_header_roots", test_npy_long_header_and_roots},
+        {"cifar_load", test_cifar_load},
+        {"cifar_malformed", test_cifar_malformed},
+        {"normalize", test_normalize},
         {"synthetic", test_synthetic_deterministic},
         {"synthetic_errors", test_synthetic_errors},
         {"gather", test_gather},

@@ -517,6 +517,10 @@ static const struct err_case err_cases[] = {
      "65536, got '65537'"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: synthetic\n  classes: 1000000\n",
      MGE_SPEC, 5, "data.classes", "expected an integer between 2 and 65536, got '1000000'"},
+    {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: npy\n  train_size: 3\n", MGE_SPEC,
+     5, "data.train_size", "only used with data.format synthetic (npy files carry their own)"},
+    {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: npy\n  train_labels: y.npy\n",
+     MGE_SPEC, 3, "data.train_images", "required key is missing"},
     {"name: t\nmodel: {type: mlp, hidden: []}\ndata:\n  format: idx\n  classes: 3\n", MGE_SPEC, 5,
      "data.classes", "only used with data.format synthetic"},
     {"name: t\nmodel: {type: lenet}\ndata:\n  format: synthetic\n  image: [3, 32, 32]\n"
@@ -747,6 +751,153 @@ START_TEST(test_jobspec_round_trip)
                      "       train_labels: \"tab\\there\", test_images: '123',"
                      " test_labels: 'null'}\n" TRAIN,
                      NULL, 0);
+}
+END_TEST
+
+START_TEST(test_jobspec_npy)
+{
+    static const char *const npy_img =
+        "name: n\nmodel: {type: lenet}\n"
+        "data: {format: npy, train_images: /d/x.npy, train_labels: /d/y.npy,\n"
+        "       test_images: /d/tx.npy, test_labels: /d/ty.npy, image: [1, 28, 28],"
+        " classes: 12}\n" TRAIN;
+    static const char *const npy_plain = "name: n\nmodel: {type: mlp, hidden: [4]}\n"
+                                         "data: {format: npy, train_images: /d/x.npy,"
+                                         " train_labels: /d/y.npy}\n" TRAIN;
+    struct mge_jobspec *s = parse_ok(npy_img, NULL, 0);
+    char *text;
+    json_t *j, *d;
+    ck_assert_int_eq(s->data.format, MGE_DATA_NPY);
+    ck_assert_str_eq(s->data.train_images, "/d/x.npy");
+    ck_assert_str_eq(s->data.test_labels, "/d/ty.npy");
+    ck_assert_int_eq(s->data.classes, 12);
+    ck_assert_int_eq(s->data.image_given, 1);
+    ck_assert_int_eq(s->data.input_dim_given, 0);
+    ck_assert_int_eq(s->data.input_dim, 784);
+    text = mge_jobspec_to_json(s);
+    j = json_loads(text, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    d = json_object_get(j, "data");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "format")), "npy");
+    ck_assert(json_is_null(json_object_get(d, "input_dim")));
+    ck_assert(json_is_null(json_object_get(d, "train_size")));
+    ck_assert_int_eq(json_array_size(json_object_get(d, "image")), 3);
+    json_decref(j);
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(npy_img, NULL, 0);
+
+    s = parse_ok(npy_plain, NULL, 0);
+    ck_assert_int_eq(s->data.image_given, 0);
+    ck_assert_int_eq(s->data.classes, 10);
+    text = mge_jobspec_to_json(s);
+    j = json_loads(text, 0, NULL);
+    ck_assert(json_is_null(json_object_get(json_object_get(j, "data"), "image")));
+    json_decref(j);
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(npy_plain, NULL, 0);
+}
+END_TEST
+
+START_TEST(test_jobspec_cifar)
+{
+    static const char *const c10 = "name: c\nmodel: {type: lenet}\n"
+                                   "data:\n  format: cifar\n"
+                                   "  train_files: [/d/data_batch_1.bin, /d/data_batch_2.bin]\n"
+                                   "  test_file: /d/test_batch.bin\n" TRAIN;
+    struct mge_jobspec *s = parse_ok(c10, NULL, 0);
+    struct mge_spec_error err;
+    ck_assert_int_eq(s->data.format, MGE_DATA_CIFAR);
+    ck_assert_int_eq(s->data.n_train_files, 2);
+    ck_assert_str_eq(s->data.train_files[1], "/d/data_batch_2.bin");
+    ck_assert_str_eq(s->data.test_file, "/d/test_batch.bin");
+    ck_assert_int_eq(s->data.classes, 10);
+    ck_assert_int_eq(s->data.channels, 3);
+    ck_assert_int_eq(s->data.image_h, 32);
+    ck_assert_int_eq(s->data.input_dim, 3072);
+    char *text = mge_jobspec_to_json(s);
+    json_t *j = json_loads(text, 0, NULL);
+    json_t *d = json_object_get(j, "data");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "format")), "cifar");
+    ck_assert_int_eq(json_array_size(json_object_get(d, "train_files")), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(d, "test_file")), "/d/test_batch.bin");
+    json_decref(j);
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(c10, NULL, 0);
+    check_round_trip("name: c\nmodel: {type: mlp, hidden: [8]}\n"
+                     "data: {format: cifar, train_files: [train.bin], classes: 100}\n" TRAIN,
+                     NULL, 0);
+
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: cifar\n"
+              "  train_files: [a.bin]\n  classes: 50\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.classes");
+    ck_assert_ptr_nonnull(strstr(err.message, "10 (CIFAR-10) or 100 (CIFAR-100)"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: cifar\n"
+              "  train_files: [a.bin]\n  image: [1, 28, 28]\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.image");
+    ck_assert_ptr_nonnull(strstr(err.message, "not used with data.format cifar"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: cifar\n"
+              "  train_files: []\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.train_files");
+    ck_assert_int_eq(err.line, 5);
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: cifar\n"
+              "  train_files: [a.bin, [x]]\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_ptr_nonnull(strstr(err.message, "item 2: expected a string"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: npy\n"
+              "  train_files: [a.bin]\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_ptr_nonnull(strstr(err.message, "only used with data.format cifar"));
+}
+END_TEST
+
+START_TEST(test_jobspec_normalize)
+{
+    static const char *const norm = "name: c\nmodel: {type: lenet}\n"
+                                    "data:\n  format: cifar\n  train_files: [a.bin]\n"
+                                    "  normalize: {mean: [0.4914, 0.4822, 0.4465],"
+                                    " std: [0.247, 0.243, 0.261]}\n" TRAIN;
+    struct mge_jobspec *s = parse_ok(norm, NULL, 0);
+    struct mge_spec_error err;
+    ck_assert_int_eq(s->data.n_norm, 3);
+    ck_assert(s->data.norm_mean[1] == 0.4822);
+    ck_assert(s->data.norm_std[2] == 0.261);
+    char *text = mge_jobspec_to_json(s);
+    json_t *j = json_loads(text, 0, NULL);
+    json_t *n = json_object_get(json_object_get(j, "data"), "normalize");
+    ck_assert_int_eq(json_array_size(json_object_get(n, "std")), 3);
+    ck_assert(json_real_value(json_array_get(json_object_get(n, "mean"), 0)) == 0.4914);
+    json_decref(j);
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(norm, NULL, 0);
+    s = parse_ok(MINIMAL, NULL, 0);
+    ck_assert_int_eq(s->data.n_norm, 0);
+    mge_jobspec_free(s);
+
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  normalize: {mean: [0.5], std: [0]}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.normalize.std");
+    ck_assert_ptr_nonnull(strstr(err.message, "item 1: expected a finite number > 0, got '0'"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  normalize: {mean: [0.5, 0.5], std: [1]}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.normalize.std");
+    ck_assert_ptr_nonnull(strstr(err.message, "as many entries as data.normalize.mean (2)"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  normalize: {mean: [0.5], std: [1], scale: 2}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.normalize.scale");
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  normalize: {std: [1]}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.normalize.mean");
 }
 END_TEST
 
@@ -1034,6 +1185,9 @@ static Suite *jobspec_suite(void)
 
     tc = tcase_create("forms");
     tcase_add_test(tc, test_jobspec_round_trip);
+    tcase_add_test(tc, test_jobspec_npy);
+    tcase_add_test(tc, test_jobspec_cifar);
+    tcase_add_test(tc, test_jobspec_normalize);
     tcase_add_test(tc, test_jobspec_to_json_shape);
     tcase_add_test(tc, test_jobspec_resnet);
     tcase_add_test(tc, test_jobspec_total_steps);

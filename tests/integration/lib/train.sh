@@ -1,0 +1,13 @@
+# train.sh: helpers for the mge-train integration tests (sourced, not run): BUILD and BIN from
+# the first argument, a scratch directory $T removed on exit, the ok/bad counters, json FILE KEY
+# (a key of the last JSON line of FILE) and ge/lt comparisons of two numbers.
+BUILD=${1:-build}
+BIN=$(cd "$BUILD/bin" && pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0; passes=0
+ok() { passes=$((passes + 1)); echo "  ok: $*"; }
+bad() { fails=$((fails + 1)); echo "  FAIL: $*"; }
+json() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$1" "$2"; }
+ge() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' "$1" "$2"; }
+lt() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$1" "$2"; }
