@@ -14,8 +14,11 @@ int mge_cpu_exact_add(int64_t *restrict acc, const float *restrict x, int64_t n,
     int64_t out = 0; /* no branch in the loop, so it vectorises; checked once afterwards */
     for (int64_t i = 0; i < n; i++) {
         double v = (double)x[i] * scale;
-        out |= !(fabs(v) <= limit); /* NaN fails too */
-        acc[i] += (int64_t)rint(v);
+        int ok = fabs(v) <= limit; /* NaN fails too */
+        out |= !ok;
+        /* an addend out of range adds 0: converting it (or Inf, NaN) to int64 and adding it
+         * would be undefined; the step fails on the return value anyway */
+        acc[i] += (int64_t)rint(ok ? v : 0.0);
     }
     return out != 0;
 }
