@@ -23,14 +23,15 @@ elastic_start grow "$STEPS" 10
 inc_world() { [ "$(inc_field "$1" '.world // 0')" -ge 2 ]; }
 # restarted_places K MEMBERS: start the coordinator again on its state directory; incarnation
 # K runs on MEMBERS (a JSON array), placed by the restarted coordinator
-restarted_places() {
+restarted_places() { # INCARNATION MEMBERS [ALSO: a jq test of $i that is accepted too]
     t_restart=$(date +%s.%N)
     start_coord
     ok "coordinator restarted on $HTTP_ADDR"
     check "incarnation $1 runs" wait_until 30 inc_world "$1"
     check "... placed by the restarted coordinator" \
         [ "$(echo "$(iso_epoch "$(inc_field "$1" .started_at)") > $t_restart" | bc -l)" -eq 1 ]
-    check "... on $2" jq -e -n --argjson i "$(inc_field "$1" .)" --argjson m "$2" '$i.members == $m'
+    check "... on $2${3:+ (or: $3)}" jq -e -n --argjson i "$(inc_field "$1" .)" --argjson m "$2" \
+        "\$i.members == \$m ${3:+or ($3)}"
 }
 # newest_ckpt: the step of the newest checkpoint indexed (0 if none)
 newest_ckpt() { api GET "/api/v1/jobs/$JOB/checkpoints" | jq '[.checkpoints[].step] | max // 0'; }
@@ -103,14 +104,19 @@ else
 fi
 check "... before it placed incarnation 5" sh -c "! grep -q 'job $JOB attempt 5 placed' '$T/coordinator.log'"
 ok "ranks of incarnation 4 still running at the kill: $(rank_cmdlines "/job-$JOB/attempt-4/" | wc -l)"
-restarted_places 5 '["wa","wd","we"]'
+# a restarted coordinator places on the workers heard from since it started: when we's first
+# heartbeat comes after wa's and wd's (a slow machine), incarnation 5 starts on those two and
+# grows to we at its next checkpoint, which is just as right
+restarted_places 5 '["wa","wd","we"]' '$i.members == ["wa","wd"]'
 check "the job succeeds" wait_until 400 state_is "$JOB" succeeded
 api GET "/api/v1/jobs/$JOB" >"$T/job.json"
 # 3 MPI ranks of workers on a loaded 2-core machine have stalled for good now and then (in 3
 # of 6 runs here; not seen in a standalone 3-rank mpirun): the watchdog re-forms the job
 # then, and this test lets such re-forms after incarnation 5 pass, and says so
-check "incarnations 3, 2, 3, 2, 3 ranks, no restart charged to the job" jq -e '
-    .restarts == 0 and [.incarnations[:5][].world] == [3, 2, 3, 2, 3]
+check "incarnations 3, 2, 3, 2, 3 ranks (or 3, 2, 3, 2, 2, 3: grown to we after the restart), no restart charged to the job" jq -e '
+    .restarts == 0 and ([.incarnations[:5][].world] == [3, 2, 3, 2, 3]
+        or ([.incarnations[:6][].world] == [3, 2, 3, 2, 2, 3]
+            and (.incarnations[4].reason | test("^worker we (free|joined): growing at step "))))
     and (.incarnations[3].reason | test("^worker we joined: growing at step [0-9]+; resized 2 -> 3$"))
     and all(.incarnations[4:-1][]; .reason | test("^no progress for |: growing at step "))
     and .incarnations[-1].ended == "succeeded"' "$T/job.json"
