@@ -6,16 +6,8 @@
 # --init-from the checkpoint does; weights written in Python (or initialised by torch) give
 # mge-train the step-1 loss Python computes; a ResNet round-trips with torchvision's names;
 # bad files and flags exit 2 naming the file and tensor.
-BUILD=${1:-build}
-BIN=$(cd "$BUILD/bin" && pwd)
+. "$(dirname "$0")/lib/train.sh"
 ROOT=$(pwd)
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok() { passes=$((passes + 1)); echo "  ok: $*"; }
-bad() { fails=$((fails + 1)); echo "  FAIL: $*"; }
-# json FILE KEY: a key of the last JSON line of FILE
-json() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$1" "$2"; }
 # step1 FILE: the loss of step 1
 step1() { python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(sys.argv[1]) if l.startswith("{\"step\":1,")][0])' "$1"; }
 # expect_2 NAME TEXT CMD...: CMD exits 2 and its stderr contains TEXT

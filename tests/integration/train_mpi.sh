@@ -7,13 +7,7 @@
 # that goes 1 -> 3 -> 2 ranks through checkpoints, all bit-identical at every step. With
 # train.clip_grad_norm (and label smoothing) 2 ranks match one process in both modes.
 # Exit 77 (skip) when Open MPI's mpirun is not installed.
-BUILD=${1:-build}
-BIN=$(cd "$BUILD/bin" && pwd)
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok() { passes=$((passes + 1)); echo "  ok: $*"; }
-bad() { fails=$((fails + 1)); echo "  FAIL: $*"; }
+. "$(dirname "$0")/lib/train.sh"
 
 MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
 if [ -z "$MPIRUN" ]; then
