@@ -21,6 +21,8 @@
 
 #include "alloc.h"
 #include "err.h"
+#include "graphspec.h"
+#include "jobspec_int.h"
 
 #define SPEC_MAX_BYTES (1u << 20) /* a spec is a page of YAML; refuse megabytes early */
 #define SPEC_MAX_DEPTH 32         /* the schema is 4 deep; bounds our recursion */
@@ -39,19 +41,6 @@ static void strfmt(char *dst, size_t cap, const char *fmt, ...)
 
 /* ------------------------------------------------------------------------------------------ */
 /* The tree                                                                                    */
-
-enum tnode_kind { TN_SCALAR, TN_SEQ, TN_MAP };
-
-struct tnode {
-    enum tnode_kind kind;
-    int line, column;    /* 1-based position in the file; 0 for nodes made by an override */
-    int origin;          /* -1: the file; i >= 0: overrides[i] */
-    bool quoted;         /* scalar was quoted or a block scalar: a string, never a number */
-    char *str;           /* scalar text, NUL-terminated; may hold NULs itself (see len) */
-    size_t len;          /* bytes in str */
-    struct tnode **kids; /* seq: items; map: key, value, key, value, ... */
-    size_t n, cap;       /* entries used / allocated in kids */
-};
 
 static struct tnode *tnode_new(enum tnode_kind kind, int origin, int line, int column)
 {
@@ -306,6 +295,42 @@ static const char *suggest(const char *s, const char *const *names)
     return best;
 }
 
+/* The helpers above, for graphspec.c (jobspec_int.h). */
+int mge__spec_fail(struct ctx *c, const struct tnode *at, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = failv(c, MGE_SPEC, at ? at->line : 0, at ? at->column : 0, at ? at->origin : -1, key,
+                   fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int mge__spec_nomem(struct ctx *c)
+{
+    return fail_nomem(c);
+}
+
+void mge__spec_describe(char *buf, size_t cap, const struct tnode *v)
+{
+    describe(buf, cap, v);
+}
+
+void mge__spec_sanitize(char *dst, size_t cap, const char *s, size_t len, size_t max_chars)
+{
+    sanitize(dst, cap, s, len, max_chars);
+}
+
+const char *mge__spec_suggest(const char *s, const char *const *names)
+{
+    return suggest(s, names);
+}
+
+bool mge__spec_is_null(const struct tnode *t)
+{
+    return tnode_is_null(t);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* YAML -> tree                                                                                */
 
@@ -515,8 +540,8 @@ struct keydef {
 };
 
 static const struct keydef model_keys[] = {
-    {"type", NULL},  {"hidden", NULL},  {"activation", NULL}, {"layers", NULL},
-    {"width", NULL}, {"dropout", NULL}, {"depth", NULL},      {NULL, NULL},
+    {"type", NULL},    {"hidden", NULL}, {"activation", NULL}, {"layers", NULL}, {"width", NULL},
+    {"dropout", NULL}, {"depth", NULL},  {"nodes", NULL},      {NULL, NULL},
 };
 static const struct keydef normalize_keys[] = {{"mean", NULL}, {"std", NULL}, {NULL, NULL}};
 static const struct keydef data_keys[] = {
@@ -916,6 +941,22 @@ static bool scalar_is_bool(const struct tnode *v, bool *out)
     return false;
 }
 
+/* The scalar readers above, for graphspec.c (jobspec_int.h). */
+bool mge__spec_int(const struct tnode *v, int64_t *out)
+{
+    return scalar_is_int(v, out);
+}
+
+bool mge__spec_num(const struct tnode *v, double *out)
+{
+    return scalar_is_num(v, out);
+}
+
+bool mge__spec_bool(const struct tnode *v, bool *out)
+{
+    return scalar_is_bool(v, out);
+}
+
 /* An integer in [@lo, @hi]; @def NULL means required. *@given says whether it was written. */
 static int get_int(struct ctx *c, const struct sect *s, const char *name, int64_t lo, int64_t hi,
                    const int64_t *def, int64_t *out, bool *given)
@@ -1195,7 +1236,7 @@ static int forbid(struct ctx *c, const struct sect *s, const char *name, const c
 /* ------------------------------------------------------------------------------------------ */
 /* Validation: the sections                                                                    */
 
-static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", "resnet", NULL};
+static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", "resnet", "graph", NULL};
 static const char *const act_names[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
 static const char *const format_names[] = {"idx", "synthetic", "npy", "cifar", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
@@ -1246,6 +1287,11 @@ static int check_model(struct ctx *c, const struct sect *root, struct mge_model_
     m->layers = 128;
     m->width = 1024;
     strfmt(why, sizeof(why), "not used by model type '%s'", model_names[type]);
+    if (m->type == MGE_MODEL_GRAPH &&
+        ((rc = forbid(c, &s, "activation", why)) || (rc = forbid(c, &s, "dropout", why))))
+        return rc;
+    if (m->type != MGE_MODEL_GRAPH && (rc = forbid(c, &s, "nodes", why)))
+        return rc;
     if (m->type == MGE_MODEL_MLP) {
         rc = get_int_list(c, &s, "hidden", 0, MGE_SPEC_MAX_LAYERS, 1, 1 << 20, m->hidden,
                           &m->n_hidden);
@@ -1745,6 +1791,9 @@ static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec 
                spec->resources.workers_max);
         return fail_expected(c, sect_get(&t, "batch_size", NULL), "train.batch_size", what);
     }
+    /* last: shapes follow from the batch size and the data's classes */
+    if (spec->model.type == MGE_MODEL_GRAPH)
+        return mge__graphspec_check(c, sect_get(&s, "model", NULL), spec, &spec->model.graph);
     return MGE_OK;
 }
 
@@ -1973,6 +2022,7 @@ void mge_jobspec_free(struct mge_jobspec *spec)
         mge_free(spec->data.train_files[i]);
     mge_free(spec->data.test_file);
     mge_free(spec->source);
+    mge_graphspec_free(spec->model.graph);
     mge_free(spec);
 }
 
@@ -1995,7 +2045,7 @@ int64_t mge_jobspec_total_steps(const struct mge_jobspec *spec, int64_t train_si
 
 const char *mge_model_type_name(enum mge_model_type t)
 {
-    return (unsigned)t <= MGE_MODEL_RESNET ? model_names[t] : "unknown";
+    return (unsigned)t <= MGE_MODEL_GRAPH ? model_names[t] : "unknown";
 }
 
 bool mge_model_takes_images(enum mge_model_type t)
@@ -2057,7 +2107,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     json_t *root, *model, *data, *train, *optim, *sched, *res, *workers, *mem, *dist;
     const struct mge_optim_spec *o;
     const struct mge_sched_spec *sc;
-    bool sgd, idx, npy, cifar;
+    bool sgd, idx, npy, cifar, graph;
     char *out = NULL;
     size_t n;
 
@@ -2069,6 +2119,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     idx = spec->data.format == MGE_DATA_IDX;
     npy = spec->data.format == MGE_DATA_NPY;
     cifar = spec->data.format == MGE_DATA_CIFAR;
+    graph = spec->model.type == MGE_MODEL_GRAPH;
     root = json_object();
     jset(&b, root, "name", jstr_or_null(spec->name));
 
@@ -2079,8 +2130,10 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
          spec->model.type == MGE_MODEL_MLP ? jint_list(spec->model.hidden, spec->model.n_hidden)
                                            : json_null());
     jset(&b, model, "activation",
-         json_string((unsigned)spec->model.activation < 4 ? act_names[spec->model.activation]
-                                                          : "unknown"));
+         graph
+             ? json_null()
+             : json_string((unsigned)spec->model.activation < 4 ? act_names[spec->model.activation]
+                                                                : "unknown"));
     jset(&b, model, "layers",
          spec->model.type == MGE_MODEL_DEEP_MLP ? json_integer(spec->model.layers) : json_null());
     jset(&b, model, "width",
@@ -2089,7 +2142,8 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
              : json_null());
     jset(&b, model, "depth",
          spec->model.type == MGE_MODEL_RESNET ? json_integer(spec->model.depth) : json_null());
-    jset(&b, model, "dropout", jfloat(spec->model.dropout));
+    jset(&b, model, "dropout", graph ? json_null() : jfloat(spec->model.dropout));
+    jset(&b, model, "nodes", graph ? mge__graphspec_to_json(spec->model.graph) : json_null());
     jset(&b, root, "model", model);
 
     data = json_object();

@@ -26,7 +26,14 @@ extern "C" {
 /* The most cores one rank may use: resources.cpus, mge-train --threads, mge-worker --cpus. */
 #define MGE_CPUS_MAX 4096
 
-enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP, MGE_MODEL_RESNET };
+enum mge_model_type {
+    MGE_MODEL_MLP,
+    MGE_MODEL_LENET,
+    MGE_MODEL_DEEP_MLP,
+    MGE_MODEL_RESNET,
+    MGE_MODEL_GRAPH, /* nodes declared in the spec (common/graphspec.h) */
+};
+struct mge_graphspec;
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
 enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC, MGE_DATA_NPY, MGE_DATA_CIFAR };
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
@@ -36,7 +43,7 @@ enum mge_sublinear_mode { MGE_SUBLINEAR_OFF, MGE_SUBLINEAR_ON, MGE_SUBLINEAR_AUT
 enum mge_backend { MGE_BACKEND_AUTO, MGE_BACKEND_LOCAL, MGE_BACKEND_MPI, MGE_BACKEND_NCCL };
 
 struct mge_model_spec {
-    enum mge_model_type type;      /* model.type: mlp | lenet | deep_mlp | resnet */
+    enum mge_model_type type;        /* model.type: mlp | lenet | deep_mlp | resnet | graph */
     int hidden[MGE_SPEC_MAX_LAYERS]; /* model.hidden: list of hidden sizes (mlp) */
     int n_hidden;                  /* entries used in hidden[] */
     enum mge_activation activation; /* model.activation (default relu) */
@@ -45,6 +52,7 @@ struct mge_model_spec {
                                       first stage's channels (default 16) */
     int depth;                     /* model.depth: resnet depth, 6n+2 (default 20) */
     float dropout;                 /* model.dropout: 0 = off (default 0) */
+    struct mge_graphspec *graph;   /* model.nodes (graph only, else NULL); owned by the spec */
 };
 
 struct mge_data_spec {

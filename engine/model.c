@@ -148,6 +148,12 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
     int x, t;
     char name[32];
 
+    if (ms->type == MGE_MODEL_GRAPH) {
+        int rc = mge__model_graph_build(g, spec, batch, c, h, w, classes, m);
+        if (rc == MGE_OK)
+            mge_graph_keep(g, m->logits);
+        return rc;
+    }
     if (ms->type == MGE_MODEL_RESNET) {
         int64_t xs[4] = {batch, c, h, w};
         x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);

@@ -1,4 +1,4 @@
-/* model.h: the model zoo: graphs built from a job spec (mlp, lenet, deep_mlp, resnet). */
+/* model.h: the model zoo: graphs built from a job spec (mlp, lenet, deep_mlp, resnet, graph). */
 #ifndef MGE_ENGINE_MODEL_H
 #define MGE_ENGINE_MODEL_H
 
@@ -21,6 +21,14 @@ struct mge_model {
  */
 int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t batch, int c,
                     int h, int w, int classes, struct mge_model *m);
+
+/*
+ * model_graph.c, for mge_model_build(): model.type graph, spec->model.graph's nodes (checked
+ * and shaped by common/graphspec.c) against data of shape (c, h, w) with @classes classes.
+ * Errors name the node and its line in mge_graph_error_msg(g).
+ */
+int mge__model_graph_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t batch,
+                           int c, int h, int w, int classes, struct mge_model *m);
 
 /*
  * The name PyTorch's equivalent module gives the parameter or buffer mge calls @name: the
