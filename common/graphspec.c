@@ -791,7 +791,7 @@ static int read_nodes(struct gctx *g)
         struct mge_gnode *nd = &gs->nodes[i];
         if (m->kind != TN_MAP)
             return fail_got(g, m, i, NULL, "a node: a mapping {name, op, inputs, ...}");
-        if ((rc = check_keys(g, m, i, -1)) || (rc = get_name(g, m, i, nd)) ||
+        if ((rc = get_name(g, m, i, nd)) || (rc = check_keys(g, m, i, -1)) ||
             (rc = get_op(g, m, i, nd)) || (rc = check_keys(g, m, i, (int)nd->op)) ||
             (rc = get_attrs(g, m, i, nd)))
             return rc;

@@ -228,14 +228,17 @@ int mge__model_graph_build(struct mge_graph *g, const struct mge_jobspec *spec, 
     int64_t ys[1] = {batch};
     int rc;
 
-    if (!gs)
-        return mge__graph_fail(g, MGE_INVAL, "model.type graph without nodes");
-    if ((rc = check_data(g, gs, c, h, w, classes)) != MGE_OK)
-        return rc;
+    if (!gs) {
+        mge__graph_fail(g, MGE_INVAL, "model.type graph without nodes");
+        return MGE_INVAL;
+    }
+    if (check_data(g, gs, c, h, w, classes) != MGE_OK)
+        return mge_graph_error(g);
     b.val = mge_calloc((size_t)gs->n, sizeof(int));
     b.users = mge_calloc((size_t)gs->n, sizeof(int));
     if (!b.val || !b.users) {
-        rc = mge__graph_fail(g, MGE_NOMEM, "cannot allocate the graph's node table");
+        mge__graph_fail(g, MGE_NOMEM, "cannot allocate the graph's node table");
+        rc = MGE_NOMEM;
         goto out_free;
     }
     for (int i = 0; i < gs->n; i++)
