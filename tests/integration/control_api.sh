@@ -48,6 +48,31 @@ check "the problem names the key and its line" \
 "$BIN/mgectl" submit "$T/bad.yaml" >/dev/null 2>"$T/err"; rc=$?
 check "mgectl submit of a bad spec exits 2 and names the line" \
     sh -c "[ $rc = 2 ] && grep -q 'bad.yaml:4' '$T/err'"
+# a graph model whose residual add joins [32,8] and [32,16]: the coordinator infers shapes too
+cat > "$T/badgraph.yaml" <<Y
+name: badgraph
+$QUICK_DATA
+train: {steps: 5, batch_size: 32, $QUICK_OPT}
+model:
+  type: graph
+  nodes:
+    - {name: x, op: input, shape: [784]}
+    - {name: fc1, op: linear, inputs: x, out_features: 16}
+    - {name: fc2, op: linear, inputs: fc1, out_features: 8}
+    - {name: res, op: add, inputs: [fc2, fc1]}
+    - {name: head, op: linear, inputs: res, out_features: 10}
+    - {name: loss, op: cross_entropy, inputs: head}
+Y
+api POST /api/v1/jobs -H 'Content-Type: application/yaml' --data-binary "@$T/badgraph.yaml" >"$T/p.json"
+check "422 for a graph whose shapes do not match" [ "$(status)" = 422 ]
+check "the problem names the node, the key, the line and both shapes" \
+    jq -e '.key == "model.nodes[3].inputs" and .line == 10 and (.detail | contains("node `res`: input `fc2` has shape [32,8], `fc1` has [32,16]"))' "$T/p.json"
+sed 's/inputs: fc1, out_features: 8/inputs: res, out_features: 8/' "$T/badgraph.yaml" > "$T/cycle.yaml"
+api POST /api/v1/jobs -H 'Content-Type: application/yaml' --data-binary "@$T/cycle.yaml" >"$T/p.json"
+check "422 for a graph with a cycle" [ "$(status)" = 422 ]
+check "... naming the nodes of the cycle" grep -qF 'the graph has a cycle: `fc2` reads `res` reads `fc2`' "$T/p.json"
+api GET /healthz >/dev/null
+check "the coordinator is still up" [ "$(status)" = 200 ]
 api POST /api/v1/jobs -H 'Content-Type: text/plain' --data-binary "@$T/ok.yaml" >/dev/null
 check "415 for an unknown content type" [ "$(status)" = 415 ]
 head -c 1100000 /dev/zero | tr '\0' 'a' > "$T/big"
