@@ -209,16 +209,9 @@ static int get_name(struct gctx *g, const struct tnode *m, int i, struct mge_gno
 {
     static const char what[] = "a node name of 1 to 48 letters, digits, '.', '_' or '-'";
     const struct tnode *k, *v = map_get(m, "name", &k);
-    bool ok;
     if (!v)
         return fail_node(g, k ? k : m, i, "name", "required key is missing (expected %s)", what);
-    ok = v->kind == TN_SCALAR && v->len >= 1 && v->len <= MGE_GRAPH_NAME_MAX;
-    for (size_t j = 0; ok && j < v->len; j++) {
-        char ch = v->str[j];
-        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-             ch == '.' || ch == '_' || ch == '-';
-    }
-    if (!ok)
+    if (!mge__spec_is_name(v, MGE_GRAPH_NAME_MAX))
         return fail_got(g, v, i, "name", what);
     for (int j = 0; j < i; j++)
         if (!strcmp(g->gs->nodes[j].name, v->str))
@@ -867,48 +860,64 @@ err_free:
     return rc;
 }
 
+/* Attribute @bit (enum attr) of @nd as JSON; a new reference, NULL on OOM. */
+static json_t *attr_json(const struct mge_gnode *nd, unsigned bit)
+{
+    json_t *shape;
+    switch (bit) {
+    case A_OUT_FEATURES:
+    case A_OUT_CHANNELS:
+        return json_integer(nd->features);
+    case A_KERNEL:
+        return json_integer(nd->kernel);
+    case A_STRIDE:
+        return json_integer(nd->stride);
+    case A_PADDING:
+        return json_integer(nd->padding);
+    case A_BIAS:
+        return json_boolean(nd->bias);
+    case A_INIT:
+        return json_string(init_names[nd->init]);
+    case A_EPS:
+        return json_real(nd->eps);
+    case A_MOMENTUM:
+        return json_real(nd->momentum);
+    case A_P:
+        return json_real(nd->p);
+    case A_AXIS:
+        return json_integer(nd->axis);
+    default: /* A_SHAPE */
+        shape = json_array();
+        for (int d = 0; shape && d < nd->ndim; d++) {
+            if (json_array_append_new(shape, json_integer(nd->shape[d]))) {
+                json_decref(shape);
+                return NULL;
+            }
+        }
+        return shape;
+    }
+}
+
 json_t *mge__graphspec_to_json(const struct mge_graphspec *gs)
 {
     json_t *arr = json_array();
     for (int i = 0; arr && gs && i < gs->n; i++) {
         const struct mge_gnode *nd = &gs->nodes[i];
         unsigned a = ops[nd->op].attrs;
-        json_t *o = json_object(), *in = json_array(), *shape = json_array();
-        int bad = !o || !in || !shape;
+        json_t *o = json_object(), *in = json_array();
+        int bad = !o || !in;
         bad = bad || json_object_set_new(o, "name", json_string(nd->name));
         bad = bad || json_object_set_new(o, "op", json_string(op_names[nd->op]));
         for (int k = 0; !bad && k < nd->n_inputs; k++)
             bad = json_array_append_new(in, json_string(gs->nodes[nd->inputs[k]].name));
         bad = bad || json_object_set(o, "inputs", in);
-        if (a & A_OUT_FEATURES)
-            bad = bad || json_object_set_new(o, "out_features", json_integer(nd->features));
-        if (a & A_OUT_CHANNELS)
-            bad = bad || json_object_set_new(o, "out_channels", json_integer(nd->features));
-        if (a & A_KERNEL)
-            bad = bad || json_object_set_new(o, "kernel", json_integer(nd->kernel));
-        if (a & A_STRIDE)
-            bad = bad || json_object_set_new(o, "stride", json_integer(nd->stride));
-        if (a & A_PADDING)
-            bad = bad || json_object_set_new(o, "padding", json_integer(nd->padding));
-        if (a & A_BIAS)
-            bad = bad || json_object_set_new(o, "bias", json_boolean(nd->bias));
-        if (a & A_INIT)
-            bad = bad || json_object_set_new(o, "init", json_string(init_names[nd->init]));
-        if (a & A_EPS)
-            bad = bad || json_object_set_new(o, "eps", json_real(nd->eps));
-        if (a & A_MOMENTUM)
-            bad = bad || json_object_set_new(o, "momentum", json_real(nd->momentum));
-        if (a & A_P)
-            bad = bad || json_object_set_new(o, "p", json_real(nd->p));
-        if (a & A_AXIS)
-            bad = bad || json_object_set_new(o, "axis", json_integer(nd->axis));
-        for (int d = 0; !bad && (a & A_SHAPE) && d < nd->ndim; d++)
-            bad = json_array_append_new(shape, json_integer(nd->shape[d]));
-        if (a & A_SHAPE)
-            bad = bad || json_object_set(o, "shape", shape);
+        for (int k = N_COMMON_KEYS; !bad && node_keys[k]; k++) {
+            unsigned bit = 1u << (k - N_COMMON_KEYS);
+            if (a & bit)
+                bad = json_object_set_new(o, node_keys[k], attr_json(nd, bit));
+        }
         bad = bad || json_array_append(arr, o);
         json_decref(in);
-        json_decref(shape);
         json_decref(o);
         if (bad) {
             json_decref(arr);

@@ -169,6 +169,8 @@ static bool override_key_is(const char *override, const char *key)
  * "FILE: --set K=V: WHAT" for a value that came from an override. Only the first error
  * of a parse is kept: every caller returns at once.
  */
+#define fail_at mge__spec_fail /* the name every check below uses */
+
 static int failv(struct ctx *c, int code, int line, int column, int origin, const char *key,
                  const char *fmt, va_list ap) __attribute__((format(printf, 7, 0)));
 static int failv(struct ctx *c, int code, int line, int column, int origin, const char *key,
@@ -204,9 +206,8 @@ static int failv(struct ctx *c, int code, int line, int column, int origin, cons
     return code;
 }
 
-static int fail_at(struct ctx *c, const struct tnode *at, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail_at(struct ctx *c, const struct tnode *at, const char *key, const char *fmt, ...)
+/* Declared in jobspec_int.h (graphspec.c reports through it too); fail_at() here. */
+int mge__spec_fail(struct ctx *c, const struct tnode *at, const char *key, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -296,16 +297,6 @@ static const char *suggest(const char *s, const char *const *names)
 }
 
 /* The helpers above, for graphspec.c (jobspec_int.h). */
-int mge__spec_fail(struct ctx *c, const struct tnode *at, const char *key, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = failv(c, MGE_SPEC, at ? at->line : 0, at ? at->column : 0, at ? at->origin : -1, key,
-                   fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
 int mge__spec_nomem(struct ctx *c)
 {
     return fail_nomem(c);
@@ -1245,21 +1236,26 @@ static const char *const device_names[] = {"cpu", "gpu", NULL};
 static const char *const sublinear_names[] = {"false", "true", "auto", "light", NULL};
 static const char *const backend_names[] = {"auto", "local", "mpi", "nccl", NULL};
 
-static int check_name(struct ctx *c, const struct sect *root, struct mge_jobspec *spec)
+/* Job and graph node names: 1 to @max of A-Z a-z 0-9 . _ - (jobspec_int.h). */
+bool mge__spec_is_name(const struct tnode *v, size_t max)
 {
-    static const char what[] = "1 to 128 letters, digits, '.', '_' or '-'";
-    const struct tnode *v = sect_get(root, "name", NULL);
-    bool ok;
-
-    if (!v)
-        return fail_missing(c, root, "name", what);
-    ok = v->kind == TN_SCALAR && v->len >= 1 && v->len <= MGE_SPEC_NAME_MAX;
+    bool ok = v->kind == TN_SCALAR && v->len >= 1 && v->len <= max;
     for (size_t i = 0; ok && i < v->len; i++) {
         char ch = v->str[i];
         ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
              ch == '.' || ch == '_' || ch == '-';
     }
-    if (!ok)
+    return ok;
+}
+
+static int check_name(struct ctx *c, const struct sect *root, struct mge_jobspec *spec)
+{
+    static const char what[] = "1 to 128 letters, digits, '.', '_' or '-'";
+    const struct tnode *v = sect_get(root, "name", NULL);
+
+    if (!v)
+        return fail_missing(c, root, "name", what);
+    if (!mge__spec_is_name(v, MGE_SPEC_NAME_MAX))
         return fail_expected(c, v, "name", what);
     spec->name = mge_strdup(v->str);
     return spec->name ? MGE_OK : fail_nomem(c);

@@ -50,6 +50,8 @@ bool mge__spec_is_null(const struct tnode *t);
 bool mge__spec_int(const struct tnode *v, int64_t *out);
 bool mge__spec_num(const struct tnode *v, double *out);
 bool mge__spec_bool(const struct tnode *v, bool *out);
+/* A name: 1 to @max of A-Z a-z 0-9 . _ - (job names, graph nodes). */
+bool mge__spec_is_name(const struct tnode *v, size_t max);
 
 /*
  * graphspec.c: validate model.nodes of the model mapping @model (its data and train sections

@@ -247,22 +247,27 @@ static const struct err_case err_cases[] = {
      "node `extra`: does not lead to the loss node `loss`"},
 };
 
-START_TEST(test_graphspec_errors)
+/* @text must be refused at @line with @key and a message containing @msg (case @n). */
+static void assert_refused(int n, const char *text, int line, const char *key, const char *msg)
 {
-    const struct err_case *tc = &err_cases[_i];
-    const char *text = graph_text(tc->replace, tc->with, tc->extra);
     struct mge_jobspec *spec = NULL;
     struct mge_spec_error err;
     int rc = mge_jobspec_parse("job.yaml", text, strlen(text), NULL, 0, &spec, &err);
-    ck_assert_msg(rc == MGE_SPEC, "case %d: rc %d (%s)", _i, rc, err.message);
+    ck_assert_msg(rc == MGE_SPEC, "case %d: rc %d (%s)", n, rc, err.message);
     ck_assert_ptr_null(spec);
-    ck_assert_msg(err.line == tc->line, "case %d: line %d, want %d (%s)", _i, err.line, tc->line,
+    ck_assert_msg(err.line == line, "case %d: line %d, want %d (%s)", n, err.line, line,
                   err.message);
-    ck_assert_msg(!strcmp(err.key, tc->key), "case %d: key '%s', want '%s' (%s)", _i, err.key,
-                  tc->key, err.message);
-    ck_assert_msg(strstr(err.message, tc->msg), "case %d: message '%s' lacks '%s'", _i, err.message,
-                  tc->msg);
-    ck_assert_msg(!strncmp(err.message, "job.yaml:", 9), "case %d: '%s'", _i, err.message);
+    ck_assert_msg(!strcmp(err.key, key), "case %d: key '%s', want '%s' (%s)", n, err.key, key,
+                  err.message);
+    ck_assert_msg(strstr(err.message, msg), "case %d: message '%s' lacks '%s'", n, err.message,
+                  msg);
+    ck_assert_msg(!strncmp(err.message, "job.yaml:", 9), "case %d: '%s'", n, err.message);
+}
+
+START_TEST(test_graphspec_errors)
+{
+    const struct err_case *tc = &err_cases[_i];
+    assert_refused(_i, graph_text(tc->replace, tc->with, tc->extra), tc->line, tc->key, tc->msg);
 }
 END_TEST
 
@@ -288,18 +293,8 @@ START_TEST(test_graphspec_model_keys)
         {"name: g\nmodel: {type: mlp, hidden: [4], nodes: [a]}\n", 2, "model.nodes",
          "not used by model type 'mlp'"},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        struct mge_jobspec *spec = NULL;
-        struct mge_spec_error err;
-        int rc = mge_jobspec_parse("job.yaml", cases[i].text, strlen(cases[i].text), NULL, 0, &spec,
-                                   &err);
-        ck_assert_msg(rc == MGE_SPEC, "case %zu: rc %d (%s)", i, rc, err.message);
-        ck_assert_msg(err.line == cases[i].line, "case %zu: line %d (%s)", i, err.line,
-                      err.message);
-        ck_assert_msg(!strcmp(err.key, cases[i].key), "case %zu: key %s (%s)", i, err.key,
-                      err.message);
-        ck_assert_msg(strstr(err.message, cases[i].msg), "case %zu: '%s'", i, err.message);
-    }
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        assert_refused((int)i, cases[i].text, cases[i].line, cases[i].key, cases[i].msg);
 }
 END_TEST
 
