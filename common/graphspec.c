@@ -113,7 +113,8 @@ int64_t mge_graphspec_input_numel(const struct mge_graphspec *gs)
 struct gctx {
     struct ctx *c;
     struct mge_graphspec *gs;
-    const struct tnode *seq; /* model.nodes */
+    const struct tnode *seq;          /* model.nodes */
+    const struct mge_gnode **by_name; /* gs->nodes sorted by name, then by place */
 };
 
 static int fail_node(struct gctx *g, const struct tnode *at, int i, const char *key,
@@ -213,10 +214,6 @@ static int get_name(struct gctx *g, const struct tnode *m, int i, struct mge_gno
         return fail_node(g, k ? k : m, i, "name", "required key is missing (expected %s)", what);
     if (!mge__spec_is_name(v, MGE_GRAPH_NAME_MAX))
         return fail_got(g, v, i, "name", what);
-    for (int j = 0; j < i; j++)
-        if (!strcmp(g->gs->nodes[j].name, v->str))
-            return fail_node(g, v, i, "name", "duplicate node name `%s` (first given at line %d)",
-                             v->str, g->gs->nodes[j].line);
     memcpy(nd->name, v->str, v->len + 1);
     nd->line = v->line;
     return MGE_OK;
@@ -377,6 +374,49 @@ static int get_attrs(struct gctx *g, const struct tnode *m, int i, struct mge_gn
     return rc;
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    const struct mge_gnode *x = *(const struct mge_gnode *const *)a;
+    const struct mge_gnode *y = *(const struct mge_gnode *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x > y) - (x < y);
+}
+
+static int cmp_key(const void *key, const void *elem)
+{
+    return strcmp(key, (*(const struct mge_gnode *const *)elem)->name);
+}
+
+/* Index the names (g->by_name) and refuse the first node that repeats an earlier one's. */
+static int index_names(struct gctx *g)
+{
+    const struct mge_graphspec *gs = g->gs;
+    const struct mge_gnode *dup = NULL, *first = NULL;
+    char path[64];
+    int run = 0;
+    g->by_name = mge_calloc((size_t)gs->n, sizeof(*g->by_name));
+    if (!g->by_name)
+        return mge__spec_nomem(g->c);
+    for (int i = 0; i < gs->n; i++)
+        g->by_name[i] = &gs->nodes[i];
+    qsort(g->by_name, (size_t)gs->n, sizeof(*g->by_name), cmp_name);
+    for (int i = 1; i < gs->n; i++) {
+        if (strcmp(g->by_name[run]->name, g->by_name[i]->name) != 0)
+            run = i; /* a run of equal names starts with its earliest node */
+        else if (!dup || g->by_name[i] < dup) {
+            dup = g->by_name[i];
+            first = g->by_name[run];
+        }
+    }
+    if (!dup)
+        return MGE_OK;
+    int i = (int)(dup - gs->nodes);
+    snprintf(path, sizeof(path), "model.nodes[%d].name", i);
+    return mge__spec_fail(g->c, map_get(g->seq->kids[i], "name", NULL), path,
+                          "duplicate node name `%s` (first given at line %d)", dup->name,
+                          first->line);
+}
+
 /* inputs: a name or a list of names, each a node of the graph; arity as the op wants. */
 static int get_inputs(struct gctx *g, const struct tnode *m, int i, struct mge_gnode *nd)
 {
@@ -407,13 +447,11 @@ static int get_inputs(struct gctx *g, const struct tnode *m, int i, struct mge_g
     }
     for (size_t k = 0; k < n; k++) {
         const struct tnode *e = items[k];
-        int found = -1;
+        const struct mge_gnode **hit = NULL;
         char got[192];
-        if (e->kind == TN_SCALAR)
-            for (int j = 0; j < g->gs->n && found < 0; j++)
-                if (strlen(e->str) == e->len && !strcmp(g->gs->nodes[j].name, e->str))
-                    found = j;
-        if (found < 0) {
+        if (e->kind == TN_SCALAR && strlen(e->str) == e->len)
+            hit = bsearch(e->str, g->by_name, (size_t)g->gs->n, sizeof(*g->by_name), cmp_key);
+        if (!hit) {
             const char *names[65];
             int nn = 0;
             mge__spec_describe(got, sizeof(got), e);
@@ -427,7 +465,7 @@ static int get_inputs(struct gctx *g, const struct tnode *m, int i, struct mge_g
                                  got, hint);
             return fail_node(g, e, i, "inputs", "input %s is not a node of the graph", got);
         }
-        nd->inputs[k] = found;
+        nd->inputs[k] = (int)(*hit - g->gs->nodes);
     }
     nd->n_inputs = (int)n;
     return MGE_OK;
@@ -441,39 +479,55 @@ enum { WHITE, GRAY, BLACK };
 struct topo {
     struct gctx *g;
     char *color;
-    int *stack; /* the path being visited: for the cycle's message */
+    int *stack; /* the path being visited (a node is on it at most once) */
+    int *next;  /* stack[d]'s next input to visit */
     int depth, n_out;
 };
 
-static int visit(struct topo *t, int v)
+/* Node @v is on the stack again: the cycle is the stack from v's place, each reading the next. */
+static int fail_cycle(struct topo *t, int v)
 {
-    struct mge_graphspec *gs = t->g->gs;
-    if (t->color[v] == BLACK)
+    const struct mge_graphspec *gs = t->g->gs;
+    char path[320];
+    size_t o = 0;
+    int k = t->depth - 1;
+    while (k > 0 && t->stack[k] != v)
+        k--;
+    for (int j = k; j < t->depth && o < sizeof(path); j++)
+        o += (size_t)snprintf(path + o, sizeof(path) - o, "`%s` reads ",
+                              gs->nodes[t->stack[j]].name);
+    if (o < sizeof(path))
+        snprintf(path + o, sizeof(path) - o, "`%s`", gs->nodes[v].name);
+    return fail_node(t->g, NULL, v, "inputs", "the graph has a cycle: %s", path);
+}
+
+/* Post-order from @root, inputs in their order, with an explicit stack (no recursion). */
+static int visit(struct topo *t, int root)
+{
+    const struct mge_graphspec *gs = t->g->gs;
+    if (t->color[root] == BLACK)
         return MGE_OK;
-    if (t->color[v] == GRAY) {
-        /* v is on the stack: the cycle is stack[k..depth), each node reading the next */
-        char path[320];
-        size_t o = 0;
-        int k = t->depth - 1;
-        while (k > 0 && t->stack[k] != v)
-            k--;
-        for (int j = k; j < t->depth && o < sizeof(path); j++)
-            o += (size_t)snprintf(path + o, sizeof(path) - o, "`%s` reads ",
-                                  gs->nodes[t->stack[j]].name);
-        if (o < sizeof(path))
-            snprintf(path + o, sizeof(path) - o, "`%s`", gs->nodes[v].name);
-        return fail_node(t->g, NULL, v, "inputs", "the graph has a cycle: %s", path);
+    t->color[root] = GRAY;
+    t->stack[0] = root;
+    t->next[0] = 0;
+    t->depth = 1;
+    while (t->depth > 0) {
+        int v = t->stack[t->depth - 1];
+        if (t->next[t->depth - 1] < gs->nodes[v].n_inputs) {
+            int u = gs->nodes[v].inputs[t->next[t->depth - 1]++];
+            if (t->color[u] == GRAY)
+                return fail_cycle(t, u);
+            if (t->color[u] == WHITE) {
+                t->color[u] = GRAY;
+                t->stack[t->depth] = u;
+                t->next[t->depth++] = 0;
+            }
+        } else {
+            t->color[v] = BLACK;
+            gs->order[t->n_out++] = v;
+            t->depth--;
+        }
     }
-    t->color[v] = GRAY;
-    t->stack[t->depth++] = v;
-    for (int k = 0; k < gs->nodes[v].n_inputs; k++) {
-        int rc = visit(t, gs->nodes[v].inputs[k]);
-        if (rc)
-            return rc;
-    }
-    t->depth--;
-    t->color[v] = BLACK;
-    gs->order[t->n_out++] = v;
     return MGE_OK;
 }
 
@@ -485,8 +539,9 @@ static int order_nodes(struct gctx *g)
     int rc = MGE_OK;
     t.color = mge_calloc((size_t)gs->n, 1);
     t.stack = mge_calloc((size_t)gs->n, sizeof(int));
+    t.next = mge_calloc((size_t)gs->n, sizeof(int));
     gs->order = mge_calloc((size_t)gs->n, sizeof(int));
-    if (!t.color || !t.stack || !gs->order) {
+    if (!t.color || !t.stack || !t.next || !gs->order) {
         rc = mge__spec_nomem(g->c);
         goto out_free;
     }
@@ -514,6 +569,7 @@ static int order_nodes(struct gctx *g)
 out_free:
     mge_free(t.color);
     mge_free(t.stack);
+    mge_free(t.next);
     return rc;
 }
 
@@ -799,6 +855,8 @@ static int read_nodes(struct gctx *g)
         if (one)
             *one = i;
     }
+    if ((rc = index_names(g)))
+        return rc;
     /* inputs once every name is known: a node may name one listed after it */
     for (int i = 0; i < gs->n; i++)
         if ((rc = get_inputs(g, g->seq->kids[i], i, &gs->nodes[i])))
@@ -853,9 +911,11 @@ int mge__graphspec_check(struct ctx *c, const struct tnode *model, const struct 
     if ((rc = check_input_data(&g, spec)))
         goto err_free;
     *out = gs;
+    mge_free(g.by_name);
     return MGE_OK;
 
 err_free:
+    mge_free(g.by_name);
     mge_graphspec_free(gs);
     return rc;
 }

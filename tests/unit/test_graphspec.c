@@ -156,6 +156,55 @@ START_TEST(test_graphspec_reshape_and_broadcast)
 }
 END_TEST
 
+/* @text must be refused at @line with @key and a message containing @msg (case @n). */
+static void assert_refused(int n, const char *text, int line, const char *key, const char *msg)
+{
+    struct mge_jobspec *spec = NULL;
+    struct mge_spec_error err;
+    int rc = mge_jobspec_parse("job.yaml", text, strlen(text), NULL, 0, &spec, &err);
+    ck_assert_msg(rc == MGE_SPEC, "case %d: rc %d (%s)", n, rc, err.message);
+    ck_assert_ptr_null(spec);
+    ck_assert_msg(err.line == line, "case %d: line %d, want %d (%s)", n, err.line, line,
+                  err.message);
+    ck_assert_msg(!strcmp(err.key, key), "case %d: key '%s', want '%s' (%s)", n, err.key, key,
+                  err.message);
+    ck_assert_msg(strstr(err.message, msg), "case %d: message '%s' lacks '%s'", n, err.message,
+                  msg);
+    ck_assert_msg(!strncmp(err.message, "job.yaml:", 9), "case %d: '%s'", n, err.message);
+}
+
+/* The most nodes there may be, as a chain listed backwards (so the order is the reverse) with
+ * every input named from the far end: no recursion depth, no quadratic name lookup. */
+START_TEST(test_graphspec_large)
+{
+    size_t cap = 400000, o;
+    char *text = mge_malloc(cap);
+    struct mge_jobspec *s;
+    const struct mge_graphspec *gs;
+    ck_assert_ptr_nonnull(text);
+    o = (size_t)snprintf(text, cap, "%s", GHEAD);
+    o += (size_t)snprintf(text + o, cap - o,
+                          "    - {name: loss, op: cross_entropy, inputs: fc}\n"
+                          "    - {name: fc, op: linear, inputs: n%d, out_features: 4}\n",
+                          MGE_GRAPH_MAX_NODES - 3);
+    for (int i = MGE_GRAPH_MAX_NODES - 3; i >= 1; i--)
+        o += (size_t)snprintf(text + o, cap - o, "    - {name: n%d, op: relu, inputs: %s%d}\n", i,
+                              i > 1 ? "n" : "x", i > 1 ? i - 1 : 0);
+    o += (size_t)snprintf(text + o, cap - o, "    - {name: x0, op: input, shape: [64]}\n");
+    ck_assert_uint_lt(o, cap);
+    s = parse_ok(text);
+    gs = s->model.graph;
+    ck_assert_int_eq(gs->n, MGE_GRAPH_MAX_NODES);
+    for (int k = 0; k < gs->n; k++) /* listed backwards: runs forwards */
+        ck_assert_int_eq(gs->order[k], gs->n - 1 - k);
+    mge_jobspec_free(s);
+    /* one more node is refused */
+    snprintf(text + o, cap - o, "    - {name: extra, op: relu, inputs: x0}\n");
+    assert_refused(0, text, 7, "model.nodes", "got 4097 nodes");
+    mge_free(text);
+}
+END_TEST
+
 struct err_case {
     int replace;       /* node to replace (-1: none) */
     const char *with;  /* its new text (NULL: dropped) */
@@ -246,23 +295,6 @@ static const struct err_case err_cases[] = {
     {-1, NULL, "    - {name: extra, op: relu, inputs: x}\n", 20, "model.nodes[13]",
      "node `extra`: does not lead to the loss node `loss`"},
 };
-
-/* @text must be refused at @line with @key and a message containing @msg (case @n). */
-static void assert_refused(int n, const char *text, int line, const char *key, const char *msg)
-{
-    struct mge_jobspec *spec = NULL;
-    struct mge_spec_error err;
-    int rc = mge_jobspec_parse("job.yaml", text, strlen(text), NULL, 0, &spec, &err);
-    ck_assert_msg(rc == MGE_SPEC, "case %d: rc %d (%s)", n, rc, err.message);
-    ck_assert_ptr_null(spec);
-    ck_assert_msg(err.line == line, "case %d: line %d, want %d (%s)", n, err.line, line,
-                  err.message);
-    ck_assert_msg(!strcmp(err.key, key), "case %d: key '%s', want '%s' (%s)", n, err.key, key,
-                  err.message);
-    ck_assert_msg(strstr(err.message, msg), "case %d: message '%s' lacks '%s'", n, err.message,
-                  msg);
-    ck_assert_msg(!strncmp(err.message, "job.yaml:", 9), "case %d: '%s'", n, err.message);
-}
 
 START_TEST(test_graphspec_errors)
 {
@@ -456,6 +488,7 @@ static Suite *graphspec_suite(void)
     tcase_add_test(tc, test_graphspec_order);
     tcase_add_test(tc, test_graphspec_reshape_and_broadcast);
     tcase_add_test(tc, test_graphspec_round_trip);
+    tcase_add_test(tc, test_graphspec_large);
     suite_add_tcase(s, tc);
     tc = tcase_create("errors");
     tcase_add_loop_test(tc, test_graphspec_errors, 0, sizeof(err_cases) / sizeof(err_cases[0]));
