@@ -1552,6 +1552,17 @@ out_unlock:
     return rc;
 }
 
+int64_t mge_sched_memory_max_mb(struct mge_sched *s)
+{
+    int64_t best = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->n_w; i++)
+        if (s->w[i].state != W_LOST && s->w[i].memory_mb > best)
+            best = s->w[i].memory_mb;
+    pthread_mutex_unlock(&s->mu);
+    return best;
+}
+
 char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
 {
     char need[160], buf[400];
