@@ -18,6 +18,7 @@
 #define CANCEL_RESEND_MS 3000     /* resend a cancel to a rank that still runs after this */
 #define PROGRESS_IV_MAX 64        /* step-report intervals kept for the watchdog's median */
 #define PROGRESS_MEDIAN_X 5       /* no report for this many median intervals: a hang */
+#define ETA_WINDOW_MS 5000        /* an attempt's speed for ETAs: over its last 5-10 s */
 #define GROW_NAMES_MAX 3          /* workers a grow's reason names */
 /* after the cancel grace: how long a next incarnation waits for the ranks of the one before it
  * to end (prev_attempt_live) */
@@ -52,6 +53,9 @@ struct progress {
     int64_t last_line_ms;         /* the worker's time of that report (wall ms) */
     int64_t iv[PROGRESS_IV_MAX];  /* ms between consecutive reports (the worker's clock) */
     int n_iv, next_iv;
+    int64_t step0, line_ms0;      /* the speed for ETAs: from this report (the first, then
+                                     the start of the last window of >= ETA_WINDOW_MS) ... */
+    int64_t win_step, win_ms;     /* ... to now; the window being filled starts here */
 };
 
 /* One placed rank. */
@@ -61,6 +65,7 @@ struct resv {
     int widx;                     /* index into workers */
     int cpus, gpus;
     int64_t memory_mb;
+    int64_t total_steps;          /* the job's, for the ETA of its end (0: unknown) */
     bool exited;                  /* the worker reported its end (and it is stored) */
     int exit_code, term_signal;
     bool finished;                /* the attempt is decided: succeeded, failed or cancelled */
@@ -476,6 +481,16 @@ static void progress_note(struct mge_sched *s, struct resv *r, int64_t step, int
         if (p->n_iv < PROGRESS_IV_MAX)
             p->n_iv++;
     }
+    if (p->line_ms0 <= 0) {
+        p->step0 = p->win_step = step;
+        p->line_ms0 = p->win_ms = line_ms;
+    } else if (line_ms - p->win_ms >= ETA_WINDOW_MS) {
+        /* the speed of the last whole window: the first steps' warm-up and an old load fade */
+        p->step0 = p->win_step;
+        p->line_ms0 = p->win_ms;
+        p->win_step = step;
+        p->win_ms = line_ms;
+    }
     p->step = step;
     p->last_line_ms = line_ms;
     p->since = now_ms(s);
@@ -717,6 +732,7 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
         r->cpus = j->cpus;
         r->gpus = j->gpus;
         r->memory_mb = j->memory_mb;
+        r->total_steps = j->total_steps;
         r->placed = now_ms(s);
     }
     /* all reservations first: rank 0's Assign lists every rank's worker */
@@ -996,6 +1012,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         r->cpus = row.cpus;
         r->gpus = row.gpus;
         r->memory_mb = row.memory_mb;
+        r->total_steps = row.total_steps;
         r->exited = pl[i].exited || wi < 0;
         r->exit_code = pl[i].exit_code;
         r->term_signal = pl[i].term_signal;
@@ -1563,9 +1580,102 @@ int64_t mge_sched_memory_max_mb(struct mge_sched *s)
     return best;
 }
 
+/*
+ * When running attempt @r0 (its rank 0) will end, in ms from now (wall clock), from its speed
+ * over its last 5-10 s of step reports (since its first report before that); -1 when it cannot be told yet (fewer than two reports, or an
+ * unknown length). Lock held.
+ */
+static int64_t attempt_eta_ms(const struct resv *r0, int64_t wall_now)
+{
+    const struct progress *p = &r0->prog;
+    double ms_per_step;
+    int64_t left;
+    if (r0->total_steps <= 0 || p->line_ms0 <= 0 || p->step <= p->step0 ||
+        p->last_line_ms <= p->line_ms0)
+        return -1;
+    ms_per_step = (double)(p->last_line_ms - p->line_ms0) / (double)(p->step - p->step0);
+    left = (int64_t)(ms_per_step * (double)(r0->total_steps - p->step)) -
+           (wall_now - p->last_line_ms);
+    return left > 0 ? left : 0;
+}
+
+struct eta_end {
+    int64_t eta, job_id;
+    int attempt;
+};
+
+static int cmp_eta(const void *a, const void *b)
+{
+    const struct eta_end *x = a, *y = b;
+    return (x->eta > y->eta) - (x->eta < y->eta);
+}
+
+/*
+ * When queued job @j could start: the running attempts end in the order of their ETAs, each
+ * giving its slots back, until @n usable workers could hold a rank of @j. Writes "; about 40 s
+ * (job 12 ends)" (or "; no estimate yet ...") to @buf. Queued jobs ahead of @j are not counted.
+ * Lock held.
+ */
+static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n, char *buf,
+                        size_t len)
+{
+    int *cpus = mge_calloc(s->n_w + 1, sizeof(int)), *gpus = mge_calloc(s->n_w + 1, sizeof(int));
+    int64_t *mem = mge_calloc(s->n_w + 1, sizeof(int64_t)), wall = mge_now_ms();
+    struct eta_end *ends = mge_calloc(s->n_r + 1, sizeof(*ends));
+    size_t n_ends = 0;
+    int unknown = 0;
+
+    buf[0] = '\0';
+    if (!cpus || !gpus || !mem || !ends)
+        goto out;
+    for (size_t i = 0; i < s->n_w; i++)
+        worker_free(s, (int)i, &cpus[i], &gpus[i], &mem[i], NULL);
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->rank != 0 || r->finished || r->exited)
+            continue;
+        ends[n_ends].eta = attempt_eta_ms(r, wall);
+        if (ends[n_ends].eta < 0) {
+            unknown++;
+            continue;
+        }
+        ends[n_ends].job_id = r->job_id;
+        ends[n_ends++].attempt = r->attempt;
+    }
+    qsort(ends, n_ends, sizeof(*ends), cmp_eta);
+    for (size_t e = 0; e < n_ends; e++) {
+        int fit = 0;
+        for (size_t i = 0; i < s->n_r; i++) {
+            const struct resv *r = &s->r[i];
+            if (r->job_id == ends[e].job_id && r->attempt == ends[e].attempt && !r->exited &&
+                r->widx >= 0) {
+                cpus[r->widx] += r->cpus;
+                gpus[r->widx] += r->gpus;
+                mem[r->widx] += r->memory_mb;
+            }
+        }
+        for (size_t i = 0; i < s->n_w; i++)
+            if (worker_usable(&s->w[i]) && fits(&s->w[i], j, cpus[i], gpus[i], mem[i]))
+                fit++;
+        if (fit >= n) {
+            snprintf(buf, len, "; about %lld s (job %lld ends)",
+                     (long long)((ends[e].eta + 999) / 1000), (long long)ends[e].job_id);
+            goto out;
+        }
+    }
+    if (unknown > 0)
+        snprintf(buf, len, "; no estimate yet (%d running job%s not reported %s speed)", unknown,
+                 unknown == 1 ? " has" : "s have", unknown == 1 ? "its" : "their");
+out:
+    mge_free(cpus);
+    mge_free(gpus);
+    mge_free(mem);
+    mge_free(ends);
+}
+
 char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
 {
-    char need[160], buf[400];
+    char need[160], buf[400], eta[120] = "";
     int total = 0, fit_ever = 0, fit_now = 0, usable = 0;
     int n = j->workers_min;
 
@@ -1585,6 +1695,8 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
         if (fits(&s->w[i], j, cpus, gpus, mem))
             fit_now++;
     }
+    if (fit_ever >= n && fit_now < n)
+        pending_eta(s, j, n, eta, sizeof(eta));
     pthread_mutex_unlock(&s->mu);
 
     {
@@ -1607,7 +1719,7 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
         snprintf(buf, sizeof(buf), "%s, only %d worker%s that large", need, fit_ever,
                  fit_ever == 1 ? " is" : "s are");
     else if (fit_now < n)
-        snprintf(buf, sizeof(buf), "%s, %d free", need, fit_now);
+        snprintf(buf, sizeof(buf), "%s, %d free%s", need, fit_now, eta);
     else
         snprintf(buf, sizeof(buf), "%s, %d free: waiting for the scheduler", need, fit_now);
     return mge_strdup(buf);

@@ -136,7 +136,7 @@ static const char *const sql_text[Q__COUNT] = {
                   " finished_ms, failure_reason, result, total_steps, restarts, plan FROM jobs"
                   " WHERE id = ?",
     [Q_JOB_ROW] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
-                  " memory_mb, device FROM jobs WHERE id = ?",
+                  " memory_mb, device, total_steps FROM jobs WHERE id = ?",
     [Q_JOB_SPEC] = "SELECT spec_yaml FROM jobs WHERE id = ?",
     [Q_JOB_LIST] = "SELECT id, name, state, priority, attempt, created_ms, finished_ms,"
                    " failure_reason FROM jobs WHERE id < ? ORDER BY id DESC LIMIT ?",
@@ -144,7 +144,7 @@ static const char *const sql_text[Q__COUNT] = {
                          " failure_reason FROM jobs WHERE state = ? AND id < ?"
                          " ORDER BY id DESC LIMIT ?",
     [Q_JOBS_QUEUED] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
-                      " memory_mb, device FROM jobs WHERE state = 0"
+                      " memory_mb, device, total_steps FROM jobs WHERE state = 0"
                       " ORDER BY priority DESC, id ASC LIMIT ?",
     /* the current attempt of running jobs, and the ranks of the attempt before the current one
      * of a job not ended yet that are not known to have ended (superseded: sched.c fences them
@@ -872,6 +872,7 @@ static void row_from_stmt(sqlite3_stmt *s, struct mge_job_row *r)
     r->gpus = sqlite3_column_int(s, 7);
     r->memory_mb = sqlite3_column_int64(s, 8);
     r->device = sqlite3_column_int(s, 9);
+    r->total_steps = sqlite3_column_int64(s, 10);
 }
 
 int mge_store_job_row(struct mge_store *st, int64_t id, struct mge_job_row *out)

@@ -44,6 +44,7 @@ struct mge_job_row {
     int cpus, gpus;          /* per worker */
     int64_t memory_mb;       /* per worker, 0 = any */
     int device;              /* enum mge_device_kind */
+    int64_t total_steps;     /* the steps the job trains in all (its progress' total) */
 };
 
 /* One placed rank as stored. */

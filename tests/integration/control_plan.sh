@@ -79,6 +79,49 @@ check "... its plan names the reason (outside the data roots), nothing of the fi
 jq -r '"     " + .plan.error' "$T/j3.json"
 api POST "/api/v1/jobs/$J3/cancel" >/dev/null
 
+# --- the pending reason's ETA: when the running jobs' speed says the slots come free ---
+eta_job() { # NAME STEPS
+    cat >"$T/$1.yaml" <<Y
+name: $1
+$LONG_MODEL
+$LONG_DATA
+resources: {cpus: 2}
+train: {steps: $2, batch_size: 128, $LONG_OPT}
+Y
+}
+eta_job short 600
+eta_job long 1200
+eta_job queued 50
+A=$(post short | jq -r .id)
+B=$(post long | jq -r .id)
+both_run() { state_is "$A" running && state_is "$B" running; }
+check "two jobs take both workers' CPUs" wait_until 20 both_run
+Q=$(post queued | jq -r .id)
+pending_has_eta() { # JOB: "no estimate yet (...)" before the speeds are known, then an ETA
+    api GET "/api/v1/jobs/$1" | jq -e '.pending_reason |
+        test("(no estimate yet [(].*[)]|about [0-9]+ s [(]job [0-9]+ ends[)])$")' >/dev/null
+}
+check "a third waits, and its reason says when it may start (or that it cannot tell yet)" \
+    wait_until 5 pending_has_eta "$Q"
+check "job $A passes step 150" wait_until 60 step_at_least "$A" 150
+api GET "/api/v1/jobs/$Q" >"$T/q.json"
+t_said=$(date +%s.%N)
+eta=$(jq -r '.pending_reason | capture("about (?<s>[0-9]+) s [(]job (?<j>[0-9]+) ends").s' "$T/q.json")
+who=$(jq -r '.pending_reason | capture("about (?<s>[0-9]+) s [(]job (?<j>[0-9]+) ends").j' "$T/q.json")
+echo "     pending reason: $(jq -r .pending_reason "$T/q.json")"
+check "... then it names job $A, the shorter one, and an ETA" test "$who" = "$A" -a -n "$eta"
+left_queue() { ! state_is "$Q" queued; }
+check "the queued job starts" wait_until 120 left_queue
+started=$(api GET "/api/v1/jobs/$Q" | jq -r .started_at)
+waited=$(echo "$(iso_epoch "$started") - $t_said" | bc -l)
+if echo "$waited $eta" | awk '{ d = $1 - $2; if (d < 0) d = -d; m = 0.3 * $1; if (m < 2) m = 2; exit !(d <= m) }'; then
+    ok "it started $(printf '%.1f' "$waited") s after the reason said about $eta s (within 30% or 2 s)"
+else
+    fail "it started $(printf '%.1f' "$waited") s after the reason said about $eta s (not within 30% or 2 s)"
+fi
+all_done() { state_is "$A" succeeded && state_is "$B" succeeded && state_is "$Q" succeeded; }
+check "all three succeed" wait_until 120 all_done
+
 # --- a coordinator without a planner places by slots alone ---
 kill "$COORD_PID"; wait "$COORD_PID" 2>/dev/null
 start_coord --plan-bin none
