@@ -66,6 +66,7 @@ struct resv {
     int cpus, gpus;
     int64_t memory_mb;
     int64_t total_steps;          /* the job's, for the ETA of its end (0: unknown) */
+    int priority;                 /* the job's: a queued job of a higher one may preempt it */
     bool exited;                  /* the worker reported its end (and it is stored) */
     int exit_code, term_signal;
     bool finished;                /* the attempt is decided: succeeded, failed or cancelled */
@@ -733,6 +734,7 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
         r->gpus = j->gpus;
         r->memory_mb = j->memory_mb;
         r->total_steps = j->total_steps;
+        r->priority = j->priority;
         r->placed = now_ms(s);
     }
     /* all reservations first: rank 0's Assign lists every rank's worker */
@@ -864,25 +866,134 @@ static void grow_at_checkpoint(struct mge_sched *s, int wi, const struct mge_sto
     }
 }
 
+/* Whether attempt @attempt of @job holds reservations. Lock held. */
+static bool attempt_placed(const struct mge_sched *s, int64_t job, int attempt)
+{
+    for (size_t i = 0; i < s->n_r; i++)
+        if (s->r[i].job_id == job && s->r[i].attempt == attempt)
+            return true;
+    return false;
+}
+
+struct victim {
+    int64_t job_id;
+    int attempt, priority;
+    int64_t placed;
+};
+
+/* Lowest priority first; of equal ones the youngest (the least work lost) first. */
+static int cmp_victim(const void *a, const void *b)
+{
+    const struct victim *x = a, *y = b;
+    if (x->priority != y->priority)
+        return x->priority - y->priority;
+    return (y->placed > x->placed) - (y->placed < x->placed);
+}
+
+/* Give attempt @job/@attempt's reservations back to @cpus/@gpus/@mem. Lock held. */
+static void attempt_release(const struct mge_sched *s, int64_t job, int attempt, int *cpus,
+                            int *gpus, int64_t *mem)
+{
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->job_id == job && r->attempt == attempt && !r->exited && r->widx >= 0) {
+            cpus[r->widx] += r->cpus;
+            gpus[r->widx] += r->gpus;
+            mem[r->widx] += r->memory_mb;
+        }
+    }
+}
+
+/* How many workers could take a rank of @j with the free slots @cpus/@gpus/@mem. Lock held. */
+static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *j,
+                           const int *cpus, const int *gpus, const int64_t *mem)
+{
+    int fit = 0;
+    for (size_t i = 0; i < s->n_w; i++)
+        if (worker_takes(&s->w[i]) && (j->workers_max <= 1 || s->w[i].launch_url[0]) &&
+            fits(&s->w[i], j, cpus[i], gpus[i], mem[i]))
+            fit++;
+    return fit;
+}
+
+/*
+ * Preemption: queued job @j (not placed this pass) may take the slots of running attempts of
+ * lower priority. Counting the slots of attempts already ending as free, if @j still cannot
+ * start, the lowest-priority (then youngest) running attempts are ended one by one in thought
+ * until it could; if it could then, they are ended for real: requeued, not charged to their
+ * restarts, to resume from their last checkpoint when there is room again ("preempted by job
+ * 7 (priority 10)"). Jobs of the same or a higher priority are never preempted. Lock held.
+ */
+static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
+{
+    int *cpus = mge_calloc(s->n_w + 1, sizeof(int)), *gpus = mge_calloc(s->n_w + 1, sizeof(int));
+    int64_t *mem = mge_calloc(s->n_w + 1, sizeof(int64_t));
+    struct victim *v = mge_calloc(s->n_r + 1, sizeof(*v));
+    size_t n_v = 0, take = 0;
+    int need = j->workers_min;
+    bool done = false;
+
+    if (!cpus || !gpus || !mem || !v)
+        goto out;
+    for (size_t i = 0; i < s->n_w; i++)
+        worker_free(s, (int)i, &cpus[i], &gpus[i], &mem[i], NULL);
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->finished && !r->exited && r->widx >= 0) { /* ending: its slots come back */
+            cpus[r->widx] += r->cpus;
+            gpus[r->widx] += r->gpus;
+            mem[r->widx] += r->memory_mb;
+        } else if (r->rank == 0 && !r->finished && r->priority < j->priority) {
+            v[n_v].job_id = r->job_id;
+            v[n_v].attempt = r->attempt;
+            v[n_v].priority = r->priority;
+            v[n_v++].placed = r->placed;
+        }
+    }
+    if (workers_fitting(s, j, cpus, gpus, mem) >= need || n_v == 0)
+        goto out; /* it starts once those end, or nothing may make room */
+    qsort(v, n_v, sizeof(*v), cmp_victim);
+    while (take < n_v && workers_fitting(s, j, cpus, gpus, mem) < need) {
+        attempt_release(s, v[take].job_id, v[take].attempt, cpus, gpus, mem);
+        take++;
+    }
+    if (workers_fitting(s, j, cpus, gpus, mem) < need)
+        goto out;
+    for (size_t k = 0; k < take; k++) {
+        char reason[160];
+        bool requeued = false;
+        snprintf(reason, sizeof(reason), "preempted by job %lld (priority %d)", (long long)j->id,
+                 j->priority);
+        if (mge_store_job_requeue(s->st, v[k].job_id, v[k].attempt, reason, false, &requeued) !=
+            MGE_OK)
+            continue; /* the next pass tries again */
+        mge_log_warn("job %lld attempt %d (priority %d): %s: %s", (long long)v[k].job_id,
+                     v[k].attempt, v[k].priority, reason, requeued ? "requeued" : "failed");
+        attempt_finish(s, v[k].job_id, v[k].attempt, true);
+        s->dirty = true;
+        done = true;
+    }
+out:
+    mge_free(cpus);
+    mge_free(gpus);
+    mge_free(mem);
+    mge_free(v);
+    return done;
+}
+
 static void schedule(struct mge_sched *s)
 {
     struct mge_job_row *rows = NULL;
     int n = 0;
-    bool any_free = false;
-    for (size_t i = 0; i < s->n_w && !any_free; i++) {
-        int cpus, gpus;
-        int64_t mem;
-        if (!worker_usable(&s->w[i]))
-            continue;
-        worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
-        any_free = cpus > 0 || gpus > 0;
-    }
-    if (!any_free)
-        return;
     if (mge_store_jobs_queued(s->st, QUEUE_SCAN_MAX, &rows, &n) != MGE_OK)
         return;
     for (int i = 0; i < n; i++)
         place_one(s, &rows[i]);
+    /* queued jobs left waiting may preempt lower ones, highest first, one per pass (the next
+     * pass counts the slots those leave as free) */
+    for (int i = 0; i < n; i++)
+        if (!attempt_placed(s, rows[i].id, rows[i].attempt) && preempt_for(s, &rows[i]))
+            break;
     mge_free(rows);
     grow_check(s);
 }
@@ -1013,6 +1124,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         r->gpus = row.gpus;
         r->memory_mb = row.memory_mb;
         r->total_steps = row.total_steps;
+        r->priority = row.priority;
         r->exited = pl[i].exited || wi < 0;
         r->exit_code = pl[i].exit_code;
         r->term_signal = pl[i].term_signal;
