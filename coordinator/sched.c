@@ -157,7 +157,8 @@ static struct resv *resv_find(struct mge_sched *s, int64_t job, int attempt, int
 }
 
 /* Free slots of worker @wi: total minus what its live ranks hold. */
-static void worker_free(struct mge_sched *s, int wi, int *cpus, int *gpus, int64_t *mem, int *ranks)
+static void worker_free(const struct mge_sched *s, int wi, int *cpus, int *gpus, int64_t *mem,
+                        int *ranks)
 {
     struct worker *w = &s->w[wi];
     *cpus = w->cpus;
@@ -890,6 +891,33 @@ static int cmp_victim(const void *a, const void *b)
     return (y->placed > x->placed) - (y->placed < x->placed);
 }
 
+/* Free slots of every worker, one array per kind (index: the worker), for thought
+ * experiments: what would fit if some attempts ended. */
+struct slots {
+    int *cpus, *gpus;
+    int64_t *mem;
+};
+
+/* The free slots now; false on OOM (then slots_fini() anyway). Lock held. */
+static bool slots_now(const struct mge_sched *s, struct slots *sl)
+{
+    sl->cpus = mge_calloc(s->n_w + 1, sizeof(int));
+    sl->gpus = mge_calloc(s->n_w + 1, sizeof(int));
+    sl->mem = mge_calloc(s->n_w + 1, sizeof(int64_t));
+    if (!sl->cpus || !sl->gpus || !sl->mem)
+        return false;
+    for (size_t i = 0; i < s->n_w; i++)
+        worker_free(s, (int)i, &sl->cpus[i], &sl->gpus[i], &sl->mem[i], NULL);
+    return true;
+}
+
+static void slots_fini(struct slots *sl)
+{
+    mge_free(sl->cpus);
+    mge_free(sl->gpus);
+    mge_free(sl->mem);
+}
+
 /* Give attempt @job/@attempt's reservations back to @cpus/@gpus/@mem. Lock held. */
 static void attempt_release(const struct mge_sched *s, int64_t job, int attempt, int *cpus,
                             int *gpus, int64_t *mem)
@@ -926,17 +954,19 @@ static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *
  */
 static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
 {
-    int *cpus = mge_calloc(s->n_w + 1, sizeof(int)), *gpus = mge_calloc(s->n_w + 1, sizeof(int));
-    int64_t *mem = mge_calloc(s->n_w + 1, sizeof(int64_t));
+    struct slots sl;
     struct victim *v = mge_calloc(s->n_r + 1, sizeof(*v));
+    int *cpus, *gpus;
+    int64_t *mem;
     size_t n_v = 0, take = 0;
     int need = j->workers_min;
     bool done = false;
 
-    if (!cpus || !gpus || !mem || !v)
+    if (!slots_now(s, &sl) || !v)
         goto out;
-    for (size_t i = 0; i < s->n_w; i++)
-        worker_free(s, (int)i, &cpus[i], &gpus[i], &mem[i], NULL);
+    cpus = sl.cpus;
+    gpus = sl.gpus;
+    mem = sl.mem;
     for (size_t i = 0; i < s->n_r; i++) {
         const struct resv *r = &s->r[i];
         if (r->finished && !r->exited && r->widx >= 0) { /* ending: its slots come back */
@@ -974,9 +1004,7 @@ static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
         done = true;
     }
 out:
-    mge_free(cpus);
-    mge_free(gpus);
-    mge_free(mem);
+    slots_fini(&sl);
     mge_free(v);
     return done;
 }
@@ -1731,17 +1759,15 @@ static int cmp_eta(const void *a, const void *b)
 static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n, char *buf,
                         size_t len)
 {
-    int *cpus = mge_calloc(s->n_w + 1, sizeof(int)), *gpus = mge_calloc(s->n_w + 1, sizeof(int));
-    int64_t *mem = mge_calloc(s->n_w + 1, sizeof(int64_t)), wall = mge_now_ms();
+    struct slots sl;
+    int64_t wall = mge_now_ms();
     struct eta_end *ends = mge_calloc(s->n_r + 1, sizeof(*ends));
     size_t n_ends = 0;
     int unknown = 0;
 
     buf[0] = '\0';
-    if (!cpus || !gpus || !mem || !ends)
+    if (!slots_now(s, &sl) || !ends)
         goto out;
-    for (size_t i = 0; i < s->n_w; i++)
-        worker_free(s, (int)i, &cpus[i], &gpus[i], &mem[i], NULL);
     for (size_t i = 0; i < s->n_r; i++) {
         const struct resv *r = &s->r[i];
         if (r->rank != 0 || r->finished || r->exited)
@@ -1756,20 +1782,8 @@ static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n,
     }
     qsort(ends, n_ends, sizeof(*ends), cmp_eta);
     for (size_t e = 0; e < n_ends; e++) {
-        int fit = 0;
-        for (size_t i = 0; i < s->n_r; i++) {
-            const struct resv *r = &s->r[i];
-            if (r->job_id == ends[e].job_id && r->attempt == ends[e].attempt && !r->exited &&
-                r->widx >= 0) {
-                cpus[r->widx] += r->cpus;
-                gpus[r->widx] += r->gpus;
-                mem[r->widx] += r->memory_mb;
-            }
-        }
-        for (size_t i = 0; i < s->n_w; i++)
-            if (worker_usable(&s->w[i]) && fits(&s->w[i], j, cpus[i], gpus[i], mem[i]))
-                fit++;
-        if (fit >= n) {
+        attempt_release(s, ends[e].job_id, ends[e].attempt, sl.cpus, sl.gpus, sl.mem);
+        if (workers_fitting(s, j, sl.cpus, sl.gpus, sl.mem) >= n) {
             snprintf(buf, len, "; about %lld s (job %lld ends)",
                      (long long)((ends[e].eta + 999) / 1000), (long long)ends[e].job_id);
             goto out;
@@ -1779,9 +1793,7 @@ static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n,
         snprintf(buf, len, "; no estimate yet (%d running job%s not reported %s speed)", unknown,
                  unknown == 1 ? " has" : "s have", unknown == 1 ? "its" : "their");
 out:
-    mge_free(cpus);
-    mge_free(gpus);
-    mge_free(mem);
+    slots_fini(&sl);
     mge_free(ends);
 }
 
