@@ -322,8 +322,8 @@ static int plan_job(struct mge_http *h, const char *ct, const struct req *rq,
             snprintf(detail, dlen,
                      "needs %s per rank at batch %d; the largest worker has %s; with "
                      "recomputation %s%s",
-                     mge_bytes_human(p.plain_bytes, need, sizeof(need)),
-                     (*spec)->train.batch_size, mge_bytes_human(max_b, have, sizeof(have)),
+                     mge_bytes_human(p.plain_bytes, need, sizeof(need)), (*spec)->train.batch_size,
+                     mge_bytes_human(max_b, have, sizeof(have)),
                      mge_bytes_human(p.sublinear_bytes, sub, sizeof(sub)),
                      p.sublinear_bytes <= max_b ? ": set memory.sublinear: auto"
                                                 : ": still too large (lower train.batch_size)");
@@ -335,8 +335,8 @@ static int plan_job(struct mge_http *h, const char *ct, const struct req *rq,
     o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:i, s:s, s:I}", "peak_bytes_per_rank",
                   (json_int_t)p.chosen_bytes, "mode", p.chosen_mode, "plain_bytes",
                   (json_int_t)p.plain_bytes, "sublinear_bytes", (json_int_t)p.sublinear_bytes,
-                  "reserved_mb", (json_int_t)*plan_mb, "batch", (*spec)->train.batch_size,
-                  "placed", how, "largest_worker_mb", (json_int_t)max_mb);
+                  "reserved_mb", (json_int_t)*plan_mb, "batch", (*spec)->train.batch_size, "placed",
+                  how, "largest_worker_mb", (json_int_t)max_mb);
     mge_job_plan_fini(&p);
 out:
     if (!o)
@@ -385,11 +385,10 @@ static enum MHD_Result jobs_post(struct mge_http *h, struct MHD_Connection *c, s
         }
     }
     spec_json = mge_jobspec_to_json(spec);
-    rc = mge_store_job_insert_planned(h->st, spec, spec_json ? spec_json : "{}",
-                                      mge_jobspec_total_steps(spec, spec->data.train_size > 0
-                                                                        ? spec->data.train_size
-                                                                        : 60000),
-                                      plan_json, plan_mb, &id);
+    rc = mge_store_job_insert_planned(
+        h->st, spec, spec_json ? spec_json : "{}",
+        mge_jobspec_total_steps(spec, spec->data.train_size > 0 ? spec->data.train_size : 60000),
+        plan_json, plan_mb, &id);
     mge_free(spec_json);
     free(plan_json);
     mge_jobspec_free(spec);

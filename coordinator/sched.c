@@ -53,9 +53,9 @@ struct progress {
     int64_t last_line_ms;         /* the worker's time of that report (wall ms) */
     int64_t iv[PROGRESS_IV_MAX];  /* ms between consecutive reports (the worker's clock) */
     int n_iv, next_iv;
-    int64_t step0, line_ms0;      /* the speed for ETAs: from this report (the first, then
-                                     the start of the last window of >= ETA_WINDOW_MS) ... */
-    int64_t win_step, win_ms;     /* ... to now; the window being filled starts here */
+    int64_t step0, line_ms0;  /* the speed for ETAs: from this report (the first, then
+                                 the start of the last window of >= ETA_WINDOW_MS) ... */
+    int64_t win_step, win_ms; /* ... to now; the window being filled starts here */
 };
 
 /* One placed rank. */
@@ -933,8 +933,8 @@ static void attempt_release(const struct mge_sched *s, int64_t job, int attempt,
 }
 
 /* How many workers could take a rank of @j with the free slots @cpus/@gpus/@mem. Lock held. */
-static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *j,
-                           const int *cpus, const int *gpus, const int64_t *mem)
+static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *j, const int *cpus,
+                           const int *gpus, const int64_t *mem)
 {
     int fit = 0;
     for (size_t i = 0; i < s->n_w; i++)
@@ -1722,8 +1722,8 @@ int64_t mge_sched_memory_max_mb(struct mge_sched *s)
 
 /*
  * When running attempt @r0 (its rank 0) will end, in ms from now (wall clock), from its speed
- * over its last 5-10 s of step reports (since its first report before that); -1 when it cannot be told yet (fewer than two reports, or an
- * unknown length). Lock held.
+ * over its last 5-10 s of step reports (since its first report before that); -1 when it cannot be
+ * told yet (fewer than two reports, or an unknown length). Lock held.
  */
 static int64_t attempt_eta_ms(const struct resv *r0, int64_t wall_now)
 {
@@ -1734,8 +1734,8 @@ static int64_t attempt_eta_ms(const struct resv *r0, int64_t wall_now)
         p->last_line_ms <= p->line_ms0)
         return -1;
     ms_per_step = (double)(p->last_line_ms - p->line_ms0) / (double)(p->step - p->step0);
-    left = (int64_t)(ms_per_step * (double)(r0->total_steps - p->step)) -
-           (wall_now - p->last_line_ms);
+    left =
+        (int64_t)(ms_per_step * (double)(r0->total_steps - p->step)) - (wall_now - p->last_line_ms);
     return left > 0 ? left : 0;
 }
 

@@ -636,8 +636,8 @@ int mge_store_job_insert(struct mge_store *st, const struct mge_jobspec *spec,
 }
 
 int mge_store_job_insert_planned(struct mge_store *st, const struct mge_jobspec *spec,
-                                 const char *spec_json, int64_t total_steps,
-                                 const char *plan_json, int64_t plan_mb, int64_t *out_id)
+                                 const char *spec_json, int64_t total_steps, const char *plan_json,
+                                 int64_t plan_mb, int64_t *out_id)
 {
     sqlite3_stmt *s;
     int64_t now = mge_now_ms();

@@ -135,8 +135,8 @@ int mge_store_job_insert(struct mge_store *st, const struct mge_jobspec *spec,
  * scheduler reserves when it is more than resources.memory_mb.
  */
 int mge_store_job_insert_planned(struct mge_store *st, const struct mge_jobspec *spec,
-                                 const char *spec_json, int64_t total_steps,
-                                 const char *plan_json, int64_t plan_mb, int64_t *out_id);
+                                 const char *spec_json, int64_t total_steps, const char *plan_json,
+                                 int64_t plan_mb, int64_t *out_id);
 
 /* The job as the API shows it (without pending_reason, which the scheduler knows). MGE_NOENT. */
 int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out);

@@ -539,10 +539,10 @@ static void guard_push(struct mge_ranks *rs, struct spawn_bufs *b, struct strv *
 /* Environment variables a rank's process gets from us, not from the worker's environment. */
 static bool env_ours(const char *e)
 {
-    static const char *const names[] = {"OMP_NUM_THREADS=", "MGE_JOB_ID=", "MGE_RANK=",
-                                        "MGE_WORLD_SIZE=", "MGE_ATTEMPT=", "MGE_SPEC_YAML=",
-                                        "MGE_LAUNCH_MAP=", "MGE_LAUNCH_TOKEN=", "OMPI_COMM_WORLD",
-                                        "TMPDIR=", MGE_DATA_ROOTS_ENV "="};
+    static const char *const names[] = {
+        "OMP_NUM_THREADS=", "MGE_JOB_ID=",    "MGE_RANK=",           "MGE_WORLD_SIZE=",
+        "MGE_ATTEMPT=",     "MGE_SPEC_YAML=", "MGE_LAUNCH_MAP=",     "MGE_LAUNCH_TOKEN=",
+        "OMPI_COMM_WORLD",  "TMPDIR=",        MGE_DATA_ROOTS_ENV "="};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strncmp(e, names[i], strlen(names[i])))
             return true;

@@ -334,8 +334,8 @@ START_TEST(test_sched_pending_reasons)
         l[0] = line(small, 1, 0, 1, 2, "{\"step\":100,\"loss\":1.0}", now - 10000);
         l[1] = line(small, 1, 0, 2, 2, "{\"step\":200,\"loss\":1.0}", now);
         beat_quiet(w1, &r, 1, l, 2);
-        snprintf(want, sizeof(want), "needs 1 worker with 1 CPU, 0 free; about 80 s (job %lld ends)",
-                 (long long)small);
+        snprintf(want, sizeof(want),
+                 "needs 1 worker with 1 CPU, 0 free; about 80 s (job %lld ends)", (long long)small);
         assert_reason(next, want);
     }
     ck_assert_int_eq(mge_sched_worker_drain(g_s, "w1", &out), MGE_OK);
