@@ -42,6 +42,7 @@ static void usage(FILE *f)
             "  cancel ID                                              cancel a job\n"
             "  workers [-o json]                                      workers and their slots\n"
             "  drain WORKER                                           no new ranks on a worker\n"
+            "  top [--every S] [--once]                               jobs and workers, live\n"
             "  metrics ID [--name loss] [-o json]                     stored metrics\n"
             "  checkpoint download ID [-o FILE] [--name NAME]         fetch a checkpoint\n"
             "  completion bash|zsh                                    shell completion script\n"
@@ -861,6 +862,105 @@ static int cmd_workers(void)
     return EX_OK;
 }
 
+/* One screen of `mgectl top`: workers, then the live jobs (queued and running) with their
+ * progress and why a queued one waits, then the last finished ones. */
+static int top_screen(bool clear_screen, FILE *out)
+{
+    json_t *jobs, *workers, *j, *w;
+    size_t i;
+    int ex = 0, shown = 0;
+    if (!(workers = get_json("top", "/api/v1/workers", &ex)))
+        return ex;
+    if (!(jobs = get_json("top", "/api/v1/jobs?limit=200", &ex))) {
+        json_decref(workers);
+        return ex;
+    }
+    if (clear_screen)
+        fputs("\033[H\033[2J", out);
+    fprintf(out, "%-16s %-9s %9s %13s %6s %6s\n", "WORKER", "STATE", "CPUS", "MEMORY_MB", "GPUS",
+            "RANKS");
+    json_array_foreach(json_object_get(workers, "workers"), i, w)
+    {
+        json_t *sl = json_object_get(w, "slots"), *f = json_object_get(w, "free");
+        fprintf(out, "%-16.16s %-9s %4lld/%-4lld %6lld/%-6lld %2lld/%-3lld %6lld\n", str(w, "name"),
+                str(w, "state"), (long long)json_integer_value(json_object_get(f, "cpus")),
+                (long long)json_integer_value(json_object_get(sl, "cpus")),
+                (long long)json_integer_value(json_object_get(f, "memory_mb")),
+                (long long)json_integer_value(json_object_get(sl, "memory_mb")),
+                (long long)json_integer_value(json_object_get(f, "gpus")),
+                (long long)json_integer_value(json_object_get(sl, "gpus")),
+                (long long)json_integer_value(json_object_get(w, "running_ranks")));
+    }
+    fprintf(out, "\n%-6s %-20s %-10s %4s %13s %10s %9s  %s\n", "JOB", "NAME", "STATE", "PRIO",
+            "STEP", "LOSS", "SAMPLES/S", "WAITING FOR / ENDED");
+    json_array_foreach(json_object_get(jobs, "jobs"), i, j)
+    {
+        const char *state = str(j, "state");
+        bool live = !strcmp(state, "running") || !strcmp(state, "queued");
+        char path[64], step[32] = "-", loss[32] = "-", sps[32] = "-";
+        const char *why =
+            json_is_string(json_object_get(j, "failure_reason")) ? str(j, "failure_reason") : "";
+        json_t *d = NULL;
+        if (!live && shown >= 10)
+            continue; /* the live ones all, the last 10 others */
+        if (live) {
+            snprintf(path, sizeof(path), "/api/v1/jobs/%lld",
+                     (long long)json_integer_value(json_object_get(j, "id")));
+            d = get_json("top", path, &ex);
+        }
+        if (d) {
+            json_t *pr = json_object_get(d, "progress"), *lm = json_object_get(d, "latest_metrics");
+            snprintf(step, sizeof(step), "%lld/%lld",
+                     (long long)json_integer_value(json_object_get(pr, "step")),
+                     (long long)json_integer_value(json_object_get(pr, "total_steps")));
+            if (json_object_get(lm, "loss"))
+                snprintf(loss, sizeof(loss), "%.4g",
+                         json_number_value(json_object_get(json_object_get(lm, "loss"), "value")));
+            if (json_object_get(lm, "samples_per_sec"))
+                snprintf(sps, sizeof(sps), "%.0f",
+                         json_number_value(
+                             json_object_get(json_object_get(lm, "samples_per_sec"), "value")));
+            if (json_is_string(json_object_get(d, "pending_reason")))
+                why = str(d, "pending_reason");
+        }
+        fprintf(out, "%-6lld %-20.20s %-10s %4lld %13s %10s %9s  %s\n",
+                (long long)json_integer_value(json_object_get(j, "id")), str(j, "name"), state,
+                (long long)json_integer_value(json_object_get(j, "priority")), step, loss, sps,
+                why);
+        json_decref(d);
+        if (!live)
+            shown++;
+    }
+    fflush(out);
+    json_decref(jobs);
+    json_decref(workers);
+    return EX_OK;
+}
+
+/* mgectl top [--every S] [--once]: on a terminal the screen is redrawn every S seconds
+ * (default 2) until Ctrl-C; otherwise (or with --once) one screen is printed. */
+static int cmd_top(int argc, char **argv)
+{
+    double every = 2.0;
+    bool once = !isatty(STDOUT_FILENO);
+    for (int k = 0; k < argc; k++) {
+        char *end;
+        if (!strcmp(argv[k], "--once"))
+            once = true;
+        else if (!strcmp(argv[k], "--every") && k + 1 < argc &&
+                 (every = strtod(argv[k + 1], &end)) >= 0.2 && !*end && every <= 3600)
+            k++;
+        else
+            return bad_usage("top", "takes --every S (0.2 to 3600) and --once");
+    }
+    for (;;) {
+        int ex = top_screen(!once, stdout);
+        if (ex != EX_OK || once)
+            return ex;
+        usleep((useconds_t)(every * 1e6));
+    }
+}
+
 static int cmd_metrics(int argc, char **argv)
 {
     long long id = 0;
@@ -1020,6 +1120,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(rest[0], "workers"))
         return cmd_workers();
+    if (!strcmp(rest[0], "top"))
+        return cmd_top(n - 1, rest + 1);
     if (!strcmp(rest[0], "metrics"))
         return cmd_metrics(n - 1, rest + 1);
     if (!strcmp(rest[0], "checkpoint"))

@@ -69,6 +69,7 @@ struct mge_http {
     const struct mge_auth *auth;
     struct mge_rpc *rpc;
     char *web_root;               /* dashboard files; NULL: not served */
+    struct mge_planner *planner;  /* NULL: jobs are not planned */
     int port;
     pthread_mutex_t mu;           /* guards stats, the SSE streams and their flags */
     uint64_t count[R__COUNT];
@@ -258,14 +259,101 @@ static enum MHD_Result collect_set(void *cls, enum MHD_ValueKind kind, const cha
     return MHD_YES;
 }
 
+/*
+ * The memory plan job *@spec is placed by (see planner.h). MGE_OK: *@plan_json (mge_free; NULL
+ * when planning is off) and *@plan_mb (MiB per worker the scheduler reserves) are set, and
+ * *@spec may have been replaced by one with memory.budget_mb set: a job with memory.sublinear:
+ * auto whose plain plan fits no worker runs with recomputation under the largest worker's
+ * memory. MGE_BUDGET: it fits no worker even so, and @detail says by how much. A job that
+ * cannot be planned here (its data lies outside the coordinator's --plan-data-root) is placed
+ * by its slots alone, and its plan says why.
+ */
+static int plan_job(struct mge_http *h, const char *ct, const struct req *rq,
+                    const struct overrides *ov, struct mge_jobspec **spec, char **plan_json,
+                    int64_t *plan_mb, char *detail, size_t dlen)
+{
+    struct mge_job_plan p;
+    char why[600], need[32], have[32], sub[32], set[64];
+    int64_t max_mb = mge_sched_memory_max_mb(h->sched), max_b = max_mb << 20;
+    const char *how = "as planned";
+    json_t *o;
+    int rc;
+
+    *plan_json = NULL;
+    *plan_mb = 0;
+    if (!h->planner)
+        return MGE_OK;
+    if (mge_planner_run(h->planner, (*spec)->source, &p, why, sizeof(why)) != MGE_OK) {
+        o = json_pack("{s:s}", "error", why);
+        goto out;
+    }
+    if (max_mb > 0 && p.chosen_bytes > max_b) {
+        struct mge_jobspec *s2 = NULL;
+        struct mge_job_plan p2;
+        json_t *problem = NULL;
+        const char *v[MAX_OVERRIDES + 1];
+        int status;
+        bool fits = false;
+        if ((*spec)->memory.sublinear == MGE_SUBLINEAR_AUTO && (*spec)->memory.budget_mb == 0 &&
+            p.sublinear_bytes <= max_b) {
+            memcpy(v, ov->v, (size_t)ov->n * sizeof(v[0]));
+            snprintf(set, sizeof(set), "memory.budget_mb=%lld", (long long)max_mb);
+            v[ov->n] = set;
+            if (mge_http_parse_job(ct, rq->body ? rq->body : "", rq->len, v, ov->n + 1, &s2,
+                                   &problem, &status) == MGE_OK &&
+                mge_planner_run(h->planner, s2->source, &p2, why, sizeof(why)) == MGE_OK) {
+                fits = p2.chosen_bytes <= max_b;
+                if (fits) {
+                    mge_jobspec_free(*spec);
+                    *spec = s2;
+                    s2 = NULL;
+                    mge_job_plan_fini(&p);
+                    p = p2;
+                    how = "with recomputation (memory.sublinear: auto): the plain plan fits no "
+                          "worker";
+                } else {
+                    mge_job_plan_fini(&p2);
+                }
+            }
+            json_decref(problem);
+            mge_jobspec_free(s2);
+        }
+        if (!fits) {
+            snprintf(detail, dlen,
+                     "needs %s per rank at batch %d; the largest worker has %s; with "
+                     "recomputation %s%s",
+                     mge_bytes_human(p.plain_bytes, need, sizeof(need)), (*spec)->train.batch_size,
+                     mge_bytes_human(max_b, have, sizeof(have)),
+                     mge_bytes_human(p.sublinear_bytes, sub, sizeof(sub)),
+                     p.sublinear_bytes <= max_b ? ": set memory.sublinear: auto"
+                                                : ": still too large (lower train.batch_size)");
+            mge_job_plan_fini(&p);
+            return MGE_BUDGET;
+        }
+    }
+    *plan_mb = (p.chosen_bytes + (1 << 20) - 1) >> 20;
+    o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:i, s:s, s:I}", "peak_bytes_per_rank",
+                  (json_int_t)p.chosen_bytes, "mode", p.chosen_mode, "plain_bytes",
+                  (json_int_t)p.plain_bytes, "sublinear_bytes", (json_int_t)p.sublinear_bytes,
+                  "reserved_mb", (json_int_t)*plan_mb, "batch", (*spec)->train.batch_size, "placed",
+                  how, "largest_worker_mb", (json_int_t)max_mb);
+    mge_job_plan_fini(&p);
+out:
+    if (!o)
+        return MGE_NOMEM;
+    rc = (*plan_json = json_dumps(o, JSON_COMPACT)) ? MGE_OK : MGE_NOMEM;
+    json_decref(o);
+    return rc;
+}
+
 static enum MHD_Result jobs_post(struct mge_http *h, struct MHD_Connection *c, struct req *rq)
 {
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     struct overrides ov = {.n = 0};
     struct mge_jobspec *spec = NULL;
     json_t *problem = NULL;
-    char *spec_json;
-    int64_t id = 0;
+    char *spec_json, *plan_json = NULL;
+    int64_t id = 0, plan_mb = 0;
     int status, rc;
     char loc[64];
     struct MHD_Response *r;
@@ -286,14 +374,23 @@ static enum MHD_Result jobs_post(struct mge_http *h, struct MHD_Connection *c, s
                             &status);
     if (rc != MGE_OK)
         return send_json(c, (unsigned)status, problem, "application/problem+json");
+    {
+        char detail[512];
+        rc = plan_job(h, ct, rq, &ov, &spec, &plan_json, &plan_mb, detail, sizeof(detail));
+        if (rc != MGE_OK) {
+            mge_jobspec_free(spec);
+            if (rc == MGE_BUDGET)
+                return send_problem(c, 422, "does-not-fit", "The job fits no worker", detail);
+            return send_problem(c, 500, "internal", "Cannot plan the job", mge_strerror(rc));
+        }
+    }
     spec_json = mge_jobspec_to_json(spec);
-    rc = mge_store_job_insert(h->st, spec,
-                              spec_json ? spec_json : "{}",
-                              mge_jobspec_total_steps(spec, spec->data.train_size > 0
-                                                                ? spec->data.train_size
-                                                                : 60000),
-                              &id);
+    rc = mge_store_job_insert_planned(
+        h->st, spec, spec_json ? spec_json : "{}",
+        mge_jobspec_total_steps(spec, spec->data.train_size > 0 ? spec->data.train_size : 60000),
+        plan_json, plan_mb, &id);
     mge_free(spec_json);
+    free(plan_json);
     mge_jobspec_free(spec);
     if (rc != MGE_OK)
         return send_problem(c, 500, "internal", "Cannot store the job", mge_strerror(rc));
@@ -1204,8 +1301,14 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
                          opts->web_root);
         }
     }
+    if (opts->planner.bin && mge_planner_new(&opts->planner, &h->planner) != MGE_OK) {
+        mge_free(h->web_root);
+        mge_free(h);
+        return MGE_NOMEM;
+    }
     if (tls && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
         mge_free(h->web_root);
+        mge_planner_free(h->planner);
         mge_free(h);
         return MGE_ERR(MGE_UNSUPPORTED, "--tls-cert given, but this libmicrohttpd was built "
                                         "without TLS (GnuTLS): cannot serve HTTPS");
@@ -1225,6 +1328,7 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
         pthread_mutex_destroy(&h->mu);
         pthread_cond_destroy(&h->cv);
         mge_free(h->web_root);
+        mge_planner_free(h->planner);
         mge_free(h);
         return MGE_ERR(MGE_NET, "cannot listen on %s:%d", opts->host, opts->port);
     }
@@ -1233,6 +1337,7 @@ int mge_http_start(const struct mge_http_opts *opts, struct mge_store *st, struc
     if (pthread_create(&h->keepalive, NULL, sse_keepalive, h) != 0) {
         MHD_stop_daemon(h->d);
         mge_free(h->web_root);
+        mge_planner_free(h->planner);
         mge_free(h);
         return MGE_ERR(MGE_INTERNAL, "cannot start the event thread");
     }
@@ -1261,5 +1366,6 @@ void mge_http_stop(struct mge_http *h)
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
     mge_free(h->web_root);
+    mge_planner_free(h->planner);
     mge_free(h);
 }

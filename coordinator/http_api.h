@@ -12,6 +12,8 @@
 #include <jansson.h>
 #include <stddef.h>
 
+#include "planner.h"
+
 struct mge_http;
 struct mge_store;
 struct mge_sched;
@@ -28,6 +30,8 @@ struct mge_http_opts {
     const char *web_root;    /* dashboard files served at / (NULL or missing: not served) */
     const char *tls_cert;    /* PEM text (not a path; see tls.h): serve HTTPS only, or NULL */
     const char *tls_key;     /* its key's PEM text, with tls_cert */
+    struct mge_planner_opts planner; /* a job's memory plan at submit (bin NULL: off; the
+                                        strings are borrowed: they outlive the server) */
 };
 
 /*

@@ -9,10 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "common/alloc.h"
+#include "common/dataroot.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "auth.h"
 #include "http_api.h"
 #include "rpc.h"
 #include "sched.h"
@@ -24,6 +25,7 @@
 struct config {
     char *listen, *worker_listen, *state_dir, *token_file, *join_token_file, *ports_file;
     char *web_root, *restore_from;
+    char *plan_bin, *plan_data_root; /* the memory planner at submit ("none": off) */
     char *tls_cert, *tls_key; /* HTTPS on --listen when both are set */
     int worker_timeout_s, heartbeat_ms, http_threads, cancel_grace_ms;
     int progress_timeout_s, startup_timeout_s; /* the watchdog; 0: off */
@@ -32,36 +34,42 @@ struct config {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: mge-coordinator [options]\n"
-            "  --listen HOST:PORT            REST API address (default 127.0.0.1:8080; port 0: any)\n"
-            "  --worker-listen tcp://H:P     worker link (default tcp://127.0.0.1:7070)\n"
-            "  --state-dir DIR               SQLite database and state (default ./mge-state)\n"
-            "  --token-file FILE             API tokens: lines 'admin TOKEN' / 'read TOKEN'\n"
-            "  --join-token-file FILE        the token workers present to join\n"
-            "  --config FILE                 'key = value' lines with the long option names;\n"
-            "                                flags given on the command line win\n"
-            "  --worker-timeout SEC          silence before a worker is lost (default 10)\n"
-            "  --heartbeat-ms MS             heartbeat interval asked of workers (default 1000)\n"
-            "  --cancel-grace-ms MS          SIGTERM to SIGKILL grace for ranks (default 5000)\n"
-            "  --progress-timeout SEC        a running job whose steps stop for max(SEC, 5 x its\n"
-            "                                median step-report interval) fails (default 10;\n"
-            "                                0: off)\n"
-            "  --startup-timeout SEC         ... and one with no step SEC after it was placed\n"
-            "                                (default 300; 0: off)\n"
-            "  --grow 0|1                    grow a running elastic job onto a free worker at\n"
-            "                                its next checkpoint (default 1)\n"
-            "  --http-threads N              HTTP thread pool size (default 4)\n"
-            "  --tls-cert FILE               serve the API and dashboard over HTTPS only, with\n"
-            "                                this PEM certificate (chain after it); needs:\n"
-            "  --tls-key FILE                its PEM private key (not readable by others)\n"
-            "  --ports-file FILE             write the bound addresses there once listening\n"
-            "  --web-root DIR                dashboard files served at / (default: ../web next\n"
-            "                                to this binary, i.e. build/web in a build tree)\n"
-            "  --restore-from FILE           replace the state database with this backup (checked\n"
-            "                                first; the old one is kept beside it), then start\n"
-            "                                (command line only; see docs/operations.md)\n"
-            "  --version, --help\n");
+    fprintf(
+        f,
+        "usage: mge-coordinator [options]\n"
+        "  --listen HOST:PORT            REST API address (default 127.0.0.1:8080; port 0: any)\n"
+        "  --worker-listen tcp://H:P     worker link (default tcp://127.0.0.1:7070)\n"
+        "  --state-dir DIR               SQLite database and state (default ./mge-state)\n"
+        "  --token-file FILE             API tokens: lines 'admin TOKEN' / 'read TOKEN'\n"
+        "  --join-token-file FILE        the token workers present to join\n"
+        "  --config FILE                 'key = value' lines with the long option names;\n"
+        "                                flags given on the command line win\n"
+        "  --worker-timeout SEC          silence before a worker is lost (default 10)\n"
+        "  --heartbeat-ms MS             heartbeat interval asked of workers (default 1000)\n"
+        "  --cancel-grace-ms MS          SIGTERM to SIGKILL grace for ranks (default 5000)\n"
+        "  --progress-timeout SEC        a running job whose steps stop for max(SEC, 5 x its\n"
+        "                                median step-report interval) fails (default 10;\n"
+        "                                0: off)\n"
+        "  --startup-timeout SEC         ... and one with no step SEC after it was placed\n"
+        "                                (default 300; 0: off)\n"
+        "  --grow 0|1                    grow a running elastic job onto a free worker at\n"
+        "                                its next checkpoint (default 1)\n"
+        "  --http-threads N              HTTP thread pool size (default 4)\n"
+        "  --tls-cert FILE               serve the API and dashboard over HTTPS only, with\n"
+        "                                this PEM certificate (chain after it); needs:\n"
+        "  --tls-key FILE                its PEM private key (not readable by others)\n"
+        "  --plan-bin PATH               mge-train, run as 'mge-train --plan' on each\n"
+        "                                submitted job to learn its memory per rank (default:\n"
+        "                                mge-train next to this binary; 'none': off)\n"
+        "  --plan-data-root DIR[:DIR]    data the planner may read (default: none, so only\n"
+        "                                jobs on synthetic data are planned)\n"
+        "  --ports-file FILE             write the bound addresses there once listening\n"
+        "  --web-root DIR                dashboard files served at / (default: ../web next\n"
+        "                                to this binary, i.e. build/web in a build tree)\n"
+        "  --restore-from FILE           replace the state database with this backup (checked\n"
+        "                                first; the old one is kept beside it), then start\n"
+        "                                (command line only; see docs/operations.md)\n"
+        "  --version, --help\n");
 }
 
 /* Set option @key to @val; false if unknown. Later calls override earlier ones. */
@@ -83,6 +91,10 @@ static bool config_set(struct config *c, const char *key, const char *val)
         s = &c->ports_file;
     else if (!strcmp(key, "web-root"))
         s = &c->web_root;
+    else if (!strcmp(key, "plan-bin"))
+        s = &c->plan_bin;
+    else if (!strcmp(key, "plan-data-root"))
+        s = &c->plan_data_root;
     else if (!strcmp(key, "restore-from"))
         s = &c->restore_from;
     else if (!strcmp(key, "tls-cert"))
@@ -211,8 +223,8 @@ static int state_dir_lock(const char *dir)
     return 0; /* fd stays open: closing it would release the lock */
 }
 
-/* The default web root: DIR/../web for the binary DIR/mge-coordinator; NULL if unknown. */
-static char *default_web_root(void)
+/* DIR/@rel for the binary DIR/mge-coordinator, as a new string; NULL if unknown. */
+static char *beside_exe(const char *rel)
 {
     char exe[4096], *slash, *out;
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -223,10 +235,45 @@ static char *default_web_root(void)
     if (!slash)
         return NULL;
     *slash = '\0';
-    out = mge_malloc(strlen(exe) + 8);
+    out = mge_malloc(strlen(exe) + strlen(rel) + 2);
     if (out)
-        sprintf(out, "%s/../web", exe);
+        sprintf(out, "%s/%s", exe, rel);
     return out;
+}
+
+/*
+ * The planner's settings from --plan-bin and --plan-data-root into @po (strings borrowed from
+ * @c and @roots_out, which the caller frees); false, with a message, if they are unusable.
+ */
+static bool planner_setup(struct config *c, struct mge_data_roots *roots, char **roots_out,
+                          struct mge_planner_opts *po)
+{
+    char err[512];
+    bool dflt = !c->plan_bin;
+    if (dflt)
+        c->plan_bin = beside_exe("mge-train");
+    if (!c->plan_bin || !strcmp(c->plan_bin, "none") || !*c->plan_bin) {
+        mge_log_info("jobs are not planned at submit (--plan-bin none): placed by their slots");
+        return true;
+    }
+    if (access(c->plan_bin, X_OK) != 0) {
+        if (dflt) { /* a coordinator installed without the engine */
+            mge_log_warn("no planner at '%s': jobs are placed by their slots", c->plan_bin);
+            return true;
+        }
+        fprintf(stderr, "mge-coordinator: --plan-bin '%s': %s\n", c->plan_bin, strerror(errno));
+        return false;
+    }
+    if (c->plan_data_root &&
+        mge_data_roots_parse(roots, c->plan_data_root, err, sizeof(err)) != MGE_OK) {
+        fprintf(stderr, "mge-coordinator: --plan-data-root: %s\n", err);
+        return false;
+    }
+    if (!(*roots_out = mge_data_roots_join(roots)))
+        return false;
+    po->bin = c->plan_bin;
+    po->data_roots = *roots_out;
+    return true;
 }
 
 int main(int argc, char **argv)
@@ -243,6 +290,8 @@ int main(int argc, char **argv)
     char ckpt_dir[4200], *state_abs = NULL;
     struct mge_http_opts ho = {0};
     struct mge_tls_pem pem = {0};
+    struct mge_data_roots plan_roots = {0};
+    char *plan_roots_list = NULL, plan_tmp[4200];
     sigset_t sigs;
     int sig, port = 8080, rc, exit_code = 1;
     const char *config = NULL;
@@ -354,7 +403,19 @@ int main(int argc, char **argv)
                 "mge-coordinator: no checkpoint store under '%s' (%s): checkpoints are "
                 "not replicated\n",
                 c.state_dir, strerror(errno));
+    /* the planner writes each spec it plans under the state directory (it is ours alone) */
+    if (!state_abs ||
+        (size_t)snprintf(plan_tmp, sizeof(plan_tmp), "%s/tmp", state_abs) >= sizeof(plan_tmp) ||
+        (mkdir(plan_tmp, 0700) != 0 && errno != EEXIST)) {
+        fprintf(stderr, "mge-coordinator: cannot create '%s/tmp': %s\n", c.state_dir,
+                strerror(errno));
+        free(state_abs);
+        goto out;
+    }
     free(state_abs);
+    if (!planner_setup(&c, &plan_roots, &plan_roots_list, &ho.planner))
+        goto out;
+    ho.planner.tmp_dir = plan_tmp;
     rc = mge_rpc_new(&ro, st, &rpc);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-coordinator: cannot listen for workers on %s\n", ro.listen_url);
@@ -378,7 +439,7 @@ int main(int argc, char **argv)
     ho.port = port;
     ho.threads = c.http_threads;
     if (!c.web_root)
-        c.web_root = default_web_root();
+        c.web_root = beside_exe("../web");
     ho.web_root = c.web_root;
     ho.tls_cert = pem.cert;
     ho.tls_key = pem.key;
@@ -424,6 +485,10 @@ out:
     mge_free(c.restore_from);
     mge_free(c.tls_cert);
     mge_free(c.tls_key);
+    mge_free(c.plan_bin);
+    mge_free(c.plan_data_root);
+    mge_free(plan_roots_list);
+    mge_data_roots_fini(&plan_roots);
     mge_tls_pem_fini(&pem);
     return exit_code;
 }

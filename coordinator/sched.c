@@ -18,6 +18,7 @@
 #define CANCEL_RESEND_MS 3000     /* resend a cancel to a rank that still runs after this */
 #define PROGRESS_IV_MAX 64        /* step-report intervals kept for the watchdog's median */
 #define PROGRESS_MEDIAN_X 5       /* no report for this many median intervals: a hang */
+#define ETA_WINDOW_MS 5000        /* an attempt's speed for ETAs: over its last 5-10 s */
 #define GROW_NAMES_MAX 3          /* workers a grow's reason names */
 /* after the cancel grace: how long a next incarnation waits for the ranks of the one before it
  * to end (prev_attempt_live) */
@@ -52,6 +53,9 @@ struct progress {
     int64_t last_line_ms;         /* the worker's time of that report (wall ms) */
     int64_t iv[PROGRESS_IV_MAX];  /* ms between consecutive reports (the worker's clock) */
     int n_iv, next_iv;
+    int64_t step0, line_ms0;  /* the speed for ETAs: from this report (the first, then
+                                 the start of the last window of >= ETA_WINDOW_MS) ... */
+    int64_t win_step, win_ms; /* ... to now; the window being filled starts here */
 };
 
 /* One placed rank. */
@@ -61,6 +65,8 @@ struct resv {
     int widx;                     /* index into workers */
     int cpus, gpus;
     int64_t memory_mb;
+    int64_t total_steps;          /* the job's, for the ETA of its end (0: unknown) */
+    int priority;                 /* the job's: a queued job of a higher one may preempt it */
     bool exited;                  /* the worker reported its end (and it is stored) */
     int exit_code, term_signal;
     bool finished;                /* the attempt is decided: succeeded, failed or cancelled */
@@ -151,7 +157,8 @@ static struct resv *resv_find(struct mge_sched *s, int64_t job, int attempt, int
 }
 
 /* Free slots of worker @wi: total minus what its live ranks hold. */
-static void worker_free(struct mge_sched *s, int wi, int *cpus, int *gpus, int64_t *mem, int *ranks)
+static void worker_free(const struct mge_sched *s, int wi, int *cpus, int *gpus, int64_t *mem,
+                        int *ranks)
 {
     struct worker *w = &s->w[wi];
     *cpus = w->cpus;
@@ -476,6 +483,16 @@ static void progress_note(struct mge_sched *s, struct resv *r, int64_t step, int
         if (p->n_iv < PROGRESS_IV_MAX)
             p->n_iv++;
     }
+    if (p->line_ms0 <= 0) {
+        p->step0 = p->win_step = step;
+        p->line_ms0 = p->win_ms = line_ms;
+    } else if (line_ms - p->win_ms >= ETA_WINDOW_MS) {
+        /* the speed of the last whole window: the first steps' warm-up and an old load fade */
+        p->step0 = p->win_step;
+        p->line_ms0 = p->win_ms;
+        p->win_step = step;
+        p->win_ms = line_ms;
+    }
     p->step = step;
     p->last_line_ms = line_ms;
     p->since = now_ms(s);
@@ -717,6 +734,8 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
         r->cpus = j->cpus;
         r->gpus = j->gpus;
         r->memory_mb = j->memory_mb;
+        r->total_steps = j->total_steps;
+        r->priority = j->priority;
         r->placed = now_ms(s);
     }
     /* all reservations first: rank 0's Assign lists every rank's worker */
@@ -848,25 +867,161 @@ static void grow_at_checkpoint(struct mge_sched *s, int wi, const struct mge_sto
     }
 }
 
+/* Whether attempt @attempt of @job holds reservations. Lock held. */
+static bool attempt_placed(const struct mge_sched *s, int64_t job, int attempt)
+{
+    for (size_t i = 0; i < s->n_r; i++)
+        if (s->r[i].job_id == job && s->r[i].attempt == attempt)
+            return true;
+    return false;
+}
+
+struct victim {
+    int64_t job_id;
+    int attempt, priority;
+    int64_t placed;
+};
+
+/* Lowest priority first; of equal ones the youngest (the least work lost) first. */
+static int cmp_victim(const void *a, const void *b)
+{
+    const struct victim *x = a, *y = b;
+    if (x->priority != y->priority)
+        return x->priority - y->priority;
+    return (y->placed > x->placed) - (y->placed < x->placed);
+}
+
+/* Free slots of every worker, one array per kind (index: the worker), for thought
+ * experiments: what would fit if some attempts ended. */
+struct slots {
+    int *cpus, *gpus;
+    int64_t *mem;
+};
+
+/* The free slots now; false on OOM (then slots_fini() anyway). Lock held. */
+static bool slots_now(const struct mge_sched *s, struct slots *sl)
+{
+    sl->cpus = mge_calloc(s->n_w + 1, sizeof(int));
+    sl->gpus = mge_calloc(s->n_w + 1, sizeof(int));
+    sl->mem = mge_calloc(s->n_w + 1, sizeof(int64_t));
+    if (!sl->cpus || !sl->gpus || !sl->mem)
+        return false;
+    for (size_t i = 0; i < s->n_w; i++)
+        worker_free(s, (int)i, &sl->cpus[i], &sl->gpus[i], &sl->mem[i], NULL);
+    return true;
+}
+
+static void slots_fini(struct slots *sl)
+{
+    mge_free(sl->cpus);
+    mge_free(sl->gpus);
+    mge_free(sl->mem);
+}
+
+/* Give attempt @job/@attempt's reservations back to @cpus/@gpus/@mem. Lock held. */
+static void attempt_release(const struct mge_sched *s, int64_t job, int attempt, int *cpus,
+                            int *gpus, int64_t *mem)
+{
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->job_id == job && r->attempt == attempt && !r->exited && r->widx >= 0) {
+            cpus[r->widx] += r->cpus;
+            gpus[r->widx] += r->gpus;
+            mem[r->widx] += r->memory_mb;
+        }
+    }
+}
+
+/* How many workers could take a rank of @j with the free slots @cpus/@gpus/@mem. Lock held. */
+static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *j, const int *cpus,
+                           const int *gpus, const int64_t *mem)
+{
+    int fit = 0;
+    for (size_t i = 0; i < s->n_w; i++)
+        if (worker_takes(&s->w[i]) && (j->workers_max <= 1 || s->w[i].launch_url[0]) &&
+            fits(&s->w[i], j, cpus[i], gpus[i], mem[i]))
+            fit++;
+    return fit;
+}
+
+/*
+ * Preemption: queued job @j (not placed this pass) may take the slots of running attempts of
+ * lower priority. Counting the slots of attempts already ending as free, if @j still cannot
+ * start, the lowest-priority (then youngest) running attempts are ended one by one in thought
+ * until it could; if it could then, they are ended for real: requeued, not charged to their
+ * restarts, to resume from their last checkpoint when there is room again ("preempted by job
+ * 7 (priority 10)"). Jobs of the same or a higher priority are never preempted. Lock held.
+ */
+static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
+{
+    struct slots sl;
+    struct victim *v = mge_calloc(s->n_r + 1, sizeof(*v));
+    int *cpus, *gpus;
+    int64_t *mem;
+    size_t n_v = 0, take = 0;
+    int need = j->workers_min;
+    bool done = false;
+
+    if (!slots_now(s, &sl) || !v)
+        goto out;
+    cpus = sl.cpus;
+    gpus = sl.gpus;
+    mem = sl.mem;
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->finished && !r->exited && r->widx >= 0) { /* ending: its slots come back */
+            cpus[r->widx] += r->cpus;
+            gpus[r->widx] += r->gpus;
+            mem[r->widx] += r->memory_mb;
+        } else if (r->rank == 0 && !r->finished && r->priority < j->priority) {
+            v[n_v].job_id = r->job_id;
+            v[n_v].attempt = r->attempt;
+            v[n_v].priority = r->priority;
+            v[n_v++].placed = r->placed;
+        }
+    }
+    if (workers_fitting(s, j, cpus, gpus, mem) >= need || n_v == 0)
+        goto out; /* it starts once those end, or nothing may make room */
+    qsort(v, n_v, sizeof(*v), cmp_victim);
+    while (take < n_v && workers_fitting(s, j, cpus, gpus, mem) < need) {
+        attempt_release(s, v[take].job_id, v[take].attempt, cpus, gpus, mem);
+        take++;
+    }
+    if (workers_fitting(s, j, cpus, gpus, mem) < need)
+        goto out;
+    for (size_t k = 0; k < take; k++) {
+        char reason[160];
+        bool requeued = false;
+        snprintf(reason, sizeof(reason), "preempted by job %lld (priority %d)", (long long)j->id,
+                 j->priority);
+        if (mge_store_job_requeue(s->st, v[k].job_id, v[k].attempt, reason, false, &requeued) !=
+            MGE_OK)
+            continue; /* the next pass tries again */
+        mge_log_warn("job %lld attempt %d (priority %d): %s: %s", (long long)v[k].job_id,
+                     v[k].attempt, v[k].priority, reason, requeued ? "requeued" : "failed");
+        attempt_finish(s, v[k].job_id, v[k].attempt, true);
+        s->dirty = true;
+        done = true;
+    }
+out:
+    slots_fini(&sl);
+    mge_free(v);
+    return done;
+}
+
 static void schedule(struct mge_sched *s)
 {
     struct mge_job_row *rows = NULL;
     int n = 0;
-    bool any_free = false;
-    for (size_t i = 0; i < s->n_w && !any_free; i++) {
-        int cpus, gpus;
-        int64_t mem;
-        if (!worker_usable(&s->w[i]))
-            continue;
-        worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
-        any_free = cpus > 0 || gpus > 0;
-    }
-    if (!any_free)
-        return;
     if (mge_store_jobs_queued(s->st, QUEUE_SCAN_MAX, &rows, &n) != MGE_OK)
         return;
     for (int i = 0; i < n; i++)
         place_one(s, &rows[i]);
+    /* queued jobs left waiting may preempt lower ones, highest first, one per pass (the next
+     * pass counts the slots those leave as free) */
+    for (int i = 0; i < n; i++)
+        if (!attempt_placed(s, rows[i].id, rows[i].attempt) && preempt_for(s, &rows[i]))
+            break;
     mge_free(rows);
     grow_check(s);
 }
@@ -996,6 +1151,8 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         r->cpus = row.cpus;
         r->gpus = row.gpus;
         r->memory_mb = row.memory_mb;
+        r->total_steps = row.total_steps;
+        r->priority = row.priority;
         r->exited = pl[i].exited || wi < 0;
         r->exit_code = pl[i].exit_code;
         r->term_signal = pl[i].term_signal;
@@ -1552,9 +1709,97 @@ out_unlock:
     return rc;
 }
 
+int64_t mge_sched_memory_max_mb(struct mge_sched *s)
+{
+    int64_t best = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->n_w; i++)
+        if (s->w[i].state != W_LOST && s->w[i].memory_mb > best)
+            best = s->w[i].memory_mb;
+    pthread_mutex_unlock(&s->mu);
+    return best;
+}
+
+/*
+ * When running attempt @r0 (its rank 0) will end, in ms from now (wall clock), from its speed
+ * over its last 5-10 s of step reports (since its first report before that); -1 when it cannot be
+ * told yet (fewer than two reports, or an unknown length). Lock held.
+ */
+static int64_t attempt_eta_ms(const struct resv *r0, int64_t wall_now)
+{
+    const struct progress *p = &r0->prog;
+    double ms_per_step;
+    int64_t left;
+    if (r0->total_steps <= 0 || p->line_ms0 <= 0 || p->step <= p->step0 ||
+        p->last_line_ms <= p->line_ms0)
+        return -1;
+    ms_per_step = (double)(p->last_line_ms - p->line_ms0) / (double)(p->step - p->step0);
+    left =
+        (int64_t)(ms_per_step * (double)(r0->total_steps - p->step)) - (wall_now - p->last_line_ms);
+    return left > 0 ? left : 0;
+}
+
+struct eta_end {
+    int64_t eta, job_id;
+    int attempt;
+};
+
+static int cmp_eta(const void *a, const void *b)
+{
+    const struct eta_end *x = a, *y = b;
+    return (x->eta > y->eta) - (x->eta < y->eta);
+}
+
+/*
+ * When queued job @j could start: the running attempts end in the order of their ETAs, each
+ * giving its slots back, until @n usable workers could hold a rank of @j. Writes "; about 40 s
+ * (job 12 ends)" (or "; no estimate yet ...") to @buf. Queued jobs ahead of @j are not counted.
+ * Lock held.
+ */
+static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n, char *buf,
+                        size_t len)
+{
+    struct slots sl;
+    int64_t wall = mge_now_ms();
+    struct eta_end *ends = mge_calloc(s->n_r + 1, sizeof(*ends));
+    size_t n_ends = 0;
+    int unknown = 0;
+
+    buf[0] = '\0';
+    if (!slots_now(s, &sl) || !ends)
+        goto out;
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->rank != 0 || r->finished || r->exited)
+            continue;
+        ends[n_ends].eta = attempt_eta_ms(r, wall);
+        if (ends[n_ends].eta < 0) {
+            unknown++;
+            continue;
+        }
+        ends[n_ends].job_id = r->job_id;
+        ends[n_ends++].attempt = r->attempt;
+    }
+    qsort(ends, n_ends, sizeof(*ends), cmp_eta);
+    for (size_t e = 0; e < n_ends; e++) {
+        attempt_release(s, ends[e].job_id, ends[e].attempt, sl.cpus, sl.gpus, sl.mem);
+        if (workers_fitting(s, j, sl.cpus, sl.gpus, sl.mem) >= n) {
+            snprintf(buf, len, "; about %lld s (job %lld ends)",
+                     (long long)((ends[e].eta + 999) / 1000), (long long)ends[e].job_id);
+            goto out;
+        }
+    }
+    if (unknown > 0)
+        snprintf(buf, len, "; no estimate yet (%d running job%s not reported %s speed)", unknown,
+                 unknown == 1 ? " has" : "s have", unknown == 1 ? "its" : "their");
+out:
+    slots_fini(&sl);
+    mge_free(ends);
+}
+
 char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
 {
-    char need[160], buf[400];
+    char need[160], buf[400], eta[120] = "";
     int total = 0, fit_ever = 0, fit_now = 0, usable = 0;
     int n = j->workers_min;
 
@@ -1574,6 +1819,8 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
         if (fits(&s->w[i], j, cpus, gpus, mem))
             fit_now++;
     }
+    if (fit_ever >= n && fit_now < n)
+        pending_eta(s, j, n, eta, sizeof(eta));
     pthread_mutex_unlock(&s->mu);
 
     {
@@ -1596,7 +1843,7 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
         snprintf(buf, sizeof(buf), "%s, only %d worker%s that large", need, fit_ever,
                  fit_ever == 1 ? " is" : "s are");
     else if (fit_now < n)
-        snprintf(buf, sizeof(buf), "%s, %d free", need, fit_now);
+        snprintf(buf, sizeof(buf), "%s, %d free%s", need, fit_now, eta);
     else
         snprintf(buf, sizeof(buf), "%s, %d free: waiting for the scheduler", need, fit_now);
     return mge_strdup(buf);

@@ -179,6 +179,10 @@ int mge_sched_job_cancel(struct mge_sched *s, int64_t id);
 /* Why queued job @row is not running, as a new string (mge_free), or NULL on OOM. */
 char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *row);
 
+/* The memory (MiB) of the largest worker that is not lost, 0 when none is known: what a job's
+ * memory plan is checked against at submit. */
+int64_t mge_sched_memory_max_mb(struct mge_sched *s);
+
 /* Workers as a JSON array (caller owns). */
 json_t *mge_sched_workers_json(struct mge_sched *s);
 

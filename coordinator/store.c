@@ -67,6 +67,8 @@ static const char *const migrations[] = {
     " reason TEXT, infra INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, attempt));",
     /* 5: checkpoints committed to the coordinator's own store: the copy's path */
     "ALTER TABLE checkpoints ADD COLUMN copy TEXT;",
+    /* 6: the memory plan a job is placed by (JSON, see mge_store_job_insert_planned) */
+    "ALTER TABLE jobs ADD COLUMN plan TEXT;",
 };
 
 enum sql_id {
@@ -127,14 +129,14 @@ enum sql_id {
 
 static const char *const sql_text[Q__COUNT] = {
     [Q_JOB_INSERT] = "INSERT INTO jobs(name, state, priority, workers_min, workers_max, cpus, gpus,"
-                     " memory_mb, device, total_steps, spec_yaml, spec_json, created_ms)"
-                     " VALUES(?,0,?,?,?,?,?,?,?,?,?,?,?)",
+                     " memory_mb, device, total_steps, spec_yaml, spec_json, created_ms, plan)"
+                     " VALUES(?,0,?,?,?,?,?,?,?,?,?,?,?,?)",
     [Q_EVENT_STATE] = "INSERT INTO events(job_id, kind, data, time_ms) VALUES(?, 'state', ?, ?)",
     [Q_JOB_GET] = "SELECT id, name, state, priority, attempt, spec_json, created_ms, started_ms,"
-                  " finished_ms, failure_reason, result, total_steps, restarts FROM jobs"
+                  " finished_ms, failure_reason, result, total_steps, restarts, plan FROM jobs"
                   " WHERE id = ?",
     [Q_JOB_ROW] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
-                  " memory_mb, device FROM jobs WHERE id = ?",
+                  " memory_mb, device, total_steps FROM jobs WHERE id = ?",
     [Q_JOB_SPEC] = "SELECT spec_yaml FROM jobs WHERE id = ?",
     [Q_JOB_LIST] = "SELECT id, name, state, priority, attempt, created_ms, finished_ms,"
                    " failure_reason FROM jobs WHERE id < ? ORDER BY id DESC LIMIT ?",
@@ -142,7 +144,7 @@ static const char *const sql_text[Q__COUNT] = {
                          " failure_reason FROM jobs WHERE state = ? AND id < ?"
                          " ORDER BY id DESC LIMIT ?",
     [Q_JOBS_QUEUED] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
-                      " memory_mb, device FROM jobs WHERE state = 0"
+                      " memory_mb, device, total_steps FROM jobs WHERE state = 0"
                       " ORDER BY priority DESC, id ASC LIMIT ?",
     /* the current attempt of running jobs, and the ranks of the attempt before the current one
      * of a job not ended yet that are not known to have ended (superseded: sched.c fences them
@@ -630,6 +632,13 @@ static int event_state(struct mge_store *st, int64_t job_id, enum mge_job_state 
 int mge_store_job_insert(struct mge_store *st, const struct mge_jobspec *spec,
                          const char *spec_json, int64_t total_steps, int64_t *out_id)
 {
+    return mge_store_job_insert_planned(st, spec, spec_json, total_steps, NULL, 0, out_id);
+}
+
+int mge_store_job_insert_planned(struct mge_store *st, const struct mge_jobspec *spec,
+                                 const char *spec_json, int64_t total_steps, const char *plan_json,
+                                 int64_t plan_mb, int64_t *out_id)
+{
     sqlite3_stmt *s;
     int64_t now = mge_now_ms();
     int rc;
@@ -649,12 +658,17 @@ int mge_store_job_insert(struct mge_store *st, const struct mge_jobspec *spec,
     sqlite3_bind_int(s, 4, spec->resources.workers_max);
     sqlite3_bind_int(s, 5, spec->resources.cpus);
     sqlite3_bind_int(s, 6, spec->resources.gpus);
-    sqlite3_bind_int64(s, 7, spec->resources.memory_mb);
+    sqlite3_bind_int64(s, 7,
+                       plan_mb > spec->resources.memory_mb ? plan_mb : spec->resources.memory_mb);
     sqlite3_bind_int(s, 8, (int)spec->resources.device);
     sqlite3_bind_int64(s, 9, total_steps);
     sqlite3_bind_text(s, 10, spec->source ? spec->source : "", -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(s, 11, spec_json, -1, SQLITE_TRANSIENT);
     sqlite3_bind_int64(s, 12, now);
+    if (plan_json)
+        sqlite3_bind_text(s, 13, plan_json, -1, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_null(s, 13);
     rc = exec_stmt(st, s);
     if (rc != MGE_OK)
         goto out_rollback;
@@ -752,6 +766,7 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
 {
     sqlite3_stmt *s;
     json_t *o = NULL, *spec, *latest = NULL, *placement = NULL, *incs, *result = json_null();
+    json_t *plan = NULL;
     int rc = MGE_OK, attempt, state, restarts;
     int64_t total, step = 0;
     bool row;
@@ -782,6 +797,9 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
     }
     total = sqlite3_column_int64(s, 11);
     restarts = sqlite3_column_int(s, 12);
+    plan = sqlite3_column_type(s, 13) == SQLITE_NULL
+               ? NULL
+               : json_loads((const char *)sqlite3_column_text(s, 13), 0, NULL);
     o = json_pack("{s:I, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "id", (json_int_t)id,
                   "name", (const char *)sqlite3_column_text(s, 1), "state",
                   mge_job_state_name(state), "priority", sqlite3_column_int(s, 3), "attempt",
@@ -790,9 +808,11 @@ int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out)
                   "failure_reason", json_text_or_null(s, 9), "result", result);
     sqlite3_reset(s);
     if (!o) {
+        json_decref(plan);
         rc = MGE_NOMEM;
         goto out_unlock;
     }
+    json_object_set_new(o, "plan", plan ? plan : json_null());
     rc = placement_json(st, id, attempt, &placement);
     if (rc != MGE_OK)
         goto out_decref;
@@ -852,6 +872,7 @@ static void row_from_stmt(sqlite3_stmt *s, struct mge_job_row *r)
     r->gpus = sqlite3_column_int(s, 7);
     r->memory_mb = sqlite3_column_int64(s, 8);
     r->device = sqlite3_column_int(s, 9);
+    r->total_steps = sqlite3_column_int64(s, 10);
 }
 
 int mge_store_job_row(struct mge_store *st, int64_t id, struct mge_job_row *out)

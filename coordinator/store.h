@@ -44,6 +44,7 @@ struct mge_job_row {
     int cpus, gpus;          /* per worker */
     int64_t memory_mb;       /* per worker, 0 = any */
     int device;              /* enum mge_device_kind */
+    int64_t total_steps;     /* the steps the job trains in all (its progress' total) */
 };
 
 /* One placed rank as stored. */
@@ -127,6 +128,15 @@ void mge_store_on_events(struct mge_store *st, void (*fn)(void *arg, int64_t job
  */
 int mge_store_job_insert(struct mge_store *st, const struct mge_jobspec *spec,
                          const char *spec_json, int64_t total_steps, int64_t *out_id);
+
+/*
+ * As mge_store_job_insert, with the memory plan the job is placed by: @plan_json (NULL: none;
+ * GET /jobs/{id} shows it as "plan") and @plan_mb, the MiB per worker it needs, which the
+ * scheduler reserves when it is more than resources.memory_mb.
+ */
+int mge_store_job_insert_planned(struct mge_store *st, const struct mge_jobspec *spec,
+                                 const char *spec_json, int64_t total_steps, const char *plan_json,
+                                 int64_t plan_mb, int64_t *out_id);
 
 /* The job as the API shows it (without pending_reason, which the scheduler knows). MGE_NOENT. */
 int mge_store_job_get(struct mge_store *st, int64_t id, json_t **out);

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <signal.h>
@@ -202,6 +203,49 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     mge_free(buf->base);
 }
 
+static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    if ((type == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT)
+        mge_log_warn("removing '%s': %s", path, strerror(errno));
+    return 0;
+}
+
+/* Remove the rank's private MPI temp directory with whatever Open MPI left in it (its
+ * session directory survives a killed mpirun or orted). */
+static void mpi_tmp_remove(struct mge_rank *r)
+{
+    if (!r->mpi_tmp[0])
+        return;
+    nftw(r->mpi_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    r->mpi_tmp[0] = '\0';
+}
+
+/*
+ * Make the private TMPDIR of rank @r's mpirun or orted. Open MPI puts its session directory
+ * (/tmp/ompi.HOST.UID/jf.FAMILY/...) under TMPDIR: every orted of a job family on one host
+ * shares that tree and whichever exits first removes it, so a daemon of the next attempt
+ * starting meanwhile fails to create its own ("mkdir ... No such file or directory", exit
+ * 213) and the job fails for nothing of its own. A directory per rank ends the sharing.
+ * It is short (under TMPDIR, not the work dir): Open MPI puts Unix sockets in it.
+ */
+static int mpi_tmp_make(struct mge_rank *r, char *why, size_t why_len)
+{
+    const char *base = getenv("TMPDIR");
+    int n;
+    if (!base || !*base || base[0] != '/')
+        base = "/tmp";
+    n = snprintf(r->mpi_tmp, sizeof(r->mpi_tmp), "%s/mge-mpi.XXXXXX", base);
+    if (n < 0 || (size_t)n >= sizeof(r->mpi_tmp) || !mkdtemp(r->mpi_tmp)) {
+        snprintf(why, why_len, "cannot create a temporary directory under '%.300s': %s", base,
+                 n < 0 || (size_t)n >= sizeof(r->mpi_tmp) ? "name too long" : strerror(errno));
+        r->mpi_tmp[0] = '\0';
+        return MGE_IO;
+    }
+    return MGE_OK;
+}
+
 /* The rank has ended when its process is gone and both pipes are closed. */
 static void maybe_finish(struct mge_rank *r)
 {
@@ -210,6 +254,7 @@ static void maybe_finish(struct mge_rank *r)
         return;
     /* only the kill timer is left */
     ckpt_scan(rs, r);
+    mpi_tmp_remove(r);
     r->closing = true;
     uv_close((uv_handle_t *)&r->kill_timer, on_close);
     pthread_mutex_lock(&rs->mu);
@@ -267,6 +312,7 @@ static void fail_rank(struct mge_ranks *rs, struct mge_rank *r, const char *why)
     r->exit_code = 2;
     line_push(r, 1, why, strlen(why));
     mge_log_warn("job %lld rank %d: %s", (long long)r->job_id, r->rank, why);
+    mpi_tmp_remove(r);
     (void)rs;
 }
 
@@ -446,7 +492,7 @@ static void strv_push(struct strv *a, const char *s)
 struct spawn_bufs {
     char spec_path[1100], map_path[1100], threads[16], np[16], worker_pid[16];
     char env_job[64], env_rank[64], env_world[64], env_attempt[64], env_omp[64];
-    char *env_spec, *env_map, *env_token, *env_roots, *hosts;
+    char *env_spec, *env_map, *env_token, *env_roots, *env_tmp, *hosts;
 };
 
 static void spawn_bufs_free(struct spawn_bufs *b)
@@ -455,6 +501,7 @@ static void spawn_bufs_free(struct spawn_bufs *b)
     mge_free(b->env_map);
     mge_free(b->env_token);
     mge_free(b->env_roots);
+    mge_free(b->env_tmp);
     mge_free(b->hosts);
 }
 
@@ -492,10 +539,10 @@ static void guard_push(struct mge_ranks *rs, struct spawn_bufs *b, struct strv *
 /* Environment variables a rank's process gets from us, not from the worker's environment. */
 static bool env_ours(const char *e)
 {
-    static const char *const names[] = {"OMP_NUM_THREADS=", "MGE_JOB_ID=", "MGE_RANK=",
-                                        "MGE_WORLD_SIZE=", "MGE_ATTEMPT=", "MGE_SPEC_YAML=",
-                                        "MGE_LAUNCH_MAP=", "MGE_LAUNCH_TOKEN=", "OMPI_COMM_WORLD",
-                                        MGE_DATA_ROOTS_ENV "="};
+    static const char *const names[] = {
+        "OMP_NUM_THREADS=", "MGE_JOB_ID=",    "MGE_RANK=",           "MGE_WORLD_SIZE=",
+        "MGE_ATTEMPT=",     "MGE_SPEC_YAML=", "MGE_LAUNCH_MAP=",     "MGE_LAUNCH_TOKEN=",
+        "OMPI_COMM_WORLD",  "TMPDIR=",        MGE_DATA_ROOTS_ENV "="};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strncmp(e, names[i], strlen(names[i])))
             return true;
@@ -707,7 +754,7 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
 
     /* OpenMP and BLAS threads follow OMP_NUM_THREADS: ours replaces the worker's own */
     for (char **e = environ; *e; e++)
-        if (!env_ours(*e))
+        if (!env_ours(*e) || (mode == SPAWN_TRAIN && !strncmp(*e, "TMPDIR=", 7)))
             strv_push(&env, *e);
     snprintf(b.env_job, sizeof(b.env_job), "MGE_JOB_ID=%lld", (long long)r->job_id);
     snprintf(b.env_attempt, sizeof(b.env_attempt), "MGE_ATTEMPT=%d", r->attempt);
@@ -736,11 +783,17 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
             strv_push(&env, b.env_map);
             strv_push(&env, b.env_token);
         }
+        if (mpi_tmp_make(r, why, sizeof(why)) != MGE_OK) {
+            fault_rank(rs, r, why);
+            goto out_free;
+        }
+        b.env_tmp = env_pair("TMPDIR", r->mpi_tmp);
+        strv_push(&env, b.env_tmp);
         if (geteuid() == 0) { /* Open MPI refuses root without both */
             strv_push(&env, "OMPI_ALLOW_RUN_AS_ROOT=1");
             strv_push(&env, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
         }
-        if (!b.env_spec || (mode == SPAWN_MPIRUN && (!b.env_map || !b.env_token)))
+        if (!b.env_spec || !b.env_tmp || (mode == SPAWN_MPIRUN && (!b.env_map || !b.env_token)))
             args.oom = true;
     }
     if (args.oom || env.oom) {
@@ -805,6 +858,7 @@ out_free:
 
 static void rank_free(struct mge_rank *r)
 {
+    mpi_tmp_remove(r);
     for (size_t i = 0; i < r->n_lines; i++)
         mge_free(r->lines[i].text);
     mge_free(r->lines);

@@ -93,6 +93,7 @@ struct mge_rank {
     char *part[2];           /* partial line of stdout, stderr */
     size_t part_len[2];
     char out_dir[1024];
+    char mpi_tmp[512]; /* the private TMPDIR of mpirun or orted and its session dir ("" none) */
     int64_t last_ckpt_scan;  /* monotonic ms */
     int64_t last_ckpt_step;  /* highest checkpoint step reported */
     struct mge_ranks *owner;

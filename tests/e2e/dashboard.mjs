@@ -233,8 +233,10 @@ async function main() {
         ctx.font = ax.font ? (Array.isArray(ax.font) ? ax.font[0] : ax.font) : '12px system-ui';
         const labels = (ax._values || []).map(String);
         const widest = Math.max(0, ...labels.map((l) => ctx.measureText(l).width));
-        return { epoch: rows['latest epoch'], accPoints: window.__mge.jobs[id].loads[0].charts.test_accuracy.points, red, labels, widest, size: ax._size, last: items[items.length - 1] || '', items: items.length, inc: document.querySelector('#incarnations tbody')?.textContent || '' };
+        return { plan: rows['memory plan'] || '', epoch: rows['latest epoch'], accPoints: window.__mge.jobs[id].loads[0].charts.test_accuracy.points, red, labels, widest, size: ax._size, last: items[items.length - 1] || '', items: items.length, inc: document.querySelector('#incarnations tbody')?.textContent || '' };
     }, String(idE));
+    check(/^[0-9.]+ [KMG]i?B per rank at batch 32, everything kept .*MiB reserved per worker, placed as planned$/.test(fin.plan),
+        `the job page shows the memory plan it was placed by: "${fin.plan}"`);
     check(/^1 @ step 32$/.test(fin.epoch || ''), `a job after one full epoch shows "latest epoch ${fin.epoch}" (1 @ step 32)`);
     check(fin.accPoints === 1 && fin.red > 20, `a test-accuracy series of ${fin.accPoints} point is drawn (${fin.red} pixels in its colour)`);
     check(fin.labels.length > 1 && fin.labels.every((l) => !l.includes(',') && l.length <= 6) && fin.widest + 8 <= fin.size,

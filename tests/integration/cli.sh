@@ -116,6 +116,23 @@ echo "server = $URL" >"$T/home/.config/mge/config"
 check "the key = value file of earlier versions is named as no longer read" \
     sh -c "'$M' --server http://127.0.0.1:1 list 2>&1 | grep -q \"config' is no longer read\""
 
+# --- top: workers and jobs on one screen; once when piped, redrawn on a terminal
+"$M" --server "$URL" --token "$ADMIN" top >"$T/top.out" 2>&1; rc=$?
+check "top piped: one screen, exit 0" [ "$rc" = 0 ]
+check "top: the worker with its free/total slots" grep -Eq '^w1 +ready +[0-9]+/2 ' "$T/top.out"
+check "top: the finished job with its state" grep -Eq "^$JOB +long +succeeded " "$T/top.out"
+"$M" --server "$URL" --token "$ADMIN" submit "$T/long.yaml" >/dev/null 2>&1
+script -qec "$M --server $URL --token $ADMIN top --every 0.5" /dev/null </dev/null >"$T/top-pty.out" 2>&1 &
+TOP=$!
+sleep 3
+kill "$TOP" 2>/dev/null; wait "$TOP" 2>/dev/null
+pkill -f "$M --server $URL --token $ADMIN top" 2>/dev/null
+n=$(grep -o "$(printf '')\[2J" "$T/top-pty.out" | wc -l)
+check "top on a terminal: the screen is redrawn every 0.5 s ($n screens in 3 s)" test "$n" -ge 3
+check "top on a terminal: the running job with its step, loss and samples/s" \
+    grep -Eq '^[0-9]+ +long +running +0 +[0-9]+/400 +[0-9.e-]+ +[0-9]+ ' "$T/top-pty.out"
+check "exit 2: top --every 0" [ "$(code "$M" top --every 0)" = 2 ]
+
 # --- shell completion
 "$M" completion bash >"$T/mgectl.bash"
 check "bash completion loads and registers" \

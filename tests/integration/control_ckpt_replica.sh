@@ -87,9 +87,16 @@ check "the coordinator keeps at most 2 copies ($n_copies)" test "$n_copies" -le 
 # --- forged uploads: refused, nothing stored ---
 last=$(jq -r '.placement[] | select(.rank == 0) | .worker' "$T/job.json")
 F=$(jq -r .attempt "$T/job.json") # the job's last attempt: its rank 0 worker may upload
-# a copy of a genuine checkpoint: the store may prune the file itself meanwhile (the final
-# checkpoint's upload can still be under way when the job has succeeded)
-cp "$(find "$T/state/checkpoints/job-$JOB" -name 'ckpt-*.mgeckpt' | head -n 1)" "$T/good"
+# a copy of a genuine checkpoint: the one served above, else one from the store, which may
+# prune a file between find and cp (the final checkpoint's upload can still be under way when
+# the job has succeeded), so try again until a copy is whole
+if [ "$(cat "$T/status")" = 200 ] && head -c 8 "$T/served" | grep -q MGECKPT1; then
+    cp "$T/served" "$T/good"
+else
+    i=0
+    until cp "$(find "$T/state/checkpoints/job-$JOB" -name 'ckpt-*.mgeckpt' | head -n 1)" "$T/good" 2>/dev/null ||
+        [ $i -ge 50 ]; do i=$((i + 1)); sleep 0.1; done
+fi
 good=$T/good
 head -c 4096 /dev/urandom >"$T/garbage"
 cp "$good" "$T/flipped"

@@ -323,7 +323,21 @@ START_TEST(test_sched_pending_reasons)
     mge_sched_tick(g_s);
     ck_assert_int_eq(job_row(small).state, MGE_JOB_RUNNING);
     next = job_add(1, 1);
-    assert_reason(next, "needs 1 worker with 1 CPU, 0 free");
+    assert_reason(next, "needs 1 worker with 1 CPU, 0 free; no estimate yet (1 running job has "
+                        "not reported its speed)");
+    {
+        /* 100 steps in 10 s, 800 of its 1000 to go: the worker is free in about 80 s */
+        int64_t now = mge_now_ms();
+        struct mge_store_line l[2];
+        struct mge_rank_report r = running(small, 1, 0);
+        char want[160];
+        l[0] = line(small, 1, 0, 1, 2, "{\"step\":100,\"loss\":1.0}", now - 10000);
+        l[1] = line(small, 1, 0, 2, 2, "{\"step\":200,\"loss\":1.0}", now);
+        beat_quiet(w1, &r, 1, l, 2);
+        snprintf(want, sizeof(want),
+                 "needs 1 worker with 1 CPU, 0 free; about 80 s (job %lld ends)", (long long)small);
+        assert_reason(next, want);
+    }
     ck_assert_int_eq(mge_sched_worker_drain(g_s, "w1", &out), MGE_OK);
     json_decref(out);
     assert_reason(next, "needs 1 worker with 1 CPU, all 1 connected worker are draining");

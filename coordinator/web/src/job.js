@@ -43,6 +43,13 @@ export function jobPage(main, params, id) {
         stats.plot(id, name, charts[name].plot);
     }
 
+    // the plan the coordinator placed the job by (GET /jobs/{id} .plan)
+    function planText(p) {
+        if (p.error) return `not planned: ${p.error}`;
+        return `${fmtBytes(p.peak_bytes_per_rank)} per rank at batch ${p.batch}, ${p.mode === 'none' ? 'everything kept' : `${p.mode} recomputation`}` +
+            ` (plain ${fmtBytes(p.plain_bytes)}, least with recomputation ${fmtBytes(p.sublinear_bytes)}); ${p.reserved_mb} MiB reserved per worker, placed ${p.placed}`;
+    }
+
     function renderHead() {
         const j = job;
         clear(head).append(
@@ -63,6 +70,7 @@ export function jobPage(main, params, id) {
             ['created', fmtTime(j.created_at)], ['started', fmtTime(j.started_at)], ['finished', fmtTime(j.finished_at)],
         ];
         if (j.pending_reason) rows.push(['pending reason', j.pending_reason]);
+        if (j.plan) rows.push(['memory plan', planText(j.plan)]);
         if (j.failure_reason) rows.push(['failure reason', j.failure_reason]);
         for (const [k, v] of Object.entries(j.latest_metrics || {})) rows.push([`latest ${k}`, `${fmtNum(v.value)} @ step ${v.step}`]);
         if (j.result) rows.push(['result', `loss ${fmtNum(j.result.final_loss)}, accuracy ${fmtNum(j.result.test_accuracy)}, ${fmtNum(j.result.samples_per_sec)} samples/s`]);

@@ -15,6 +15,9 @@ done
 MGE_TRAIN_BIN=${MGE_TRAIN_BIN:-$(cd "$BIN" && pwd)/mge-train}
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/mge-control.XXXXXX")
+# what the daemons and their ranks put in TMPDIR (a worker's per-rank MPI directories, which a
+# worker killed with -9 leaves behind) goes with the run's directory
+export TMPDIR="$T"
 PIDS=""
 fails=0
 cleanup() {
