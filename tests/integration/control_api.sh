@@ -185,6 +185,13 @@ api GET "/api/v1/jobs/$JOB6/logs" >"$T/logs6.json"
 check "... and mge-train's stderr in its log" \
     jq -e '.lines | any(.stream == "stderr" and (.text | test("^mge-train: .*garbage.gz")))' "$T/logs6.json"
 
+# --- a graph model through the whole path: validated, planned, placed, trained
+sed -e 's/name: badgraph/name: goodgraph/' -e 's/inputs: x, out_features: 16/inputs: x, out_features: 8/' \
+    "$T/badgraph.yaml" > "$T/goodgraph.yaml"
+"$BIN/mgectl" submit "$T/goodgraph.yaml" -f --every 0 >"$T/graph.out" 2>"$T/graph.err"; rc=$?
+check "a graph job (a residual add) runs through mgectl to success" \
+    sh -c "[ $rc = 0 ] && grep -q '^step 5/5 loss' '$T/graph.out'"
+
 # --- pending reason, priority order, /metrics
 cat > "$T/huge.yaml" <<Y
 name: huge
