@@ -1,9 +1,10 @@
 #!/bin/sh
-# train_graph.sh: models declared in the spec (model.type: graph) on the real Fashion-MNIST:
-# the graph twins of LeNet and ResNet-20 (examples/*.graph.yaml) train bit-identically to the
-# zoo models (the same loss at every step, the same weights after the run, byte for byte),
-# a graph checkpoint resumes bit-identically and mge-infer reads it, and bad graphs exit 2
-# naming the node, the key and the line.
+# train_graph.sh: models declared in the spec (model.type: graph): the graph twins of an MLP
+# (GELU, dropout, Adam; synthetic data), LeNet and ResNet-20 (examples/*.graph.yaml, the real
+# Fashion-MNIST) train bit-identically to the zoo models (the same loss at every step, the same
+# weights after the run, byte for byte); one graph with every op learns and is bit-identical
+# under recomputation; a graph checkpoint resumes bit-identically and mge-infer reads it; bad
+# graphs exit 2 naming the node, the key and the line.
 . "$(dirname "$0")/lib/train.sh"
 ROOT=$(pwd)
 
@@ -63,6 +64,29 @@ twin() {
     fi
 }
 
+echo "-- MLP with GELU and dropout, Adam, synthetic data: zoo and graph (fused activations, same masks)"
+DATA='data: {format: synthetic, input_dim: 100, classes: 5, train_size: 512, test_size: 64}'
+TRAIN='train: {steps: 30, batch_size: 32, optimizer: {type: adam, lr: 0.001}}'
+printf 'name: mlp\nmodel: {type: mlp, hidden: [64, 32], activation: gelu, dropout: 0.1}\n%s\n%s\n' \
+    "$DATA" "$TRAIN" > "$T/mlp.yaml"
+cat > "$T/mlp.graph.yaml" <<Y
+name: mlp-graph
+model:
+  type: graph
+  nodes:
+    - {name: x, op: input, shape: [100]}
+    - {name: fc1, op: linear, inputs: x, out_features: 64}
+    - {name: a1, op: gelu, inputs: fc1}
+    - {name: d1, op: dropout, inputs: a1, p: 0.1}
+    - {name: fc2, op: linear, inputs: d1, out_features: 32}
+    - {name: a2, op: gelu, inputs: fc2}
+    - {name: d2, op: dropout, inputs: a2, p: 0.1}
+    - {name: fc3, op: linear, inputs: d2, out_features: 5}
+    - {name: loss, op: cross_entropy, inputs: fc3}
+$DATA
+$TRAIN
+Y
+twin mlp "$T/mlp.yaml" "$T/mlp.graph.yaml"
 echo "-- LeNet-5: zoo and graph, 40 steps"
 twin lenet "$ROOT/examples/fmnist-lenet.yaml" "$ROOT/examples/fmnist-lenet.graph.yaml" \
     --set train.steps=40 $NO_TEST
