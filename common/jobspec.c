@@ -519,15 +519,16 @@ static const struct keydef model_keys[] = {
     {"width", NULL}, {"dropout", NULL}, {"depth", NULL},      {NULL, NULL},
 };
 static const struct keydef normalize_keys[] = {{"mean", NULL}, {"std", NULL}, {NULL, NULL}};
+static const struct keydef augment_keys[] = {{"crop_padding", NULL}, {"hflip", NULL}, {NULL, NULL}};
 static const struct keydef data_keys[] = {
-    {"format", NULL},       {"train_images", NULL},
-    {"train_labels", NULL}, {"test_images", NULL},
-    {"test_labels", NULL},  {"train_size", NULL},
-    {"test_size", NULL},    {"input_dim", NULL},
-    {"classes", NULL},      {"image", NULL},
-    {"prefetch", NULL},     {"train_files", NULL},
-    {"test_file", NULL},    {"normalize", normalize_keys},
-    {NULL, NULL},
+    {"format", NULL},          {"train_images", NULL},
+    {"train_labels", NULL},    {"test_images", NULL},
+    {"test_labels", NULL},     {"train_size", NULL},
+    {"test_size", NULL},       {"input_dim", NULL},
+    {"classes", NULL},         {"image", NULL},
+    {"prefetch", NULL},        {"train_files", NULL},
+    {"test_file", NULL},       {"normalize", normalize_keys},
+    {"augment", augment_keys}, {NULL, NULL},
 };
 static const struct keydef optim_keys[] = {
     {"type", NULL},         {"lr", NULL},    {"momentum", NULL}, {"nesterov", NULL},
@@ -1181,6 +1182,20 @@ static int check_normalize(struct ctx *c, const struct sect *data, struct mge_da
     return MGE_OK;
 }
 
+/* data.augment: {crop_padding: 0..64, hflip: bool}, training batches only. */
+static int check_augment(struct ctx *c, const struct sect *data, struct mge_data_spec *d)
+{
+    struct sect s;
+    int rc;
+    if ((rc = sect_enter(c, data, "augment", augment_keys, &s)))
+        return rc;
+    if (!s.map)
+        return MGE_OK;
+    if ((rc = get_int32(c, &s, "crop_padding", 0, 64, &(int){0}, &d->aug_crop_padding, NULL)))
+        return rc;
+    return get_bool(c, &s, "hflip", false, &d->aug_hflip);
+}
+
 /* @name must not be given (because @why); a null value counts as not given. */
 static int forbid(struct ctx *c, const struct sect *s, const char *name, const char *why)
 {
@@ -1309,6 +1324,8 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
     if ((rc = get_int32(c, &s, "prefetch", 0, 64, &(int){2}, &d->prefetch, NULL)))
         return rc;
     if ((rc = check_normalize(c, &s, d)))
+        return rc;
+    if ((rc = check_augment(c, &s, d)))
         return rc;
     d->train_size = 60000;
     d->test_size = 10000;
@@ -2133,6 +2150,14 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
         jset(&b, data, "normalize", norm);
     } else {
         jset(&b, data, "normalize", json_null());
+    }
+    if (spec->data.aug_crop_padding > 0 || spec->data.aug_hflip) {
+        json_t *aug = json_object();
+        jset(&b, aug, "crop_padding", json_integer(spec->data.aug_crop_padding));
+        jset(&b, aug, "hflip", json_boolean(spec->data.aug_hflip));
+        jset(&b, data, "augment", aug);
+    } else {
+        jset(&b, data, "augment", json_null());
     }
     jset(&b, root, "data", data);
 

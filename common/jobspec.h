@@ -66,6 +66,8 @@ struct mge_data_spec {
     char *test_file;               /* cifar: data.test_file; optional */
     int n_norm;                    /* data.normalize: channels given; 0: no normalisation */
     double norm_mean[MGE_SPEC_MAX_CHANNELS], norm_std[MGE_SPEC_MAX_CHANNELS]; /* std > 0 */
+    int aug_crop_padding; /* data.augment.crop_padding: [0, 64] pixels (default 0) */
+    int aug_hflip;        /* data.augment.hflip: bool (default false) */
 };
 
 struct mge_optim_spec {

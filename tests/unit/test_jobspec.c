@@ -144,6 +144,8 @@ static void assert_spec_eq(const struct mge_jobspec *a, const struct mge_jobspec
     ck_assert_int_eq(a->data.image_w, b->data.image_w);
     ck_assert_int_eq(a->data.channels, b->data.channels);
     ck_assert_int_eq(a->data.prefetch, b->data.prefetch);
+    ck_assert_int_eq(a->data.aug_crop_padding, b->data.aug_crop_padding);
+    ck_assert_int_eq(a->data.aug_hflip, b->data.aug_hflip);
     ck_assert_int_eq(a->train.epochs, b->train.epochs);
     ck_assert_int_eq(a->train.steps, b->train.steps);
     ck_assert_int_eq(a->train.batch_size, b->train.batch_size);
@@ -901,6 +903,55 @@ START_TEST(test_jobspec_normalize)
 }
 END_TEST
 
+START_TEST(test_jobspec_augment)
+{
+    static const char *const aug = "name: c\nmodel: {type: resnet, depth: 8}\n"
+                                   "data:\n  format: synthetic\n"
+                                   "  augment: {crop_padding: 4, hflip: true}\n" TRAIN;
+    struct mge_jobspec *s = parse_ok(aug, NULL, 0);
+    struct mge_spec_error err;
+    ck_assert_int_eq(s->data.aug_crop_padding, 4);
+    ck_assert_int_eq(s->data.aug_hflip, 1);
+    char *text = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(text, "\"augment\":{\"crop_padding\":4,\"hflip\":true}"));
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(aug, NULL, 0);
+    const char *ov[] = {"data.augment.hflip=false"};
+    s = parse_ok(aug, ov, 1);
+    ck_assert_int_eq(s->data.aug_hflip, 0);
+    ck_assert_int_eq(s->data.aug_crop_padding, 4);
+    mge_jobspec_free(s);
+    s = parse_ok(MINIMAL, NULL, 0);
+    ck_assert_int_eq(s->data.aug_crop_padding, 0);
+    ck_assert_int_eq(s->data.aug_hflip, 0);
+    text = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(text, "\"augment\":null"));
+    mge_free(text);
+    mge_jobspec_free(s);
+
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  augment: {crop_padding: 65}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.augment.crop_padding");
+    ck_assert_int_eq(err.line, 5);
+    ck_assert_ptr_nonnull(strstr(err.message, "between 0 and 64"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  augment: {hflip: 2}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.augment.hflip");
+    ck_assert_ptr_nonnull(strstr(err.message, "true or false"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  augment: {vflip: true}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.augment.vflip");
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  augment: true\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.augment");
+}
+END_TEST
+
 START_TEST(test_jobspec_to_json_shape)
 {
     struct mge_jobspec *s = parse_ok(FULL_IDX, NULL, 0);
@@ -1188,6 +1239,7 @@ static Suite *jobspec_suite(void)
     tcase_add_test(tc, test_jobspec_npy);
     tcase_add_test(tc, test_jobspec_cifar);
     tcase_add_test(tc, test_jobspec_normalize);
+    tcase_add_test(tc, test_jobspec_augment);
     tcase_add_test(tc, test_jobspec_to_json_shape);
     tcase_add_test(tc, test_jobspec_resnet);
     tcase_add_test(tc, test_jobspec_total_steps);
