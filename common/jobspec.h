@@ -27,6 +27,15 @@ extern "C" {
 #define MGE_CPUS_MAX 4096
 
 enum mge_model_type { MGE_MODEL_MLP, MGE_MODEL_LENET, MGE_MODEL_DEEP_MLP, MGE_MODEL_RESNET };
+/* model.variant of resnet: CIFAR-style 6n+2, or torchvision's ImageNet family */
+enum mge_resnet_variant {
+    MGE_RESNET_CIFAR,
+    MGE_RESNET_18,
+    MGE_RESNET_34,
+    MGE_RESNET_50,
+    MGE_RESNET_101,
+    MGE_RESNET_152
+};
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
 enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC, MGE_DATA_NPY, MGE_DATA_CIFAR };
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
@@ -44,6 +53,9 @@ struct mge_model_spec {
     int width;                     /* model.width: deep_mlp width (default 1024); resnet's
                                       first stage's channels (default 16) */
     int depth;                     /* model.depth: resnet depth, 6n+2 (default 20) */
+    enum mge_resnet_variant variant; /* model.variant: resnet (default cifar) */
+    int stem_cifar; /* model.stem: cifar (1): 3x3/1 conv, no max pool; imagenet (0, the
+                       default of the torchvision variants): 7x7/2 conv + 3x3/2 max pool */
     float dropout;                 /* model.dropout: 0 = off (default 0) */
 };
 
@@ -194,6 +206,8 @@ const char *mge_model_type_name(enum mge_model_type t);
 /* Whether model type @t takes images (N, C, H, W) rather than flat features. */
 bool mge_model_takes_images(enum mge_model_type t);
 const char *mge_optim_type_name(enum mge_optim_type t);
+/* "cifar", "resnet18", ... "resnet152"; "unknown" out of range. */
+const char *mge_resnet_variant_name(enum mge_resnet_variant v);
 
 #ifdef __cplusplus
 }
