@@ -77,11 +77,6 @@ a=$(json "$T/infer.out" accuracy); l=$(json "$T/infer.out" loss)
     && ok "mge-infer --data train is repeatable: loss $(json "$T/i1.out" loss)" || bad "mge-infer --data train: $(cat "$T/i1.out" "$T/i2.out")"
 
 echo "-- bad input exits 2 naming the key"
-expect2() { # what, expected text, command...
-    what=$1; want=$2; shift 2
-    "$@" > /dev/null 2>"$T/err"; rc=$?
-    [ $rc -eq 2 ] && grep -qF "$want" "$T/err" && ok "$what: exit 2, '$want'" || { bad "$what: exit $rc"; cat "$T/err"; }
-}
 expect2 "crop_padding 65" "data.augment.crop_padding" "$BIN/mge-train" "$T/aug.yaml" --set data.augment.crop_padding=65
 expect2 "hflip not a bool" "data.augment.hflip" "$BIN/mge-train" "$T/aug.yaml" --set data.augment.hflip=3
 expect2 "flat data" "data.augment needs images, but the data is [1, 1, 100]" "$BIN/mge-train" "$T/aug.yaml" \

@@ -35,11 +35,6 @@ echo "-- ResNet-50 (CIFAR stem, width 4) on 3x12x12 runs"
     && ok "resnet50 3 steps, final loss $(json "$T/r50.out" final_loss)" || { bad "resnet50 run"; cat "$T/err"; }
 
 echo "-- bad keys exit 2 naming the key and line"
-expect2() { # what, expected text, command...
-    what=$1; want=$2; shift 2
-    "$@" > /dev/null 2>"$T/err"; rc=$?
-    [ $rc -eq 2 ] && grep -qF "$want" "$T/err" && ok "$what: exit 2, '$want'" || { bad "$what: exit $rc"; cat "$T/err"; }
-}
 expect2 "unknown variant" "model.variant" "$BIN/mge-train" "$T/r18.yaml" --set model.variant=resnet19
 expect2 "depth with a variant" "model.depth" "$BIN/mge-train" "$T/r18.yaml" --set model.depth=20
 
