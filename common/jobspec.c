@@ -1191,7 +1191,8 @@ static int check_augment(struct ctx *c, const struct sect *data, struct mge_data
         return rc;
     if (!s.map)
         return MGE_OK;
-    if ((rc = get_int32(c, &s, "crop_padding", 0, 64, &(int){0}, &d->aug_crop_padding, NULL)))
+    if ((rc = get_int32(c, &s, "crop_padding", 0, MGE_SPEC_MAX_CROP_PADDING, &(int){0},
+                        &d->aug_crop_padding, NULL)))
         return rc;
     return get_bool(c, &s, "hflip", false, &d->aug_hflip);
 }

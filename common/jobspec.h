@@ -20,6 +20,8 @@ extern "C" {
 #define MGE_SPEC_MAX_DATA_FILES 16
 /* data.normalize: at most this many channels */
 #define MGE_SPEC_MAX_CHANNELS 16
+/* data.augment.crop_padding: at most this many pixels (MGE_AUGMENT_MAX_PADDING in engine/data.h) */
+#define MGE_SPEC_MAX_CROP_PADDING 64
 /* The most classes a model may have: the spec (data.classes) and the engine (synthetic data,
  * the output layer) share this one limit. */
 #define MGE_CLASSES_MAX 65536

@@ -140,6 +140,9 @@ static void normalize_sample(const struct mge_dataset *ds, float *x)
     }
 }
 
+_Static_assert(MGE_AUGMENT_MAX_PADDING == MGE_SPEC_MAX_CROP_PADDING,
+               "the engine and the job spec limit data.augment.crop_padding alike");
+
 int mge_dataset_set_augment(struct mge_dataset *ds, int crop_padding, int hflip, uint64_t seed,
                             char *err, size_t errlen)
 {

@@ -3,10 +3,12 @@
  * that shards every global batch across ranks, and the prefetching batch loader.
  *
  * Formats: IDX (data_idx.c), NumPy .npy (data_npy.c), CIFAR binary (data_cifar.c), synthetic
- * (data.c).
+ * (data.c). Training batches may be augmented (random crop with zero padding, horizontal flip:
+ * data.augment); evaluation gathers never are.
  *
  * Determinism contract: the samples a rank sees are a pure function of
- * (seed, epoch, pos, global_batch, rank, world). Nothing else (thread timing, prefetch depth,
+ * (seed, epoch, pos, global_batch, rank, world), and so are their augmented values (drawn per
+ * (seed, epoch, sample index)). Nothing else (thread timing, prefetch depth,
  * how many times the process was restarted) changes them, so resuming at the (epoch, pos) a
  * checkpoint saved yields exactly the batches of an uninterrupted run, and because ranks split
  * a fixed global batch, changing the world size on resume does not change the global batches.
