@@ -531,19 +531,21 @@ struct keydef {
 };
 
 static const struct keydef model_keys[] = {
-    {"type", NULL},    {"hidden", NULL}, {"activation", NULL}, {"layers", NULL}, {"width", NULL},
-    {"dropout", NULL}, {"depth", NULL},  {"nodes", NULL},      {NULL, NULL},
+    {"type", NULL},  {"hidden", NULL},  {"activation", NULL}, {"layers", NULL},
+    {"width", NULL}, {"dropout", NULL}, {"depth", NULL},      {"variant", NULL},
+    {"stem", NULL},  {"nodes", NULL},   {NULL, NULL},
 };
 static const struct keydef normalize_keys[] = {{"mean", NULL}, {"std", NULL}, {NULL, NULL}};
+static const struct keydef augment_keys[] = {{"crop_padding", NULL}, {"hflip", NULL}, {NULL, NULL}};
 static const struct keydef data_keys[] = {
-    {"format", NULL},       {"train_images", NULL},
-    {"train_labels", NULL}, {"test_images", NULL},
-    {"test_labels", NULL},  {"train_size", NULL},
-    {"test_size", NULL},    {"input_dim", NULL},
-    {"classes", NULL},      {"image", NULL},
-    {"prefetch", NULL},     {"train_files", NULL},
-    {"test_file", NULL},    {"normalize", normalize_keys},
-    {NULL, NULL},
+    {"format", NULL},          {"train_images", NULL},
+    {"train_labels", NULL},    {"test_images", NULL},
+    {"test_labels", NULL},     {"train_size", NULL},
+    {"test_size", NULL},       {"input_dim", NULL},
+    {"classes", NULL},         {"image", NULL},
+    {"prefetch", NULL},        {"train_files", NULL},
+    {"test_file", NULL},       {"normalize", normalize_keys},
+    {"augment", augment_keys}, {NULL, NULL},
 };
 static const struct keydef optim_keys[] = {
     {"type", NULL},         {"lr", NULL},    {"momentum", NULL}, {"nesterov", NULL},
@@ -1213,6 +1215,21 @@ static int check_normalize(struct ctx *c, const struct sect *data, struct mge_da
     return MGE_OK;
 }
 
+/* data.augment: {crop_padding: 0..64, hflip: bool}, training batches only. */
+static int check_augment(struct ctx *c, const struct sect *data, struct mge_data_spec *d)
+{
+    struct sect s;
+    int rc;
+    if ((rc = sect_enter(c, data, "augment", augment_keys, &s)))
+        return rc;
+    if (!s.map)
+        return MGE_OK;
+    if ((rc = get_int32(c, &s, "crop_padding", 0, MGE_SPEC_MAX_CROP_PADDING, &(int){0},
+                        &d->aug_crop_padding, NULL)))
+        return rc;
+    return get_bool(c, &s, "hflip", false, &d->aug_hflip);
+}
+
 /* @name must not be given (because @why); a null value counts as not given. */
 static int forbid(struct ctx *c, const struct sect *s, const char *name, const char *why)
 {
@@ -1228,6 +1245,9 @@ static int forbid(struct ctx *c, const struct sect *s, const char *name, const c
 /* Validation: the sections                                                                    */
 
 static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", "resnet", "graph", NULL};
+static const char *const variant_names[] = {"cifar",     "resnet18",  "resnet34", "resnet50",
+                                            "resnet101", "resnet152", NULL};
+static const char *const stem_names[] = {"imagenet", "cifar", NULL};
 static const char *const act_names[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
 static const char *const format_names[] = {"idx", "synthetic", "npy", "cifar", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
@@ -1259,6 +1279,28 @@ static int check_name(struct ctx *c, const struct sect *root, struct mge_jobspec
         return fail_expected(c, v, "name", what);
     spec->name = mge_strdup(v->str);
     return spec->name ? MGE_OK : fail_nomem(c);
+}
+
+/* resnet's model.variant, model.stem (torchvision variants only) and model.width, whose
+ * default is the variant's: 16 for cifar, 64 for torchvision's. */
+static int check_resnet_variant(struct ctx *c, const struct sect *s, struct mge_model_spec *m)
+{
+    int rc, v, stem;
+    if ((rc = get_enum(c, s, "variant", variant_names, MGE_RESNET_CIFAR, &v)))
+        return rc;
+    m->variant = (enum mge_resnet_variant)v;
+    if (m->variant == MGE_RESNET_CIFAR) {
+        if ((rc = forbid(c, s, "stem",
+                         "only for the torchvision variants (model.variant resnet18 ... "
+                         "resnet152); cifar's stem is a 3x3 conv")))
+            return rc;
+        stem = 1;
+    } else if ((rc = get_enum(c, s, "stem", stem_names, 0, &stem))) {
+        return rc;
+    }
+    m->stem_cifar = stem == 1;
+    return get_int32(c, s, "width", 1, 4096, &(int){m->variant == MGE_RESNET_CIFAR ? 16 : 64},
+                     &m->width, NULL);
 }
 
 static int check_model(struct ctx *c, const struct sect *root, struct mge_model_spec *m)
@@ -1305,7 +1347,7 @@ static int check_model(struct ctx *c, const struct sect *root, struct mge_model_
     } else if (m->type == MGE_MODEL_RESNET) {
         if ((rc = forbid(c, &s, "layers", why)))
             return rc;
-        if ((rc = get_int32(c, &s, "width", 1, 4096, &(int){16}, &m->width, NULL)))
+        if ((rc = check_resnet_variant(c, &s, m)))
             return rc;
     } else {
         if ((rc = forbid(c, &s, "layers", why)))
@@ -1314,7 +1356,11 @@ static int check_model(struct ctx *c, const struct sect *root, struct mge_model_
             return rc;
     }
     m->depth = 20;
-    if (m->type == MGE_MODEL_RESNET) {
+    if (m->type == MGE_MODEL_RESNET && m->variant != MGE_RESNET_CIFAR) {
+        if ((rc = forbid(c, &s, "depth",
+                         "not used with a torchvision variant (model.variant names the depth)")))
+            return rc;
+    } else if (m->type == MGE_MODEL_RESNET) {
         const struct tnode *k;
         if ((rc = get_int32(c, &s, "depth", 8, 6 * 200 + 2, &(int){20}, &m->depth, NULL)))
             return rc;
@@ -1325,7 +1371,8 @@ static int check_model(struct ctx *c, const struct sect *root, struct mge_model_
                            "blocks, n per stage), got %d",
                            m->depth);
         }
-    } else if ((rc = forbid(c, &s, "depth", why))) {
+    } else if ((rc = forbid(c, &s, "depth", why)) || (rc = forbid(c, &s, "variant", why)) ||
+               (rc = forbid(c, &s, "stem", why))) {
         return rc;
     }
     return MGE_OK;
@@ -1351,6 +1398,8 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
     if ((rc = get_int32(c, &s, "prefetch", 0, 64, &(int){2}, &d->prefetch, NULL)))
         return rc;
     if ((rc = check_normalize(c, &s, d)))
+        return rc;
+    if ((rc = check_augment(c, &s, d)))
         return rc;
     d->train_size = 60000;
     d->test_size = 10000;
@@ -2044,6 +2093,11 @@ const char *mge_model_type_name(enum mge_model_type t)
     return (unsigned)t <= MGE_MODEL_GRAPH ? model_names[t] : "unknown";
 }
 
+const char *mge_resnet_variant_name(enum mge_resnet_variant v)
+{
+    return (unsigned)v <= MGE_RESNET_152 ? variant_names[v] : "unknown";
+}
+
 bool mge_model_takes_images(enum mge_model_type t)
 {
     return t == MGE_MODEL_LENET || t == MGE_MODEL_RESNET;
@@ -2136,8 +2190,15 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
          spec->model.type == MGE_MODEL_DEEP_MLP || spec->model.type == MGE_MODEL_RESNET
              ? json_integer(spec->model.width)
              : json_null());
+    bool tv = spec->model.type == MGE_MODEL_RESNET && spec->model.variant != MGE_RESNET_CIFAR;
     jset(&b, model, "depth",
-         spec->model.type == MGE_MODEL_RESNET ? json_integer(spec->model.depth) : json_null());
+         spec->model.type == MGE_MODEL_RESNET && !tv ? json_integer(spec->model.depth)
+                                                     : json_null());
+    jset(&b, model, "variant",
+         spec->model.type == MGE_MODEL_RESNET
+             ? json_string(mge_resnet_variant_name(spec->model.variant))
+             : json_null());
+    jset(&b, model, "stem", tv ? json_string(stem_names[spec->model.stem_cifar]) : json_null());
     jset(&b, model, "dropout", graph ? json_null() : jfloat(spec->model.dropout));
     jset(&b, model, "nodes", graph ? mge__graphspec_to_json(spec->model.graph) : json_null());
     jset(&b, root, "model", model);
@@ -2183,6 +2244,14 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
         jset(&b, data, "normalize", norm);
     } else {
         jset(&b, data, "normalize", json_null());
+    }
+    if (spec->data.aug_crop_padding > 0 || spec->data.aug_hflip) {
+        json_t *aug = json_object();
+        jset(&b, aug, "crop_padding", json_integer(spec->data.aug_crop_padding));
+        jset(&b, aug, "hflip", json_boolean(spec->data.aug_hflip));
+        jset(&b, data, "augment", aug);
+    } else {
+        jset(&b, data, "augment", json_null());
     }
     jset(&b, root, "data", data);
 

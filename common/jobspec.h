@@ -20,6 +20,8 @@ extern "C" {
 #define MGE_SPEC_MAX_DATA_FILES 16
 /* data.normalize: at most this many channels */
 #define MGE_SPEC_MAX_CHANNELS 16
+/* data.augment.crop_padding: at most this many pixels (MGE_AUGMENT_MAX_PADDING in engine/data.h) */
+#define MGE_SPEC_MAX_CROP_PADDING 64
 /* The most classes a model may have: the spec (data.classes) and the engine (synthetic data,
  * the output layer) share this one limit. */
 #define MGE_CLASSES_MAX 65536
@@ -34,6 +36,15 @@ enum mge_model_type {
     MGE_MODEL_GRAPH, /* nodes declared in the spec (common/graphspec.h) */
 };
 struct mge_graphspec;
+/* model.variant of resnet: CIFAR-style 6n+2, or torchvision's ImageNet family */
+enum mge_resnet_variant {
+    MGE_RESNET_CIFAR,
+    MGE_RESNET_18,
+    MGE_RESNET_34,
+    MGE_RESNET_50,
+    MGE_RESNET_101,
+    MGE_RESNET_152
+};
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
 enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC, MGE_DATA_NPY, MGE_DATA_CIFAR };
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
@@ -51,6 +62,9 @@ struct mge_model_spec {
     int width;                     /* model.width: deep_mlp width (default 1024); resnet's
                                       first stage's channels (default 16) */
     int depth;                     /* model.depth: resnet depth, 6n+2 (default 20) */
+    enum mge_resnet_variant variant; /* model.variant: resnet (default cifar) */
+    int stem_cifar; /* model.stem: cifar (1): 3x3/1 conv, no max pool; imagenet (0, the
+                       default of the torchvision variants): 7x7/2 conv + 3x3/2 max pool */
     float dropout;                 /* model.dropout: 0 = off (default 0) */
     struct mge_graphspec *graph;   /* model.nodes (graph only, else NULL); owned by the spec */
 };
@@ -74,6 +88,8 @@ struct mge_data_spec {
     char *test_file;               /* cifar: data.test_file; optional */
     int n_norm;                    /* data.normalize: channels given; 0: no normalisation */
     double norm_mean[MGE_SPEC_MAX_CHANNELS], norm_std[MGE_SPEC_MAX_CHANNELS]; /* std > 0 */
+    int aug_crop_padding; /* data.augment.crop_padding: [0, 64] pixels (default 0) */
+    int aug_hflip;        /* data.augment.hflip: bool (default false) */
 };
 
 struct mge_optim_spec {
@@ -200,6 +216,8 @@ const char *mge_model_type_name(enum mge_model_type t);
 /* Whether model type @t takes images (N, C, H, W) rather than flat features. */
 bool mge_model_takes_images(enum mge_model_type t);
 const char *mge_optim_type_name(enum mge_optim_type t);
+/* "cifar", "resnet18", ... "resnet152"; "unknown" out of range. */
+const char *mge_resnet_variant_name(enum mge_resnet_variant v);
 
 #ifdef __cplusplus
 }

@@ -140,28 +140,114 @@ static void normalize_sample(const struct mge_dataset *ds, float *x)
     }
 }
 
-int mge_dataset_gather(const struct mge_dataset *ds, const int64_t *idx, int64_t n, float *x,
-                       int32_t *y)
+_Static_assert(MGE_AUGMENT_MAX_PADDING == MGE_SPEC_MAX_CROP_PADDING,
+               "the engine and the job spec limit data.augment.crop_padding alike");
+
+int mge_dataset_set_augment(struct mge_dataset *ds, int crop_padding, int hflip, uint64_t seed,
+                            char *err, size_t errlen)
+{
+    if (crop_padding < 0 || crop_padding > MGE_AUGMENT_MAX_PADDING)
+        return MGE_ERR_FILL(MGE_INVAL, err, errlen,
+                            "data.augment.crop_padding must be in [0, %d], not %d",
+                            MGE_AUGMENT_MAX_PADDING, crop_padding);
+    if ((crop_padding > 0 || hflip) && (ds->h < 2 || ds->w < 2))
+        return MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                            "data.augment needs images, but the data is [%d, %d, %d] (c, h, w): "
+                            "give data.image for flat features",
+                            ds->c, ds->h, ds->w);
+    ds->aug.crop_padding = crop_padding;
+    ds->aug.hflip = hflip != 0;
+    ds->aug.seed = seed;
+    return MGE_OK;
+}
+
+void mge_augment_draw(const struct mge_augment *a, int64_t epoch, int64_t sample, int *dy, int *dx,
+                      int *flip)
+{
+    /* a stream of its own per (seed, epoch, sample), apart from the sampler's (seed, epoch) */
+    uint64_t st =
+        stream_key(stream_key(a->seed ^ 0xa0761d6478bd642fULL, (uint64_t)epoch), (uint64_t)sample);
+    const uint64_t span = 2 * (uint64_t)a->crop_padding + 1;
+    *dy = (int)uniform_below(&st, span) - a->crop_padding;
+    *dx = (int)uniform_below(&st, span) - a->crop_padding;
+    *flip = a->hflip ? (int)(splitmix64_next(&st) >> 63) : 0;
+}
+
+/* Sample @s as floats (bytes / 255, or float32 as stored) into @dst, without augmentation. */
+static void gather_plain(const struct mge_dataset *ds, int64_t s, float *dst)
 {
     const int64_t dim = ds->dim;
+    if (ds->f32) {
+        memcpy(dst, ds->pixels + s * dim * (int64_t)sizeof(float), (size_t)dim * sizeof(float));
+    } else {
+        const uint8_t *src = ds->pixels + s * dim;
+        for (int64_t j = 0; j < dim; j++)
+            dst[j] = (float)src[j] / 255.0f;
+    }
+}
+
+/* Sample @s cropped at offset (@dy, @dx) and mirrored when @flip (mge_augment_draw's rule). */
+static void gather_shifted(const struct mge_dataset *ds, int64_t s, int dy, int dx, int flip,
+                           float *dst)
+{
+    const int H = ds->h, W = ds->w;
+    const int64_t hw = (int64_t)H * W;
+    for (int ch = 0; ch < ds->c; ch++) {
+        const int64_t base = s * ds->dim + ch * hw;
+        for (int y = 0; y < H; y++) {
+            float *row = dst + ch * hw + (int64_t)y * W;
+            const int sy = y + dy;
+            for (int x = 0; x < W; x++) {
+                const int sx = (flip ? W - 1 - x : x) + dx;
+                float v = 0.0f;
+                if (sy >= 0 && sy < H && sx >= 0 && sx < W) {
+                    const int64_t k = base + (int64_t)sy * W + sx;
+                    if (ds->f32)
+                        memcpy(&v, ds->pixels + k * (int64_t)sizeof(float), sizeof(v));
+                    else
+                        v = (float)ds->pixels[k] / 255.0f;
+                }
+                row[x] = v;
+            }
+        }
+    }
+}
+
+/* Gather as the headers say; @epoch < 0: no augmentation (evaluation). */
+static int gather(const struct mge_dataset *ds, const int64_t *idx, int64_t n, int64_t epoch,
+                  float *x, int32_t *y)
+{
+    const int augment = epoch >= 0 && (ds->aug.crop_padding > 0 || ds->aug.hflip);
     for (int64_t i = 0; i < n; i++) {
         int64_t s = idx[i];
         if (s < 0 || s >= ds->n)
             return MGE_ERR(MGE_RANGE, "sample index %lld outside [0, %lld)", (long long)s,
                            (long long)ds->n);
-        float *dst = x + i * dim;
+        float *dst = x + i * ds->dim;
         y[i] = ds->labels[s];
-        if (ds->f32) {
-            memcpy(dst, ds->pixels + s * dim * (int64_t)sizeof(float), (size_t)dim * sizeof(float));
-        } else {
-            const uint8_t *src = ds->pixels + s * dim;
-            for (int64_t j = 0; j < dim; j++)
-                dst[j] = (float)src[j] / 255.0f;
-        }
+        int dy = 0, dx = 0, flip = 0;
+        if (augment)
+            mge_augment_draw(&ds->aug, epoch, s, &dy, &dx, &flip);
+        if (dy || dx || flip)
+            gather_shifted(ds, s, dy, dx, flip, dst);
+        else
+            gather_plain(ds, s, dst);
         if (ds->norm)
             normalize_sample(ds, dst);
     }
     return MGE_OK;
+}
+
+int mge_dataset_gather(const struct mge_dataset *ds, const int64_t *idx, int64_t n, float *x,
+                       int32_t *y)
+{
+    return gather(ds, idx, n, -1, x, y);
+}
+
+int mge_dataset_gather_augmented(const struct mge_dataset *ds, const int64_t *idx, int64_t n,
+                                 int64_t epoch, float *x, int32_t *y)
+{
+    return gather(ds, idx, n, epoch < 0 ? 0 : epoch, x, y);
 }
 
 /* ---- sampler ---- */
@@ -285,7 +371,7 @@ static int loader_fill(struct mge_loader *ld, struct mge_batch *bt)
     bt->epoch = ld->s->epoch;
     bt->pos_after = ld->s->pos;
     bt->epoch_end = ld->s->pos == ld->s->n;
-    return mge_dataset_gather(ld->ds, ld->idx, n_local, bt->x, bt->y);
+    return mge_dataset_gather_augmented(ld->ds, ld->idx, n_local, bt->epoch, bt->x, bt->y);
 }
 
 static void *loader_main(void *arg)

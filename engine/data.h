@@ -3,10 +3,12 @@
  * that shards every global batch across ranks, and the prefetching batch loader.
  *
  * Formats: IDX (data_idx.c), NumPy .npy (data_npy.c), CIFAR binary (data_cifar.c), synthetic
- * (data.c).
+ * (data.c). Training batches may be augmented (random crop with zero padding, horizontal flip:
+ * data.augment); evaluation gathers never are.
  *
  * Determinism contract: the samples a rank sees are a pure function of
- * (seed, epoch, pos, global_batch, rank, world). Nothing else (thread timing, prefetch depth,
+ * (seed, epoch, pos, global_batch, rank, world), and so are their augmented values (drawn per
+ * (seed, epoch, sample index)). Nothing else (thread timing, prefetch depth,
  * how many times the process was restarted) changes them, so resuming at the (epoch, pos) a
  * checkpoint saved yields exactly the batches of an uninterrupted run, and because ranks split
  * a fixed global batch, changing the world size on resume does not change the global batches.
@@ -26,6 +28,13 @@ extern "C" {
 
 #define MGE_DATASET_MAX_CHANNELS 16 /* per-channel normalisation (data.normalize) */
 
+/* Image augmentation of training samples (data.augment). */
+struct mge_augment {
+    int crop_padding; /* pixels of zero padding per side before a random h x w crop; 0: off */
+    int hflip;        /* 1: mirror left-right with probability 1/2 */
+    uint64_t seed;    /* key of the draws (train.seed) */
+};
+
 struct mge_dataset {
     int64_t n;       /* samples */
     int c, h, w;     /* image shape; dim = c*h*w */
@@ -39,6 +48,7 @@ struct mge_dataset {
     size_t map_len;
     int norm; /* 1: gathered values become (x - mean[ch]) / std[ch] */
     float mean[MGE_DATASET_MAX_CHANNELS], std[MGE_DATASET_MAX_CHANNELS];
+    struct mge_augment aug; /* used by mge_dataset_gather_augmented() only */
 };
 
 /*
@@ -49,6 +59,30 @@ struct mge_dataset {
  */
 int mge_dataset_set_normalize(struct mge_dataset *ds, int n, const double *mean, const double *std,
                               char *err, size_t errlen);
+
+/* The most data.augment.crop_padding may be (the jobspec's limit too). */
+#define MGE_AUGMENT_MAX_PADDING 64
+
+/*
+ * Augment the training batches of @ds (mge_dataset_gather_augmented): a random crop of the
+ * (c, h, w) image zero-padded by @crop_padding pixels on each side (torchvision's
+ * RandomCrop(size, padding)), then a horizontal flip with probability 1/2 when @hflip. Both
+ * draws are a pure function of (@seed, epoch, sample index), see mge_augment_draw().
+ * Returns MGE_OK, MGE_INVAL (@crop_padding outside [0, MGE_AUGMENT_MAX_PADDING]) or MGE_FORMAT
+ * (the data is not images: h or w is 1; @err names data.augment).
+ */
+int mge_dataset_set_augment(struct mge_dataset *ds, int crop_padding, int hflip, uint64_t seed,
+                            char *err, size_t errlen);
+
+/*
+ * The augmentation of sample @sample in epoch @epoch under @a: the crop's offset (*@dy, *@dx),
+ * each in [-crop_padding, crop_padding] (0 when cropping is off), and *@flip (0 or 1; 0 when
+ * hflip is off). Output pixel (y, x) of a channel is input pixel (y + dy, x') with
+ * x' = x + dx unflipped, w - 1 - x + dx flipped, or 0 where that lies outside the image.
+ * The same arguments give the same draws on every rank, run and resume. Thread: any.
+ */
+void mge_augment_draw(const struct mge_augment *a, int64_t epoch, int64_t sample, int *dy, int *dx,
+                      int *flip);
 
 /*
  * Load an IDX image file and its IDX label file. Each may be gzip-compressed or plain; zlib's
@@ -180,6 +214,15 @@ void mge_dataset_fini(struct mge_dataset *ds);
 int mge_dataset_gather(const struct mge_dataset *ds, const int64_t *idx, int64_t n, float *x,
                        int32_t *y);
 
+/*
+ * mge_dataset_gather() for a training batch of epoch @epoch: each sample is augmented as
+ * ds->aug says (mge_dataset_set_augment; nothing when unset), in raw values (the padding is a
+ * 0 byte, or 0.0 for float32 data), before the per-channel normalisation. Evaluation uses
+ * mge_dataset_gather(), which never augments. Returns as mge_dataset_gather(). Thread: any.
+ */
+int mge_dataset_gather_augmented(const struct mge_dataset *ds, const int64_t *idx, int64_t n,
+                                 int64_t epoch, float *x, int32_t *y);
+
 /* ---- sampler ---- */
 
 /*
@@ -276,7 +319,8 @@ struct mge_batch {
 };
 
 /*
- * A prefetch thread takes batches from the sampler and gathers them into a ring of
+ * A prefetch thread takes batches from the sampler and gathers them (augmented, with the
+ * batch's epoch: mge_dataset_gather_augmented) into a ring of
  * prefetch + 1 buffers (the one the caller holds plus @prefetch ready ahead), allocated once
  * at init: no allocation per step. With @prefetch = 0 there is no thread and mge_loader_next()
  * gathers in the caller's thread. The sequence of batches is the sampler's, whatever the

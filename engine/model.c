@@ -111,17 +111,74 @@ static int basic_block(struct mge_graph *g, const char *name, int x, int cin, in
     return mge_relu(g, mge_add(g, h, sc));
 }
 
+/*
+ * relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x))))))) + shortcut(x)): torchvision's
+ * Bottleneck (v1.5: the stride is on the 3x3 conv2), 1x1 -> 3x3 -> 1x1 with @planes channels
+ * inside and 4 @planes out.
+ */
+static int bottleneck_block(struct mge_graph *g, const char *name, int x, int cin, int planes,
+                            int stride)
+{
+    char cn[64], bn[64];
+    int h = x, ch = cin;
+    static const int ks[3] = {1, 3, 1};
+    for (int i = 0; i < 3; i++) {
+        int cout = i == 2 ? 4 * planes : planes;
+        snprintf(cn, sizeof(cn), "%s.conv%d", name, i + 1);
+        snprintf(bn, sizeof(bn), "%s.bn%d", name, i + 1);
+        h = conv_bn(g, cn, bn, h, ch, cout, ks[i], i == 1 ? stride : 1);
+        if (i < 2)
+            h = mge_relu(g, h);
+        ch = cout;
+    }
+    int sc = x;
+    if (stride != 1 || cin != 4 * planes) {
+        snprintf(cn, sizeof(cn), "%s.downsample.0", name);
+        snprintf(bn, sizeof(bn), "%s.downsample.1", name);
+        sc = conv_bn(g, cn, bn, x, cin, 4 * planes, 1, stride);
+    }
+    return mge_relu(g, mge_add(g, h, sc));
+}
+
+/* torchvision's ResNet family: blocks per stage, and whether they are bottlenecks. */
+static const struct {
+    int layers[4];
+    int bottleneck;
+} tv_resnets[] = {
+    [MGE_RESNET_18] = {{2, 2, 2, 2}, 0},   [MGE_RESNET_34] = {{3, 4, 6, 3}, 0},
+    [MGE_RESNET_50] = {{3, 4, 6, 3}, 1},   [MGE_RESNET_101] = {{3, 4, 23, 3}, 1},
+    [MGE_RESNET_152] = {{3, 8, 36, 3}, 1},
+};
+
+/*
+ * The CIFAR variant: 3 stages of (depth - 2) / 6 basic blocks after a 3x3 stem. The torchvision
+ * variants (ResNet-18 ... 152, He et al. section 3.4, torchvision.models.resnet): a 7x7/2 conv
+ * stem with a 3x3/2 max pool (or, with model.stem cifar, the 3x3/1 conv alone, for small
+ * images), 4 stages of width, 2, 4, 8 width planes (4x as many channels out of a bottleneck),
+ * stages 2-4 starting with stride 2. Any input of at least 1x1 works: every strided conv and
+ * the max pool are padded, so a map never shrinks below 1x1 (28x28 ends at 1x1).
+ */
 static int resnet(struct mge_graph *g, const struct mge_model_spec *ms, int x, int c, int classes)
 {
-    int n = (ms->depth - 2) / 6, width = ms->width, cin = width;
+    const int tv = ms->variant != MGE_RESNET_CIFAR, width = ms->width;
+    const int stages = tv ? 4 : 3, expansion = tv && tv_resnets[ms->variant].bottleneck ? 4 : 1;
+    int cin = width, t;
     char name[32];
-    int t = mge_relu(g, conv_bn(g, "conv1", "bn1", x, c, width, 3, 1));
-    for (int stage = 0; stage < 3; stage++) {
-        int cout = width << stage;
+    if (tv && !ms->stem_cifar) {
+        t = mge_relu(g, conv_bn(g, "conv1", "bn1", x, c, width, 7, 2));
+        t = mge_maxpool2d(g, t, 3, 2, 1);
+    } else {
+        t = mge_relu(g, conv_bn(g, "conv1", "bn1", x, c, width, 3, 1));
+    }
+    for (int stage = 0; stage < stages; stage++) {
+        int planes = width << stage;
+        int n = tv ? tv_resnets[ms->variant].layers[stage] : (ms->depth - 2) / 6;
         for (int i = 0; i < n; i++) {
+            int stride = stage > 0 && i == 0 ? 2 : 1;
             snprintf(name, sizeof(name), "layer%d.%d", stage + 1, i);
-            t = basic_block(g, name, t, cin, cout, stage > 0 && i == 0 ? 2 : 1);
-            cin = cout;
+            t = expansion == 4 ? bottleneck_block(g, name, t, cin, planes, stride)
+                               : basic_block(g, name, t, cin, planes, stride);
+            cin = planes * expansion;
         }
     }
     t = mge_global_avgpool2d(g, t);

@@ -140,6 +140,13 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
         if (rc != MGE_OK)
             mge_dataset_fini(ds);
     }
+    /* the training set alone: evaluation gathers without augmentation anyway */
+    if (rc == MGE_OK && !test) {
+        rc = mge_dataset_set_augment(ds, spec->data.aug_crop_padding, spec->data.aug_hflip,
+                                     spec->train.seed, err, errlen);
+        if (rc != MGE_OK)
+            mge_dataset_fini(ds);
+    }
     return rc;
 }
 

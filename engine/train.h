@@ -39,7 +39,8 @@ int mge_train_build(const struct mge_jobspec *spec, int64_t batch, int c, int h,
                     struct mge_remat_plan *chosen, struct mge_remat_plan *plain);
 
 /* Load the train or test set a spec names (@test: the test set; MGE_NOENT if it has none) in
- * its format (idx, npy, cifar, synthetic), with data.normalize applied to what it gathers.
+ * its format (idx, npy, cifar, synthetic), with data.normalize applied to what it gathers,
+ * and, for the train set, data.augment set up (mge_dataset_set_augment: applied by the loader).
  * On error @err names the file (or key) and the reason, and @ds is zeroed. */
 int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *ds, char *err,
                   size_t errlen);

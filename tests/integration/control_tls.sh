@@ -118,9 +118,11 @@ wstart() { # NAME FLAGS...: a worker that is not expected to join
 WRONG=$(wstart wrongca --cacert "$T/otherca.pem")
 PLAIN=$(wstart plain --coordinator "tcp://${TLS_WORKER_URL#tls+tcp://}")
 sleep 4
-check "a worker whose CA does not verify the coordinator cannot join (4 s)" sh -c "! worker_ready wrongca 2>/dev/null && kill -0 $WRONG"
-check "a plain tcp:// worker cannot join the tls+tcp:// port (4 s)" sh -c "! worker_ready plain 2>/dev/null && kill -0 $PLAIN"
-check "... neither is listed at all" sh -c "api GET /api/v1/workers | jq -e '[.workers[].name] == [\"w2\"]'"
+unjoined() { ! worker_ready "$1" 2>/dev/null && kill -0 "$2"; } # NAME PID: up, not registered
+only_w2() { api GET /api/v1/workers | jq -e '[.workers[].name] == ["w2"]' >/dev/null; }
+check "a worker whose CA does not verify the coordinator cannot join (4 s)" unjoined wrongca "$WRONG"
+check "a plain tcp:// worker cannot join the tls+tcp:// port (4 s)" unjoined plain "$PLAIN"
+check "... neither is listed at all" only_w2
 "$BIN/mge-worker" --coordinator "$TLS_WORKER_URL" --join-token-file "$T/join" --name noca \
     --work-dir "$T/w-noca" >"$T/noca-worker.out" 2>&1; rc=$?
 check "a worker without --cacert for tls+tcp:// refuses to start and says why" \

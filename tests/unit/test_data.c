@@ -749,14 +749,17 @@ START_TEST(test_loader_matches_gather)
 }
 END_TEST
 
-START_TEST(test_loader_resume)
+/* Stop after k batches, save the batch's (epoch, pos_after), resume: same batches. */
+static void check_loader_resume(int crop_padding, int hflip)
 {
-    /* Stop after k batches, save the batch's (epoch, pos_after), resume: same batches. */
     struct mge_dataset ds;
     const int64_t n = 41, B = 6;
     float saved[40][6 * 4];
     int64_t saved_n[40];
+    char err[256];
     ck_assert_int_eq(mge_dataset_synthetic(&ds, n, 1, 2, 2, 3, 1), MGE_OK);
+    ck_assert_int_eq(mge_dataset_set_augment(&ds, crop_padding, hflip, 5, err, sizeof(err)),
+                     MGE_OK);
     {
         struct mge_sampler s;
         struct mge_loader ld;
@@ -796,6 +799,12 @@ START_TEST(test_loader_resume)
         mge_sampler_fini(&s);
     }
     mge_dataset_fini(&ds);
+}
+
+START_TEST(test_loader_resume)
+{
+    check_loader_resume(0, 0);
+    check_loader_resume(1, 1); /* augmented batches resume alike too */
 }
 END_TEST
 
@@ -1216,6 +1225,214 @@ START_TEST(test_normalize)
 }
 END_TEST
 
+/* ---- augmentation ---- */
+
+START_TEST(test_augment_draw)
+{
+    /* a pure function of (seed, epoch, sample): every offset and both flips occur, evenly */
+    struct mge_augment a = {.crop_padding = 4, .hflip = 1, .seed = 42};
+    int seen[9][9] = {{0}}, flips = 0, moved_by_epoch = 0, moved_by_seed = 0;
+    const int N = 20000;
+    for (int64_t i = 0; i < N; i++) {
+        int dy, dx, f, dy2, dx2, f2;
+        mge_augment_draw(&a, 3, i, &dy, &dx, &f);
+        mge_augment_draw(&a, 3, i, &dy2, &dx2, &f2);
+        ck_assert(dy == dy2 && dx == dx2 && f == f2);
+        ck_assert(dy >= -4 && dy <= 4 && dx >= -4 && dx <= 4 && (f == 0 || f == 1));
+        seen[dy + 4][dx + 4]++;
+        flips += f;
+        mge_augment_draw(&a, 4, i, &dy2, &dx2, &f2);
+        moved_by_epoch += dy != dy2 || dx != dx2 || f != f2;
+        struct mge_augment b = a;
+        b.seed = 43;
+        mge_augment_draw(&b, 3, i, &dy2, &dx2, &f2);
+        moved_by_seed += dy != dy2 || dx != dx2 || f != f2;
+    }
+    for (int y = 0; y < 9; y++)
+        for (int x = 0; x < 9; x++) /* N / 81 = 247 expected each */
+            ck_assert_msg(seen[y][x] > 150 && seen[y][x] < 350, "offset (%d, %d) drawn %d times",
+                          y - 4, x - 4, seen[y][x]);
+    ck_assert_msg(flips > N / 2 - 500 && flips < N / 2 + 500, "%d flips of %d", flips, N);
+    /* another epoch or seed draws anew: 1 - 1/162 of the draws differ */
+    ck_assert_int_gt(moved_by_epoch, N * 95 / 100);
+    ck_assert_int_gt(moved_by_seed, N * 95 / 100);
+
+    /* cropping and flipping off: the identity */
+    struct mge_augment off = {.crop_padding = 0, .hflip = 0, .seed = 42};
+    for (int64_t i = 0; i < 100; i++) {
+        int dy, dx, f;
+        mge_augment_draw(&off, 1, i, &dy, &dx, &f);
+        ck_assert(dy == 0 && dx == 0 && f == 0);
+    }
+}
+END_TEST
+
+/*
+ * A hand-made 2-channel 3x4 image (bytes 1..12, and 101..112 in channel 1), stored 256 times in
+ * uint8 and in float32; padding 1 with flips. For the samples whose draw is one of four cases
+ * below, the gathered image must be the one written out by hand (torchvision's pad 1, crop at
+ * (dy + 1, dx + 1) of the 5x6 padded image, then mirror).
+ */
+START_TEST(test_augment_hand_image)
+{
+    static const float want[4][3][4] = {
+        {{1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10, 11, 12}}, /* dy 0, dx 0 */
+        {{0, 5, 6, 7}, {0, 9, 10, 11}, {0, 0, 0, 0}},  /* dy 1, dx -1 */
+        {{0, 0, 0, 0}, {0, 4, 3, 2}, {0, 8, 7, 6}},    /* dy -1, dx 1, flipped */
+        {{4, 3, 2, 1}, {8, 7, 6, 5}, {12, 11, 10, 9}}, /* dy 0, dx 0, flipped */
+    };
+    static const int cases[4][3] = {{0, 0, 0}, {1, -1, 0}, {-1, 1, 1}, {0, 0, 1}};
+    const int64_t n = 256;
+    char err[256];
+    for (int f32 = 0; f32 < 2; f32++) {
+        struct mge_dataset ds;
+        int found[4] = {0};
+        memset(&ds, 0, sizeof(ds));
+        ds.n = n;
+        ds.c = 2;
+        ds.h = 3;
+        ds.w = 4;
+        ds.dim = 24;
+        ds.classes = 1;
+        ds.f32 = f32;
+        ds.pixels = mge_malloc((size_t)(n * 24) * (f32 ? sizeof(float) : 1));
+        ds.labels = mge_calloc((size_t)n, sizeof(int32_t));
+        ck_assert(ds.pixels && ds.labels);
+        for (int64_t i = 0; i < n; i++)
+            for (int j = 0; j < 24; j++) {
+                int v = 1 + j % 12 + (j >= 12 ? 100 : 0);
+                if (f32)
+                    ((float *)ds.pixels)[i * 24 + j] = (float)v / 255.0f;
+                else
+                    ds.pixels[i * 24 + j] = (uint8_t)v;
+            }
+        ck_assert_int_eq(mge_dataset_set_augment(&ds, 1, 1, 9, err, sizeof(err)), MGE_OK);
+        for (int64_t i = 0; i < n; i++) {
+            int dy, dx, fl, k;
+            float x[24], plain[24];
+            int32_t y;
+            mge_augment_draw(&ds.aug, 2, i, &dy, &dx, &fl);
+            ck_assert_int_eq(mge_dataset_gather_augmented(&ds, &i, 1, 2, x, &y), MGE_OK);
+            /* evaluation never augments */
+            ck_assert_int_eq(mge_dataset_gather(&ds, &i, 1, plain, &y), MGE_OK);
+            for (int j = 0; j < 24; j++)
+                ck_assert_float_eq(plain[j], (float)(1 + j % 12 + (j >= 12 ? 100 : 0)) / 255.0f);
+            for (k = 0; k < 4; k++)
+                if (cases[k][0] == dy && cases[k][1] == dx && cases[k][2] == fl)
+                    break;
+            if (k == 4)
+                continue;
+            found[k]++;
+            for (int ch = 0; ch < 2; ch++)
+                for (int r = 0; r < 3; r++)
+                    for (int c = 0; c < 4; c++) {
+                        float v = want[k][r][c];
+                        v = v > 0 && ch == 1 ? v + 100 : v;
+                        ck_assert_float_eq(x[ch * 12 + r * 4 + c], v / 255.0f);
+                    }
+        }
+        /* 18 draws are possible, each case had 256 tries: (17/18)^256 < 1e-6 to miss one */
+        for (int k = 0; k < 4; k++)
+            ck_assert_msg(found[k] > 0, "case %d never drawn", k);
+
+        /* normalisation comes after the crop: the padding is (0 - mean) / std */
+        const double mean[2] = {0.5, 0.25}, std[2] = {0.2, 2.0};
+        ck_assert_int_eq(mge_dataset_set_normalize(&ds, 2, mean, std, err, sizeof(err)), MGE_OK);
+        for (int64_t i = 0; i < n; i++) {
+            int dy, dx, fl;
+            float x[24];
+            int32_t y;
+            mge_augment_draw(&ds.aug, 2, i, &dy, &dx, &fl);
+            if (dy != 1 || dx != -1 || fl)
+                continue;
+            ck_assert_int_eq(mge_dataset_gather_augmented(&ds, &i, 1, 2, x, &y), MGE_OK);
+            ck_assert_float_eq(x[0], (0.0f - 0.5f) / 0.2f);
+            ck_assert_float_eq(x[12], (0.0f - 0.25f) / 2.0f);
+            ck_assert_float_eq(x[1], (5.0f / 255.0f - 0.5f) / 0.2f);
+            ck_assert_float_eq(x[13], (105.0f / 255.0f - 0.25f) / 2.0f);
+        }
+        mge_dataset_fini(&ds);
+    }
+}
+END_TEST
+
+START_TEST(test_augment_errors)
+{
+    struct mge_dataset ds;
+    char err[256];
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 4, 1, 1, 784, 2, 1), MGE_OK);
+    ck_assert_int_eq(mge_dataset_set_augment(&ds, 4, 0, 1, err, sizeof(err)), MGE_FORMAT);
+    ck_assert_str_eq(err, "data.augment needs images, but the data is [1, 1, 784] (c, h, w): "
+                          "give data.image for flat features");
+    ck_assert_int_eq(mge_dataset_set_augment(&ds, 0, 0, 1, err, sizeof(err)), MGE_OK);
+    mge_dataset_fini(&ds);
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, 4, 1, 28, 28, 2, 1), MGE_OK);
+    ck_assert_int_eq(mge_dataset_set_augment(&ds, 65, 0, 1, err, sizeof(err)), MGE_INVAL);
+    ck_assert_str_eq(err, "data.augment.crop_padding must be in [0, 64], not 65");
+    ck_assert_int_eq(mge_dataset_set_augment(&ds, -1, 0, 1, err, sizeof(err)), MGE_INVAL);
+    ck_assert_int_eq(ds.aug.crop_padding, 0);
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
+/*
+ * Data parallelism: the rows ranks 0 and 1 of 2 get, side by side, are the 1-rank batch, also
+ * augmented (the draws follow the sample, not the rank or the batch row), and augmentation
+ * changes the batch.
+ */
+START_TEST(test_loader_augment_ranks)
+{
+    struct mge_dataset ds;
+    struct mge_sampler s1, s2[2], ref;
+    struct mge_loader l1, l2[2];
+    const int64_t n = 37, B = 8, dim = 3 * 6 * 5;
+    char err[256];
+    int changed = 0;
+    ck_assert_int_eq(mge_dataset_synthetic(&ds, n, 3, 6, 5, 4, 2), MGE_OK);
+    ck_assert_int_eq(mge_dataset_set_augment(&ds, 2, 1, 77, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(mge_sampler_init(&s1, n, B, 0, 1, 6), MGE_OK);
+    ck_assert_int_eq(mge_sampler_init(&ref, n, B, 0, 1, 6), MGE_OK);
+    ck_assert_int_eq(mge_loader_init(&l1, &ds, &s1, 2), MGE_OK);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_int_eq(mge_sampler_init(&s2[r], n, B, r, 2, 6), MGE_OK);
+        ck_assert_int_eq(mge_loader_init(&l2[r], &ds, &s2[r], r), MGE_OK);
+    }
+    for (int step = 0; step < 15; step++) { /* 5 batches per epoch: 3 epochs */
+        struct mge_batch *b1, *b2[2];
+        ck_assert_int_eq(mge_loader_next(&l1, &b1), MGE_OK);
+        ck_assert_int_eq(mge_loader_next(&l2[0], &b2[0]), MGE_OK);
+        ck_assert_int_eq(mge_loader_next(&l2[1], &b2[1]), MGE_OK);
+        ck_assert_int_eq(b2[0]->n + b2[1]->n, b1->n);
+        ck_assert_mem_eq(b2[0]->x, b1->x, (size_t)(b2[0]->n * dim) * sizeof(float));
+        ck_assert_mem_eq(b2[1]->x, b1->x + b2[0]->n * dim,
+                         (size_t)(b2[1]->n * dim) * sizeof(float));
+        /* the batch is the sampler's samples augmented with the batch's epoch ... */
+        float aug[8 * 3 * 6 * 5], plain[8 * 3 * 6 * 5];
+        int32_t y[8];
+        int64_t idx[8], nl, gn;
+        while (mge_sampler_next(&ref, idx, &nl, &gn) == 1)
+            continue;
+        ck_assert_int_eq(nl, b1->n);
+        ck_assert_int_eq(b1->epoch, step / 5);
+        ck_assert_int_eq(mge_dataset_gather_augmented(&ds, idx, nl, b1->epoch, aug, y), MGE_OK);
+        ck_assert_mem_eq(b1->x, aug, (size_t)(nl * dim) * sizeof(float));
+        /* ... which differs from the plain samples in most rows (1 of 50 draws is the identity) */
+        ck_assert_int_eq(mge_dataset_gather(&ds, idx, nl, plain, y), MGE_OK);
+        for (int64_t i = 0; i < nl; i++)
+            changed += memcmp(aug + i * dim, plain + i * dim, (size_t)dim * sizeof(float)) != 0;
+    }
+    ck_assert_int_gt(changed, 37 * 3 * 3 / 4);
+    mge_loader_fini(&l1);
+    mge_sampler_fini(&s1);
+    mge_sampler_fini(&ref);
+    for (int r = 0; r < 2; r++) {
+        mge_loader_fini(&l2[r]);
+        mge_sampler_fini(&s2[r]);
+    }
+    mge_dataset_fini(&ds);
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -1253,6 +1470,10 @@ static Suite *data_suite(void)
         {"loader_gather", test_loader_matches_gather},
         {"loader_resume", test_loader_resume},
         {"loader_errors", test_loader_errors},
+        {"augment_draw", test_augment_draw},
+        {"augment_hand_image", test_augment_hand_image},
+        {"augment_errors", test_augment_errors},
+        {"loader_augment_ranks", test_loader_augment_ranks},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -528,6 +528,161 @@ START_TEST(test_model_resnet)
 }
 END_TEST
 
+/* Trained floats of @spec's model on (c, h, w) images with @classes classes; *@bufs buffers. */
+static int64_t zoo_trained_floats(const struct mge_jobspec *spec, int c, int h, int w, int classes,
+                                  int *bufs, struct mge_graph **gp)
+{
+    struct mge_graph *g;
+    struct mge_model m;
+    int64_t trained = 0;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    ck_assert_msg(mge_model_build(g, spec, 1, c, h, w, classes, &m) == MGE_OK, "%s",
+                  mge_graph_error_msg(g));
+    ck_assert_int_eq(mge_value_shape(g, m.logits)[1], classes);
+    *bufs = 0;
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        if (mge_value_is_buffer(g, v))
+            ++*bufs;
+        else
+            trained += mge_value_numel(g, v);
+    }
+    *gp = g;
+    return trained;
+}
+
+/* Whether @g has a parameter or buffer named @name of @ndim dims @shape. */
+static bool has_param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape)
+{
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        if (strcmp(mge_value_name(g, v), name))
+            continue;
+        return mge_value_ndim(g, v) == ndim &&
+               !memcmp(mge_value_shape(g, v), shape, (size_t)ndim * sizeof(int64_t));
+    }
+    return false;
+}
+
+/*
+ * torchvision's ResNet-18 ... 152 on 3x224x224 with 1000 classes have exactly torchvision's
+ * parameter counts (sum(p.numel() for p in model.parameters())) and 2 buffers per batch norm;
+ * spot checks of names and shapes: the 7x7/2 stem, the bottleneck's 1x1-3x3-1x1 with
+ * expansion 4, downsample.0/.1 where the shape changes (layer1.0 of a bottleneck net too).
+ */
+START_TEST(test_model_resnet_torchvision)
+{
+    static const struct {
+        enum mge_resnet_variant v;
+        int64_t params;
+        int bns;
+    } want[] = {
+        {MGE_RESNET_18, 11689512, 20},   {MGE_RESNET_34, 21797672, 36},
+        {MGE_RESNET_50, 25557032, 53},   {MGE_RESNET_101, 44549160, 104},
+        {MGE_RESNET_152, 60192808, 155},
+    };
+    struct mge_jobspec spec;
+    struct mge_graph *g;
+    int bufs;
+    memset(&spec, 0, sizeof(spec));
+    spec.model.type = MGE_MODEL_RESNET;
+    spec.model.width = 64;
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        spec.model.variant = want[i].v;
+        int64_t n = zoo_trained_floats(&spec, 3, 224, 224, 1000, &bufs, &g);
+        ck_assert_msg(n == want[i].params, "%s: %lld parameters, torchvision has %lld",
+                      mge_resnet_variant_name(want[i].v), (long long)n, (long long)want[i].params);
+        ck_assert_int_eq(bufs, 2 * want[i].bns);
+        if (want[i].v == MGE_RESNET_18) {
+            ck_assert(has_param(g, "conv1.weight", 4, (int64_t[]){64, 3, 7, 7}));
+            ck_assert(has_param(g, "layer1.1.conv2.weight", 4, (int64_t[]){64, 64, 3, 3}));
+            ck_assert(!has_param(g, "layer1.0.downsample.0.weight", 4, (int64_t[]){64, 64, 1, 1}));
+            ck_assert(has_param(g, "layer4.0.downsample.0.weight", 4, (int64_t[]){512, 256, 1, 1}));
+            ck_assert(has_param(g, "layer4.1.bn2.running_var", 1, (int64_t[]){512}));
+            ck_assert(has_param(g, "fc.weight", 2, (int64_t[]){1000, 512}));
+        }
+        if (want[i].v == MGE_RESNET_50) {
+            ck_assert(has_param(g, "layer1.0.conv1.weight", 4, (int64_t[]){64, 64, 1, 1}));
+            ck_assert(has_param(g, "layer1.0.downsample.0.weight", 4, (int64_t[]){256, 64, 1, 1}));
+            ck_assert(has_param(g, "layer2.0.conv2.weight", 4, (int64_t[]){128, 128, 3, 3}));
+            ck_assert(has_param(g, "layer3.5.conv3.weight", 4, (int64_t[]){1024, 256, 1, 1}));
+            ck_assert(has_param(g, "layer4.2.bn3.running_mean", 1, (int64_t[]){2048}));
+            ck_assert(has_param(g, "fc.weight", 2, (int64_t[]){1000, 2048}));
+        }
+        mge_graph_free(g);
+    }
+}
+END_TEST
+
+/*
+ * Small inputs: ResNet-18 builds on 1x28x28 with either stem (the ImageNet stem ends at 1x1:
+ * 28 -> 14 -> 7 -> 7, 4, 2, 1) and on 3x1x1; a ResNet-18 of width 8 learns a fixed batch
+ * (class k: channel k brighter) in a few SGD steps.
+ */
+START_TEST(test_model_resnet_small_inputs)
+{
+    struct mge_jobspec spec;
+    struct mge_graph *g;
+    int bufs;
+    memset(&spec, 0, sizeof(spec));
+    spec.model.type = MGE_MODEL_RESNET;
+    spec.model.variant = MGE_RESNET_18;
+    spec.model.width = 64;
+    for (int stem = 0; stem < 2; stem++) {
+        spec.model.stem_cifar = stem;
+        int64_t n = zoo_trained_floats(&spec, 1, 28, 28, 10, &bufs, &g);
+        /* conv1 1 channel, 7x7 or 3x3, instead of 3 channels 7x7; fc 10 instead of 1000 */
+        int64_t k2 = stem ? 9 : 49;
+        ck_assert_int_eq(n, 11689512 - 64 * 3 * 49 + 64 * k2 - 1000 * 513 + 10 * 513);
+        mge_graph_free(g);
+    }
+    spec.model.stem_cifar = 0;
+    zoo_trained_floats(&spec, 3, 1, 1, 10, &bufs, &g);
+    mge_graph_free(g);
+
+    /* a few SGD steps of a narrow ResNet-18 on 3x20x20 (ResNet-50's gradients are checked
+     * against PyTorch's in tests/integration/train_resnet.sh) */
+    spec.model.variant = MGE_RESNET_18;
+    spec.model.width = 8;
+    struct mge_model m;
+    const int64_t B = 8;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    ck_assert_int_eq(mge_model_build(g, &spec, B, 3, 20, 20, 3, &m), MGE_OK);
+    ck_assert_int_eq(mge_graph_backward(g, m.loss), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, 5);
+    static float x[8 * 3 * 400];
+    int32_t y[8];
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 17);
+    for (int64_t i = 0; i < B; i++) /* class k: channel k is brighter */
+        y[i] = (int32_t)(i % 3);
+    for (int64_t i = 0; i < B * 3 * 400; i++)
+        x[i] = mge_rng_float(&rng) + (i / 400 % 3 == y[i / 1200] ? 0.5f : 0.0f);
+    ck_assert_int_eq(mge_graph_bind(g, m.x, x), MGE_OK);
+    ck_assert_int_eq(mge_graph_bind(g, m.y, y), MGE_OK);
+    float first = 0, last = 0;
+    for (int step = 0; step < 6; step++) {
+        ck_assert_int_eq(mge_graph_run(g, MGE_RUN_TRAIN, step), MGE_OK);
+        last = *(float *)mge_value_data(g, m.loss);
+        if (step == 0)
+            first = last;
+        ck_assert(isfinite(last));
+        for (int i = 0; i < mge_graph_n_params(g); i++) {
+            int v = mge_graph_param(g, i);
+            if (mge_value_is_buffer(g, v))
+                continue;
+            float *p = mge_value_data(g, v), *dp = mge_value_data(g, mge_graph_grad(g, v));
+            for (int64_t k = 0; k < mge_value_numel(g, v); k++)
+                p[k] -= 0.01f * dp[k];
+        }
+    }
+    ck_assert_msg(last < 0.7f * first, "loss %g -> %g", first, last);
+    mge_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_grad_fan_out)
 {
     /* x feeds three consumers and w is shared by two layers: gradients must accumulate */
@@ -1049,6 +1204,8 @@ static Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_grad_batchnorm_residual_gap, 0, 2);
     tcase_add_test(tc, test_batchnorm_running_stats);
     tcase_add_test(tc, test_model_resnet);
+    tcase_add_test(tc, test_model_resnet_torchvision);
+    tcase_add_test(tc, test_model_resnet_small_inputs);
     tcase_add_test(tc, test_grad_fan_out);
     suite_add_tcase(s, tc);
     tc = tcase_create("graph");

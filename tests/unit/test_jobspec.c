@@ -144,6 +144,10 @@ static void assert_spec_eq(const struct mge_jobspec *a, const struct mge_jobspec
     ck_assert_int_eq(a->data.image_w, b->data.image_w);
     ck_assert_int_eq(a->data.channels, b->data.channels);
     ck_assert_int_eq(a->data.prefetch, b->data.prefetch);
+    ck_assert_int_eq(a->model.variant, b->model.variant);
+    ck_assert_int_eq(a->model.stem_cifar, b->model.stem_cifar);
+    ck_assert_int_eq(a->data.aug_crop_padding, b->data.aug_crop_padding);
+    ck_assert_int_eq(a->data.aug_hflip, b->data.aug_hflip);
     ck_assert_int_eq(a->train.epochs, b->train.epochs);
     ck_assert_int_eq(a->train.steps, b->train.steps);
     ck_assert_int_eq(a->train.batch_size, b->train.batch_size);
@@ -429,6 +433,16 @@ static const struct err_case err_cases[] = {
      "expected an integer between 8 and 1202, got '2'"},
     {"name: t\nmodel:\n  type: resnet\n  width: 0\n", MGE_SPEC, 4, "model.width",
      "expected an integer between 1 and 4096, got '0'"},
+    {"name: t\nmodel:\n  type: resnet\n  variant: resnet19\n", MGE_SPEC, 4, "model.variant",
+     "expected one of cifar, resnet18, resnet34, resnet50, resnet101, resnet152, got 'resnet19'"},
+    {"name: t\nmodel:\n  type: resnet\n  variant: resnet50\n  depth: 50\n", MGE_SPEC, 5,
+     "model.depth", "not used with a torchvision variant"},
+    {"name: t\nmodel:\n  type: resnet\n  stem: imagenet\n", MGE_SPEC, 4, "model.stem",
+     "only for the torchvision variants"},
+    {"name: t\nmodel:\n  type: resnet\n  variant: resnet18\n  stem: tiny\n", MGE_SPEC, 5,
+     "model.stem", "expected one of imagenet, cifar, got 'tiny'"},
+    {"name: t\nmodel:\n  type: lenet\n  variant: resnet18\n", MGE_SPEC, 4, "model.variant",
+     "not used by model type 'lenet'"},
     {"name: t\nmodel:\n  type: mlp\n  hidden: 512\n", MGE_SPEC, 4, "model.hidden",
      "expected a list of 0 to 64 integers, got '512'"},
     {"name: t\nmodel:\n  type: mlp\n  hidden: [512,\n    x]\n", MGE_SPEC, 5, "model.hidden",
@@ -901,6 +915,55 @@ START_TEST(test_jobspec_normalize)
 }
 END_TEST
 
+START_TEST(test_jobspec_augment)
+{
+    static const char *const aug = "name: c\nmodel: {type: resnet, depth: 8}\n"
+                                   "data:\n  format: synthetic\n"
+                                   "  augment: {crop_padding: 4, hflip: true}\n" TRAIN;
+    struct mge_jobspec *s = parse_ok(aug, NULL, 0);
+    struct mge_spec_error err;
+    ck_assert_int_eq(s->data.aug_crop_padding, 4);
+    ck_assert_int_eq(s->data.aug_hflip, 1);
+    char *text = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(text, "\"augment\":{\"crop_padding\":4,\"hflip\":true}"));
+    mge_free(text);
+    mge_jobspec_free(s);
+    check_round_trip(aug, NULL, 0);
+    const char *ov[] = {"data.augment.hflip=false"};
+    s = parse_ok(aug, ov, 1);
+    ck_assert_int_eq(s->data.aug_hflip, 0);
+    ck_assert_int_eq(s->data.aug_crop_padding, 4);
+    mge_jobspec_free(s);
+    s = parse_ok(MINIMAL, NULL, 0);
+    ck_assert_int_eq(s->data.aug_crop_padding, 0);
+    ck_assert_int_eq(s->data.aug_hflip, 0);
+    text = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(text, "\"augment\":null"));
+    mge_free(text);
+    mge_jobspec_free(s);
+
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  augment: {crop_padding: 65}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.augment.crop_padding");
+    ck_assert_int_eq(err.line, 5);
+    ck_assert_ptr_nonnull(strstr(err.message, "between 0 and 64"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  augment: {hflip: 2}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.augment.hflip");
+    ck_assert_ptr_nonnull(strstr(err.message, "true or false"));
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  augment: {vflip: true}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.augment.vflip");
+    parse_err("name: c\nmodel: {type: lenet}\ndata:\n  format: synthetic\n"
+              "  augment: true\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.augment");
+}
+END_TEST
+
 START_TEST(test_jobspec_to_json_shape)
 {
     struct mge_jobspec *s = parse_ok(FULL_IDX, NULL, 0);
@@ -963,6 +1026,33 @@ START_TEST(test_jobspec_resnet)
     mge_jobspec_free(back);
     mge_free(text);
     mge_jobspec_free(s);
+
+    /* torchvision variants: width 64 by default, the ImageNet stem unless stem: cifar */
+    s = parse_ok("name: r\nmodel: {type: resnet, variant: resnet50}\ndata: {format: synthetic}\n"
+                 "train: {steps: 1, batch_size: 2, optimizer: {lr: 0.1}}\n",
+                 NULL, 0);
+    ck_assert_int_eq(s->model.variant, MGE_RESNET_50);
+    ck_assert_int_eq(s->model.width, 64);
+    ck_assert_int_eq(s->model.stem_cifar, 0);
+    text = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(text, "\"variant\":\"resnet50\""));
+    ck_assert_ptr_nonnull(strstr(text, "\"stem\":\"imagenet\""));
+    ck_assert_ptr_nonnull(strstr(text, "\"depth\":null"));
+    mge_free(text);
+    mge_jobspec_free(s);
+    static const char *const tv = "name: r\nmodel: {type: resnet, variant: resnet18, stem: cifar, "
+                                  "width: 8}\ndata: {format: synthetic}\n"
+                                  "train: {steps: 1, batch_size: 2, optimizer: {lr: 0.1}}\n";
+    s = parse_ok(tv, NULL, 0);
+    ck_assert_int_eq(s->model.variant, MGE_RESNET_18);
+    ck_assert_int_eq(s->model.stem_cifar, 1);
+    ck_assert_int_eq(s->model.width, 8);
+    ck_assert_str_eq(mge_resnet_variant_name(s->model.variant), "resnet18");
+    mge_jobspec_free(s);
+    check_round_trip(tv, NULL, 0);
+    check_round_trip("name: r\nmodel: {type: resnet, depth: 8}\ndata: {format: synthetic}\n"
+                     "train: {steps: 1, batch_size: 2, optimizer: {lr: 0.1}}\n",
+                     NULL, 0);
 }
 END_TEST
 
@@ -1188,6 +1278,7 @@ static Suite *jobspec_suite(void)
     tcase_add_test(tc, test_jobspec_npy);
     tcase_add_test(tc, test_jobspec_cifar);
     tcase_add_test(tc, test_jobspec_normalize);
+    tcase_add_test(tc, test_jobspec_augment);
     tcase_add_test(tc, test_jobspec_to_json_shape);
     tcase_add_test(tc, test_jobspec_resnet);
     tcase_add_test(tc, test_jobspec_total_steps);
