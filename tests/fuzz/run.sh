@@ -29,7 +29,7 @@ libs_safetensors='-ljansson -lyaml -lz -lm -lpthread -lcrypto'
 # the control plane: REST bodies and worker frames go through the coordinator's own code
 # (seeds: corpus/http_body/ by hand, corpus/worker_frame/ from gen_worker_frame_seeds.c)
 deps_control='coordinator/http_api.c coordinator/store.c coordinator/sched.c coordinator/rpc.c
-coordinator/auth.c coordinator/ckpt_path.c coordinator/ckpt_store.c coordinator/store_file.c common/*.c
+coordinator/auth.c coordinator/planner.c coordinator/ckpt_path.c coordinator/ckpt_store.c coordinator/store_file.c common/*.c
 tests/unit/support/scratch_dir.c engine/ckpt.c $BUILD/gen/proto/checkpoint.pb-c.c
 worker/link_frame.c $BUILD/gen/proto/worker.pb-c.c'
 libs_control='-lmicrohttpd -lsqlite3 -lnng -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
