@@ -146,6 +146,13 @@ int mge_batchnorm2d(struct mge_graph *g, int x, int w, int b, int running_mean, 
                     float eps, float momentum);
 /* x (N, C, H, W) -> (N, C): the mean over H and W (a view and a mean; no copy). */
 int mge_global_avgpool2d(struct mge_graph *g, int x);
+/*
+ * Causal multi-head self-attention, fused (GPT's attention without its projections): @qkv
+ * (B, T, 3C) holds q, k and v side by side, as nanoGPT's c_attn writes them; -> (B, T, C), heads
+ * side by side. C % @heads == 0 and C / @heads <= 256. Stores one log-sum-exp per row
+ * (B * heads * T floats) for backward, which recomputes the probabilities (flash attention).
+ */
+int mge_causal_attention(struct mge_graph *g, int qkv, int heads);
 /* ids int32 (..), table (V, C) -> (.., C). */
 int mge_embedding(struct mge_graph *g, int ids, int table);
 

@@ -832,3 +832,27 @@ int mge_embedding(struct mge_graph *g, int ids, int table)
                          .n_out = 1};
     return emit(g, &n);
 }
+
+int mge_causal_attention(struct mge_graph *g, int qkv, int heads)
+{
+    if (check_value(g, qkv, "causal_attention"))
+        return -g->err;
+    const struct mge_value *X = &g->values[qkv];
+    int64_t C = X->ndim == 3 ? X->shape[2] / 3 : 0;
+    if (X->ndim != 3 || X->shape[2] % 3 != 0 || heads < 1 || C % heads != 0 ||
+        C / heads > MGE_CPU_ATTN_MAX_HEAD)
+        return mge__graph_fail(g, MGE_INVAL,
+                               "causal_attention: '%s' must be (B, T, 3C) with C a multiple of "
+                               "%d heads of at most %d",
+                               X->name, heads, MGE_CPU_ATTN_MAX_HEAD);
+    int64_t ys[3] = {X->shape[0], X->shape[1], C}, ls[3] = {X->shape[0], heads, X->shape[1]};
+    int xb = X->batched, req = rg(g, qkv);
+    int out = new_act(g, "attention", 3, ys, xb, req); /* X may move from here on */
+    int lse = new_act(g, "attn_lse", 3, ls, xb, 0);
+    if (out < 0 || lse < 0)
+        return -g->err;
+    struct mge_node n = {
+        .op = MGE_OP_ATTENTION, .in = {qkv}, .n_in = 1, .out = {out, lse}, .n_out = 2};
+    n.a.attn.heads = heads;
+    return emit(g, &n);
+}
