@@ -448,17 +448,22 @@ int mge_cross_entropy_smoothed(struct mge_graph *g, int logits, int labels, floa
     if (check_value(g, logits, "cross_entropy") || check_value(g, labels, "cross_entropy"))
         return -g->err;
     const struct mge_value *L = &g->values[logits], *Y = &g->values[labels];
-    if (L->ndim != 2 || Y->ndim != 1 || Y->dtype != MGE_DTYPE_I32 || Y->shape[0] != L->shape[0])
+    int rows_ok = L->ndim >= 2 && Y->ndim == L->ndim - 1 && Y->dtype == MGE_DTYPE_I32;
+    for (int i = 0; rows_ok && i < Y->ndim; i++)
+        rows_ok = Y->shape[i] == L->shape[i];
+    if (!rows_ok)
         return mge__graph_fail(g, MGE_INVAL,
-                               "cross_entropy: logits '%s' must be (B, V) and labels '%s' int32 (B)",
+                               "cross_entropy: logits '%s' must be (B, .., V) and labels '%s' "
+                               "int32 (B, ..)",
                                L->name, Y->name);
     if (!(smoothing >= 0.0f && smoothing < 1.0f))
         return mge__graph_fail(g, MGE_INVAL, "cross_entropy: label smoothing %g is not in [0, 1)",
                                (double)smoothing);
-    int64_t one = 1, ls[2] = {L->shape[0], L->shape[1]};
-    int lb = L->batched;
+    int64_t one = 1, ls[MGE_MAX_DIMS];
+    int lb = L->batched, lnd = L->ndim;
+    memcpy(ls, L->shape, sizeof(ls));
     int loss = new_act(g, "loss", 0, &one, 0, rg(g, logits)); /* L may move from here on */
-    int probs = new_act(g, "probs", 2, ls, lb, 0);
+    int probs = new_act(g, "probs", lnd, ls, lb, 0);
     if (loss < 0 || probs < 0)
         return -g->err;
     struct mge_node n = {.op = MGE_OP_XENT, .in = {logits, labels}, .n_in = 2, .out = {loss, probs},

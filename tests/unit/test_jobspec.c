@@ -422,7 +422,7 @@ static const struct err_case err_cases[] = {
     {HEAD TRAIN "model: 3\n", MGE_SPEC, 12, "model", "duplicate key"},
     {"name: t\nmodel: [mlp]\n", MGE_SPEC, 2, "model", "expected a mapping, got a list"},
     {"name: t\nmodel:\n  type: mpl\n", MGE_SPEC, 3, "model.type",
-     "expected one of mlp, lenet, deep_mlp, resnet, got 'mpl' (did you mean 'mlp'?)"},
+     "expected one of mlp, lenet, deep_mlp, resnet, gpt, got 'mpl' (did you mean 'mlp'?)"},
     {"name: t\nmodel:\n  type: resnet\n  depth: 21\n", MGE_SPEC, 4, "model.depth",
      "expected 6n+2 (8, 14, 20, 32, 44, 56, 110: CIFAR-style basic blocks, n per stage), got 21"},
     {"name: t\nmodel:\n  type: resnet\n  depth: 2\n", MGE_SPEC, 4, "model.depth",
