@@ -1239,10 +1239,10 @@ static int check_gpt(struct ctx *c, const struct sect *s, struct mge_model_spec 
         (rc = get_int32(c, s, "context", 1, 1 << 20, &(int){128}, &m->context, NULL)) ||
         (rc = get_int32(c, s, "vocab", 2, 1 << 24, &(int){256}, &m->vocab, NULL)))
         return rc;
-    if (m->d_model % m->heads != 0 || m->d_model / m->heads > 256) {
+    if (m->d_model % m->heads != 0 || m->d_model / m->heads > 128) {
         const struct tnode *k = sect_get(s, "d_model", NULL);
         return fail_at(c, k ? k : s->key, "model.d_model",
-                       "expected a multiple of model.heads (%d) with at most 256 per head, got %d",
+                       "expected a multiple of model.heads (%d) with at most 128 per head, got %d",
                        m->heads, m->d_model);
     }
     return MGE_OK;

@@ -153,7 +153,7 @@ int mge_global_avgpool2d(struct mge_graph *g, int x);
 /*
  * Causal multi-head self-attention, fused (GPT's attention without its projections): @qkv
  * (B, T, 3C) holds q, k and v side by side, as nanoGPT's c_attn writes them; -> (B, T, C), heads
- * side by side. C % @heads == 0 and C / @heads <= 256. Stores one log-sum-exp per row
+ * side by side. C % @heads == 0 and C / @heads <= 128. Stores one log-sum-exp per row
  * (B * heads * T floats) for backward, which recomputes the probabilities (flash attention).
  */
 int mge_causal_attention(struct mge_graph *g, int qkv, int heads);

@@ -171,7 +171,7 @@ void mge_cpu_avgpool_backward(const struct mge_cpu_pool *pl, float *dinp, const 
 
 /* ---- attention ------------------------------------------------------------------------------ */
 /* Largest head size (C / NH) the attention kernels take (one accumulator row on the stack). */
-#define MGE_CPU_ATTN_MAX_HEAD 256
+#define MGE_CPU_ATTN_MAX_HEAD 128
 /*
  * Causal multi-head self-attention, softmax(q k^T / sqrt(hs)) v with key j <= query t, fused:
  * qkv (B, T, 3C) holds q, k, v side by side (nanoGPT's c_attn output), head h in columns
