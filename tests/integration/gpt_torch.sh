@@ -1,6 +1,6 @@
 #!/bin/sh
 # gpt_torch.sh: parity of model type gpt with PyTorch at step 1. A 2-layer GPT written as
-# nanoGPT writes it (torch.nn, GELU with the tanh approximation, lm_head tied to wte) is
+# nanoGPT writes it (tests/bench/torch_gpt.py: GELU with the tanh approximation, lm_head tied) is
 # initialised by torch (nanoGPT's init), saved as safetensors and loaded with mge-train
 # --init-from; one SGD step (lr 1024, so the step's update is -1024 times the gradient, exactly
 # scaled, and p0 - p1 loses little to rounding) on a uint16 token
@@ -15,7 +15,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 cat > "$T/ref.py" <<'PY'
 import json, math, struct, sys
-import torch, torch.nn as nn, torch.nn.functional as F
+import torch
+sys.path.insert(0, sys.argv[3])
+from torch_gpt import GPT as TorchGPT  # tests/bench/torch_gpt.py: nanoGPT's layout and init
 torch.set_num_threads(1)
 L, H, C, T, V, B, SEED = 2, 2, 32, 16, 64, 4, 5
 M64 = (1 << 64) - 1
@@ -27,46 +29,6 @@ def mix64(z):
 
 def window(n, step, row):  # engine/data_tokens.c: mge_tokens_window
     return mix64(SEED ^ mix64(((step * 0x9E3779B97F4A7C15) & M64) ^ mix64((row + 0x632BE59BD9B4E019) & M64))) % (n - T)
-
-class Attn(nn.Module):
-    def __init__(s):
-        super().__init__(); s.c_attn = nn.Linear(C, 3 * C); s.c_proj = nn.Linear(C, C)
-    def forward(s, x):
-        q, k, v = s.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(x.shape[0], T, H, C // H).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
-        att = att.masked_fill(torch.tril(torch.ones(T, T)) == 0, float("-inf")).softmax(-1)
-        return s.c_proj((att @ v).transpose(1, 2).reshape(x.shape[0], T, C))
-
-class MLP(nn.Module):
-    def __init__(s):
-        super().__init__(); s.c_fc = nn.Linear(C, 4 * C); s.c_proj = nn.Linear(4 * C, C)
-    def forward(s, x):
-        return s.c_proj(F.gelu(s.c_fc(x), approximate="tanh"))
-
-class Block(nn.Module):
-    def __init__(s):
-        super().__init__(); s.ln_1 = nn.LayerNorm(C); s.attn = Attn(); s.ln_2 = nn.LayerNorm(C); s.mlp = MLP()
-    def forward(s, x):
-        x = x + s.attn(s.ln_1(x)); return x + s.mlp(s.ln_2(x))
-
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C),
-                                           h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
-        s.lm_head = nn.Linear(C, V, bias=False)
-        s.lm_head.weight = s.transformer.wte.weight  # tied
-        for n, p in s.named_parameters():  # nanoGPT's init
-            if n.endswith("c_proj.weight"): nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
-            elif n.endswith("bias"): nn.init.zeros_(p)
-            elif "ln_" in n: nn.init.ones_(p)
-            else: nn.init.normal_(p, 0.0, 0.02)
-    def forward(s, idx, y):
-        x = s.transformer.wte(idx) + s.transformer.wpe(torch.arange(T))
-        for b in s.transformer.h: x = b(x)
-        logits = s.lm_head(s.transformer.ln_f(x))
-        return F.cross_entropy(logits.view(-1, V), y.view(-1))
 
 def st_write(path, sd):
     hdr, off, raws = {"__metadata__": {"format": "pt"}}, 0, []
@@ -86,18 +48,18 @@ def st_read(path):
 cmd, d = sys.argv[1], sys.argv[2]
 if cmd == "make":
     torch.manual_seed(123)
-    m = GPT()
+    m = TorchGPT(L, H, C, T, V)
     sd = {k: v for k, v in m.state_dict().items() if k != "lm_head.weight"}
     st_write(d + "/init.safetensors", sd)
     g = torch.Generator().manual_seed(9)
     ids = torch.randint(0, V, (3000,), generator=g).tolist()
     open(d + "/tokens.bin", "wb").write(struct.pack("<%dH" % len(ids), *ids))
 else:  # check: step-1 loss and gradients against mge's
-    mge_loss, tol = float(sys.argv[3]), 1e-4
+    mge_loss, tol = float(sys.argv[4]), 1e-4
     ids = list(struct.unpack("<3000H", open(d + "/tokens.bin", "rb").read()))
     starts = [window(len(ids), 0, r) for r in range(B)]
     x = torch.tensor([ids[s:s + T] for s in starts]); y = torch.tensor([ids[s + 1:s + T + 1] for s in starts])
-    m = GPT(); sd0 = st_read(d + "/init.safetensors")
+    m = TorchGPT(L, H, C, T, V); sd0 = st_read(d + "/init.safetensors")
     m.load_state_dict(dict(sd0, **{"lm_head.weight": sd0["transformer.wte.weight"]}), strict=True)
     loss = m(x, y); loss.backward()
     fails = 0
@@ -118,7 +80,8 @@ else:  # check: step-1 loss and gradients against mge's
     sys.exit(1 if fails else 0)
 PY
 
-$PY "$T/ref.py" make "$T" || { echo "FAIL: torch reference setup"; exit 1; }
+BENCH=$(cd "$(dirname "$0")/../bench" && pwd)
+$PY "$T/ref.py" make "$T" "$BENCH" || { echo "FAIL: torch reference setup"; exit 1; }
 cat > "$T/gpt.yaml" <<EOF
 name: gpt-parity
 model: {type: gpt, layers: 2, heads: 2, d_model: 32, context: 16, vocab: 64}
@@ -135,4 +98,4 @@ EOF
 "$BIN/mge-export" "$T/run/latest.mgeckpt" --format safetensors --output "$T/step1.safetensors" \
     2> "$T/export.err" || { echo "FAIL: mge-export: $(cat "$T/export.err")"; exit 1; }
 loss1=$(grep '^{"step":1,' "$T/run.out" | sed 's/.*"loss":\([^,]*\),.*/\1/')
-$PY "$T/ref.py" check "$T" "$loss1"
+$PY "$T/ref.py" check "$T" "$BENCH" "$loss1"
