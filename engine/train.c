@@ -1243,6 +1243,10 @@ static int train_loop(struct trainer *t)
         if (b->epoch_end && t->have_test && spec->train.eval_every_epoch &&
             (rc = evaluate_epoch(t, o->json)) != MGE_OK)
             goto out_free;
+        /* a gpt has no epochs: its held-out loss comes at every checkpoint_every steps */
+        if (t->gpt && t->have_test && ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
+            (rc = evaluate_epoch(t, o->json)) != MGE_OK)
+            goto out_free;
         if (lead && t->step < t->total_steps &&
             ((ce > 0 && t->step % ce == 0) || (ce_sec > 0 && now_sec() - last_ckpt >= ce_sec))) {
             if ((rc = ckpt_save(t, 0)) != MGE_OK)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # train_gpt.sh: a tiny GPT (model type gpt) on real text, the bytes of Debian's fortunes-min
 # files (data.format text): the loss falls over 40 steps and a held-out test_loss is reported
-# with tokens_per_sec; a run resumed from its step-20 checkpoint is bit-identical to the
+# with tokens_per_sec (and at each checkpoint); a run resumed from its step-20 checkpoint is bit-identical to the
 # uninterrupted one (windows come from (seed, step, row)); a uint16 token file (data.format
 # tokens) trains; bad token files and specs exit 2 naming the file, the offset or the key.
 . "$(dirname "$0")/lib/train.sh"
@@ -48,6 +48,9 @@ if [ $rc -ne 0 ]; then bad "mge-train exited $rc: $(tail -n 3 "$T/a.err")"; else
     if lt "$tl" 4.5 && ge "$tl" 1.0; then ok "held-out test_loss $tl (last 10% of the text)"
     else bad "test_loss $tl"; fi
     if ge "$tps" 1; then ok "tokens_per_sec $tps"; else bad "tokens_per_sec $tps"; fi
+    if grep -q '^{"epoch":0,"step":20,"test_loss":' "$T/a.out"; then
+        ok "held-out loss at the step-20 checkpoint too: $(grep '"step":20,"test_loss"' "$T/a.out")"
+    else bad "no test_loss line at the step-20 checkpoint"; fi
 fi
 
 echo "== resume from the step-20 checkpoint: steps 21..40 bit-identical"

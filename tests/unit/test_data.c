@@ -1187,17 +1187,6 @@ START_TEST(test_cifar_malformed)
 }
 END_TEST
 
-/* Write @n bytes of @data to a temp file @name; return its path. */
-static const char *write_bytes(const char *name, const void *data, size_t n)
-{
-    const char *p = tmp_path(name);
-    FILE *fp = fopen(p, "wb");
-    ck_assert_ptr_nonnull(fp);
-    ck_assert_uint_eq(fwrite(data, 1, n, fp), n);
-    fclose(fp);
-    return p;
-}
-
 START_TEST(test_tokens_load)
 {
     /* uint16 from two files, concatenated; uint32; text bytes; the held-out split */
@@ -1205,7 +1194,7 @@ START_TEST(test_tokens_load)
     char err[256];
     uint16_t a[5] = {1, 2, 3, 40000, 5}, b[3] = {6, 7, 8};
     uint32_t c[3] = {70000, 1, 99999};
-    const char *f16[2] = {write_bytes("a.bin", a, sizeof(a)), write_bytes("b.bin", b, sizeof(b))};
+    const char *f16[2] = {write_raw("a.bin", a, sizeof(a)), write_raw("b.bin", b, sizeof(b))};
     ck_assert_int_eq(mge_tokens_load(&tk, f16, 2, 2, 50257, err, sizeof(err)), MGE_OK);
     ck_assert_int_eq(tk.n, 8);
     int64_t starts[2] = {2, 4};
@@ -1223,13 +1212,13 @@ START_TEST(test_tokens_load)
     ck_assert_int_eq(y[0], 8);
     mge_tokens_fini(&tail);
     mge_tokens_fini(&tk);
-    const char *f32 = write_bytes("c.bin", c, sizeof(c));
+    const char *f32 = write_raw("c.bin", c, sizeof(c));
     ck_assert_int_eq(mge_tokens_load(&tk, &f32, 1, 4, 100000, err, sizeof(err)), MGE_OK);
     mge_tokens_gather(&tk, (int64_t[]){0}, 1, 2, x, y);
     ck_assert_int_eq(x[0], 70000);
     ck_assert_int_eq(y[1], 99999);
     mge_tokens_fini(&tk);
-    const char *txt = write_bytes("t.txt", "hello\n\xff", 7);
+    const char *txt = write_raw("t.txt", "hello\n\xff", 7);
     ck_assert_int_eq(mge_tokens_load(&tk, &txt, 1, 1, 256, err, sizeof(err)), MGE_OK);
     ck_assert_int_eq(tk.n, 7);
     mge_tokens_gather(&tk, (int64_t[]){5}, 1, 1, x, y);
@@ -1254,13 +1243,13 @@ static void tokens_refused(const char *const *files, int n, int width, int64_t v
 START_TEST(test_tokens_malformed)
 {
     uint16_t ids[4] = {1, 2, 300, 4};
-    const char *f[2] = {write_bytes("ok.bin", ids, 4), write_bytes("big.bin", ids, sizeof(ids))};
+    const char *f[2] = {write_raw("ok.bin", ids, 4), write_raw("big.bin", ids, sizeof(ids))};
     tokens_refused(f, 2, 2, 256, MGE_CORRUPT,
                    "big.bin: token id 300 at byte offset 4 (token 2) is not below model.vocab 256");
     tokens_refused(&f[1], 1, 1, 3, MGE_CORRUPT, "big.bin: token id 44 at byte offset 4 (token 4)");
-    f[1] = write_bytes("odd.bin", ids, 3);
+    f[1] = write_raw("odd.bin", ids, 3);
     tokens_refused(f, 2, 2, 256, MGE_FORMAT, "odd.bin: size 3 is not a positive multiple of 2");
-    f[1] = write_bytes("empty.bin", ids, 0);
+    f[1] = write_raw("empty.bin", ids, 0);
     tokens_refused(f, 2, 4, 256, MGE_FORMAT, "empty.bin: size 0 is not a positive multiple of 4");
     f[1] = tmp_path("missing.bin");
     tokens_refused(f, 2, 2, 256, MGE_NOENT, "missing.bin");
