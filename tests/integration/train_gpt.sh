@@ -1,9 +1,10 @@
 #!/bin/sh
 # train_gpt.sh: a tiny GPT (model type gpt) on real text, the bytes of Debian's fortunes-min
 # files (data.format text): the loss falls over 40 steps and a held-out test_loss is reported
-# with tokens_per_sec (and at each checkpoint); a run resumed from its step-20 checkpoint is bit-identical to the
-# uninterrupted one (windows come from (seed, step, row)); a uint16 token file (data.format
-# tokens) trains; bad token files and specs exit 2 naming the file, the offset or the key.
+# with tokens_per_sec (and at each checkpoint); a run resumed from its step-20 checkpoint is
+# bit-identical to the uninterrupted one (windows come from (seed, step, row)); 2 MPI ranks
+# match one process; a uint16 token file (data.format tokens) trains; bad token files and
+# specs exit 2 naming the file, the offset or the key.
 . "$(dirname "$0")/lib/train.sh"
 F=/usr/share/games/fortunes
 if [ ! -f $F/fortunes ] || [ ! -f $F/literature ]; then
@@ -67,6 +68,35 @@ if [ $rc -ne 0 ]; then bad "resumed mge-train exited $rc: $(tail -n 3 "$T/b.err"
     if [ $same -eq 1 ] && [ "$fa" = "$fb" ] && [ "$ta" = "$tb" ]; then
         ok "resumed run: final loss $fb, test_loss $tb, as the uninterrupted run"
     else bad "resumed run differs: final $fa vs $fb, test $ta vs $tb"; fi
+fi
+
+echo "== data parallel: 2 MPI ranks take rows of each global batch and match one process"
+MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
+if [ -z "$MPIRUN" ]; then
+    echo "  skip - mpirun (Open MPI) is not installed"
+else
+    OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        timeout 120 "$MPIRUN" --oversubscribe --bind-to none -np 2 "$BIN/mge-train" "$T/gpt.yaml" \
+        --set distributed.backend=mpi --set train.steps=30 --json --out "$T/dp" \
+        > "$T/dp.out" 2> "$T/dp.err"
+    rc=$?
+    OMP_NUM_THREADS=1 "$BIN/mge-train" "$T/gpt.yaml" --set train.steps=30 --json --out "$T/sp" \
+        > "$T/sp.out" 2> "$T/sp.err"
+    if [ $rc -ne 0 ]; then bad "2 ranks exited $rc: $(tail -n 3 "$T/dp.err")"; else
+        # the split sums round differently from one process (~1e-7), nothing more
+        d=$(python3 - "$T/sp.out" "$T/dp.out" <<'P'
+import json, sys
+def load(f):
+    ls = [json.loads(l) for l in open(f) if l.startswith("{")]
+    return [l["loss"] for l in ls if "loss" in l and "step" in l]
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert len(a) == len(b) == 30, (len(a), len(b))
+print("%.3g" % max(abs(x - y) / abs(x) for x, y in zip(a, b)))
+P
+)
+        if [ -n "$d" ] && lt "$d" 1e-5; then ok "30 steps on 2 ranks: losses within $d (relative) of one process"
+        else bad "2 ranks differ from one process: $d"; fi
+    fi
 fi
 
 echo "== data.format tokens: uint16 ids, a separate test file"
