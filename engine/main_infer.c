@@ -2,6 +2,7 @@
  * main_infer.c: mge-infer, evaluation of a checkpoint written by mge-train with the same engine
  * and kernels (no conversion step): the spec inside the checkpoint rebuilds the model.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,81 @@ static void usage(FILE *fp)
 {
     fprintf(fp, "usage: mge-infer CKPT [--data test|train] [--json] [--threads N]\n"
                 "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
-                "that the checkpoint's job spec names.\n");
+                "that the checkpoint's job spec names (a gpt: loss per token and perplexity\n"
+                "over the held-out or training tokens).\n");
+}
+
+/* Copy every parameter and buffer of @g from checkpoint @ck; exit code 2 if one does not fit. */
+static int load_params(struct mge_graph *g, const struct mge_ckpt *ck, const char *path)
+{
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        const struct mge_ckpt_tensor *t = mge_ckpt_find(ck, mge_value_name(g, v));
+        size_t want = sizeof(float) * (size_t)mge_value_numel(g, v);
+        if (!t || t->dtype != MGE_CKPT_F32 || t->nbytes != want) {
+            fprintf(stderr, "mge-infer: %s: parameter '%s' %s\n", path, mge_value_name(g, v),
+                    t ? "does not match the model" : "is missing");
+            return 2;
+        }
+        memcpy(mge_value_data(g, v), t->data, want);
+    }
+    return 0;
+}
+
+/* gpt: loss per token and perplexity over windows of the held-out (or training) tokens. */
+static int infer_tokens(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
+                        int test, int json)
+{
+    struct mge_tokens train, held;
+    struct mge_graph *g = NULL;
+    struct mge_model model;
+    char err[512];
+    int code = 2, rc;
+    int64_t batch = spec->train.batch_size, T = spec->model.context, windows;
+    double loss;
+    if ((rc = mge_tokens_load_spec(spec, &train, &held, err, sizeof(err))) != MGE_OK) {
+        fprintf(stderr, "mge-infer: %s\n", err);
+        return 2;
+    }
+    const struct mge_tokens *tk = test ? &held : &train;
+    if (tk->n == 0) {
+        fprintf(stderr,
+                "mge-infer: %s: the spec holds no test tokens (data.test_fraction 0, no "
+                "data.test_file)\n",
+                path);
+        goto out;
+    }
+    code = 1;
+    if ((rc = mge_graph_new(&g)) == MGE_OK &&
+        (rc = mge_model_build(g, spec, batch, 0, 0, 0, 0, &model)) == MGE_OK &&
+        (rc = mge_graph_plan(g, NULL)) == MGE_OK)
+        rc = mge_graph_alloc(g);
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-infer: model: %s\n", g ? mge_graph_error_msg(g) : mge_strerror(rc));
+        goto out;
+    }
+    if ((code = load_params(g, ck, path)) != 0)
+        goto out;
+    code = 1;
+    if ((rc = mge_tokens_evaluate(g, &model, tk, batch, T, MGE_TOKENS_EVAL_WINDOWS, &loss,
+                                  &windows)) != MGE_OK) {
+        fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
+        goto out;
+    }
+    if (json)
+        printf("{\"loss\":%.6f,\"perplexity\":%.6f,\"tokens\":%lld,\"step\":%lld}\n", loss,
+               exp(loss), (long long)(windows * T), (long long)ck->step);
+    else
+        printf("%s: %s tokens: loss %.4f nats/token, perplexity %.3f over %lld windows of %lld "
+               "(step %lld)\n",
+               path, test ? "held-out" : "training", loss, exp(loss), (long long)windows,
+               (long long)T, (long long)ck->step);
+    code = 0;
+out:
+    mge_graph_free(g);
+    mge_tokens_fini(&held);
+    mge_tokens_fini(&train);
+    return code;
 }
 
 static int infer(const char *path, int test, int json)
@@ -45,6 +120,10 @@ static int infer(const char *path, int test, int json)
         fprintf(stderr, "mge-infer: spec in checkpoint: %s\n", serr.message);
         goto out;
     }
+    if (spec->model.type == MGE_MODEL_GPT) {
+        code = infer_tokens(path, ck, spec, test, json);
+        goto out;
+    }
     if ((rc = mge_data_load(spec, test, &ds, err, sizeof(err))) != MGE_OK) {
         fprintf(stderr, "mge-infer: %s\n", err);
         goto out;
@@ -63,18 +142,9 @@ static int infer(const char *path, int test, int json)
         fprintf(stderr, "mge-infer: model: %s\n", mge_graph_error_msg(g));
         goto out;
     }
-    for (int i = 0; i < mge_graph_n_params(g); i++) {
-        int v = mge_graph_param(g, i);
-        const struct mge_ckpt_tensor *t = mge_ckpt_find(ck, mge_value_name(g, v));
-        size_t want = sizeof(float) * (size_t)mge_value_numel(g, v);
-        if (!t || t->dtype != MGE_CKPT_F32 || t->nbytes != want) {
-            fprintf(stderr, "mge-infer: %s: parameter '%s' %s\n", path, mge_value_name(g, v),
-                    t ? "does not match the model" : "is missing");
-            code = 2;
-            goto out;
-        }
-        memcpy(mge_value_data(g, v), t->data, want);
-    }
+    if ((code = load_params(g, ck, path)) != 0)
+        goto out;
+    code = 1;
     if ((rc = mge_evaluate(g, &model, &ds, batch, &loss, &acc)) != MGE_OK)
         goto out;
     if (json)

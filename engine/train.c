@@ -678,32 +678,76 @@ static int mkdir_p(const char *path)
 
 /* ---- gpt: token windows ---- */
 
-/* Held-out windows evaluated at most (the first ones of the held-out tokens). */
-#define TOKENS_EVAL_WINDOWS 4096
+int mge_tokens_load_spec(const struct mge_jobspec *spec, struct mge_tokens *train,
+                         struct mge_tokens *test, char *err, size_t errlen)
+{
+    const struct mge_data_spec *d = &spec->data;
+    int64_t T = spec->model.context;
+    memset(test, 0, sizeof(*test));
+    int rc = mge_tokens_load(train, (const char *const *)d->train_files, d->n_train_files,
+                             d->token_bytes, spec->model.vocab, err, errlen);
+    if (rc == MGE_OK && d->test_file)
+        rc = mge_tokens_load(test, (const char *const *)&d->test_file, 1, d->token_bytes,
+                             spec->model.vocab, err, errlen);
+    else if (rc == MGE_OK && d->test_fraction > 0.0)
+        mge_tokens_split(train, train->n - (int64_t)((double)train->n * d->test_fraction), test);
+    if (rc == MGE_OK && (train->n <= T || (test->n > 0 && test->n <= T)))
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                          "%s: %lld %s tokens: model.context %lld needs at least %lld",
+                          train->n <= T  ? d->train_files[0]
+                          : d->test_file ? d->test_file
+                                         : "data.test_fraction",
+                          (long long)(train->n <= T ? train->n : test->n),
+                          train->n <= T ? "training" : "held-out", (long long)T, (long long)T + 1);
+    if (rc != MGE_OK) {
+        mge_tokens_fini(test);
+        mge_tokens_fini(train);
+    }
+    return rc;
+}
 
-/* gpt: the train tokens and the held-out ones (data.test_file, or data.test_fraction's tail). */
+int mge_tokens_evaluate(struct mge_graph *g, const struct mge_model *model,
+                        const struct mge_tokens *tk, int64_t batch, int64_t T, int64_t max_windows,
+                        double *loss, int64_t *windows)
+{
+    int64_t n_win = (tk->n - 1) / T;
+    n_win = n_win < max_windows ? n_win : max_windows;
+    int32_t *x = mge_malloc(sizeof(int32_t) * (size_t)(batch * T));
+    int32_t *y = mge_malloc(sizeof(int32_t) * (size_t)(batch * T));
+    int64_t *starts = mge_malloc(sizeof(int64_t) * (size_t)batch);
+    double sum = 0.0;
+    int rc = MGE_OK;
+    if (!x || !y || !starts) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation windows");
+        goto out_free;
+    }
+    mge_graph_bind(g, model->x, x);
+    mge_graph_bind(g, model->y, y);
+    for (int64_t at = 0; at < n_win && rc == MGE_OK; at += batch) {
+        int64_t n = n_win - at < batch ? n_win - at : batch;
+        for (int64_t i = 0; i < n; i++)
+            starts[i] = (at + i) * T;
+        mge_tokens_gather(tk, starts, n, T, x, y);
+        mge_graph_set_batch(g, n);
+        rc = mge_graph_run(g, MGE_RUN_INFER, 0);
+        sum += (double)*(float *)mge_value_data(g, model->loss) * (double)n;
+    }
+    *loss = n_win > 0 ? sum / (double)n_win : NAN;
+    *windows = n_win;
+out_free:
+    mge_free(x);
+    mge_free(y);
+    mge_free(starts);
+    return rc;
+}
+
+/* gpt: the spec's token streams, and this rank's batch buffers. */
 static int tokens_load(struct trainer *t, char *err, size_t errlen)
 {
-    const struct mge_data_spec *d = &t->spec->data;
     int64_t T = t->spec->model.context, B = t->spec->train.batch_size;
-    int rc = mge_tokens_load(&t->tok, (const char *const *)d->train_files, d->n_train_files,
-                             d->token_bytes, t->spec->model.vocab, err, errlen);
-    if (rc == MGE_OK && d->test_file)
-        rc = mge_tokens_load(&t->tok_test, (const char *const *)&d->test_file, 1, d->token_bytes,
-                             t->spec->model.vocab, err, errlen);
-    else if (rc == MGE_OK && d->test_fraction > 0.0)
-        mge_tokens_split(&t->tok, t->tok.n - (int64_t)((double)t->tok.n * d->test_fraction),
-                         &t->tok_test);
+    int rc = mge_tokens_load_spec(t->spec, &t->tok, &t->tok_test, err, errlen);
     if (rc != MGE_OK)
         return rc;
-    if (t->tok.n <= T || (t->tok_test.n > 0 && t->tok_test.n <= T))
-        return MGE_ERR_FILL(
-            MGE_FORMAT, err, errlen, "%s: %lld %s tokens: model.context %lld needs at least %lld",
-            t->tok.n <= T  ? d->train_files[0]
-            : d->test_file ? d->test_file
-                           : "data.test_fraction",
-            (long long)(t->tok.n <= T ? t->tok.n : t->tok_test.n),
-            t->tok.n <= T ? "training" : "held-out", (long long)T, (long long)T + 1);
     t->have_test = t->tok_test.n > 0 && t->rank == 0; /* rank 0 alone evaluates */
     t->tok_x = mge_malloc(sizeof(int32_t) * (size_t)(B * T));
     t->tok_y = mge_malloc(sizeof(int32_t) * (size_t)(B * T));
@@ -727,29 +771,15 @@ static struct mge_batch *tokens_next(struct trainer *t)
     return &t->tok_batch;
 }
 
-/* Mean loss per token over consecutive windows of the held-out tokens (at most
- * TOKENS_EVAL_WINDOWS), forward only. */
+/* The held-out loss now (MGE_TOKENS_EVAL_WINDOWS windows at most), printed. */
 static int tokens_evaluate(struct trainer *t, int json)
 {
-    int64_t B = t->spec->train.batch_size, T = t->spec->model.context;
-    int64_t n_win = (t->tok_test.n - 1) / T;
-    int rc = MGE_OK;
-    double sum = 0.0;
-    n_win = n_win < TOKENS_EVAL_WINDOWS ? n_win : TOKENS_EVAL_WINDOWS;
-    mge_graph_bind(t->g, t->model.x, t->tok_x);
-    mge_graph_bind(t->g, t->model.y, t->tok_y);
-    for (int64_t at = 0; at < n_win && rc == MGE_OK; at += B) {
-        int64_t n = n_win - at < B ? n_win - at : B;
-        for (int64_t i = 0; i < n; i++)
-            t->tok_starts[i] = (at + i) * T;
-        mge_tokens_gather(&t->tok_test, t->tok_starts, n, T, t->tok_x, t->tok_y);
-        mge_graph_set_batch(t->g, n);
-        rc = mge_graph_run(t->g, MGE_RUN_INFER, 0);
-        sum += (double)*(float *)mge_value_data(t->g, t->model.loss) * (double)n;
-    }
+    int64_t n_win;
+    int rc =
+        mge_tokens_evaluate(t->g, &t->model, &t->tok_test, t->spec->train.batch_size,
+                            t->spec->model.context, MGE_TOKENS_EVAL_WINDOWS, &t->test_loss, &n_win);
     if (rc != MGE_OK)
         return rc;
-    t->test_loss = sum / (double)n_win;
     if (json)
         printf("{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%.6f}\n", (long long)t->epoch,
                (long long)t->step, t->test_loss);

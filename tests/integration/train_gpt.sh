@@ -1,7 +1,8 @@
 #!/bin/sh
 # train_gpt.sh: a tiny GPT (model type gpt) on real text, the bytes of Debian's fortunes-min
 # files (data.format text): the loss falls over 40 steps and a held-out test_loss is reported
-# with tokens_per_sec (and at each checkpoint); a run resumed from its step-20 checkpoint is
+# with tokens_per_sec (and at each checkpoint), and mge-infer reports the same loss and its
+# perplexity from the checkpoint; a run resumed from its step-20 checkpoint is
 # bit-identical to the uninterrupted one (windows come from (seed, step, row)); 2 MPI ranks
 # match one process; a uint16 token file (data.format tokens) trains; bad token files and
 # specs exit 2 naming the file, the offset or the key.
@@ -53,6 +54,15 @@ if [ $rc -ne 0 ]; then bad "mge-train exited $rc: $(tail -n 3 "$T/a.err")"; else
         ok "held-out loss at the step-20 checkpoint too: $(grep '"step":20,"test_loss"' "$T/a.out")"
     else bad "no test_loss line at the step-20 checkpoint"; fi
 fi
+
+echo "== mge-infer on the final checkpoint: the same held-out loss, and its perplexity"
+"$BIN/mge-infer" "$T/a/latest.mgeckpt" --json > "$T/infer.out" 2> "$T/infer.err"
+rc=$?
+il=$(json "$T/infer.out" loss 2>/dev/null); ip=$(json "$T/infer.out" perplexity 2>/dev/null)
+tl=$(json "$T/a.out" test_loss)
+if [ $rc -eq 0 ] && python3 -c "import math,sys; a,b,p=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)<=1e-5 and abs(p-math.exp(a))<=1e-3*p else 1)" "$il" "$tl" "$ip"; then
+    ok "mge-infer: loss $il (training's test_loss $tl), perplexity $ip"
+else bad "mge-infer exited $rc: loss '$il' perplexity '$ip' vs test_loss $tl: $(cat "$T/infer.err")"; fi
 
 echo "== resume from the step-20 checkpoint: steps 21..40 bit-identical"
 "$BIN/mge-train" "$T/gpt.yaml" --json --out "$T/b" --resume "$T/a/ckpt-000020.mgeckpt" \
