@@ -153,6 +153,8 @@ expect_2 "epochs for gpt" "--set train.epochs=1: model type gpt draws random win
     "$BIN/mge-train" "$T/gpt.yaml" --set train.epochs=1 --out "$T/x"
 expect_2 "d_model not a multiple of heads" "model.d_model: expected a multiple of model.heads (3)" \
     "$BIN/mge-train" "$T/gpt.yaml" --set model.heads=3 --out "$T/x"
+expect_2 "deterministic mode" "distributed.deterministic: not available for model type gpt" \
+    "$BIN/mge-train" "$T/gpt.yaml" --set distributed.deterministic=true --out "$T/x"
 expect_2 "dtype with text" "--set data.dtype=uint32: not used with data.format text" \
     "$BIN/mge-train" "$T/gpt.yaml" --set data.dtype=uint32 --out "$T/x"
 
