@@ -2,7 +2,7 @@
 # train_gpt.sh: a tiny GPT (model type gpt) on real text, the bytes of Debian's fortunes-min
 # files (data.format text): the loss falls over 40 steps and a held-out test_loss is reported
 # with tokens_per_sec (and at each checkpoint), and mge-infer reports the same loss and its
-# perplexity from the checkpoint; a run resumed from its step-20 checkpoint is
+# perplexity from the checkpoint and samples text from it (--generate); a run resumed from its step-20 checkpoint is
 # bit-identical to the uninterrupted one (windows come from (seed, step, row)); 2 MPI ranks
 # match one process; a uint16 token file (data.format tokens) trains; bad token files and
 # specs exit 2 naming the file, the offset or the key.
@@ -63,6 +63,26 @@ tl=$(json "$T/a.out" test_loss)
 if [ $rc -eq 0 ] && python3 -c "import math,sys; a,b,p=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)<=1e-5 and abs(p-math.exp(a))<=1e-3*p else 1)" "$il" "$tl" "$ip"; then
     ok "mge-infer: loss $il (training's test_loss $tl), perplexity $ip"
 else bad "mge-infer exited $rc: loss '$il' perplexity '$ip' vs test_loss $tl: $(cat "$T/infer.err")"; fi
+
+echo "== mge-infer --generate: 40 bytes after the prompt, the same for the same seed"
+"$BIN/mge-infer" "$T/a/latest.mgeckpt" --generate 40 --prompt "The " > "$T/gen1" 2> "$T/gen.err"
+rc=$?
+"$BIN/mge-infer" "$T/a/latest.mgeckpt" --generate 40 --prompt "The " > "$T/gen2" 2>> "$T/gen.err"
+n=$(wc -c < "$T/gen1")
+if [ $rc -eq 0 ] && [ "$n" -eq 44 ] && [ "$(head -c 4 "$T/gen1")" = "The " ] && cmp -s "$T/gen1" "$T/gen2"; then
+    ok "generated $n bytes, reproducible: '$(tr -c '[:print:]' '?' < "$T/gen1")'"
+else bad "--generate exited $rc, $n bytes, or runs differ: $(cat "$T/gen.err")"; fi
+cat > "$T/m.yaml" <<EOF
+name: m
+model: {type: mlp, hidden: [4]}
+data: {format: synthetic, input_dim: 4, classes: 2, train_size: 8, test_size: 0}
+train: {steps: 1, batch_size: 4, optimizer: {type: sgd, lr: 0.1}, eval: false}
+EOF
+"$BIN/mge-train" "$T/m.yaml" --out "$T/m" > /dev/null 2>&1
+expect_2 "--generate on an mlp" "--generate needs a gpt checkpoint, this is a mlp" \
+    "$BIN/mge-infer" "$T/m/latest.mgeckpt" --generate 5
+expect_2 "--generate 0" "--generate: expected 1 to 1000000 tokens, got '0'" \
+    "$BIN/mge-infer" "$T/a/latest.mgeckpt" --generate 0
 
 echo "== resume from the step-20 checkpoint: steps 21..40 bit-identical"
 "$BIN/mge-train" "$T/gpt.yaml" --json --out "$T/b" --resume "$T/a/ckpt-000020.mgeckpt" \
