@@ -2,7 +2,7 @@
 """gpt.py: mge-train's GPT against PyTorch 1.13's (tests/bench/torch_gpt.py), side by side.
 
 examples/gpt-text.yaml's model (4 layers, d_model 128, 4 heads, context 128, byte vocabulary,
-batch 16 x 128 tokens, AdamW, clipping at 1.0) on the fortunes text, STEPS steps with THREADS
+batch 16 x 128 tokens, AdamW, clipping at 1.0; no dropout on either side) on the fortunes text, STEPS steps with THREADS
 threads each, mge and PyTorch alternately for ROUNDS rounds (best median of each); prints
 tokens/s from the median step time, the ratio, and both peak RSS figures. PyTorch runs with
 OpenMP OpenBLAS, as tests/bench/engine.py runs it.
@@ -35,7 +35,8 @@ def run(side, out):
     if side == "mge":
         cmd = [os.path.join(BUILD, "bin", "mge-train"), os.path.join(ROOT, "examples/gpt-text.yaml"),
                "--json", "--threads", str(THREADS), "--set", "train.steps=%d" % STEPS,
-               "--set", "train.checkpoint_every=0", "--set", "data.test_fraction=0", "--out", out]
+               "--set", "train.checkpoint_every=0", "--set", "data.test_fraction=0",
+               "--set", "model.dropout=0", "--out", out]  # the torch twin has no dropout
     else:
         if os.path.isdir(TORCH_LIB):
             env["LD_LIBRARY_PATH"] = TORCH_LIB
