@@ -531,9 +531,11 @@ struct keydef {
 };
 
 static const struct keydef model_keys[] = {
-    {"type", NULL},  {"hidden", NULL},  {"activation", NULL}, {"layers", NULL},
-    {"width", NULL}, {"dropout", NULL}, {"depth", NULL},      {"variant", NULL},
-    {"stem", NULL},  {"nodes", NULL},   {NULL, NULL},
+    {"type", NULL},    {"hidden", NULL},  {"activation", NULL}, {"layers", NULL},
+    {"width", NULL},   {"dropout", NULL}, {"depth", NULL},      {"variant", NULL},
+    {"stem", NULL},    {"nodes", NULL},   {"heads", NULL},      {"d_model", NULL},
+    {"context", NULL}, {"vocab", NULL}, /* gpt */
+    {NULL, NULL},
 };
 static const struct keydef normalize_keys[] = {{"mean", NULL}, {"std", NULL}, {NULL, NULL}};
 static const struct keydef augment_keys[] = {{"crop_padding", NULL}, {"hflip", NULL}, {NULL, NULL}};
@@ -545,7 +547,9 @@ static const struct keydef data_keys[] = {
     {"classes", NULL},         {"image", NULL},
     {"prefetch", NULL},        {"train_files", NULL},
     {"test_file", NULL},       {"normalize", normalize_keys},
-    {"augment", augment_keys}, {NULL, NULL},
+    {"augment", augment_keys}, {"dtype", NULL},
+    {"test_fraction", NULL}, /* tokens, text */
+    {NULL, NULL},
 };
 static const struct keydef optim_keys[] = {
     {"type", NULL},         {"lr", NULL},    {"momentum", NULL}, {"nesterov", NULL},
@@ -1244,12 +1248,14 @@ static int forbid(struct ctx *c, const struct sect *s, const char *name, const c
 /* ------------------------------------------------------------------------------------------ */
 /* Validation: the sections                                                                    */
 
-static const char *const model_names[] = {"mlp", "lenet", "deep_mlp", "resnet", "graph", NULL};
+static const char *const model_names[] = {"mlp",   "lenet", "deep_mlp", "resnet",
+                                           "graph", "gpt",   NULL};
 static const char *const variant_names[] = {"cifar",     "resnet18",  "resnet34", "resnet50",
                                             "resnet101", "resnet152", NULL};
 static const char *const stem_names[] = {"imagenet", "cifar", NULL};
 static const char *const act_names[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
-static const char *const format_names[] = {"idx", "synthetic", "npy", "cifar", NULL};
+static const char *const format_names[] = {"idx",    "synthetic", "npy", "cifar",
+                                           "tokens", "text",      NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
 static const char *const device_names[] = {"cpu", "gpu", NULL};
@@ -1303,6 +1309,26 @@ static int check_resnet_variant(struct ctx *c, const struct sect *s, struct mge_
                      &m->width, NULL);
 }
 
+/* model.type gpt: layers, heads, d_model (a multiple of heads, heads of at most 256), context,
+ * vocab. */
+static int check_gpt(struct ctx *c, const struct sect *s, struct mge_model_spec *m)
+{
+    int rc;
+    if ((rc = get_int32(c, s, "layers", 1, 1024, &(int){4}, &m->layers, NULL)) ||
+        (rc = get_int32(c, s, "heads", 1, 1024, &(int){4}, &m->heads, NULL)) ||
+        (rc = get_int32(c, s, "d_model", 1, 65536, &(int){128}, &m->d_model, NULL)) ||
+        (rc = get_int32(c, s, "context", 1, 1 << 20, &(int){128}, &m->context, NULL)) ||
+        (rc = get_int32(c, s, "vocab", 2, 1 << 24, &(int){256}, &m->vocab, NULL)))
+        return rc;
+    if (m->d_model % m->heads != 0 || m->d_model / m->heads > 128) {
+        const struct tnode *k = sect_get(s, "d_model", NULL);
+        return fail_at(c, k ? k : s->key, "model.d_model",
+                       "expected a multiple of model.heads (%d) with at most 128 per head, got %d",
+                       m->heads, m->d_model);
+    }
+    return MGE_OK;
+}
+
 static int check_model(struct ctx *c, const struct sect *root, struct mge_model_spec *m)
 {
     int rc;
@@ -1344,6 +1370,11 @@ static int check_model(struct ctx *c, const struct sect *root, struct mge_model_
             return rc;
         if ((rc = get_int32(c, &s, "width", 1, 65536, &(int){1024}, &m->width, NULL)))
             return rc;
+    } else if (m->type == MGE_MODEL_GPT) {
+        if ((rc = check_gpt(c, &s, m)))
+            return rc;
+        if ((rc = forbid(c, &s, "width", why)))
+            return rc;
     } else if (m->type == MGE_MODEL_RESNET) {
         if ((rc = forbid(c, &s, "layers", why)))
             return rc;
@@ -1375,6 +1406,39 @@ static int check_model(struct ctx *c, const struct sect *root, struct mge_model_
                (rc = forbid(c, &s, "stem", why))) {
         return rc;
     }
+    static const char *const gpt_only[] = {"heads", "d_model", "context", "vocab"};
+    for (size_t i = 0; m->type != MGE_MODEL_GPT && i < 4; i++)
+        if ((rc = forbid(c, &s, gpt_only[i], why)))
+            return rc;
+    return MGE_OK;
+}
+
+/* data.format tokens | text: train_files, test_file or test_fraction, dtype (tokens). */
+static int check_tokens(struct ctx *c, const struct sect *s, struct mge_data_spec *d)
+{
+    static const char *const not_tokens[] = {
+        "train_images", "train_labels", "test_images", "test_labels", "train_size",
+        "test_size",    "input_dim",    "image",       "classes",     "normalize"};
+    static const char *const dtypes[] = {"uint16", "uint32", NULL};
+    int rc, dt;
+    double tenth = 0.1;
+    for (size_t i = 0; i < sizeof(not_tokens) / sizeof(not_tokens[0]); i++)
+        if ((rc = forbid(c, s, not_tokens[i],
+                         "not used with data.format tokens or text (train_files, test_file)")))
+            return rc;
+    if (d->format == MGE_DATA_TEXT &&
+        (rc = forbid(c, s, "dtype", "not used with data.format text (a byte is a token)")))
+        return rc;
+    if ((rc = get_str_list(c, s, "train_files", MGE_SPEC_MAX_DATA_FILES, SPEC_MAX_PATH,
+                           d->train_files, &d->n_train_files)) ||
+        (rc = get_str(c, s, "test_file", false, SPEC_MAX_PATH, &d->test_file)) ||
+        (rc = get_enum(c, s, "dtype", dtypes, 0, &dt)) ||
+        (rc = get_num(c, s, "test_fraction", 0, CLOSED, 1, OPEN, &tenth, &d->test_fraction, NULL)))
+        return rc;
+    if (d->test_file && sect_get(s, "test_fraction", NULL))
+        return fail_at(c, sect_get(s, "test_fraction", NULL), "data.test_fraction",
+                       "not used with data.test_file (the test set is that file)");
+    d->token_bytes = d->format == MGE_DATA_TEXT ? 1 : dt == 0 ? 2 : 4;
     return MGE_OK;
 }
 
@@ -1428,9 +1492,13 @@ static int check_data(struct ctx *c, const struct sect *root, struct mge_data_sp
         d->input_dim = 3 * 32 * 32;
         return MGE_OK;
     }
-    static const char *const cifar_only[] = {"train_files", "test_file"};
-    for (size_t i = 0; i < 2; i++)
-        if ((rc = forbid(c, &s, cifar_only[i], "only used with data.format cifar")))
+    if (d->format == MGE_DATA_TOKENS || d->format == MGE_DATA_TEXT)
+        return check_tokens(c, &s, d);
+    static const char *const cifar_only[] = {"train_files", "test_file", "dtype", "test_fraction"};
+    for (size_t i = 0; i < 4; i++)
+        if ((rc = forbid(c, &s, cifar_only[i],
+                         i < 2 ? "only used with data.format cifar, tokens or text"
+                               : "only used with data.format tokens or text")))
             return rc;
     if (d->format == MGE_DATA_IDX || d->format == MGE_DATA_NPY) {
         const struct tnode *ti, *tl, *k;
@@ -1801,6 +1869,23 @@ static int check_distributed(struct ctx *c, const struct sect *root, struct mge_
     return MGE_OK;
 }
 
+/* gpt trains on tokens or text, and those feed gpt alone; windows are random: steps, no epochs. */
+static int check_gpt_data(struct ctx *c, const struct sect *root, const struct mge_jobspec *spec)
+{
+    bool gpt = spec->model.type == MGE_MODEL_GPT;
+    bool tokens = spec->data.format == MGE_DATA_TOKENS || spec->data.format == MGE_DATA_TEXT;
+    struct sect d = {.map = sect_get(root, "data", NULL)},
+                t = {.map = sect_get(root, "train", NULL)};
+    if (gpt != tokens)
+        return fail_at(c, sect_get(&d, "format", NULL), "data.format",
+                       gpt ? "model type gpt reads data.format tokens or text"
+                           : "data.format tokens and text are for model type gpt");
+    if (gpt && spec->train.epochs > 0)
+        return fail_at(c, sect_get(&t, "epochs", NULL), "train.epochs",
+                       "model type gpt draws random windows: give train.steps, not epochs");
+    return MGE_OK;
+}
+
 static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec *spec)
 {
     struct sect s = {.map = root, .key = NULL, .path = ""};
@@ -1819,6 +1904,8 @@ static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec 
     if ((rc = check_data(c, &s, &spec->data)))
         return rc;
     if ((rc = check_train(c, &s, &spec->train)))
+        return rc;
+    if ((rc = check_gpt_data(c, &s, spec)))
         return rc;
     if ((rc = check_resources(c, &s, &spec->resources)))
         return rc;
@@ -2090,7 +2177,7 @@ int64_t mge_jobspec_total_steps(const struct mge_jobspec *spec, int64_t train_si
 
 const char *mge_model_type_name(enum mge_model_type t)
 {
-    return (unsigned)t <= MGE_MODEL_GRAPH ? model_names[t] : "unknown";
+    return (unsigned)t <= MGE_MODEL_GPT ? model_names[t] : "unknown";
 }
 
 const char *mge_resnet_variant_name(enum mge_resnet_variant v)
@@ -2157,7 +2244,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     json_t *root, *model, *data, *train, *optim, *sched, *res, *workers, *mem, *dist;
     const struct mge_optim_spec *o;
     const struct mge_sched_spec *sc;
-    bool sgd, idx, npy, cifar, graph;
+    bool sgd, idx, npy, cifar, graph, tokens;
     char *out = NULL;
     size_t n;
 
@@ -2170,6 +2257,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     npy = spec->data.format == MGE_DATA_NPY;
     cifar = spec->data.format == MGE_DATA_CIFAR;
     graph = spec->model.type == MGE_MODEL_GRAPH;
+    tokens = spec->data.format == MGE_DATA_TOKENS || spec->data.format == MGE_DATA_TEXT;
     root = json_object();
     jset(&b, root, "name", jstr_or_null(spec->name));
 
@@ -2184,8 +2272,14 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
              ? json_null()
              : json_string((unsigned)spec->model.activation < 4 ? act_names[spec->model.activation]
                                                                 : "unknown"));
+    bool gpt = spec->model.type == MGE_MODEL_GPT;
     jset(&b, model, "layers",
-         spec->model.type == MGE_MODEL_DEEP_MLP ? json_integer(spec->model.layers) : json_null());
+         spec->model.type == MGE_MODEL_DEEP_MLP || gpt ? json_integer(spec->model.layers)
+                                                       : json_null());
+    jset(&b, model, "heads", gpt ? json_integer(spec->model.heads) : json_null());
+    jset(&b, model, "d_model", gpt ? json_integer(spec->model.d_model) : json_null());
+    jset(&b, model, "context", gpt ? json_integer(spec->model.context) : json_null());
+    jset(&b, model, "vocab", gpt ? json_integer(spec->model.vocab) : json_null());
     jset(&b, model, "width",
          spec->model.type == MGE_MODEL_DEEP_MLP || spec->model.type == MGE_MODEL_RESNET
              ? json_integer(spec->model.width)
@@ -2210,20 +2304,21 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, data, "test_images", jstr_or_null(spec->data.test_images));
     jset(&b, data, "test_labels", jstr_or_null(spec->data.test_labels));
     jset(&b, data, "train_size",
-         idx || npy || cifar ? json_null() : json_integer(spec->data.train_size));
+         idx || npy || cifar || tokens ? json_null() : json_integer(spec->data.train_size));
     jset(&b, data, "test_size",
-         idx || npy || cifar ? json_null() : json_integer(spec->data.test_size));
+         idx || npy || cifar || tokens ? json_null() : json_integer(spec->data.test_size));
     jset(&b, data, "input_dim",
-         idx || cifar || (npy && !spec->data.input_dim_given) ? json_null()
-                                                              : json_integer(spec->data.input_dim));
-    jset(&b, data, "classes", idx ? json_null() : json_integer(spec->data.classes));
+         idx || cifar || tokens || (npy && !spec->data.input_dim_given)
+             ? json_null()
+             : json_integer(spec->data.input_dim));
+    jset(&b, data, "classes", idx || tokens ? json_null() : json_integer(spec->data.classes));
     jset(&b, data, "image",
-         idx || cifar || (npy && !spec->data.image_given)
+         idx || cifar || tokens || (npy && !spec->data.image_given)
              ? json_null()
              : jint_list((const int[]){spec->data.channels, spec->data.image_h, spec->data.image_w},
                          3));
     jset(&b, data, "prefetch", json_integer(spec->data.prefetch));
-    if (cifar) {
+    if (cifar || tokens) {
         json_t *files = json_array();
         for (int i = 0; files && i < spec->data.n_train_files; i++)
             if (json_array_append_new(files, json_string(spec->data.train_files[i])) != 0)
@@ -2233,6 +2328,12 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
         jset(&b, data, "train_files", json_null());
     }
     jset(&b, data, "test_file", jstr_or_null(spec->data.test_file));
+    jset(&b, data, "dtype",
+         spec->data.format == MGE_DATA_TOKENS
+             ? json_string(spec->data.token_bytes == 4 ? "uint32" : "uint16")
+             : json_null());
+    jset(&b, data, "test_fraction",
+         tokens && !spec->data.test_file ? json_real(spec->data.test_fraction) : json_null());
     if (spec->data.n_norm > 0) {
         json_t *norm = json_object(), *mean = json_array(), *std = json_array();
         for (int i = 0; mean && std && i < spec->data.n_norm; i++)

@@ -34,6 +34,7 @@ enum mge_model_type {
     MGE_MODEL_DEEP_MLP,
     MGE_MODEL_RESNET,
     MGE_MODEL_GRAPH, /* nodes declared in the spec (common/graphspec.h) */
+    MGE_MODEL_GPT,   /* decoder-only transformer (engine/model.c) */
 };
 struct mge_graphspec;
 /* model.variant of resnet: CIFAR-style 6n+2, or torchvision's ImageNet family */
@@ -46,7 +47,14 @@ enum mge_resnet_variant {
     MGE_RESNET_152
 };
 enum mge_activation { MGE_ACT_RELU, MGE_ACT_GELU, MGE_ACT_TANH, MGE_ACT_SIGMOID };
-enum mge_data_format { MGE_DATA_IDX, MGE_DATA_SYNTHETIC, MGE_DATA_NPY, MGE_DATA_CIFAR };
+enum mge_data_format {
+    MGE_DATA_IDX,
+    MGE_DATA_SYNTHETIC,
+    MGE_DATA_NPY,
+    MGE_DATA_CIFAR,
+    MGE_DATA_TOKENS, /* flat uint16/uint32 token ids (gpt) */
+    MGE_DATA_TEXT,   /* bytes of text files as tokens, vocab 256 (gpt) */
+};
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
 enum mge_sched_type { MGE_SCHED_CONSTANT, MGE_SCHED_STEP, MGE_SCHED_COSINE };
 enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU };
@@ -67,6 +75,11 @@ struct mge_model_spec {
                        default of the torchvision variants): 7x7/2 conv + 3x3/2 max pool */
     float dropout;                 /* model.dropout: 0 = off (default 0) */
     struct mge_graphspec *graph;   /* model.nodes (graph only, else NULL); owned by the spec */
+    /* gpt (layers above is its block count, default 4): */
+    int heads;   /* model.heads (default 4); d_model % heads == 0 */
+    int d_model; /* model.d_model: embedding width (default 128) */
+    int context; /* model.context: tokens per window (default 128) */
+    int vocab;   /* model.vocab: token ids are below it (default 256) */
 };
 
 struct mge_data_spec {
@@ -85,7 +98,9 @@ struct mge_data_spec {
     int image_given, input_dim_given; /* npy: the file must agree with data.image/input_dim */
     char *train_files[MGE_SPEC_MAX_DATA_FILES]; /* cifar: data.train_files */
     int n_train_files;
-    char *test_file;               /* cifar: data.test_file; optional */
+    char *test_file;      /* cifar, tokens, text: data.test_file; optional */
+    int token_bytes;      /* tokens: data.dtype uint16 (2, default) | uint32 (4); text: 1 */
+    double test_fraction; /* tokens, text without test_file: held-out tail (default 0.1) */
     int n_norm;                    /* data.normalize: channels given; 0: no normalisation */
     double norm_mean[MGE_SPEC_MAX_CHANNELS], norm_std[MGE_SPEC_MAX_CHANNELS]; /* std > 0 */
     int aug_crop_padding; /* data.augment.crop_padding: [0, 64] pixels (default 0) */

@@ -5,7 +5,7 @@ set -e
 PKGS="build-essential pkg-config clang libclang-rt-14-dev check libyaml-dev libjansson-dev
 zlib1g-dev libprotobuf-c-dev protobuf-c-compiler libopenblas-dev libdnnl-dev libnng-dev
 libmicrohttpd-dev libgnutls28-dev openssl libuv1-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev libopenmpi-dev openmpi-bin
-iproute2 dataset-fashion-mnist python3 curl jq python3-yaml chromium systemd python3-kubernetes ${MGE_EXTRA_PKGS:-}"
+iproute2 dataset-fashion-mnist fortunes-min python3 curl jq python3-yaml chromium systemd python3-kubernetes ${MGE_EXTRA_PKGS:-}"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -458,6 +458,14 @@ static int ad_forward_node(struct ad *ad, int ni)
                              .n_out = 3};
         return ad_norm_grad(ad, &n, f.in);
     }
+    case MGE_OP_ATTENTION: {
+        struct mge_node n = {.op = MGE_OP_ATTENTION_GRAD,
+                             .in = {dy, f.in[0], f.out[0], f.out[1]},
+                             .n_in = 4,
+                             .n_out = 1};
+        n.a.attn = f.a.attn;
+        return ad_emit_grad(ad, f.in[0], &n, 1);
+    }
     case MGE_OP_EMBEDDING: {
         struct mge_node n = {.op = MGE_OP_EMBEDDING_GRAD, .in = {dy, f.in[0]}, .n_in = 2,
                              .n_out = 1};

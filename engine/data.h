@@ -3,7 +3,8 @@
  * that shards every global batch across ranks, and the prefetching batch loader.
  *
  * Formats: IDX (data_idx.c), NumPy .npy (data_npy.c), CIFAR binary (data_cifar.c), synthetic
- * (data.c). Training batches may be augmented (random crop with zero padding, horizontal flip:
+ * (data.c); token streams for language models (data_tokens.c: their own windows, no sampler).
+ * Training batches may be augmented (random crop with zero padding, horizontal flip:
  * data.augment); evaluation gathers never are.
  *
  * Determinism contract: the samples a rank sees are a pure function of
@@ -182,6 +183,50 @@ int mge_dataset_load_npy(struct mge_dataset *ds, const char *inputs, const char 
  */
 int mge_dataset_load_cifar(struct mge_dataset *ds, const char *const *files, int n_files,
                            int classes, char *err, size_t errlen);
+
+/* ---- token streams (language models) ---- */
+
+#define MGE_TOKENS_MAX_FILES 16
+
+/* A sequence of token ids: little-endian ids of @width bytes each. */
+struct mge_tokens {
+    const uint8_t *ids; /* (n * width) bytes */
+    int64_t n;          /* tokens */
+    int width;          /* bytes per id: 1 (text: a byte is a token), 2 (uint16), 4 (uint32) */
+    uint8_t *owned;     /* what mge_tokens_fini() frees (NULL in a split's tail) */
+};
+
+/*
+ * Load and concatenate @files (each opened through the data roots) as ids of @width bytes
+ * (1: the bytes of text files; 2, 4: flat uint16 / uint32 arrays as llm.c and nanoGPT write
+ * them, little-endian, no header). Every id must be below @vocab.
+ * Returns MGE_OK; MGE_NOENT, MGE_IO, MGE_FORBIDDEN, MGE_STATE as mge_data_open(); MGE_INVAL
+ * (bad @width or file count), MGE_FORMAT (a size that is 0 or not a multiple of @width),
+ * MGE_CORRUPT (an id >= @vocab: "t.bin: token id 300 at byte offset 8 (token 4) is not below
+ * model.vocab 256"), MGE_TOOBIG, MGE_NOMEM. On error @err names the file and @tk is zeroed.
+ * On MGE_OK the caller releases @tk with mge_tokens_fini().
+ */
+int mge_tokens_load(struct mge_tokens *tk, const char *const *files, int n_files, int width,
+                    int64_t vocab, char *err, size_t errlen);
+
+/* Cut @all after its first @keep tokens: *@tail views the rest (freed with @all, not alone). */
+void mge_tokens_split(struct mge_tokens *all, int64_t keep, struct mge_tokens *tail);
+
+/* Free what @tk owns and zero it; a zeroed @tk is fine. */
+void mge_tokens_fini(struct mge_tokens *tk);
+
+/*
+ * First token of the context window of global row @row of training step @step: uniform in
+ * [0, n - T - 1] (a window is T inputs and the T next tokens as targets), a pure function of
+ * (@seed, @step, @row), so a rank drawing rows [a, b) of the global batch sees what one process
+ * would, and a resumed run sees what an uninterrupted one saw. Needs tk->n > T.
+ */
+int64_t mge_tokens_window(const struct mge_tokens *tk, int64_t T, uint64_t seed, int64_t step,
+                          int64_t row);
+
+/* Rows r < @rows: x[r, i] = id(@starts[r] + i), y[r, i] = id(@starts[r] + i + 1), i < @T. */
+void mge_tokens_gather(const struct mge_tokens *tk, const int64_t *starts, int64_t rows, int64_t T,
+                       int32_t *x, int32_t *y);
 
 /* mge_dataset_load_idx_classes() with @classes = 0 (classes = max label + 1; 10 for MNIST). */
 int mge_dataset_load_idx(struct mge_dataset *ds, const char *images, const char *labels, char *err,

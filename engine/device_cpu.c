@@ -411,6 +411,24 @@ static int cpu_embedding_grad(struct mge_graph *g, const struct mge_node *n)
     return MGE_OK;
 }
 
+static int cpu_attention(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t s[MGE_MAX_DIMS];
+    mge__value_shape_now(g, n->out[0], s);
+    mge_cpu_attention_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, n->in[0]), s[0], s[1], s[2],
+                              n->a.attn.heads);
+    return MGE_OK;
+}
+
+static int cpu_attention_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int64_t s[MGE_MAX_DIMS];
+    mge__value_shape_now(g, n->in[2], s);
+    mge_cpu_attention_backward(F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]), F(g, n->in[2]),
+                               F(g, n->in[3]), s[0], s[1], s[2], n->a.attn.heads, n->acc);
+    return MGE_OK;
+}
+
 static int cpu_scale(struct mge_graph *g, const struct mge_node *n)
 {
     int64_t len = mge__value_numel_now(g, n->out[0]);
@@ -467,6 +485,8 @@ const struct mge_ops_table mge__cpu_ops = {
         [MGE_OP_BATCHNORM_GRAD] = cpu_batchnorm_grad,
         [MGE_OP_EMBEDDING] = cpu_embedding,
         [MGE_OP_EMBEDDING_GRAD] = cpu_embedding_grad,
+        [MGE_OP_ATTENTION] = cpu_attention,
+        [MGE_OP_ATTENTION_GRAD] = cpu_attention_grad,
         [MGE_OP_SCALE] = cpu_scale,
         [MGE_OP_ONES] = cpu_ones,
     },

@@ -67,6 +67,7 @@ enum mge_init {
     MGE_INIT_ONE,
     MGE_INIT_UNIFORM_FAN_IN, /* U(-1/sqrt(fan), 1/sqrt(fan)): PyTorch's Linear/Conv default */
     MGE_INIT_NORMAL_FAN_OUT, /* N(0, 2/fan): kaiming_normal_(mode="fan_out", relu), torchvision */
+    MGE_INIT_NORMAL_GPT,     /* N(0, 0.02^2/fan): GPT-2/nanoGPT (fan 2*layers: residual proj) */
 };
 /* @fan_in: the fan the init uses (fan-in for UNIFORM_FAN_IN, fan-out for NORMAL_FAN_OUT). */
 int mge_param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape,
@@ -109,7 +110,10 @@ int mge_sigmoid(struct mge_graph *g, int x);
 /* Over the last dimension. */
 int mge_softmax(struct mge_graph *g, int x);
 int mge_log_softmax(struct mge_graph *g, int x);
-/* Mean cross-entropy of logits (B, V) against int32 labels (B): a scalar. Fused with softmax. */
+/*
+ * Mean cross-entropy of logits (B, V) against int32 labels (B): a scalar. Fused with softmax.
+ * Logits (B, .., V) with labels (B, ..) are rows too: the mean over all of them (a GPT's tokens).
+ */
 int mge_cross_entropy(struct mge_graph *g, int logits, int labels);
 /*
  * The same with label smoothing @smoothing in [0, 1) (PyTorch's label_smoothing: the target
@@ -146,6 +150,13 @@ int mge_batchnorm2d(struct mge_graph *g, int x, int w, int b, int running_mean, 
                     float eps, float momentum);
 /* x (N, C, H, W) -> (N, C): the mean over H and W (a view and a mean; no copy). */
 int mge_global_avgpool2d(struct mge_graph *g, int x);
+/*
+ * Causal multi-head self-attention, fused (GPT's attention without its projections): @qkv
+ * (B, T, 3C) holds q, k and v side by side, as nanoGPT's c_attn writes them; -> (B, T, C), heads
+ * side by side. C % @heads == 0 and C / @heads <= 128. Stores one log-sum-exp per row
+ * (B * heads * T floats) for backward, which recomputes the probabilities (flash attention).
+ */
+int mge_causal_attention(struct mge_graph *g, int qkv, int heads);
 /* ids int32 (..), table (V, C) -> (.., C). */
 int mge_embedding(struct mge_graph *g, int ids, int table);
 

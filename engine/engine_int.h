@@ -38,6 +38,8 @@
     X(BATCHNORM_GRAD)  /* in: dy, x, w, mean, rstd  out: dx, dw, db */                            \
     X(EMBEDDING)       /* in: ids, table      out: y */                                           \
     X(EMBEDDING_GRAD)  /* in: dy, ids         out: dtable */                                      \
+    X(ATTENTION)       /* in: qkv             out: y, lse     attr: heads (causal) */            \
+    X(ATTENTION_GRAD)  /* in: dy, qkv, y, lse out: dqkv       attr: heads */                      \
     X(SCALE)           /* in: x               out: y (+)= s * x  attr: red.scale */             \
     X(ONES)            /* out: a tensor of ones (the seed of backward) */
 
@@ -94,6 +96,7 @@ struct mge_node {
         struct { float eps; } ln;
         struct { float eps, momentum; } bn;
         struct { float smoothing; } xent; /* label smoothing in [0, 1) */
+        struct { int heads; } attn;
     } a;
 };
 

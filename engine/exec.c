@@ -166,9 +166,12 @@ void mge_graph_init_params(struct mge_graph *g, uint64_t seed)
                 d[k] = (2.0f * mge_rng_float(&rng) - 1.0f) * bound;
             break;
         }
-        case MGE_INIT_NORMAL_FAN_OUT: {
-            /* kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2 / fan_out) */
-            float std = sqrtf(2.0f / (float)(p->fan_in > 0 ? p->fan_in : 1));
+        case MGE_INIT_NORMAL_FAN_OUT:
+        case MGE_INIT_NORMAL_GPT: {
+            /* kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2 / fan_out); GPT-2:
+             * N(0, 0.02^2 / fan) */
+            float fan = (float)(p->fan_in > 0 ? p->fan_in : 1);
+            float std = p->init == MGE_INIT_NORMAL_GPT ? 0.02f / sqrtf(fan) : sqrtf(2.0f / fan);
             for (int64_t k = 0; k < n; k += 2) {
                 float z[2];
                 rng_normal2(&rng, z);

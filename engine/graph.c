@@ -448,17 +448,22 @@ int mge_cross_entropy_smoothed(struct mge_graph *g, int logits, int labels, floa
     if (check_value(g, logits, "cross_entropy") || check_value(g, labels, "cross_entropy"))
         return -g->err;
     const struct mge_value *L = &g->values[logits], *Y = &g->values[labels];
-    if (L->ndim != 2 || Y->ndim != 1 || Y->dtype != MGE_DTYPE_I32 || Y->shape[0] != L->shape[0])
+    int rows_ok = L->ndim >= 2 && Y->ndim == L->ndim - 1 && Y->dtype == MGE_DTYPE_I32;
+    for (int i = 0; rows_ok && i < Y->ndim; i++)
+        rows_ok = Y->shape[i] == L->shape[i];
+    if (!rows_ok)
         return mge__graph_fail(g, MGE_INVAL,
-                               "cross_entropy: logits '%s' must be (B, V) and labels '%s' int32 (B)",
+                               "cross_entropy: logits '%s' must be (B, .., V) and labels '%s' "
+                               "int32 (B, ..)",
                                L->name, Y->name);
     if (!(smoothing >= 0.0f && smoothing < 1.0f))
         return mge__graph_fail(g, MGE_INVAL, "cross_entropy: label smoothing %g is not in [0, 1)",
                                (double)smoothing);
-    int64_t one = 1, ls[2] = {L->shape[0], L->shape[1]};
-    int lb = L->batched;
+    int64_t one = 1, ls[MGE_MAX_DIMS];
+    int lb = L->batched, lnd = L->ndim;
+    memcpy(ls, L->shape, sizeof(ls));
     int loss = new_act(g, "loss", 0, &one, 0, rg(g, logits)); /* L may move from here on */
-    int probs = new_act(g, "probs", 2, ls, lb, 0);
+    int probs = new_act(g, "probs", lnd, ls, lb, 0);
     if (loss < 0 || probs < 0)
         return -g->err;
     struct mge_node n = {.op = MGE_OP_XENT, .in = {logits, labels}, .n_in = 2, .out = {loss, probs},
@@ -830,5 +835,29 @@ int mge_embedding(struct mge_graph *g, int ids, int table)
         return out;
     struct mge_node n = {.op = MGE_OP_EMBEDDING, .in = {ids, table}, .n_in = 2, .out = {out},
                          .n_out = 1};
+    return emit(g, &n);
+}
+
+int mge_causal_attention(struct mge_graph *g, int qkv, int heads)
+{
+    if (check_value(g, qkv, "causal_attention"))
+        return -g->err;
+    const struct mge_value *X = &g->values[qkv];
+    int64_t C = X->ndim == 3 ? X->shape[2] / 3 : 0;
+    if (X->ndim != 3 || X->shape[2] % 3 != 0 || heads < 1 || C % heads != 0 ||
+        C / heads > MGE_CPU_ATTN_MAX_HEAD)
+        return mge__graph_fail(g, MGE_INVAL,
+                               "causal_attention: '%s' must be (B, T, 3C) with C a multiple of "
+                               "%d heads of at most %d",
+                               X->name, heads, MGE_CPU_ATTN_MAX_HEAD);
+    int64_t ys[3] = {X->shape[0], X->shape[1], C}, ls[3] = {X->shape[0], heads, X->shape[1]};
+    int xb = X->batched, req = rg(g, qkv);
+    int out = new_act(g, "attention", 3, ys, xb, req); /* X may move from here on */
+    int lse = new_act(g, "attn_lse", 3, ls, xb, 0);
+    if (out < 0 || lse < 0)
+        return -g->err;
+    struct mge_node n = {
+        .op = MGE_OP_ATTENTION, .in = {qkv}, .n_in = 1, .out = {out, lse}, .n_out = 2};
+    n.a.attn.heads = heads;
     return emit(g, &n);
 }

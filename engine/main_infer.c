@@ -2,24 +2,196 @@
  * main_infer.c: mge-infer, evaluation of a checkpoint written by mge-train with the same engine
  * and kernels (no conversion step): the spec inside the checkpoint rebuilds the model.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/rng.h"
 #include "engine/ckpt.h"
 #include "engine/train.h"
 #include "kernels/cpu/cpu.h"
 
 static void usage(FILE *fp)
 {
-    fprintf(fp, "usage: mge-infer CKPT [--data test|train] [--json] [--threads N]\n"
-                "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
-                "that the checkpoint's job spec names.\n");
+    fprintf(fp,
+            "usage: mge-infer CKPT [--data test|train] [--json] [--threads N]\n"
+            "       mge-infer CKPT --generate N [--prompt TEXT] [--seed S] [--temperature T]\n"
+            "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
+            "that the checkpoint's job spec names (a gpt: loss per token and perplexity\n"
+            "over the held-out or training tokens). --generate samples N tokens from a gpt\n"
+            "after the prompt (text: its bytes; default a newline), temperature 1, seed 1337.\n");
 }
 
-static int infer(const char *path, int test, int json)
+/* Copy every parameter and buffer of @g from checkpoint @ck; exit code 2 if one does not fit. */
+static int load_params(struct mge_graph *g, const struct mge_ckpt *ck, const char *path)
+{
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        const struct mge_ckpt_tensor *t = mge_ckpt_find(ck, mge_value_name(g, v));
+        size_t want = sizeof(float) * (size_t)mge_value_numel(g, v);
+        if (!t || t->dtype != MGE_CKPT_F32 || t->nbytes != want) {
+            fprintf(stderr, "mge-infer: %s: parameter '%s' %s\n", path, mge_value_name(g, v),
+                    t ? "does not match the model" : "is missing");
+            return 2;
+        }
+        memcpy(mge_value_data(g, v), t->data, want);
+    }
+    return 0;
+}
+
+/* A gpt for batches of @batch windows with @ck's weights in *@gp (freed by the caller, also on
+ * error); an exit code. */
+static int gpt_build(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
+                     int64_t batch, struct mge_graph **gp, struct mge_model *model)
+{
+    int rc = mge_graph_new(gp);
+    if (rc == MGE_OK && (rc = mge_model_build(*gp, spec, batch, 0, 0, 0, 0, model)) == MGE_OK &&
+        (rc = mge_graph_plan(*gp, NULL)) == MGE_OK)
+        rc = mge_graph_alloc(*gp);
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-infer: model: %s\n",
+                *gp ? mge_graph_error_msg(*gp) : mge_strerror(rc));
+        return 1;
+    }
+    return load_params(*gp, ck, path);
+}
+
+struct gen_opts {
+    int64_t n;          /* tokens to sample */
+    const char *prompt; /* text format: its bytes start the sequence (NULL: a newline) */
+    uint64_t seed;
+    double temperature; /* > 0 */
+};
+
+/*
+ * --generate: sample @o->n tokens after the prompt, each from softmax(logits / temperature) of
+ * the model on the last (at most) context tokens, as nanoGPT's sample.py does; text goes to
+ * stdout as bytes, token ids as numbers. The same seed samples the same text.
+ */
+static int generate(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
+                    const struct gen_opts *o)
+{
+    struct mge_graph *g = NULL;
+    struct mge_model model;
+    struct mge_rng rng;
+    int64_t T = spec->model.context, V = spec->model.vocab;
+    int text = spec->data.format == MGE_DATA_TEXT;
+    const char *prompt = o->prompt ? o->prompt : "\n";
+    int64_t np = text ? (int64_t)strlen(prompt) : 1, len = 0;
+    int32_t *seq = mge_malloc(sizeof(int32_t) * (size_t)(np + o->n + 1));
+    int32_t *x = mge_calloc((size_t)T, sizeof(int32_t)),
+            *y = mge_calloc((size_t)T, sizeof(int32_t));
+    double *p = mge_malloc(sizeof(double) * (size_t)V);
+    int code = 1, rc = MGE_OK;
+    if (!seq || !x || !y || !p) {
+        fprintf(stderr, "mge-infer: out of memory\n");
+        goto out;
+    }
+    if (!text && o->prompt) {
+        fprintf(stderr, "mge-infer: --prompt: only for data.format text (a gpt on bytes)\n");
+        code = 2;
+        goto out;
+    }
+    for (int64_t i = 0; i < np; i++)
+        seq[len++] = text ? (int32_t)(unsigned char)prompt[i] : 0;
+    if ((code = gpt_build(path, ck, spec, 1, &g, &model)) != 0)
+        goto out;
+    code = 1;
+    mge_graph_bind(g, model.x, x);
+    mge_graph_bind(g, model.y, y);
+    mge_rng_seed(&rng, o->seed);
+    for (int64_t k = 0; k < o->n; k++) {
+        int64_t n = len < T ? len : T;
+        memcpy(x, seq + len - n, sizeof(int32_t) * (size_t)n);
+        if ((rc = mge_graph_run(g, MGE_RUN_INFER, 0)) != MGE_OK) {
+            fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
+            goto out;
+        }
+        const float *l = (const float *)mge_value_data(g, model.logits) + (n - 1) * V;
+        double mx = l[0], sum = 0.0, u;
+        for (int64_t v = 1; v < V; v++)
+            mx = l[v] > mx ? l[v] : mx;
+        for (int64_t v = 0; v < V; v++)
+            sum += p[v] = exp(((double)l[v] - mx) / o->temperature);
+        u = (double)mge_rng_float(&rng) * sum;
+        int64_t pick = V - 1;
+        for (int64_t v = 0; v < V; v++)
+            if ((u -= p[v]) < 0.0) {
+                pick = v;
+                break;
+            }
+        seq[len++] = (int32_t)pick;
+    }
+    for (int64_t i = 0; i < len; i++) {
+        if (text)
+            putchar(seq[i]);
+        else
+            printf("%s%d", i ? " " : "", seq[i]);
+    }
+    if (!text)
+        putchar('\n');
+    fflush(stdout);
+    code = 0;
+out:
+    mge_graph_free(g);
+    mge_free(seq);
+    mge_free(x);
+    mge_free(y);
+    mge_free(p);
+    return code;
+}
+
+/* gpt: loss per token and perplexity over windows of the held-out (or training) tokens. */
+static int infer_tokens(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
+                        int test, int json)
+{
+    struct mge_tokens train, held;
+    struct mge_graph *g = NULL;
+    struct mge_model model;
+    char err[512];
+    int code = 2, rc;
+    int64_t batch = spec->train.batch_size, T = spec->model.context, windows;
+    double loss;
+    if ((rc = mge_tokens_load_spec(spec, &train, &held, err, sizeof(err))) != MGE_OK) {
+        fprintf(stderr, "mge-infer: %s\n", err);
+        return 2;
+    }
+    const struct mge_tokens *tk = test ? &held : &train;
+    if (tk->n == 0) {
+        fprintf(stderr,
+                "mge-infer: %s: the spec holds no test tokens (data.test_fraction 0, no "
+                "data.test_file)\n",
+                path);
+        goto out;
+    }
+    if ((code = gpt_build(path, ck, spec, batch, &g, &model)) != 0)
+        goto out;
+    code = 1;
+    if ((rc = mge_tokens_evaluate(g, &model, tk, batch, T, MGE_TOKENS_EVAL_WINDOWS, &loss,
+                                  &windows)) != MGE_OK) {
+        fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
+        goto out;
+    }
+    if (json)
+        printf("{\"loss\":%.6f,\"perplexity\":%.6f,\"tokens\":%lld,\"step\":%lld}\n", loss,
+               exp(loss), (long long)(windows * T), (long long)ck->step);
+    else
+        printf("%s: %s tokens: loss %.4f nats/token, perplexity %.3f over %lld windows of %lld "
+               "(step %lld)\n",
+               path, test ? "held-out" : "training", loss, exp(loss), (long long)windows,
+               (long long)T, (long long)ck->step);
+    code = 0;
+out:
+    mge_graph_free(g);
+    mge_tokens_fini(&held);
+    mge_tokens_fini(&train);
+    return code;
+}
+
+static int infer(const char *path, int test, int json, const struct gen_opts *gen)
 {
     struct mge_ckpt *ck = NULL;
     struct mge_jobspec *spec = NULL;
@@ -45,6 +217,15 @@ static int infer(const char *path, int test, int json)
         fprintf(stderr, "mge-infer: spec in checkpoint: %s\n", serr.message);
         goto out;
     }
+    if (gen && spec->model.type != MGE_MODEL_GPT) {
+        fprintf(stderr, "mge-infer: %s: --generate needs a gpt checkpoint, this is a %s\n", path,
+                mge_model_type_name(spec->model.type));
+        goto out;
+    }
+    if (spec->model.type == MGE_MODEL_GPT) {
+        code = gen ? generate(path, ck, spec, gen) : infer_tokens(path, ck, spec, test, json);
+        goto out;
+    }
     if ((rc = mge_data_load(spec, test, &ds, err, sizeof(err))) != MGE_OK) {
         fprintf(stderr, "mge-infer: %s\n", err);
         goto out;
@@ -63,18 +244,9 @@ static int infer(const char *path, int test, int json)
         fprintf(stderr, "mge-infer: model: %s\n", mge_graph_error_msg(g));
         goto out;
     }
-    for (int i = 0; i < mge_graph_n_params(g); i++) {
-        int v = mge_graph_param(g, i);
-        const struct mge_ckpt_tensor *t = mge_ckpt_find(ck, mge_value_name(g, v));
-        size_t want = sizeof(float) * (size_t)mge_value_numel(g, v);
-        if (!t || t->dtype != MGE_CKPT_F32 || t->nbytes != want) {
-            fprintf(stderr, "mge-infer: %s: parameter '%s' %s\n", path, mge_value_name(g, v),
-                    t ? "does not match the model" : "is missing");
-            code = 2;
-            goto out;
-        }
-        memcpy(mge_value_data(g, v), t->data, want);
-    }
+    if ((code = load_params(g, ck, path)) != 0)
+        goto out;
+    code = 1;
     if ((rc = mge_evaluate(g, &model, &ds, batch, &loss, &acc)) != MGE_OK)
         goto out;
     if (json)
@@ -100,6 +272,7 @@ int main(int argc, char **argv)
 {
     const char *path = NULL;
     int test = 1, json = 0, threads = 0;
+    struct gen_opts gen = {.n = 0, .prompt = NULL, .seed = 1337, .temperature = 1.0};
     mge_alloc_keep_memory();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc) {
@@ -111,6 +284,28 @@ int main(int argc, char **argv)
             test = !strcmp(d, "test");
         } else if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--generate") && i + 1 < argc) {
+            char *end;
+            gen.n = strtoll(argv[++i], &end, 10);
+            if (*end || gen.n < 1 || gen.n > 1000000) {
+                fprintf(stderr, "mge-infer: --generate: expected 1 to 1000000 tokens, got '%s'\n",
+                        argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) {
+            gen.prompt = argv[++i];
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            gen.seed = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--temperature") && i + 1 < argc) {
+            char *end;
+            gen.temperature = strtod(argv[++i], &end);
+            if (*end || !(gen.temperature > 0.0 && gen.temperature <= 100.0)) {
+                fprintf(stderr,
+                        "mge-infer: --temperature: expected a number in (0, 100], got "
+                        "'%s'\n",
+                        argv[i]);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -129,5 +324,9 @@ int main(int argc, char **argv)
         return 2;
     }
     mge_cpu_set_threads(threads);
-    return infer(path, test, json);
+    if (gen.prompt && !gen.n) {
+        fprintf(stderr, "mge-infer: --prompt goes with --generate N\n");
+        return 2;
+    }
+    return infer(path, test, json, gen.n ? &gen : NULL);
 }

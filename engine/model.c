@@ -185,6 +185,81 @@ static int resnet(struct mge_graph *g, const struct mge_model_spec *ms, int x, i
     return linear_layer(g, "fc", torch_names, t, cin, classes, MGE_ACT_NONE, 0.0f);
 }
 
+/*
+ * GPT as nanoGPT writes it (Karpathy's model.py, GPT-2's layout): token + position embeddings,
+ * @layers pre-LayerNorm blocks x + attn(ln_1(x)), x + mlp(ln_2(x)) with fused causal attention
+ * and a 4x GELU MLP (tanh approximation, GPT-2's), a final LayerNorm, and logits x @ wte^T with
+ * the output layer tied to the token embedding (wte's gradient sums both uses). Linear and
+ * embedding weights N(0, 0.02^2), the residual projections (c_proj) N(0, 0.02^2 / (2 layers)),
+ * biases 0, LayerNorms 1 and 0 (eps 1e-5). Windows are always model.context tokens long, so
+ * the position embedding is added whole. Parameter names are nanoGPT's state-dict names.
+ */
+static int gpt_param(struct mge_graph *g, const char *prefix, const char *name, int64_t d0,
+                     int64_t d1, enum mge_init init, int64_t fan)
+{
+    char full[96];
+    int64_t shape[2] = {d0, d1};
+    snprintf(full, sizeof(full), "%s%s", prefix, name);
+    return mge_param(g, full, d1 > 0 ? 2 : 1, shape, init, fan);
+}
+
+static int gpt_linear(struct mge_graph *g, const char *prefix, int x, int64_t in, int64_t out,
+                      int64_t fan, enum mge_act act)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "%s.weight", prefix);
+    int w = gpt_param(g, name, "", out, in, MGE_INIT_NORMAL_GPT, fan);
+    snprintf(name, sizeof(name), "%s.bias", prefix);
+    int b = gpt_param(g, name, "", out, 0, MGE_INIT_ZERO, 1);
+    return mge_linear(g, x, w, b, act);
+}
+
+static int gpt_layernorm(struct mge_graph *g, const char *prefix, int x, int64_t C)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "%s.weight", prefix);
+    int w = gpt_param(g, name, "", C, 0, MGE_INIT_ONE, 1);
+    snprintf(name, sizeof(name), "%s.bias", prefix);
+    int b = gpt_param(g, name, "", C, 0, MGE_INIT_ZERO, 1);
+    return mge_layernorm(g, x, w, b, 1e-5f);
+}
+
+static int gpt_dropout(struct mge_graph *g, int x, float p)
+{
+    return p > 0.0f ? mge_dropout(g, x, p) : x;
+}
+
+static int gpt(struct mge_graph *g, const struct mge_model_spec *ms, int64_t batch,
+               struct mge_model *m)
+{
+    int64_t T = ms->context, C = ms->d_model, V = ms->vocab, L = ms->layers, xs[2] = {batch, T};
+    char p[64], q[96];
+    m->x = mge_input(g, "x", MGE_DTYPE_I32, 2, xs, 1);
+    m->y = mge_input(g, "y", MGE_DTYPE_I32, 2, xs, 1);
+    int wte = gpt_param(g, "transformer.wte.weight", "", V, C, MGE_INIT_NORMAL_GPT, 1);
+    int wpe = gpt_param(g, "transformer.wpe.weight", "", T, C, MGE_INIT_NORMAL_GPT, 1);
+    int t = gpt_dropout(g, mge_add(g, mge_embedding(g, m->x, wte), wpe), ms->dropout);
+    for (int64_t l = 0; l < L; l++) {
+        snprintf(p, sizeof(p), "transformer.h.%lld.", (long long)l);
+        snprintf(q, sizeof(q), "%sln_1", p);
+        int h = gpt_layernorm(g, q, t, C);
+        snprintf(q, sizeof(q), "%sattn.c_attn", p);
+        h = mge_causal_attention(g, gpt_linear(g, q, h, C, 3 * C, 1, MGE_ACT_NONE), ms->heads);
+        snprintf(q, sizeof(q), "%sattn.c_proj", p);
+        h = gpt_linear(g, q, h, C, C, 2 * L, MGE_ACT_NONE);
+        t = mge_add(g, t, gpt_dropout(g, h, ms->dropout));
+        snprintf(q, sizeof(q), "%sln_2", p);
+        h = gpt_layernorm(g, q, t, C);
+        snprintf(q, sizeof(q), "%smlp.c_fc", p);
+        h = gpt_linear(g, q, h, C, 4 * C, 1, MGE_ACT_FN_GELU);
+        snprintf(q, sizeof(q), "%smlp.c_proj", p);
+        h = gpt_linear(g, q, h, 4 * C, C, 2 * L, MGE_ACT_NONE);
+        t = mge_add(g, t, gpt_dropout(g, h, ms->dropout));
+    }
+    t = gpt_layernorm(g, "transformer.ln_f", t, C);
+    return mge_linear(g, t, wte, -1, MGE_ACT_NONE); /* tied: lm_head.weight is wte */
+}
+
 char *mge_model_torch_name(const char *name, char *out, size_t n)
 {
     size_t len = strlen(name);
@@ -211,7 +286,10 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
             mge_graph_keep(g, m->logits);
         return rc;
     }
-    if (ms->type == MGE_MODEL_RESNET) {
+    if (ms->type == MGE_MODEL_GPT) {
+        t = gpt(g, ms, batch, m);
+        x = m->x;
+    } else if (ms->type == MGE_MODEL_RESNET) {
         int64_t xs[4] = {batch, c, h, w};
         x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
         t = resnet(g, ms, x, c, classes);
@@ -242,7 +320,8 @@ int mge_model_build(struct mge_graph *g, const struct mge_jobspec *spec, int64_t
         t = linear_layer(g, name, short_names, t, in, classes, MGE_ACT_NONE, 0.0f);
     }
     m->x = x;
-    m->y = mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1);
+    if (ms->type != MGE_MODEL_GPT)
+        m->y = mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1);
     m->logits = t;
     m->loss = mge_cross_entropy_smoothed(g, t, m->y, (float)spec->train.label_smoothing);
     if (mge_graph_error(g) == MGE_OK)

@@ -52,6 +52,14 @@ double mge__node_flops(const struct mge_graph *g, const struct mge_node *n)
         int parts = n->op == MGE_OP_CONV2D ? 1 : (n->out[0] >= 0) + (n->out[1] >= 0);
         return per * outs * (parts ? parts : 1);
     }
+    case MGE_OP_ATTENTION:
+    case MGE_OP_ATTENTION_GRAD: {
+        /* causal: half of q k^T and of p v, 2 FLOPs a multiply-add; backward recomputes p
+         * and forms dv, dp, dq and dk (5 half-size GEMMs against forward's 2) */
+        const struct mge_value *y = &g->values[n->op == MGE_OP_ATTENTION ? n->out[0] : n->in[2]];
+        double T = (double)y->shape[1], rows = (double)y->shape[0] * T, C = (double)y->shape[2];
+        return rows * T * C * (n->op == MGE_OP_ATTENTION ? 2.0 : 5.0);
+    }
     default:
         return out;
     }

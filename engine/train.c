@@ -82,6 +82,13 @@ static int data_load_raw(const struct mge_jobspec *spec, int test, struct mge_da
                          char *err, size_t errlen)
 {
     const struct mge_data_spec *d = &spec->data;
+    if (d->format == MGE_DATA_TOKENS || d->format == MGE_DATA_TEXT) {
+        snprintf(err, errlen,
+                 "data.format %s: token streams feed model type gpt in mge-train "
+                 "only, not as a dataset of samples",
+                 d->format == MGE_DATA_TEXT ? "text" : "tokens");
+        return MGE_UNSUPPORTED;
+    }
     if (d->format == MGE_DATA_SYNTHETIC) {
         int64_t n = test ? d->test_size : d->train_size;
         if (n <= 0) {
@@ -229,6 +236,12 @@ struct trainer {
     int ck_n;
     struct mge_ckpt_writer *ckw;
     double ckpt_sec; /* time the loop spent snapshotting or waiting for the writer */
+    /* gpt: token streams and random windows instead of a dataset, sampler and loader */
+    int gpt;
+    struct mge_tokens tok, tok_test; /* tok_test: data.test_file, or the tail of tok */
+    int32_t *tok_x, *tok_y;          /* (batch, context) this step's ids and next tokens */
+    int64_t *tok_starts;             /* (batch) window starts */
+    struct mge_batch tok_batch;      /* what the loop reads in place of a loader's batch */
 };
 
 #define TRACE_STEPS 200
@@ -670,9 +683,125 @@ static int mkdir_p(const char *path)
     return (mkdir(buf, 0755) != 0 && errno != EEXIST) ? -1 : 0;
 }
 
+/* ---- gpt: token windows ---- */
+
+int mge_tokens_load_spec(const struct mge_jobspec *spec, struct mge_tokens *train,
+                         struct mge_tokens *test, char *err, size_t errlen)
+{
+    const struct mge_data_spec *d = &spec->data;
+    int64_t T = spec->model.context;
+    memset(test, 0, sizeof(*test));
+    int rc = mge_tokens_load(train, (const char *const *)d->train_files, d->n_train_files,
+                             d->token_bytes, spec->model.vocab, err, errlen);
+    if (rc == MGE_OK && d->test_file)
+        rc = mge_tokens_load(test, (const char *const *)&d->test_file, 1, d->token_bytes,
+                             spec->model.vocab, err, errlen);
+    else if (rc == MGE_OK && d->test_fraction > 0.0)
+        mge_tokens_split(train, train->n - (int64_t)((double)train->n * d->test_fraction), test);
+    if (rc == MGE_OK && (train->n <= T || (test->n > 0 && test->n <= T)))
+        rc = MGE_ERR_FILL(MGE_FORMAT, err, errlen,
+                          "%s: %lld %s tokens: model.context %lld needs at least %lld",
+                          train->n <= T  ? d->train_files[0]
+                          : d->test_file ? d->test_file
+                                         : "data.test_fraction",
+                          (long long)(train->n <= T ? train->n : test->n),
+                          train->n <= T ? "training" : "held-out", (long long)T, (long long)T + 1);
+    if (rc != MGE_OK) {
+        mge_tokens_fini(test);
+        mge_tokens_fini(train);
+    }
+    return rc;
+}
+
+int mge_tokens_evaluate(struct mge_graph *g, const struct mge_model *model,
+                        const struct mge_tokens *tk, int64_t batch, int64_t T, int64_t max_windows,
+                        double *loss, int64_t *windows)
+{
+    int64_t n_win = (tk->n - 1) / T;
+    n_win = n_win < max_windows ? n_win : max_windows;
+    int32_t *x = mge_malloc(sizeof(int32_t) * (size_t)(batch * T));
+    int32_t *y = mge_malloc(sizeof(int32_t) * (size_t)(batch * T));
+    int64_t *starts = mge_malloc(sizeof(int64_t) * (size_t)batch);
+    double sum = 0.0;
+    int rc = MGE_OK;
+    if (!x || !y || !starts) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation windows");
+        goto out_free;
+    }
+    mge_graph_bind(g, model->x, x);
+    mge_graph_bind(g, model->y, y);
+    for (int64_t at = 0; at < n_win && rc == MGE_OK; at += batch) {
+        int64_t n = n_win - at < batch ? n_win - at : batch;
+        for (int64_t i = 0; i < n; i++)
+            starts[i] = (at + i) * T;
+        mge_tokens_gather(tk, starts, n, T, x, y);
+        mge_graph_set_batch(g, n);
+        rc = mge_graph_run(g, MGE_RUN_INFER, 0);
+        sum += (double)*(float *)mge_value_data(g, model->loss) * (double)n;
+    }
+    *loss = n_win > 0 ? sum / (double)n_win : NAN;
+    *windows = n_win;
+out_free:
+    mge_free(x);
+    mge_free(y);
+    mge_free(starts);
+    return rc;
+}
+
+/* gpt: the spec's token streams, and this rank's batch buffers. */
+static int tokens_load(struct trainer *t, char *err, size_t errlen)
+{
+    int64_t T = t->spec->model.context, B = t->spec->train.batch_size;
+    int rc = mge_tokens_load_spec(t->spec, &t->tok, &t->tok_test, err, errlen);
+    if (rc != MGE_OK)
+        return rc;
+    t->have_test = t->tok_test.n > 0 && t->rank == 0; /* rank 0 alone evaluates */
+    t->tok_x = mge_malloc(sizeof(int32_t) * (size_t)(B * T));
+    t->tok_y = mge_malloc(sizeof(int32_t) * (size_t)(B * T));
+    t->tok_starts = mge_malloc(sizeof(int64_t) * (size_t)B);
+    if (!t->tok_x || !t->tok_y || !t->tok_starts)
+        return MGE_ERR_FILL(MGE_NOMEM, err, errlen, "cannot allocate token batches");
+    return MGE_OK;
+}
+
+/* This rank's rows of step t->step's global batch: windows from (seed, step, global row). */
+static struct mge_batch *tokens_next(struct trainer *t)
+{
+    int64_t B = t->spec->train.batch_size, T = t->spec->model.context;
+    int64_t r0 = mge_split_start(B, t->rank, t->world),
+            r1 = mge_split_start(B, t->rank + 1, t->world);
+    for (int64_t r = r0; r < r1; r++)
+        t->tok_starts[r - r0] = mge_tokens_window(&t->tok, T, t->spec->train.seed, t->step, r);
+    mge_tokens_gather(&t->tok, t->tok_starts, r1 - r0, T, t->tok_x, t->tok_y);
+    t->tok_batch.n = r1 - r0;
+    t->tok_batch.global_n = B;
+    return &t->tok_batch;
+}
+
+/* The held-out loss now (MGE_TOKENS_EVAL_WINDOWS windows at most), printed. */
+static int tokens_evaluate(struct trainer *t, int json)
+{
+    int64_t n_win;
+    int rc =
+        mge_tokens_evaluate(t->g, &t->model, &t->tok_test, t->spec->train.batch_size,
+                            t->spec->model.context, MGE_TOKENS_EVAL_WINDOWS, &t->test_loss, &n_win);
+    if (rc != MGE_OK)
+        return rc;
+    if (json)
+        printf("{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%.6f}\n", (long long)t->epoch,
+               (long long)t->step, t->test_loss);
+    else
+        printf("step %lld: held-out loss %.4f nats/token (%lld windows)\n", (long long)t->step,
+               t->test_loss, (long long)n_win);
+    fflush(stdout);
+    return MGE_OK;
+}
+
 static int evaluate_epoch(struct trainer *t, int json)
 {
     int64_t batch = t->spec->train.batch_size;
+    if (t->gpt)
+        return tokens_evaluate(t, json);
     int rc = mge_evaluate(t->g, &t->model, &t->test, batch, &t->test_loss, &t->test_acc);
     if (rc != MGE_OK)
         return rc;
@@ -830,6 +959,13 @@ static double overlap(double a0, double a1, double b0, double b1)
  * all-reduced as backward finishes them, each pack's slice updated as soon as its sum is in.
  * *@loss is the global mean loss.
  */
+/* Point the model's inputs at batch @b: its samples, or a gpt's token windows. */
+static void bind_batch(struct trainer *t, const struct mge_batch *b)
+{
+    mge_graph_bind(t->g, t->model.x, t->gpt ? (void *)t->tok_x : (void *)b->x);
+    mge_graph_bind(t->g, t->model.y, t->gpt ? t->tok_y : b->y);
+}
+
 static int dist_step(struct trainer *t, const struct mge_batch *b, const float *loss_val,
                      double *loss, struct dist_stats *st)
 {
@@ -843,8 +979,7 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, const float *
     memset(st, 0, sizeof(*st));
     mge_comm_packs_begin(t->packs);
     if (b->n > 0) {
-        mge_graph_bind(t->g, t->model.x, b->x);
-        mge_graph_bind(t->g, t->model.y, b->y);
+        bind_batch(t, b);
         mge_graph_set_batch(t->g, b->n);
         mge_graph_set_loss_scale(t->g, (float)((double)b->n / (double)b->global_n));
         mge_graph_set_row_offset(t->g, mge_split_start(b->global_n, t->rank, t->world));
@@ -1064,7 +1199,9 @@ static int train_loop(struct trainer *t)
         struct mge_batch *b;
         struct dist_stats ds = {0, 0, 0, 0, 0};
         double t0 = now_sec(), c0 = thread_cpu_sec();
-        if ((rc = mge_loader_next(&t->loader, &b)) != MGE_OK)
+        if (t->gpt)
+            b = tokens_next(t);
+        else if ((rc = mge_loader_next(&t->loader, &b)) != MGE_OK)
             goto out_free;
         t->tracing = t->step < t->trace_until;
         if (par) {
@@ -1078,8 +1215,7 @@ static int train_loop(struct trainer *t)
             comm_sum += ds.comm;
             hidden_sum += ds.hidden;
         } else {
-            mge_graph_bind(t->g, t->model.x, b->x);
-            mge_graph_bind(t->g, t->model.y, b->y);
+            bind_batch(t, b);
             mge_graph_set_batch(t->g, b->n);
             if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
                 goto out_free;
@@ -1144,6 +1280,10 @@ static int train_loop(struct trainer *t)
         if (b->epoch_end && t->have_test && spec->train.eval_every_epoch &&
             (rc = evaluate_epoch(t, o->json)) != MGE_OK)
             goto out_free;
+        /* a gpt has no epochs: its held-out loss comes at every checkpoint_every steps */
+        if (t->gpt && t->have_test && ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
+            (rc = evaluate_epoch(t, o->json)) != MGE_OK)
+            goto out_free;
         if (lead && t->step < t->total_steps &&
             ((ce > 0 && t->step % ce == 0) || (ce_sec > 0 && now_sec() - last_ckpt >= ce_sec))) {
             if ((rc = ckpt_save(t, 0)) != MGE_OK)
@@ -1154,7 +1294,7 @@ static int train_loop(struct trainer *t)
     if (t->trace.fp && (rc = mge_trace_close(&t->trace)) != MGE_OK)
         goto out_free;
     /* a run that ends mid-epoch still reports the model it leaves */
-    if (t->have_test && (t->pos != 0 || !spec->train.eval_every_epoch) &&
+    if (t->have_test && (t->pos != 0 || !spec->train.eval_every_epoch || t->gpt) &&
         (rc = evaluate_epoch(t, o->json)) != MGE_OK)
         goto out_free;
     if (!lead)
@@ -1211,8 +1351,12 @@ static int train_loop(struct trainer *t)
         }
         printf("\"steps\":%lld,\"epochs\":%lld,\"final_loss\":%.9g,",
                (long long)t->step, (long long)t->epoch, t->last_loss);
-        if (t->have_test)
+        if (t->have_test && !t->gpt)
             printf("\"test_accuracy\":%.6f,\"test_loss\":%.6f,", t->test_acc, t->test_loss);
+        if (t->gpt && t->have_test)
+            printf("\"test_loss\":%.6f,", t->test_loss);
+        if (t->gpt)
+            printf("\"tokens_per_sec\":%.1f,", sps * (double)spec->model.context);
         printf("\"samples_per_sec\":%.1f,\"peak_bytes\":%zu,\"peak_rss_bytes\":%ld,"
                "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"median_step_ms\":%.4f,"
                "\"median_step_cpu_ms\":%.4f,"
@@ -1226,8 +1370,10 @@ static int train_loop(struct trainer *t)
                mge_cpu_sgemm_backend(), mge_cpu_isa(), t->out_dir);
     } else {
         printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
-        if (t->have_test)
+        if (t->have_test && !t->gpt)
             printf(", test accuracy %.2f%%", 100.0 * t->test_acc);
+        if (t->have_test && t->gpt)
+            printf(", test loss %.4f", t->test_loss);
         printf(", %.0f samples/s, peak %.1f MiB planned, %.1f MiB RSS\n", sps,
                (double)peak / 1048576.0, (double)peak_rss_bytes() / 1048576.0);
         printf("checkpoint: %s/latest.mgeckpt\n", t->out_dir);
@@ -1259,6 +1405,11 @@ static void trainer_fini(struct trainer *t)
     if (t->optim_ok)
         mge_optim_fini(&t->optim);
     mge_graph_free(t->g);
+    mge_free(t->tok_x);
+    mge_free(t->tok_y);
+    mge_free(t->tok_starts);
+    mge_tokens_fini(&t->tok_test);
+    mge_tokens_fini(&t->tok);
     mge_dataset_fini(&t->train);
     if (t->have_test)
         mge_dataset_fini(&t->test);
@@ -1327,14 +1478,25 @@ int mge_train_main(const struct mge_train_opts *o)
             goto out;
         }
     }
-    if ((rc = mge_data_load(t.spec, 0, &t.train, err, sizeof(err))) != MGE_OK) {
+    t.gpt = t.spec->model.type == MGE_MODEL_GPT;
+    if (t.gpt && t.det) {
+        fprintf(stderr,
+                "mge-train: %s: distributed.deterministic: not available for model type "
+                "gpt yet (its rows hold context windows, not samples)\n",
+                o->spec_path);
+        code = 2;
+        goto out;
+    }
+    if ((rc = t.gpt ? tokens_load(&t, err, sizeof(err))
+                    : mge_data_load(t.spec, 0, &t.train, err, sizeof(err))) != MGE_OK) {
         fprintf(stderr, "mge-train: %s\n", err);
         code = 2;
         goto out;
     }
-    int want_test = t.spec->data.format == MGE_DATA_SYNTHETIC ? t.spec->data.test_size > 0
-                    : t.spec->data.format == MGE_DATA_CIFAR   ? t.spec->data.test_file != NULL
-                                                              : t.spec->data.test_images != NULL;
+    int want_test = t.gpt                                       ? 0
+                    : t.spec->data.format == MGE_DATA_SYNTHETIC ? t.spec->data.test_size > 0
+                    : t.spec->data.format == MGE_DATA_CIFAR     ? t.spec->data.test_file != NULL
+                                                                : t.spec->data.test_images != NULL;
     if (want_test && t.rank == 0) { /* rank 0 alone evaluates */
         if ((rc = mge_data_load(t.spec, 1, &t.test, err, sizeof(err))) != MGE_OK) {
             fprintf(stderr, "mge-train: %s\n", err);
@@ -1413,19 +1575,21 @@ int mge_train_main(const struct mge_train_opts *o)
         code = 2;
         goto out;
     }
-    if ((rc = mge_sampler_init(&t.sampler, t.train.n, batch, t.rank, t.world,
-                               t.spec->train.seed)) != MGE_OK)
+    if (!t.gpt && (rc = mge_sampler_init(&t.sampler, t.train.n, batch, t.rank, t.world,
+                                         t.spec->train.seed)) != MGE_OK)
         goto out;
-    t.sampler_ok = 1;
+    t.sampler_ok = !t.gpt;
     if (t.det && ((rc = mge_sampler_set_micro_shards(&t.sampler,
                                                      t.spec->distributed.micro_shards)) != MGE_OK ||
                   (rc = det_init(&t)) != MGE_OK))
         goto out;
-    mge_sampler_seek(&t.sampler, t.epoch, t.pos);
-    if ((rc = mge_loader_init(&t.loader, &t.train, &t.sampler,
-                              t.spec->data.prefetch > 0 ? t.spec->data.prefetch : 2)) != MGE_OK)
-        goto out;
-    t.loader_ok = 1;
+    if (!t.gpt) { /* a gpt draws its windows from the step (tokens_next) */
+        mge_sampler_seek(&t.sampler, t.epoch, t.pos);
+        if ((rc = mge_loader_init(&t.loader, &t.train, &t.sampler,
+                                  t.spec->data.prefetch > 0 ? t.spec->data.prefetch : 2)) != MGE_OK)
+            goto out;
+        t.loader_ok = 1;
+    }
     if (!o->json && t.rank == 0) {
         printf("%s: %s, %lld parameters, %lld steps, batch %lld, %d threads, gemm %s, %s\n",
                t.spec->name, mge_model_type_name(t.spec->model.type), (long long)n_params_f,

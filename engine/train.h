@@ -52,4 +52,28 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
 int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struct mge_dataset *ds,
                  int64_t batch, double *loss, double *accuracy);
 
+/* Held-out windows a gpt's test_loss covers at most (the first ones of the held-out tokens). */
+#define MGE_TOKENS_EVAL_WINDOWS 4096
+
+/*
+ * gpt: load the token streams @spec names (data.format tokens or text): the training tokens
+ * into @train, the held-out ones into @test: data.test_file, or the last data.test_fraction of
+ * the stream (then @test views @train's memory: free @test before or with @train), or none
+ * (@test->n = 0). Both streams must be longer than model.context. Returns MGE_OK or
+ * mge_tokens_load()'s codes, MGE_FORMAT for a stream too short; @err names the file; on error
+ * both are zeroed. Release with mge_tokens_fini() on each.
+ */
+int mge_tokens_load_spec(const struct mge_jobspec *spec, struct mge_tokens *train,
+                         struct mge_tokens *test, char *err, size_t errlen);
+
+/*
+ * gpt: mean loss per token of @model (built in @g for batches up to @batch rows of @T tokens)
+ * over consecutive non-overlapping windows of @tk (at most @max_windows), forward only; the
+ * window count in *@windows (*@loss is NaN when @tk holds no whole window). Rebinds the model's
+ * inputs. Returns MGE_OK, MGE_NOMEM or a kernel error.
+ */
+int mge_tokens_evaluate(struct mge_graph *g, const struct mge_model *model,
+                        const struct mge_tokens *tk, int64_t batch, int64_t T, int64_t max_windows,
+                        double *loss, int64_t *windows);
+
 #endif

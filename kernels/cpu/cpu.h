@@ -169,6 +169,22 @@ void mge_cpu_maxpool_backward(const struct mge_cpu_pool *pl, float *dinp, const 
 void mge_cpu_avgpool_forward(const struct mge_cpu_pool *pl, float *out, const float *inp);
 void mge_cpu_avgpool_backward(const struct mge_cpu_pool *pl, float *dinp, const float *dout, int acc);
 
+/* ---- attention ------------------------------------------------------------------------------ */
+/* Largest head size (C / NH) the attention kernels take (one accumulator row on the stack). */
+#define MGE_CPU_ATTN_MAX_HEAD 128
+/*
+ * Causal multi-head self-attention, softmax(q k^T / sqrt(hs)) v with key j <= query t, fused:
+ * qkv (B, T, 3C) holds q, k, v side by side (nanoGPT's c_attn output), head h in columns
+ * [h hs, (h + 1) hs) of each (hs = C / NH <= MGE_CPU_ATTN_MAX_HEAD). Writes out (B, T, C) and
+ * the log-sum-exp of each score row, lse (B, NH, T); no T x T matrix is stored.
+ */
+void mge_cpu_attention_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T,
+                               int64_t C, int64_t NH);
+/* dqkv (B, T, 3C) (+)= the gradient, probabilities recomputed block by block from @lse. */
+void mge_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                const float *lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                int acc);
+
 /* ---- normalisation, embedding, dropout ---------------------------------------------------- */
 /* Over the last dim C of rows: out = (x - mean) * rstd * w + b; writes mean, rstd (rows). */
 void mge_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,

@@ -26,6 +26,42 @@ extern "C" {
  * and far more when another process holds a core (a descheduled thread stalls the barrier). */
 #define MGE__PAR_MIN 65536
 
+/*
+ * expf for the kernels' inner loops: Cephes' degree-6 polynomial after reducing by ln 2, within
+ * ~2 ulp of expf; branch-free (the clamp of x to [-87, 87] works on the bits, since GCC does not
+ * if-convert float compares), so loops calling it vectorise, where glibc's expf is a call per
+ * element. e^-87 and e^87 stand for anything beyond them.
+ */
+static inline float mge__expf(float x)
+{
+    union {
+        float f;
+        uint32_t u;
+        int32_t i;
+    } v = {.f = x}, sc;
+    uint32_t mag = v.u & 0x7fffffffu, lim = 0x42ae0000u; /* 87.0f */
+    v.u = (v.u & 0x80000000u) | (mag < lim ? mag : lim);
+    x = v.f;
+    /* n = round(x / ln 2) by truncating a positive value (x / ln 2 > -126) */
+    float n = (float)(int32_t)(x * 1.44269504088896341f + 128.5f) - 128.0f;
+    float r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    sc.i = ((int32_t)n + 127) * (1 << 23);
+    return p * sc.f;
+}
+
+/* tanhf from mge__expf: 1 - 2 / (e^2x + 1); absolute error ~1e-7, vectorises. */
+static inline float mge__tanhf(float x)
+{
+    return 1.0f - 2.0f / (mge__expf(2.0f * x) + 1.0f);
+}
+
 /* GEMM backends; MGE__GEMM_AUTO picks one of the others by shape (see gemm.c). */
 enum mge__gemm_backend {
     MGE__GEMM_AUTO,

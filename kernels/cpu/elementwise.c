@@ -13,7 +13,7 @@ static inline float act_forward(int op, float x)
     case MGE_CPU_RELU:
         return x > 0.0f ? x : 0.0f;
     case MGE_CPU_GELU:
-        return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_C * x * x * x)));
+        return 0.5f * x * (1.0f + mge__tanhf(GELU_K * (x + GELU_C * x * x * x)));
     case MGE_CPU_TANH:
         return tanhf(x);
     case MGE_CPU_SIGMOID:
@@ -30,7 +30,7 @@ static inline float act_grad(int op, float x, float y)
         return y > 0.0f ? 1.0f : 0.0f;
     case MGE_CPU_GELU: {
         float u = GELU_K * (x + GELU_C * x * x * x);
-        float t = tanhf(u);
+        float t = mge__tanhf(u); /* vectorises: GELU was 22 ns an element with tanhf */
         float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
     }

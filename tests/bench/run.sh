@@ -4,6 +4,8 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/../.." || exit 1
 echo "== engine: mge-train vs PyTorch"
 /usr/bin/python3 tests/bench/engine.py "$BUILD" "${MGE_BENCH_THREADS:-2}" "${MGE_BENCH_ROUNDS:-2}"
+echo "== gpt: mge-train vs PyTorch (tokens/s)"
+/usr/bin/python3 tests/bench/gpt.py "$BUILD" "${MGE_BENCH_THREADS:-2}" "${MGE_BENCH_ROUNDS:-2}"
 echo "== sublinear: mge vs PyTorch checkpoint_sequential"
 /usr/bin/python3 tests/bench/sublinear.py "$BUILD" "${MGE_BENCH_THREADS:-2}"
 echo "== checkpoints: background every 20 steps vs off"

@@ -1196,6 +1196,99 @@ START_TEST(test_cifar_malformed)
 }
 END_TEST
 
+START_TEST(test_tokens_load)
+{
+    /* uint16 from two files, concatenated; uint32; text bytes; the held-out split */
+    struct mge_tokens tk, tail;
+    char err[256];
+    uint16_t a[5] = {1, 2, 3, 40000, 5}, b[3] = {6, 7, 8};
+    uint32_t c[3] = {70000, 1, 99999};
+    const char *f16[2] = {write_raw("a.bin", a, sizeof(a)), write_raw("b.bin", b, sizeof(b))};
+    ck_assert_int_eq(mge_tokens_load(&tk, f16, 2, 2, 50257, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(tk.n, 8);
+    int64_t starts[2] = {2, 4};
+    int32_t x[6], y[6];
+    mge_tokens_gather(&tk, starts, 2, 3, x, y);
+    const int32_t wx[6] = {3, 40000, 5, 5, 6, 7}, wy[6] = {40000, 5, 6, 6, 7, 8};
+    ck_assert_mem_eq(x, wx, sizeof(wx));
+    ck_assert_mem_eq(y, wy, sizeof(wy));
+    mge_tokens_split(&tk, 6, &tail);
+    ck_assert_int_eq(tk.n, 6);
+    ck_assert_int_eq(tail.n, 2);
+    ck_assert_ptr_null(tail.owned);
+    mge_tokens_gather(&tail, (int64_t[]){0}, 1, 1, x, y);
+    ck_assert_int_eq(x[0], 7);
+    ck_assert_int_eq(y[0], 8);
+    mge_tokens_fini(&tail);
+    mge_tokens_fini(&tk);
+    const char *f32 = write_raw("c.bin", c, sizeof(c));
+    ck_assert_int_eq(mge_tokens_load(&tk, &f32, 1, 4, 100000, err, sizeof(err)), MGE_OK);
+    mge_tokens_gather(&tk, (int64_t[]){0}, 1, 2, x, y);
+    ck_assert_int_eq(x[0], 70000);
+    ck_assert_int_eq(y[1], 99999);
+    mge_tokens_fini(&tk);
+    const char *txt = write_raw("t.txt", "hello\n\xff", 7);
+    ck_assert_int_eq(mge_tokens_load(&tk, &txt, 1, 1, 256, err, sizeof(err)), MGE_OK);
+    ck_assert_int_eq(tk.n, 7);
+    mge_tokens_gather(&tk, (int64_t[]){5}, 1, 1, x, y);
+    ck_assert_int_eq(x[0], '\n');
+    ck_assert_int_eq(y[0], 255);
+    mge_tokens_fini(&tk);
+}
+END_TEST
+
+static void tokens_refused(const char *const *files, int n, int width, int64_t vocab, int code,
+                           const char *msg)
+{
+    struct mge_tokens tk;
+    char err[512];
+    int rc = mge_tokens_load(&tk, files, n, width, vocab, err, sizeof(err));
+    ck_assert_msg(rc == code, "%s: got %s (%s)", msg, mge_strerror(rc), err);
+    ck_assert_msg(strstr(err, msg) != NULL, "message '%s' lacks '%s'", err, msg);
+    ck_assert_ptr_null(tk.owned);
+    ck_assert_int_eq(tk.n, 0);
+}
+
+START_TEST(test_tokens_malformed)
+{
+    uint16_t ids[4] = {1, 2, 300, 4};
+    const char *f[2] = {write_raw("ok.bin", ids, 4), write_raw("big.bin", ids, sizeof(ids))};
+    tokens_refused(f, 2, 2, 256, MGE_CORRUPT,
+                   "big.bin: token id 300 at byte offset 4 (token 2) is not below model.vocab 256");
+    tokens_refused(&f[1], 1, 1, 3, MGE_CORRUPT, "big.bin: token id 44 at byte offset 4 (token 4)");
+    f[1] = write_raw("odd.bin", ids, 3);
+    tokens_refused(f, 2, 2, 256, MGE_FORMAT, "odd.bin: size 3 is not a positive multiple of 2");
+    f[1] = write_raw("empty.bin", ids, 0);
+    tokens_refused(f, 2, 4, 256, MGE_FORMAT, "empty.bin: size 0 is not a positive multiple of 4");
+    f[1] = tmp_path("missing.bin");
+    tokens_refused(f, 2, 2, 256, MGE_NOENT, "missing.bin");
+    tokens_refused(f, 1, 3, 256, MGE_INVAL, "width 3 is not 1, 2 or 4");
+    tokens_refused(f, 0, 2, 256, MGE_INVAL, "1 to 16 files, got 0");
+}
+END_TEST
+
+START_TEST(test_tokens_windows)
+{
+    /* a pure function of (seed, step, row), in [0, n - T), spread over the range */
+    struct mge_tokens tk = {.n = 1000, .width = 1};
+    int64_t T = 100, seen_lo = 0, seen_hi = 0, same_rows = 0;
+    for (int64_t step = 0; step < 50; step++)
+        for (int64_t row = 0; row < 8; row++) {
+            int64_t s = mge_tokens_window(&tk, T, 42, step, row);
+            ck_assert_int_ge(s, 0);
+            ck_assert_int_lt(s, tk.n - T);
+            ck_assert_int_eq(s, mge_tokens_window(&tk, T, 42, step, row));
+            seen_lo += s < 300;
+            seen_hi += s >= 600;
+            same_rows += row > 0 && s == mge_tokens_window(&tk, T, 42, step, row - 1);
+        }
+    ck_assert_int_gt(seen_lo, 50);
+    ck_assert_int_gt(seen_hi, 50);
+    ck_assert_int_lt(same_rows, 10);
+    ck_assert_int_ne(mge_tokens_window(&tk, T, 42, 3, 1), mge_tokens_window(&tk, T, 43, 3, 1));
+}
+END_TEST
+
 START_TEST(test_normalize)
 {
     /* per channel (x - mean) / std after the byte scaling, channel = j / (h*w) */
@@ -1459,6 +1552,9 @@ static Suite *data_suite(void)
         {"cifar_load", test_cifar_load},
         {"cifar_malformed", test_cifar_malformed},
         {"normalize", test_normalize},
+        {"tokens_load", test_tokens_load},
+        {"tokens_malformed", test_tokens_malformed},
+        {"tokens_windows", test_tokens_windows},
         {"synthetic", test_synthetic_deterministic},
         {"synthetic_errors", test_synthetic_errors},
         {"gather", test_gather},

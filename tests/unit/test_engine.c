@@ -336,6 +336,70 @@ START_TEST(test_grad_layernorm_embedding_dropout)
 }
 END_TEST
 
+/*
+ * Causal attention on a (B, T, 3C) parameter: _i = 0 small, 1 with T = 70 (two key blocks of
+ * the online softmax), 2 with qkv also feeding a slice, so its gradient accumulates (acc).
+ */
+START_TEST(test_grad_attention)
+{
+    struct gc c;
+    gc_init(&c);
+    int64_t B = _i == 1 ? 1 : 2, T = _i == 1 ? 70 : 5, C = _i == 1 ? 4 : 8;
+    int64_t qs[3] = {B, T, 3 * C};
+    int qkv = gc_param(&c, "qkv", 3, qs);
+    int y = mge_causal_attention(c.g, qkv, 2);
+    if (_i == 2)
+        y = mge_add(c.g, y, mge_slice(c.g, qkv, 2, C, C));
+    gc_finish(&c, y);
+    gc_check(&c);
+    gc_fini(&c);
+}
+END_TEST
+
+/* Forward against the plain formula with the T x T softmax materialised: |diff| <= 1e-5. */
+START_TEST(test_attention_matches_naive)
+{
+    enum { B = 2, T = 67, C = 12, NH = 3, HS = C / NH };
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 99);
+    float *qkv = mge_malloc(sizeof(float) * B * T * 3 * C),
+          *out = mge_malloc(sizeof(float) * B * T * C);
+    float *lse = mge_malloc(sizeof(float) * B * NH * T), p[T];
+    for (int i = 0; i < B * T * 3 * C; i++)
+        qkv[i] = 4.0f * mge_rng_float(&rng) - 2.0f;
+    mge_cpu_attention_forward(out, lse, qkv, B, T, C, NH);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + (b * T + t) * 3 * C + h * HS;
+                double m = -1e30, l = 0.0;
+                for (int j = 0; j <= t; j++) {
+                    const float *k = qkv + (b * T + j) * 3 * C + C + h * HS;
+                    double s = 0.0;
+                    for (int i = 0; i < HS; i++)
+                        s += (double)q[i] * k[i];
+                    p[j] = (float)(s / sqrt((double)HS));
+                    m = p[j] > m ? p[j] : m;
+                }
+                for (int j = 0; j <= t; j++)
+                    l += exp(p[j] - m);
+                ck_assert_msg(fabs(lse[(b * NH + h) * T + t] - (m + log(l))) <= 1e-5,
+                              "lse[%d,%d,%d]", b, h, t);
+                for (int i = 0; i < HS; i++) {
+                    double o = 0.0;
+                    for (int j = 0; j <= t; j++)
+                        o += exp(p[j] - m) / l * qkv[(b * T + j) * 3 * C + 2 * C + h * HS + i];
+                    ck_assert_msg(fabs(out[(b * T + t) * C + h * HS + i] - o) <= 1e-5,
+                                  "out[%d,%d,%d]: %g vs %g", b, t, h * HS + i,
+                                  out[(b * T + t) * C + h * HS + i], o);
+                }
+            }
+    mge_free(qkv);
+    mge_free(out);
+    mge_free(lse);
+}
+END_TEST
+
 START_TEST(test_grad_batchnorm_residual_gap)
 {
     /* _i == 0: affine batch norm; 1: without weight and bias. Then a residual add of the input
@@ -1201,6 +1265,8 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_grad_shape_ops);
     tcase_add_loop_test(tc, test_grad_conv_pool, 0, 2);
     tcase_add_test(tc, test_grad_layernorm_embedding_dropout);
+    tcase_add_loop_test(tc, test_grad_attention, 0, 3);
+    tcase_add_test(tc, test_attention_matches_naive);
     tcase_add_loop_test(tc, test_grad_batchnorm_residual_gap, 0, 2);
     tcase_add_test(tc, test_batchnorm_running_stats);
     tcase_add_test(tc, test_model_resnet);

@@ -131,6 +131,12 @@ static void assert_spec_eq(const struct mge_jobspec *a, const struct mge_jobspec
     ck_assert_int_eq(a->model.layers, b->model.layers);
     ck_assert_int_eq(a->model.width, b->model.width);
     ck_assert(a->model.dropout == b->model.dropout);
+    ck_assert(a->model.heads == b->model.heads && a->model.d_model == b->model.d_model &&
+              a->model.context == b->model.context && a->model.vocab == b->model.vocab); /* gpt */
+    ck_assert(a->data.token_bytes == b->data.token_bytes &&
+              a->data.test_fraction == b->data.test_fraction &&
+              a->data.n_train_files == b->data.n_train_files &&
+              str_eq(a->data.test_file, b->data.test_file));
     ck_assert_int_eq(a->data.format, b->data.format);
     ck_assert(str_eq(a->data.train_images, b->data.train_images));
     ck_assert(str_eq(a->data.train_labels, b->data.train_labels));
@@ -426,7 +432,7 @@ static const struct err_case err_cases[] = {
     {HEAD TRAIN "model: 3\n", MGE_SPEC, 12, "model", "duplicate key"},
     {"name: t\nmodel: [mlp]\n", MGE_SPEC, 2, "model", "expected a mapping, got a list"},
     {"name: t\nmodel:\n  type: mpl\n", MGE_SPEC, 3, "model.type",
-     "expected one of mlp, lenet, deep_mlp, resnet, graph, got 'mpl' (did you mean 'mlp'?)"},
+     "expected one of mlp, lenet, deep_mlp, resnet, graph, gpt, got 'mpl' (did you mean 'mlp'?)"},
     {"name: t\nmodel:\n  type: resnet\n  depth: 21\n", MGE_SPEC, 4, "model.depth",
      "expected 6n+2 (8, 14, 20, 32, 44, 56, 110: CIFAR-style basic blocks, n per stage), got 21"},
     {"name: t\nmodel:\n  type: resnet\n  depth: 2\n", MGE_SPEC, 4, "model.depth",
@@ -870,6 +876,85 @@ START_TEST(test_jobspec_cifar)
 }
 END_TEST
 
+/* gpt on tokens or text: defaults, the JSON form, and what does not fit together. */
+START_TEST(test_jobspec_gpt)
+{
+#define GPT_TRAIN "train: {steps: 10, batch_size: 4, optimizer: {type: adamw, lr: 0.001}}\n"
+    static const char *const text = "name: g\nmodel: {type: gpt}\n"
+                                    "data: {format: text, train_files: [a.txt, b.txt]}\n" GPT_TRAIN;
+    struct mge_jobspec *s = parse_ok(text, NULL, 0);
+    struct mge_spec_error err;
+    ck_assert_int_eq(s->model.type, MGE_MODEL_GPT);
+    ck_assert_int_eq(s->model.layers, 4);
+    ck_assert_int_eq(s->model.heads, 4);
+    ck_assert_int_eq(s->model.d_model, 128);
+    ck_assert_int_eq(s->model.context, 128);
+    ck_assert_int_eq(s->model.vocab, 256);
+    ck_assert_int_eq(s->data.format, MGE_DATA_TEXT);
+    ck_assert_int_eq(s->data.token_bytes, 1);
+    ck_assert(s->data.test_fraction == 0.1);
+    ck_assert_int_eq(s->data.n_train_files, 2);
+    char *js = mge_jobspec_to_json(s);
+    json_t *j = json_loads(js, 0, NULL);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "model"), "d_model")),
+                     128);
+    ck_assert(json_is_null(json_object_get(json_object_get(j, "data"), "dtype")));
+    json_decref(j);
+    mge_free(js);
+    mge_jobspec_free(s);
+    check_round_trip(text, NULL, 0);
+    static const char *const tokens =
+        "name: g\nmodel: {type: gpt, layers: 2, heads: 2, d_model: 64, context: 32, vocab: 50257}\n"
+        "data: {format: tokens, dtype: uint32, train_files: [t.bin], test_file: v.bin}\n" GPT_TRAIN;
+    s = parse_ok(tokens, NULL, 0);
+    ck_assert_int_eq(s->data.token_bytes, 4);
+    ck_assert_str_eq(s->data.test_file, "v.bin");
+    mge_jobspec_free(s);
+    check_round_trip(tokens, NULL, 0);
+
+    parse_err("name: g\nmodel: {type: gpt, d_model: 100, heads: 3}\n"
+              "data: {format: text, train_files: [a]}\n" GPT_TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "model.d_model");
+    ck_assert_ptr_nonnull(strstr(err.message, "a multiple of model.heads (3)"));
+    parse_err("name: g\nmodel: {type: gpt}\ndata:\n  format: idx\n  train_images: a\n"
+              "  train_labels: b\n" GPT_TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.format");
+    ck_assert_int_eq(err.line, 4);
+    ck_assert_ptr_nonnull(strstr(err.message, "model type gpt reads data.format tokens or text"));
+    parse_err("name: g\nmodel: {type: mlp, hidden: [4]}\n"
+              "data: {format: tokens, train_files: [a]}\n" GPT_TRAIN,
+              NULL, 0, &err);
+    ck_assert_ptr_nonnull(strstr(err.message, "tokens and text are for model type gpt"));
+    parse_err("name: g\nmodel: {type: gpt}\ndata: {format: text, train_files: [a]}\n" TRAIN, NULL,
+              0, &err);
+    ck_assert_str_eq(err.key, "train.epochs");
+    parse_err("name: g\nmodel: {type: gpt}\ndata: {format: text, train_files: [a], dtype: "
+              "uint16}\n" GPT_TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.dtype");
+    parse_err("name: g\nmodel: {type: gpt}\n"
+              "data: {format: tokens, train_files: [a], dtype: int8}\n" GPT_TRAIN,
+              NULL, 0, &err);
+    ck_assert_ptr_nonnull(strstr(err.message, "uint16, uint32"));
+    parse_err(
+        "name: g\nmodel: {type: gpt}\n"
+        "data: {format: text, train_files: [a], test_file: b, test_fraction: 0.2}\n" GPT_TRAIN,
+        NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.test_fraction");
+    parse_err("name: g\nmodel: {type: gpt}\n"
+              "data: {format: text, train_files: [a], classes: 3}\n" GPT_TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "data.classes");
+    parse_err("name: g\nmodel: {type: resnet, vocab: 3}\n"
+              "data: {format: synthetic}\n" TRAIN,
+              NULL, 0, &err);
+    ck_assert_str_eq(err.key, "model.vocab");
+#undef GPT_TRAIN
+}
+END_TEST
+
 START_TEST(test_jobspec_normalize)
 {
     static const char *const norm = "name: c\nmodel: {type: lenet}\n"
@@ -1277,6 +1362,7 @@ static Suite *jobspec_suite(void)
     tcase_add_test(tc, test_jobspec_round_trip);
     tcase_add_test(tc, test_jobspec_npy);
     tcase_add_test(tc, test_jobspec_cifar);
+    tcase_add_test(tc, test_jobspec_gpt);
     tcase_add_test(tc, test_jobspec_normalize);
     tcase_add_test(tc, test_jobspec_augment);
     tcase_add_test(tc, test_jobspec_to_json_shape);

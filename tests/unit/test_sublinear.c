@@ -4,7 +4,7 @@
  * plan shrinks a chain's activations, to about sqrt(2n) at the smallest, and by default takes
  * the least recomputation within MGE__SUBLINEAR_SLACK of that; budgets choose the least
  * recomputation that fits or fail clearly; in-place reuse shares storage without changing
- * results.
+ * results. Causal attention (NET_GPT) is recomputed from its qkv when its output is dropped.
  */
 #include <check.h>
 #include <stdio.h>
@@ -19,7 +19,7 @@
 #include "engine/engine_int.h"
 #include "tests/unit/support/check_run.h"
 
-enum net { NET_CHAIN, NET_DROPOUT, NET_CONV, NET_BRANCHES, NET_RESNET };
+enum net { NET_CHAIN, NET_DROPOUT, NET_CONV, NET_BRANCHES, NET_RESNET, NET_GPT };
 
 /* conv 3x3 (no bias) -> batch norm with its buffers, named after @i and @j. */
 static int conv_bn(struct mge_graph *g, int t, int cin, int i, int j)
@@ -64,6 +64,25 @@ static int build(enum net kind, int layers, enum mge_remat mode, size_t budget, 
             t = mge_relu(g, mge_add(g, conv_bn(g, h, 4, i, 2), t));
         }
         t = mge_global_avgpool2d(g, t);
+    } else if (kind == NET_GPT) { /* pre-norm blocks: t + proj(attention(qkv(ln(t)))) */
+        int64_t xs[2] = {8, 32}, ts[3] = {8, 4, 8}, cs[1] = {8};
+        b->x = mge_input(g, "x", MGE_DTYPE_F32, 2, xs, 1);
+        t = mge_reshape(g, b->x, 3, ts);
+        for (int i = 0; i < layers; i++) {
+            int64_t qs[2] = {24, 8}, ps[2] = {8, 8};
+            snprintf(name, sizeof(name), "h%d.ln.w", i);
+            int lw = mge_param(g, name, 1, cs, MGE_INIT_ONE, 1);
+            snprintf(name, sizeof(name), "h%d.ln.b", i);
+            int lb = mge_param(g, name, 1, cs, MGE_INIT_ZERO, 1);
+            snprintf(name, sizeof(name), "h%d.c_attn.w", i);
+            int wq = mge_param(g, name, 2, qs, MGE_INIT_UNIFORM_FAN_IN, 8);
+            snprintf(name, sizeof(name), "h%d.c_proj.w", i);
+            int wp = mge_param(g, name, 2, ps, MGE_INIT_UNIFORM_FAN_IN, 8);
+            int h = mge_layernorm(g, t, lw, lb, 1e-5f);
+            h = mge_causal_attention(g, mge_linear(g, h, wq, -1, MGE_ACT_NONE), 2);
+            t = mge_add(g, t, mge_linear(g, h, wp, -1, MGE_ACT_NONE));
+        }
+        t = mge_flatten(g, t);
     } else if (kind == NET_CONV) {
         int64_t xs[4] = {8, 2, 12, 12};
         b->x = t = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
@@ -137,7 +156,7 @@ START_TEST(test_bit_identical)
 {
     /* _i: network kind; each compared plain vs sublinear vs light */
     enum net kind = (enum net)_i;
-    int layers = kind == NET_CONV || kind == NET_RESNET ? 4 : 12;
+    int layers = kind == NET_CONV || kind == NET_RESNET ? 4 : kind == NET_GPT ? 8 : 12;
     struct built plain, sub, light;
     float *g0, *g1, *g2;
     int64_t n0, n1, n2;
@@ -166,6 +185,12 @@ START_TEST(test_bit_identical)
         for (int ni = light.g->n_forward; ni < light.g->n_nodes; ni++)
             bn_clones += light.g->nodes[ni].op == MGE_OP_BATCHNORM;
         ck_assert_msg(bn_clones > 0, "light mode recomputed no batch norm");
+    }
+    if (kind == NET_GPT) { /* attention outputs are among what sublinear drops and recomputes */
+        int attn_clones = 0;
+        for (int ni = sub.g->n_forward; ni < sub.g->n_nodes; ni++)
+            attn_clones += sub.g->nodes[ni].op == MGE_OP_ATTENTION;
+        ck_assert_msg(attn_clones > 0, "sublinear recomputed no attention");
     }
     ck_assert_uint_le(sub.st.activation_bytes, plain.st.activation_bytes);
     mge_free(g0);
@@ -339,7 +364,7 @@ static Suite *sublinear_suite(void)
 {
     Suite *s = suite_create("sublinear");
     TCase *tc = tcase_create("identical");
-    tcase_add_loop_test(tc, test_bit_identical, NET_CHAIN, NET_RESNET + 1);
+    tcase_add_loop_test(tc, test_bit_identical, NET_CHAIN, NET_GPT + 1);
     suite_add_tcase(s, tc);
     tc = tcase_create("plans");
     tcase_add_test(tc, test_chain_memory_shrinks);
