@@ -44,6 +44,12 @@ void mge__cpu_sgemm_with(int backend, int ta, int tb, int M, int N, int K, float
                          const float *A, int lda, const float *B, int ldb, float beta, float *C,
                          int ldc);
 
+/* mge_cpu_gemm_bf16 through oneDNN (@emulate 0; emulates still if no primitive can be made)
+ * or emulated (@emulate 1), for tests and benchmarks. */
+void mge__cpu_gemm_bf16_with(int emulate, int ta, int tb, int M, int N, int K, float alpha,
+                             const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                             int ldc);
+
 /* Conv backends; MGE__CONV_AUTO is the default ($MGE_CONV overrides it, see conv.c). */
 enum mge__conv_backend {
     MGE__CONV_AUTO,
