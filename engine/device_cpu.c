@@ -267,8 +267,12 @@ static int cpu_conv2d(struct mge_graph *g, const struct mge_node *n)
 {
     struct mge_cpu_conv cv;
     conv_geometry(g, n->in[0], n->in[1], n->a.conv.stride, n->a.conv.pad, &cv);
-    mge_cpu_conv2d_forward(&cv, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]),
-                           FOPT(g, n->in[2]), FOPT(g, n->out[1]));
+    if (g->bf16)
+        mge_cpu_conv2d_forward_bf16(&cv, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]),
+                                    FOPT(g, n->in[2]), FOPT(g, n->out[1]));
+    else
+        mge_cpu_conv2d_forward(&cv, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]),
+                               FOPT(g, n->in[2]), FOPT(g, n->out[1]));
     return MGE_OK;
 }
 
@@ -276,9 +280,14 @@ static int cpu_conv2d_grad(struct mge_graph *g, const struct mge_node *n)
 {
     struct mge_cpu_conv cv;
     conv_geometry(g, n->in[1], n->in[2], n->a.conv.stride, n->a.conv.pad, &cv);
-    mge_cpu_conv2d_backward(&cv, FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
-                            F(g, n->in[0]), F(g, n->in[1]), F(g, n->in[2]), FOPT(g, n->out[3]),
-                            n->acc);
+    if (g->bf16)
+        mge_cpu_conv2d_backward_bf16(&cv, FOPT(g, n->out[0]), FOPT(g, n->out[1]),
+                                     FOPT(g, n->out[2]), F(g, n->in[0]), F(g, n->in[1]),
+                                     F(g, n->in[2]), FOPT(g, n->out[3]), n->acc);
+    else
+        mge_cpu_conv2d_backward(&cv, FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
+                                F(g, n->in[0]), F(g, n->in[1]), F(g, n->in[2]), FOPT(g, n->out[3]),
+                                n->acc);
     return MGE_OK;
 }
 

@@ -174,6 +174,22 @@ void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *
                              const float *dout, const float *inp, const float *w, void *scratch,
                              int acc);
 
+/*
+ * Mixed precision: the same three with x, w and dout rounded to bf16 and products summed in
+ * fp32 (mge_cpu_gemm_bf16's contract; dbias is summed from the fp32 dout), through oneDNN's bf16
+ * convolution in its own blocked layouts (reorders in and out, conv_bf16.c) on a CPU with
+ * AVX-512 BF16, else through im2col and mge_cpu_gemm_bf16 (emulated). Exception: a conv with
+ * at most 8 input and 16 output channels (LeNet's) computes in fp32 here, as the plain ones:
+ * oneDNN pads channels to 16 and was slower in bf16 than our fp32 direct kernel. A scratch
+ * buffer must be sized by mge_cpu_conv_scratch_bytes_bf16.
+ */
+size_t mge_cpu_conv_scratch_bytes_bf16(const struct mge_cpu_conv *cv);
+void mge_cpu_conv2d_forward_bf16(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                                 const float *w, const float *bias, void *scratch);
+void mge_cpu_conv2d_backward_bf16(const struct mge_cpu_conv *cv, float *dinp, float *dw,
+                                  float *dbias, const float *dout, const float *inp, const float *w,
+                                  void *scratch, int acc);
+
 /* Name of the conv backend in use ("im2col", "dnnl", "direct", or "auto": direct, except im2col
  * for convs of more than 8 input channels and outputs narrower than 16); $MGE_CONV overrides
  * the default. Read once, at the first conv call. */

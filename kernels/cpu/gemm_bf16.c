@@ -73,17 +73,23 @@ void mge_cpu_round_bf16(float *out, const float *inp, int64_t n)
     }
 }
 
+void mge__cpu_f32_to_bf16_par(uint16_t *out, const float *inp, int64_t n)
+{
+    int nt = n > MGE__PAR_MIN && !omp_in_parallel() ? mge_cpu_threads() : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < nt; t++) {
+        int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+        mge_cpu_f32_to_bf16(out + lo, inp + lo, hi - lo);
+    }
+}
+
 /* rows x cols of @src (leading dimension @ld) into dense @dst, converted; threads over rows */
 static void pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld)
 {
     int64_t n = (int64_t)rows * cols;
     int nt = n > MGE__PAR_MIN && !omp_in_parallel() ? mge_cpu_threads() : 1;
     if (ld == cols) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int t = 0; t < nt; t++) {
-            int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
-            mge_cpu_f32_to_bf16(dst + lo, src + lo, hi - lo);
-        }
+        mge__cpu_f32_to_bf16_par(dst, src, n);
         return;
     }
 #pragma omp parallel for num_threads(nt) schedule(static)
