@@ -289,8 +289,10 @@ void mge__cpu_gemm_bf16_with(int emulate, int ta, int tb, int M, int N, int K, f
 {
     if (M <= 0 || N <= 0)
         return;
-    if (K <= 0) { /* C = beta C, as BLAS; oneDNN refuses empty reductions */
-        mge_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (K <= 0) { /* C = beta C, as BLAS (beta 0 never reads C); oneDNN refuses empty sums */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
         return;
     }
     if (emulate || gemm_dnnl(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) != 0)
