@@ -180,8 +180,9 @@ void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *
  * convolution in its own blocked layouts (reorders in and out, conv_bf16.c) on a CPU with
  * AVX-512 BF16, else through im2col and mge_cpu_gemm_bf16 (emulated). Exception: a conv with
  * at most 8 input and 16 output channels (LeNet's) computes in fp32 here, as the plain ones:
- * oneDNN pads channels to 16 and was slower in bf16 than our fp32 direct kernel. A scratch
- * buffer must be sized by mge_cpu_conv_scratch_bytes_bf16.
+ * oneDNN pads channels to 16 and was slower in bf16 than our fp32 direct kernel; and a strided
+ * conv's dw is fp32 (oneDNN's bf16 one was 10-20x slower per FLOP there). A scratch buffer must
+ * be sized by mge_cpu_conv_scratch_bytes_bf16.
  */
 size_t mge_cpu_conv_scratch_bytes_bf16(const struct mge_cpu_conv *cv);
 void mge_cpu_conv2d_forward_bf16(const struct mge_cpu_conv *cv, float *out, const float *inp,
