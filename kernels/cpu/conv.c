@@ -287,6 +287,20 @@ static void im2col_backward(int bf16, const struct mge_cpu_conv *cv, float *dinp
     }
 }
 
+void mge__conv_bias_grad(const struct mge_cpu_conv *cv, float *db, const float *dout, int acc)
+{
+    size_t pq = (size_t)cv->P * cv->Q;
+    for (int k = 0; k < cv->K; k++) {
+        float s = 0.0f;
+        for (int n = 0; n < cv->N; n++) {
+            const float *d = dout + ((size_t)n * cv->K + k) * pq;
+            for (size_t i = 0; i < pq; i++)
+                s += d[i];
+        }
+        db[k] = acc ? db[k] + s : s;
+    }
+}
+
 /* ---- backend choice ------------------------------------------------------------------------ */
 
 static const char *const conv_names[MGE__CONV_COUNT] = {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/dnnl_int.h"
 
 #define CACHE_SIZE 32 /* conv geometries alive at once; LeNet has 2, a ResNet about 20 */
 #define ALIGN 64
@@ -55,7 +56,6 @@ static struct entry g_cache[CACHE_SIZE];
 static pthread_mutex_t g_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t g_engine;
 static dnnl_stream_t g_stream;
-static int g_init_failed;
 
 static size_t up(size_t n)
 {
@@ -221,19 +221,10 @@ out_destroy:
     return rc;
 }
 
-static void global_init(void)
-{
-    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success ||
-        dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags) != dnnl_success)
-        g_init_failed = 1;
-}
-
 /* The entry for @cv, made on first use; NULL if oneDNN cannot do this conv in bf16. */
 static struct entry *entry_get(const struct mge_cpu_conv *cv)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, global_init);
-    if (g_init_failed || !mge_cpu_has_bf16())
+    if (!mge_cpu_has_bf16() || mge__dnnl_get(&g_engine, &g_stream) != 0)
         return NULL;
     int key[10] = {cv->N, cv->C, cv->H,      cv->W,   cv->K,
                    cv->R, cv->S, cv->stride, cv->pad, cv->slots > 0 ? cv->slots : 1};
@@ -361,19 +352,8 @@ int mge__conv_bf16_backward(const struct mge_cpu_conv *cv, float *dinp, float *d
     pthread_mutex_unlock(&e->lock);
     if (rc != 0)
         return rc;
-    if (dbias) {
-        /* our own fp32 sum of dout (not rounded): it must not depend on whether dw is wanted */
-        size_t pq = (size_t)cv->P * cv->Q;
-        for (int k = 0; k < cv->K; k++) {
-            float s = 0.0f;
-            for (int n = 0; n < cv->N; n++) {
-                const float *d = dout + ((size_t)n * cv->K + k) * pq;
-                for (size_t i = 0; i < pq; i++)
-                    s += d[i];
-            }
-            dbias[k] = acc ? dbias[k] + s : s;
-        }
-    }
+    if (dbias) /* ours, from the fp32 dout: not to depend on whether dw is wanted */
+        mge__conv_bias_grad(cv, dbias, dout, acc);
     if (dinp && acc)
         mge_cpu_axpy(dinp, dx, 1.0f, (int64_t)nx);
     if (dw && acc)

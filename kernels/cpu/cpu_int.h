@@ -74,6 +74,10 @@ void mge__cpu_conv2d_backward_with(int backend, const struct mge_cpu_conv *cv, f
                                    float *dw, float *dbias, const float *dout, const float *inp,
                                    const float *w, void *scratch, int acc);
 
+/* db[k] (+)= sum of dout (N, K, P, Q) over n, p, q, image by image in one thread (the oneDNN
+ * adapters' dbias, the same bits whichever passes run). */
+void mge__conv_bias_grad(const struct mge_cpu_conv *cv, float *db, const float *dout, int acc);
+
 /*
  * conv_dnnl.c. Primitives are made on the first call for a geometry (cv including slots) and
  * cached. Scratch bytes: 0 when oneDNN cannot do @cv. forward/backward: 0, or -1 with the outputs

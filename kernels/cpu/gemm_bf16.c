@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/dnnl_int.h"
 
 #define CACHE_SIZE 128 /* GEMM shapes alive at once: a ResNet's convs do not come here */
 
@@ -114,16 +115,33 @@ static struct entry g_cache[CACHE_SIZE];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t g_engine;
 static dnnl_stream_t g_stream;
-static int g_init_failed;
 /* packed bf16 copies of A and B, grown as needed, guarded by g_lock */
 static uint16_t *g_a, *g_b;
 static size_t g_a_cap, g_b_cap;
 
-static void global_init(void)
+static struct {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    int failed;
+} g_dnnl;
+
+static void dnnl_init(void)
 {
-    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success ||
-        dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags) != dnnl_success)
-        g_init_failed = 1;
+    if (dnnl_engine_create(&g_dnnl.engine, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&g_dnnl.stream, g_dnnl.engine, dnnl_stream_default_flags) !=
+            dnnl_success)
+        g_dnnl.failed = 1;
+}
+
+int mge__dnnl_get(dnnl_engine_t *engine, dnnl_stream_t *stream)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, dnnl_init);
+    if (g_dnnl.failed)
+        return -1;
+    *engine = g_dnnl.engine;
+    *stream = g_dnnl.stream;
+    return 0;
 }
 
 static void entry_fini(struct entry *e)
@@ -227,9 +245,7 @@ static int grow(uint16_t **p, size_t *cap, size_t n)
 static int gemm_dnnl(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                      const float *B, int ldb, float beta, float *C, int ldc)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, global_init);
-    if (g_init_failed)
+    if (mge__dnnl_get(&g_engine, &g_stream) != 0)
         return -1;
     struct entry tmp = {{0}, NULL, NULL, NULL, NULL}, *e;
     int rc = -1;
