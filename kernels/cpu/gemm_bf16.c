@@ -101,23 +101,32 @@ static void pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int l
 /* ---- oneDNN matmul primitives ---------------------------------------------------------- */
 
 /*
- * One GEMM shape's primitive, made on first use and kept for the life of the process (a full
- * cache makes and destroys a primitive per call: correct, slower). Memory objects are pointed
- * at the call's buffers; g_lock serialises calls (the engine runs one op at a time).
+ * One block shape's primitive, made for one thread on first use and kept for the life of the
+ * process (a full cache makes and destroys one per call: correct, slower). As mge_cpu_sgemm does
+ * with dnnl_sgemm, a GEMM is split into one block of rows (or columns) of C per OpenMP thread,
+ * each a single-threaded primitive: oneDNN's own threading stalled when a neighbour took a
+ * core. Memory objects are made per block and call (they are tiny); g_lock serialises calls.
  */
 struct entry {
-    int key[9]; /* ta tb M N K ldc alpha-bits beta-bits threads; key[2] == 0: unused */
+    int key[10]; /* ta tb M N K lda ldb ldc alpha-bits beta-bits (packed A, B); key[2] == 0: unused
+                  */
     dnnl_primitive_t prim;
-    dnnl_memory_t src, wei, dst;
+    dnnl_memory_desc_t src, wei, dst;
+    size_t pad_bytes; /* its scratchpad */
 };
+
+#define MAX_THREADS 64 /* threads that get their own stream and scratchpad; more run serially */
 
 static struct entry g_cache[CACHE_SIZE];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t g_engine;
 static dnnl_stream_t g_stream;
-/* packed bf16 copies of A and B, grown as needed, guarded by g_lock */
+/* guarded by g_lock: packed bf16 copies of A and B, and per thread a stream and a scratchpad */
 static uint16_t *g_a, *g_b;
 static size_t g_a_cap, g_b_cap;
+static dnnl_stream_t g_streams[MAX_THREADS];
+static unsigned char *g_pad[MAX_THREADS];
+static size_t g_pad_cap[MAX_THREADS];
 
 static struct {
     dnnl_engine_t engine;
@@ -148,38 +157,34 @@ static void entry_fini(struct entry *e)
 {
     if (e->prim)
         dnnl_primitive_destroy(e->prim);
-    if (e->src)
-        dnnl_memory_destroy(e->src);
-    if (e->wei)
-        dnnl_memory_destroy(e->wei);
-    if (e->dst)
-        dnnl_memory_destroy(e->dst);
     memset(e, 0, sizeof(*e));
 }
 
 /*
- * src (M, K) is A as packed: dense K x M when transposed, else M x K; weights (K, N) likewise
- * from B; dst (M, N) is C with leading dimension ldc, summed into with beta (a post-op) and
- * scaled by alpha (output scales). 0, or -1 when oneDNN cannot make it.
+ * src (M, K) from the packed A (leading dimension lda; transposed: K x M), weights (K, N) from
+ * the packed B (ldb), dst (M, N) with ldc, summed into with beta (a post-op) and scaled by alpha
+ * (output scales), for one thread. 0, or -1 when oneDNN cannot make it.
  */
-static int entry_make(struct entry *e, int ta, int tb, int M, int N, int K, int ldc, float alpha,
-                      float beta)
+static int entry_make(struct entry *e, const int *key, float alpha, float beta)
 {
+    int ta = key[0], tb = key[1], M = key[2], N = key[3], K = key[4];
     dnnl_dims_t da = {M, K}, db = {K, N}, dc = {M, N};
-    dnnl_dims_t sa = {ta ? 1 : K, ta ? M : 1}, sb = {tb ? 1 : N, tb ? K : 1}, sc = {ldc, 1};
-    dnnl_memory_desc_t ma, mb, mc;
+    dnnl_dims_t sa = {ta ? 1 : key[5], ta ? key[5] : 1}, sb = {tb ? 1 : key[6], tb ? key[6] : 1};
+    dnnl_dims_t sc = {key[7], 1};
     dnnl_matmul_desc_t md;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     int rc = -1;
-    if (dnnl_memory_desc_init_by_strides(&ma, 2, da, dnnl_bf16, sa) != dnnl_success ||
-        dnnl_memory_desc_init_by_strides(&mb, 2, db, dnnl_bf16, sb) != dnnl_success ||
-        dnnl_memory_desc_init_by_strides(&mc, 2, dc, dnnl_f32, sc) != dnnl_success ||
-        dnnl_matmul_desc_init(&md, &ma, &mb, NULL, &mc) != dnnl_success)
+    if (dnnl_memory_desc_init_by_strides(&e->src, 2, da, dnnl_bf16, sa) != dnnl_success ||
+        dnnl_memory_desc_init_by_strides(&e->wei, 2, db, dnnl_bf16, sb) != dnnl_success ||
+        dnnl_memory_desc_init_by_strides(&e->dst, 2, dc, dnnl_f32, sc) != dnnl_success ||
+        dnnl_matmul_desc_init(&md, &e->src, &e->wei, NULL, &e->dst) != dnnl_success)
         return -1;
     if (dnnl_primitive_attr_create(&attr) != dnnl_success)
         return -1;
+    if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
+        goto out_destroy_attr;
     if (alpha != 1.0f && dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha) != dnnl_success)
         goto out_destroy_attr;
     if (beta != 0.0f) {
@@ -189,14 +194,17 @@ static int entry_make(struct entry *e, int ta, int tb, int M, int N, int K, int 
             dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success)
             goto out_destroy_po;
     }
-    if (dnnl_primitive_desc_create(&pd, &md, attr, g_engine, NULL) != dnnl_success)
-        goto out_destroy_po;
-    if (dnnl_primitive_create(&e->prim, pd) == dnnl_success &&
-        dnnl_memory_create(&e->src, &ma, g_engine, DNNL_MEMORY_NONE) == dnnl_success &&
-        dnnl_memory_create(&e->wei, &mb, g_engine, DNNL_MEMORY_NONE) == dnnl_success &&
-        dnnl_memory_create(&e->dst, &mc, g_engine, DNNL_MEMORY_NONE) == dnnl_success)
-        rc = 0;
-    dnnl_primitive_desc_destroy(pd);
+    /* oneDNN sizes its work split by omp_get_max_threads() when a primitive is made */
+    int old = omp_get_max_threads();
+    omp_set_num_threads(1);
+    if (dnnl_primitive_desc_create(&pd, &md, attr, g_engine, NULL) == dnnl_success) {
+        const dnnl_memory_desc_t *pad =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        e->pad_bytes = pad ? dnnl_memory_desc_get_size(pad) : 0;
+        rc = dnnl_primitive_create(&e->prim, pd) == dnnl_success ? 0 : -1;
+        dnnl_primitive_desc_destroy(pd);
+    }
+    omp_set_num_threads(old);
 out_destroy_po:
     if (po)
         dnnl_post_ops_destroy(po);
@@ -205,15 +213,15 @@ out_destroy_attr:
     return rc;
 }
 
-/* The entry for this shape (g_lock held), or @tmp made for this call alone; NULL: no primitive. */
-static struct entry *entry_get(struct entry *tmp, int ta, int tb, int M, int N, int K, int ldc,
-                               float alpha, float beta)
+/* The entry for @key (g_lock held), or @tmp made for this call alone; NULL: no primitive. */
+static struct entry *entry_get(struct entry *tmp, const int *key_in, float alpha, float beta)
 {
-    int key[9] = {ta, tb, M, N, K, ldc, 0, 0, mge_cpu_threads()};
-    memcpy(&key[6], &alpha, sizeof(float));
-    memcpy(&key[7], &beta, sizeof(float));
+    int key[10];
+    memcpy(key, key_in, 8 * sizeof(int));
+    memcpy(&key[8], &alpha, sizeof(float));
+    memcpy(&key[9], &beta, sizeof(float));
     struct entry *e = NULL;
-    for (int i = 0; i < CACHE_SIZE && !e; i++)
+    for (int i = 0; i < CACHE_SIZE; i++)
         if (g_cache[i].key[2] && memcmp(g_cache[i].key, key, sizeof(key)) == 0)
             return &g_cache[i];
     for (int i = 0; i < CACHE_SIZE && !e; i++)
@@ -221,7 +229,7 @@ static struct entry *entry_get(struct entry *tmp, int ta, int tb, int M, int N, 
             e = &g_cache[i];
     if (!e)
         e = tmp;
-    if (entry_make(e, ta, tb, M, N, K, ldc, alpha, beta) != 0) {
+    if (entry_make(e, key, alpha, beta) != 0) {
         entry_fini(e);
         return NULL;
     }
@@ -229,16 +237,58 @@ static struct entry *entry_get(struct entry *tmp, int ta, int tb, int M, int N, 
     return e;
 }
 
-static int grow(uint16_t **p, size_t *cap, size_t n)
+static int grow(void **p, size_t *cap, size_t bytes)
 {
-    if (n <= *cap)
+    if (bytes <= *cap)
         return 0;
-    uint16_t *q = realloc(*p, n * sizeof(uint16_t));
+    void *q = realloc(*p, bytes);
     if (!q)
         return -1;
     *p = q;
-    *cap = n;
+    *cap = bytes;
     return 0;
+}
+
+/* Thread @t's stream and a scratchpad of @bytes (g_lock held); 0 or -1. */
+static int thread_ready(int t, size_t bytes)
+{
+    if (!g_streams[t] &&
+        dnnl_stream_create(&g_streams[t], g_engine, dnnl_stream_default_flags) != dnnl_success)
+        return -1;
+    return grow((void **)&g_pad[t], &g_pad_cap[t], bytes > 0 ? bytes : 1);
+}
+
+/* Run @e on one block in thread @t; the pointers are the block's own. 0 or -1. */
+static int block_run(const struct entry *e, int t, const uint16_t *a, const uint16_t *b, float *c)
+{
+    dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
+    int rc = -1;
+    if (dnnl_memory_create(&m[0], &e->src, g_engine, (void *)a) != dnnl_success ||
+        dnnl_memory_create(&m[1], &e->wei, g_engine, (void *)b) != dnnl_success ||
+        dnnl_memory_create(&m[2], &e->dst, g_engine, c) != dnnl_success)
+        goto out_destroy;
+    dnnl_exec_arg_t args[4] = {
+        {DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]}, {DNNL_ARG_DST, m[2]}, {0, NULL}};
+    int na = 3;
+    if (e->pad_bytes) {
+        dnnl_memory_desc_t pmd;
+        dnnl_dims_t pd = {(dnnl_dim_t)e->pad_bytes};
+        if (dnnl_memory_desc_init_by_tag(&pmd, 1, pd, dnnl_u8, dnnl_x) != dnnl_success ||
+            dnnl_memory_create(&m[3], &pmd, g_engine, g_pad[t]) != dnnl_success)
+            goto out_destroy;
+        args[na].arg = DNNL_ARG_SCRATCHPAD;
+        args[na].memory = m[3];
+        na++;
+    }
+    rc = dnnl_primitive_execute(e->prim, g_streams[t], na, args) == dnnl_success &&
+                 dnnl_stream_wait(g_streams[t]) == dnnl_success
+             ? 0
+             : -1;
+out_destroy:
+    for (int i = 0; i < 4; i++)
+        if (m[i])
+            dnnl_memory_destroy(m[i]);
+    return rc;
 }
 
 /* 0, or -1 with C untouched (no primitive, no memory): the caller emulates */
@@ -247,27 +297,69 @@ static int gemm_dnnl(int ta, int tb, int M, int N, int K, float alpha, const flo
 {
     if (mge__dnnl_get(&g_engine, &g_stream) != 0)
         return -1;
-    struct entry tmp = {{0}, NULL, NULL, NULL, NULL}, *e;
-    int rc = -1;
+    /* blocks as sgemm_split_dnnl makes them (gemm.c) */
+    int nt = mge_cpu_threads(), along_m = M >= N, len = along_m ? M : N, align = along_m ? 8 : 16;
+    if (nt > len / align)
+        nt = len / align;
+    if (nt > MAX_THREADS)
+        nt = MAX_THREADS;
+    if (nt < 1 || (double)M * N * K < 2e5 || omp_in_parallel())
+        nt = 1;
+    int chunk = (len + nt - 1) / nt;
+    chunk = (chunk + align - 1) / align * align;
+    int la = ta ? M : K, lb = tb ? K : N; /* leading dimensions of the packed copies */
+    struct entry tmp[2], *e[2] = {NULL, NULL};
+    memset(tmp, 0, sizeof(tmp));
+    int rc = -1, last = len - (nt - 1) * chunk;
+    if (last <= 0) { /* rounding the chunk up left the last threads nothing */
+        nt = (len + chunk - 1) / chunk;
+        last = len - (nt - 1) * chunk;
+    }
     pthread_mutex_lock(&g_lock);
-    if (grow(&g_a, &g_a_cap, (size_t)M * K) != 0 || grow(&g_b, &g_b_cap, (size_t)K * N) != 0)
+    if (grow((void **)&g_a, &g_a_cap, (size_t)M * K * sizeof(uint16_t)) != 0 ||
+        grow((void **)&g_b, &g_b_cap, (size_t)K * N * sizeof(uint16_t)) != 0)
         goto out_unlock;
-    e = entry_get(&tmp, ta, tb, M, N, K, ldc, alpha, beta);
-    if (!e)
-        goto out_unlock;
+    for (int i = 0; i < 2; i++) { /* the full blocks' shape, then the last block's */
+        int bl = i == 0 ? chunk : last;
+        if (i == 1 && (nt == 1 ? 1 : bl == chunk)) {
+            e[1] = nt == 1 ? NULL : e[0];
+            continue;
+        }
+        if (nt == 1)
+            bl = len;
+        int key[8] = {ta, tb, along_m ? bl : M, along_m ? N : bl, K, la, lb, ldc};
+        e[i] = entry_get(&tmp[i], key, alpha, beta);
+        if (!e[i])
+            goto out_fini;
+    }
+    for (int t = 0; t < nt; t++)
+        if (thread_ready(t, e[0]->pad_bytes > (e[1] ? e[1]->pad_bytes : 0)
+                                ? e[0]->pad_bytes
+                                : (e[1] ? e[1]->pad_bytes : 0)) != 0)
+            goto out_fini;
     pack_bf16(g_a, A, ta ? K : M, ta ? M : K, lda);
     pack_bf16(g_b, B, tb ? N : K, tb ? K : N, ldb);
-    dnnl_memory_set_data_handle(e->src, g_a);
-    dnnl_memory_set_data_handle(e->wei, g_b);
-    dnnl_memory_set_data_handle(e->dst, C);
-    dnnl_exec_arg_t args[3] = {
-        {DNNL_ARG_SRC, e->src}, {DNNL_ARG_WEIGHTS, e->wei}, {DNNL_ARG_DST, e->dst}};
-    rc = dnnl_primitive_execute(e->prim, g_stream, 3, args) == dnnl_success &&
-                 dnnl_stream_wait(g_stream) == dnnl_success
-             ? 0
-             : -1;
-    if (e == &tmp)
-        entry_fini(&tmp);
+    int fails = 0;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(+ : fails)
+    for (int t = 0; t < nt; t++) {
+        int lo = t * chunk;
+        const struct entry *et = t == nt - 1 && e[1] ? e[1] : e[0];
+        const uint16_t *a = g_a, *b = g_b;
+        float *c = C;
+        if (along_m) {
+            a += ta ? (size_t)lo : (size_t)lo * K;
+            c += (size_t)lo * ldc;
+        } else {
+            b += tb ? (size_t)lo * K : (size_t)lo;
+            c += lo;
+        }
+        fails += block_run(et, t, a, b, c) != 0;
+    }
+    rc = fails ? -1 : 0;
+out_fini:
+    for (int i = 0; i < 2; i++)
+        if (e[i] == &tmp[i])
+            entry_fini(&tmp[i]);
 out_unlock:
     pthread_mutex_unlock(&g_lock);
     return rc;
