@@ -70,9 +70,9 @@ EOF
 
 if grep -q avx512_bf16 /proc/cpuinfo; then
     echo "-- loss curves: bf16 within the noise of fp32"
-    compare mlp "$ROOT/examples/fmnist-mlp.yaml" 300 --set train.eval=false
+    compare mlp "$ROOT/examples/fmnist-mlp.yaml" 200 --set train.eval=false
     compare lenet "$ROOT/examples/fmnist-lenet.yaml" 300 --set train.eval=false
-    compare resnet8 "$T/rn.yaml" 40
+    compare resnet8 "$T/rn.yaml" 32
 else
     echo "-- loss curves: skipped, this CPU has no avx512_bf16 (bf16 runs would be fp32)"
 fi
@@ -98,7 +98,7 @@ resume() { # NAME SPEC STEPS HALF ARGS...
 }
 resume mlp "$ROOT/examples/fmnist-mlp.yaml" 60 25
 resume lenet "$ROOT/examples/fmnist-lenet.yaml" 40 15 --set train.eval=false
-resume resnet8 "$T/rn.yaml" 12 5
+resume resnet8 "$T/rn.yaml" 10 4
 
 echo "-- fallback: a CPU without AVX-512 BF16 trains in fp32 and says so"
 MGE_CPU_BF16=off "$TRAIN" "$ROOT/examples/fmnist-mlp.yaml" --set train.precision=bf16 --set train.steps=30 \
