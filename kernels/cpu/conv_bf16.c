@@ -221,7 +221,10 @@ out_destroy:
     return rc;
 }
 
-/* The entry for @cv, made on first use; NULL if oneDNN cannot do this conv in bf16. */
+/*
+ * The entry for @cv, made on first use; NULL if oneDNN cannot do this conv in bf16.
+ * NEEDSWORK: the same keyed cache as conv_dnnl.c's; one helper for both when either changes.
+ */
 static struct entry *entry_get(const struct mge_cpu_conv *cv)
 {
     if (!mge_cpu_has_bf16() || mge__dnnl_get(&g_engine, &g_stream) != 0)

@@ -64,9 +64,10 @@ void mge_cpu_round_bf16(float *out, const float *inp, int64_t n);
 /*
  * mge_cpu_sgemm's contract with A and B rounded to bf16 first; products are summed in fp32.
  * Against the exact product of the fp32 inputs, |C - C_exact| <= (2^-7 + K 2^-23) sum_k |a||b|
- * (alpha 1, beta 0). On a CPU with AVX-512 BF16 it runs oneDNN's bf16 matmul (a primitive per
- * shape, made on first use, at most one call at a time); elsewhere, or when oneDNN fails, it
- * emulates (rounded copies, then an fp32 GEMM; same rounding of the inputs, no speed-up).
+ * (alpha 1, beta 0). On a CPU with AVX-512 BF16 it runs oneDNN's bf16 matmul (one block of C
+ * per thread, a single-threaded primitive per block shape made on first use; at most one call
+ * at a time); elsewhere, or when oneDNN fails, it emulates (rounded copies, then an fp32 GEMM;
+ * same rounding of the inputs, no speed-up).
  * Results are a function of the inputs and the thread count. Thread: any.
  */
 void mge_cpu_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
