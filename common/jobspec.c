@@ -573,6 +573,7 @@ static const struct keydef train_keys[] = {
     {"eval", NULL},
     {"clip_grad_norm", NULL},
     {"label_smoothing", NULL},
+    {"precision", NULL},
     {NULL, NULL},
 };
 static const struct keydef workers_keys[] = {{"min", NULL}, {"max", NULL}, {NULL, NULL}};
@@ -1259,6 +1260,7 @@ static const char *const format_names[] = {"idx",    "synthetic", "npy", "cifar"
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
 static const char *const device_names[] = {"cpu", "gpu", NULL};
+static const char *const precision_names[] = {"fp32", "bf16", NULL};
 static const char *const sublinear_names[] = {"false", "true", "auto", "light", NULL};
 static const char *const backend_names[] = {"auto", "local", "mpi", "nccl", NULL};
 
@@ -1736,6 +1738,10 @@ static int check_train(struct ctx *c, const struct sect *root, struct mge_train_
     if ((rc = get_num(c, &s, "label_smoothing", 0, CLOSED, 1, OPEN, &(double){0},
                       &t->label_smoothing, NULL)))
         return rc;
+    int precision;
+    if ((rc = get_enum(c, &s, "precision", precision_names, MGE_PRECISION_FP32, &precision)))
+        return rc;
+    t->precision = (enum mge_precision)precision;
     return MGE_OK;
 }
 
@@ -2390,6 +2396,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, train, "clip_grad_norm",
          spec->train.clip_grad_norm > 0 ? json_real(spec->train.clip_grad_norm) : json_null());
     jset(&b, train, "label_smoothing", json_real(spec->train.label_smoothing));
+    jset(&b, train, "precision", json_string(precision_names[spec->train.precision & 1]));
     jset(&b, root, "train", train);
 
     res = json_object();

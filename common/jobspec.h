@@ -58,6 +58,8 @@ enum mge_data_format {
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
 enum mge_sched_type { MGE_SCHED_CONSTANT, MGE_SCHED_STEP, MGE_SCHED_COSINE };
 enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU };
+/* train.precision: what GEMMs and convolutions compute in (parameters stay fp32) */
+enum mge_precision { MGE_PRECISION_FP32, MGE_PRECISION_BF16 };
 enum mge_sublinear_mode { MGE_SUBLINEAR_OFF, MGE_SUBLINEAR_ON, MGE_SUBLINEAR_AUTO, MGE_SUBLINEAR_LIGHT };
 enum mge_backend { MGE_BACKEND_AUTO, MGE_BACKEND_LOCAL, MGE_BACKEND_MPI, MGE_BACKEND_NCCL };
 
@@ -139,6 +141,7 @@ struct mge_train_spec {
     int eval_every_epoch;          /* train.eval: evaluate each epoch (default 1) */
     double clip_grad_norm;         /* train.clip_grad_norm: > 0; 0 = absent, no clipping */
     double label_smoothing;        /* train.label_smoothing: [0, 1) (default 0) */
+    enum mge_precision precision;  /* train.precision: fp32 | bf16 (default fp32) */
 };
 
 struct mge_resources_spec {

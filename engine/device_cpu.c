@@ -19,14 +19,27 @@ static int64_t rows_now(const struct mge_graph *g, int v)
     return mge__value_numel_now(g, v) / last_dim(g, v);
 }
 
+/* The GEMM of MATMUL and LINEAR: fp32, or bf16 inputs with fp32 sums (mge_graph_set_bf16). */
+static void gemm(const struct mge_graph *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                 float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                 float *C, int64_t ldc)
+{
+    if (g->bf16)
+        mge_cpu_gemm_bf16(ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C,
+                          (int)ldc);
+    else
+        mge_cpu_sgemm(ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C,
+                      (int)ldc);
+}
+
 static int cpu_matmul(struct mge_graph *g, const struct mge_node *n)
 {
     int a = n->in[0], b = n->in[1], c = n->out[0];
     int64_t ra = rows_now(g, a), la = last_dim(g, a), rb = rows_now(g, b), lb = last_dim(g, b);
     int64_t M = n->a.mm.ta ? la : ra, K = n->a.mm.ta ? ra : la;
     int64_t N = n->a.mm.tb ? rb : lb;
-    mge_cpu_sgemm(n->a.mm.ta, n->a.mm.tb, (int)M, (int)N, (int)K, 1.0f, F(g, a), (int)la, F(g, b),
-                  (int)lb, n->acc ? 1.0f : 0.0f, F(g, c), (int)N);
+    gemm(g, n->a.mm.ta, n->a.mm.tb, M, N, K, 1.0f, F(g, a), la, F(g, b), lb, n->acc ? 1.0f : 0.0f,
+         F(g, c), N);
     return MGE_OK;
 }
 
@@ -35,8 +48,7 @@ static int cpu_linear(struct mge_graph *g, const struct mge_node *n)
     int x = n->in[0], w = n->in[1], b = n->in[2], y = n->out[0], pre = n->out[1];
     int64_t rows = rows_now(g, x), K = last_dim(g, x), N = g->values[w].shape[0];
     float *dst = pre >= 0 ? F(g, pre) : F(g, y);
-    mge_cpu_sgemm(0, 1, (int)rows, (int)N, (int)K, 1.0f, F(g, x), (int)K, F(g, w), (int)K, 0.0f,
-                  dst, (int)N);
+    gemm(g, 0, 1, rows, N, K, 1.0f, F(g, x), K, F(g, w), K, 0.0f, dst, N);
     if (pre >= 0) {
         mge_cpu_bias_act_forward(MGE_CPU_IDENTITY, dst, dst, FOPT(g, b), rows, N);
         mge_cpu_unary_forward(n->a.act.act, F(g, y), dst, rows * N);
@@ -255,8 +267,12 @@ static int cpu_conv2d(struct mge_graph *g, const struct mge_node *n)
 {
     struct mge_cpu_conv cv;
     conv_geometry(g, n->in[0], n->in[1], n->a.conv.stride, n->a.conv.pad, &cv);
-    mge_cpu_conv2d_forward(&cv, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]),
-                           FOPT(g, n->in[2]), FOPT(g, n->out[1]));
+    if (g->bf16)
+        mge_cpu_conv2d_forward_bf16(&cv, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]),
+                                    FOPT(g, n->in[2]), FOPT(g, n->out[1]));
+    else
+        mge_cpu_conv2d_forward(&cv, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]),
+                               FOPT(g, n->in[2]), FOPT(g, n->out[1]));
     return MGE_OK;
 }
 
@@ -264,9 +280,14 @@ static int cpu_conv2d_grad(struct mge_graph *g, const struct mge_node *n)
 {
     struct mge_cpu_conv cv;
     conv_geometry(g, n->in[1], n->in[2], n->a.conv.stride, n->a.conv.pad, &cv);
-    mge_cpu_conv2d_backward(&cv, FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
-                            F(g, n->in[0]), F(g, n->in[1]), F(g, n->in[2]), FOPT(g, n->out[3]),
-                            n->acc);
+    if (g->bf16)
+        mge_cpu_conv2d_backward_bf16(&cv, FOPT(g, n->out[0]), FOPT(g, n->out[1]),
+                                     FOPT(g, n->out[2]), F(g, n->in[0]), F(g, n->in[1]),
+                                     F(g, n->in[2]), FOPT(g, n->out[3]), n->acc);
+    else
+        mge_cpu_conv2d_backward(&cv, FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
+                                F(g, n->in[0]), F(g, n->in[1]), F(g, n->in[2]), FOPT(g, n->out[3]),
+                                n->acc);
     return MGE_OK;
 }
 

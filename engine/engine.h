@@ -274,6 +274,13 @@ void mge_graph_set_loss_scale(struct mge_graph *g, float scale);
  * Dropout masks follow global rows, so data-parallel ranks draw the masks one process would.
  */
 void mge_graph_set_row_offset(struct mge_graph *g, int64_t rows);
+/*
+ * Mixed precision (@on != 0): MATMUL, LINEAR and CONV2D, forward and backward, round their
+ * inputs to bf16 and accumulate in fp32 (mge_cpu_gemm_bf16 and the bf16 convolution); every
+ * other op, the parameters, gradients and optimiser state stay fp32. Set it before the graph
+ * gets its first conv2d (conv scratch is sized for it). Default off.
+ */
+void mge_graph_set_bf16(struct mge_graph *g, int on);
 
 /* Time every op of later runs (on != 0) or stop; MGE_NOMEM if the table cannot be made. */
 int mge_graph_profile(struct mge_graph *g, int on);

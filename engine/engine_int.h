@@ -129,6 +129,7 @@ struct mge_graph {
     void *op_ctx;
     float loss_scale;            /* backward seed dloss (1 unless set) */
     int64_t row_offset;          /* rows of the global batch before this run's (dropout masks) */
+    int bf16;                    /* GEMMs and convs take bf16-rounded inputs (train.precision) */
 };
 
 /* Sticky error: record the first failure and return -code. */

@@ -101,6 +101,11 @@ void mge_graph_set_loss_scale(struct mge_graph *g, float scale) { g->loss_scale 
 
 void mge_graph_set_row_offset(struct mge_graph *g, int64_t rows) { g->row_offset = rows; }
 
+void mge_graph_set_bf16(struct mge_graph *g, int on)
+{
+    g->bf16 = on != 0;
+}
+
 int mge_graph_profile(struct mge_graph *g, int on)
 {
     mge_free(g->profile);

@@ -677,7 +677,8 @@ int mge_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad)
     int out = new_act(g, "conv2d", 4, shape, X->batched, rg(g, x) || rg(g, w) || rg(g, b));
     if (out < 0)
         return out;
-    int scratch = scratch_value(g, mge_cpu_conv_scratch_bytes(&cv));
+    int scratch = scratch_value(g, g->bf16 ? mge_cpu_conv_scratch_bytes_bf16(&cv)
+                                           : mge_cpu_conv_scratch_bytes(&cv));
     if (g->err)
         return -g->err;
     struct mge_node n = {.op = MGE_OP_CONV2D, .in = {x, w, b}, .n_in = 3, .out = {out, scratch},

@@ -532,6 +532,18 @@ static size_t activation_budget(const struct mge_jobspec *spec, size_t param_byt
     return total == 0 ? 0 : total > fixed ? total - fixed : 1;
 }
 
+int mge_train_bf16(const struct mge_jobspec *spec)
+{
+    return spec->train.precision == MGE_PRECISION_BF16 && mge_cpu_has_bf16();
+}
+
+const char *mge_train_precision(const struct mge_jobspec *spec)
+{
+    if (spec->train.precision != MGE_PRECISION_BF16)
+        return "fp32";
+    return mge_cpu_has_bf16() ? "bf16" : "fp32 (bf16 unsupported: no avx512_bf16)";
+}
+
 int mge_train_build(const struct mge_jobspec *spec, int64_t batch, int c, int h, int w,
                     int classes, enum mge_remat mode, struct mge_graph **gp,
                     struct mge_model *model, struct mge_plan_stats *stats,
@@ -542,6 +554,7 @@ int mge_train_build(const struct mge_jobspec *spec, int64_t batch, int c, int h,
     *gp = g;
     if (rc != MGE_OK)
         return rc;
+    mge_graph_set_bf16(g, mge_train_bf16(spec));
     rc = mge_model_build(g, spec, batch, c, h, w, classes, model);
     if (rc == MGE_OK)
         rc = mge_graph_backward(g, model->loss);
@@ -1361,13 +1374,13 @@ static int train_loop(struct trainer *t)
                "\"train_sec\":%.3f,\"wall_sec\":%.3f,\"steps_run\":%lld,\"median_step_ms\":%.4f,"
                "\"median_step_cpu_ms\":%.4f,"
                "\"mean_step_ms\":%.4f,\"checkpoint_ms\":%.3f,\"checkpoint_writer_cpu_ms\":%.3f,"
-               "\"threads\":%d,\"gemm\":\"%s\",\"cpu_isa\":\"%s\","
+               "\"threads\":%d,\"gemm\":\"%s\",\"cpu_isa\":\"%s\",\"precision\":\"%s\","
                "\"checkpoint\":\"%s/latest.mgeckpt\"}\n",
                sps, peak, peak_rss_bytes(), train_sec, wall, (long long)(t->step - first_step),
                median_ms, median_cpu_ms,
                n_times ? 1e3 * (train_sec + loop_ckpt_sec) / (double)n_times : 0.0,
                1e3 * loop_ckpt_sec, 1e3 * writer_cpu_sec, mge_cpu_threads(),
-               mge_cpu_sgemm_backend(), mge_cpu_isa(), t->out_dir);
+               mge_cpu_sgemm_backend(), mge_cpu_isa(), mge_train_precision(t->spec), t->out_dir);
     } else {
         printf("done: %lld steps, final loss %.4f", (long long)t->step, t->last_loss);
         if (t->have_test && !t->gpt)
@@ -1513,6 +1526,11 @@ int mge_train_main(const struct mge_train_opts *o)
         }
         t.have_test = 1;
     }
+    if (t.rank == 0 && t.spec->train.precision == MGE_PRECISION_BF16 && !mge_train_bf16(t.spec))
+        fprintf(stderr,
+                "mge-train: warning: %s: train.precision: bf16 needs AVX-512 BF16, which "
+                "this CPU lacks (no avx512_bf16): training in fp32\n",
+                o->spec_path);
     int64_t batch = t.spec->train.batch_size;
     rc = mge_train_build(t.spec, batch, t.train.c, t.train.h, t.train.w, t.train.classes,
                          spec_remat(t.spec), &t.g, &t.model, &t.stats, &t.remat, &t.remat_plain);
@@ -1591,10 +1609,10 @@ int mge_train_main(const struct mge_train_opts *o)
         t.loader_ok = 1;
     }
     if (!o->json && t.rank == 0) {
-        printf("%s: %s, %lld parameters, %lld steps, batch %lld, %d threads, gemm %s, %s\n",
+        printf("%s: %s, %lld parameters, %lld steps, batch %lld, %d threads, gemm %s, %s, %s\n",
                t.spec->name, mge_model_type_name(t.spec->model.type), (long long)n_params_f,
                (long long)t.total_steps, (long long)batch, mge_cpu_threads(),
-               mge_cpu_sgemm_backend(), mge_cpu_isa());
+               mge_cpu_sgemm_backend(), mge_cpu_isa(), mge_train_precision(t.spec));
         if (t.det)
             printf("deterministic data parallel: %d ranks (%s), %d micro-shards summed exactly\n",
                    t.world, mge_comm_backend_name(mge_comm_backend(t.comm)),

@@ -28,6 +28,14 @@ struct mge_train_opts {
 int mge_train_main(const struct mge_train_opts *o);
 
 /*
+ * train.precision as it runs here: whether GEMMs and convs take bf16 (bf16 asked for and the CPU
+ * has AVX-512 BF16; otherwise fp32), and the words for it in logs and the summary ("fp32",
+ * "bf16", or "fp32 (bf16 unsupported: no avx512_bf16)"; static storage).
+ */
+int mge_train_bf16(const struct mge_jobspec *spec);
+const char *mge_train_precision(const struct mge_jobspec *spec);
+
+/*
  * Build @spec's model for batches of @batch, differentiate it, apply the recompute plan
  * @mode under the spec's memory.budget_mb, and plan memory. *@gp is the new graph (the caller
  * frees it, also on error; mge_graph_error_msg() says what failed). MGE_BUDGET when the budget

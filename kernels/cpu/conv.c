@@ -120,6 +120,35 @@ static void col2im_add(const struct mge_cpu_conv *cv, float *restrict dx, const 
             }
 }
 
+/*
+ * A bf16 conv with few channels runs the fp32 direct kernel instead: oneDNN's bf16 kernels pad
+ * channels to 16 and fall back to a GEMM for LeNet's first weight gradient; on LeNet at batch
+ * 128, 2 threads, its two convs in bf16 took longer than the whole fp32 step (tests/bench).
+ */
+#define MGE__CONV_BF16_FP32_MAX_C 8  /* input channels ... */
+#define MGE__CONV_BF16_FP32_MAX_K 16 /* ... and output channels of a bf16 conv that stays fp32 */
+
+int mge__conv_bf16_is_fp32(const struct mge_cpu_conv *cv)
+{
+    return cv->C <= MGE__CONV_BF16_FP32_MAX_C && cv->K <= MGE__CONV_BF16_FP32_MAX_K;
+}
+
+/* The conv computes in bf16: asked for (@bf16), and not one of those */
+static int is_bf16(int bf16, const struct mge_cpu_conv *cv)
+{
+    return bf16 && !mge__conv_bf16_is_fp32(cv);
+}
+
+/* The im2col GEMMs: fp32, or bf16 inputs with fp32 sums for a bf16 conv */
+static void conv_gemm(int bf16, int ta, int tb, int M, int N, int K, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (bf16)
+        mge_cpu_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    else
+        mge_cpu_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
 static int is_pointwise(const struct mge_cpu_conv *cv)
 {
     return cv->R == 1 && cv->S == 1 && cv->stride == 1 && cv->pad == 0;
@@ -131,8 +160,8 @@ static int slots_now(const struct mge_cpu_conv *cv)
     return t < s ? t : s;
 }
 
-static void forward_image(const struct mge_cpu_conv *cv, int n, float *out, const float *inp,
-                          const float *w, const float *bias, float *col)
+static void forward_image(int bf16, const struct mge_cpu_conv *cv, int n, float *out,
+                          const float *inp, const float *w, const float *bias, float *col)
 {
     int CRS = cv->C * cv->R * cv->S, PQ = cv->P * cv->Q;
     const float *x = inp + (size_t)n * cv->C * cv->H * cv->W;
@@ -142,14 +171,14 @@ static void forward_image(const struct mge_cpu_conv *cv, int n, float *out, cons
         im2col(cv, col, x);
         cx = col;
     }
-    mge_cpu_sgemm(0, 0, cv->K, PQ, CRS, 1.0f, w, CRS, cx, PQ, 0.0f, y, PQ);
+    conv_gemm(bf16, 0, 0, cv->K, PQ, CRS, w, CRS, cx, PQ, 0.0f, y, PQ);
     if (bias)
         for (int k = 0; k < cv->K; k++)
             for (int i = 0; i < PQ; i++)
                 y[(size_t)k * PQ + i] += bias[k];
 }
 
-static void im2col_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+static void im2col_forward(int bf16, const struct mge_cpu_conv *cv, float *out, const float *inp,
                            const float *w, const float *bias, void *scratch)
 {
     struct slot_layout L = slot_layout(cv);
@@ -157,7 +186,7 @@ static void im2col_forward(const struct mge_cpu_conv *cv, float *out, const floa
     if (nt <= 1) {
         /* one image at a time: the GEMM itself may use every thread */
         for (int n = 0; n < cv->N; n++)
-            forward_image(cv, n, out, inp, w, bias, scratch);
+            forward_image(bf16, cv, n, out, inp, w, bias, scratch);
         return;
     }
 #pragma omp parallel num_threads(nt)
@@ -165,14 +194,14 @@ static void im2col_forward(const struct mge_cpu_conv *cv, float *out, const floa
         float *col = (float *)((char *)scratch + (size_t)omp_get_thread_num() * L.bytes);
 #pragma omp for schedule(static)
         for (int n = 0; n < cv->N; n++)
-            forward_image(cv, n, out, inp, w, bias, col);
+            forward_image(bf16, cv, n, out, inp, w, bias, col);
     }
 }
 
 /* One image's share: dw_part, db_part += this image; dinp image (+)= conv^T(dout). */
-static void backward_image(const struct mge_cpu_conv *cv, int n, float *dinp, float *dw_part,
-                           float *db_part, const float *dout, const float *inp, const float *w,
-                           float *col, int acc)
+static void backward_image(int bf16, const struct mge_cpu_conv *cv, int n, float *dinp,
+                           float *dw_part, float *db_part, const float *dout, const float *inp,
+                           const float *w, float *col, int acc)
 {
     int CRS = cv->C * cv->R * cv->S, PQ = cv->P * cv->Q;
     size_t CHW = (size_t)cv->C * cv->H * cv->W;
@@ -192,15 +221,15 @@ static void backward_image(const struct mge_cpu_conv *cv, int n, float *dinp, fl
             im2col(cv, col, x);
             cx = col;
         }
-        mge_cpu_sgemm(0, 1, cv->K, CRS, PQ, 1.0f, dy, PQ, cx, PQ, 1.0f, dw_part, CRS);
+        conv_gemm(bf16, 0, 1, cv->K, CRS, PQ, dy, PQ, cx, PQ, 1.0f, dw_part, CRS);
     }
     if (dinp) {
         float *dx = dinp + (size_t)n * CHW;
         if (pw) {
-            mge_cpu_sgemm(1, 0, CRS, PQ, cv->K, 1.0f, w, CRS, dy, PQ, acc ? 1.0f : 0.0f, dx, PQ);
+            conv_gemm(bf16, 1, 0, CRS, PQ, cv->K, w, CRS, dy, PQ, acc ? 1.0f : 0.0f, dx, PQ);
             return;
         }
-        mge_cpu_sgemm(1, 0, CRS, PQ, cv->K, 1.0f, w, CRS, dy, PQ, 0.0f, col, PQ);
+        conv_gemm(bf16, 1, 0, CRS, PQ, cv->K, w, CRS, dy, PQ, 0.0f, col, PQ);
         if (!acc)
             memset(dx, 0, CHW * sizeof(float));
         col2im_add(cv, dx, col);
@@ -211,9 +240,9 @@ static void backward_image(const struct mge_cpu_conv *cv, int n, float *dinp, fl
  * Each slot sums its images' dw and dbias in image order into its own partial; the partials
  * are then added in slot order, so results depend on the slot count only, never on timing.
  */
-static void im2col_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
-                            const float *dout, const float *inp, const float *w, void *scratch,
-                            int acc)
+static void im2col_backward(int bf16, const struct mge_cpu_conv *cv, float *dinp, float *dw,
+                            float *dbias, const float *dout, const float *inp, const float *w,
+                            void *scratch, int acc)
 {
     struct slot_layout L = slot_layout(cv);
     size_t nw = (size_t)cv->K * cv->C * cv->R * cv->S;
@@ -225,7 +254,7 @@ static void im2col_backward(const struct mge_cpu_conv *cv, float *dinp, float *d
         if (dbias && !acc)
             memset(dbias, 0, (size_t)cv->K * sizeof(float));
         for (int n = 0; n < cv->N; n++)
-            backward_image(cv, n, dinp, dw, dbias, dout, inp, w, col, acc);
+            backward_image(bf16, cv, n, dinp, dw, dbias, dout, inp, w, col, acc);
         return;
     }
 #pragma omp parallel num_threads(nt)
@@ -239,7 +268,7 @@ static void im2col_backward(const struct mge_cpu_conv *cv, float *dinp, float *d
             memset(dbp, 0, (size_t)cv->K * sizeof(float));
 #pragma omp for schedule(static)
         for (int n = 0; n < cv->N; n++)
-            backward_image(cv, n, dinp, dwp, dbp, dout, inp, w, base + L.col, acc);
+            backward_image(bf16, cv, n, dinp, dwp, dbp, dout, inp, w, base + L.col, acc);
             /* implicit barrier: all partials complete */
 #pragma omp for schedule(static)
         for (size_t i = 0; i < nw + (size_t)cv->K; i++) {
@@ -255,6 +284,20 @@ static void im2col_backward(const struct mge_cpu_conv *cv, float *dinp, float *d
             }
             dst[j] = s;
         }
+    }
+}
+
+void mge__conv_bias_grad(const struct mge_cpu_conv *cv, float *db, const float *dout, int acc)
+{
+    size_t pq = (size_t)cv->P * cv->Q;
+    for (int k = 0; k < cv->K; k++) {
+        float s = 0.0f;
+        for (int n = 0; n < cv->N; n++) {
+            const float *d = dout + ((size_t)n * cv->K + k) * pq;
+            for (size_t i = 0; i < pq; i++)
+                s += d[i];
+        }
+        db[k] = acc ? db[k] + s : s;
     }
 }
 
@@ -298,12 +341,17 @@ static void conv_backend_init(void)
 #define MGE__CONV_DIRECT_MAX_C 8  /* input channels direct always takes */
 #define MGE__CONV_DIRECT_MIN_Q 16 /* output width from which direct takes any channel count */
 
-static int conv_backend(int b, const struct mge_cpu_conv *cv)
+static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
 {
     if (b == MGE__CONV_AUTO) {
         pthread_once(&g_conv_once, conv_backend_init);
         b = g_conv_backend;
     }
+    /* mixed precision: oneDNN's bf16 convolution (conv_bf16.c) where the CPU has the
+     * instructions, else im2col over mge_cpu_gemm_bf16 (emulated); an explicit backend still
+     * wins, but direct is fp32 only and hands a bf16 conv to im2col */
+    if (b == MGE__CONV_AUTO && bf16)
+        return mge_cpu_has_bf16() ? MGE__CONV_DNNL : MGE__CONV_IM2COL;
     if (b != MGE__CONV_AUTO)
         return b;
     if (cv && cv->C > MGE__CONV_DIRECT_MAX_C && cv->Q < MGE__CONV_DIRECT_MIN_Q)
@@ -313,16 +361,17 @@ static int conv_backend(int b, const struct mge_cpu_conv *cv)
 
 const char *mge_cpu_conv_backend(void)
 {
-    int b = conv_backend(MGE__CONV_AUTO, NULL);
+    int b = conv_backend(MGE__CONV_AUTO, 0, NULL);
     return b == MGE__CONV_DIRECT && g_conv_backend == MGE__CONV_AUTO ? "auto" : conv_names[b];
 }
 
-size_t mge__conv_scratch_bytes_with(int backend, const struct mge_cpu_conv *cv)
+static size_t scratch_bytes(int backend, int bf16, const struct mge_cpu_conv *cv)
 {
+    bf16 = is_bf16(bf16, cv);
     size_t fallback = im2col_scratch_bytes(cv), b = 0;
-    switch (conv_backend(backend, cv)) {
+    switch (conv_backend(backend, bf16, cv)) {
     case MGE__CONV_DNNL:
-        b = mge__conv_dnnl_scratch_bytes(cv);
+        b = bf16 ? mge__conv_bf16_scratch_bytes(cv) : mge__conv_dnnl_scratch_bytes(cv);
         break;
     case MGE__CONV_DIRECT:
         b = mge__conv_direct_scratch_bytes(cv);
@@ -333,47 +382,84 @@ size_t mge__conv_scratch_bytes_with(int backend, const struct mge_cpu_conv *cv)
     return b > fallback ? b : fallback; /* room for the fallback too */
 }
 
+size_t mge__conv_scratch_bytes_with(int backend, const struct mge_cpu_conv *cv)
+{
+    return scratch_bytes(backend, 0, cv);
+}
+
+size_t mge_cpu_conv_scratch_bytes_bf16(const struct mge_cpu_conv *cv)
+{
+    return scratch_bytes(MGE__CONV_AUTO, 1, cv);
+}
+
 size_t mge_cpu_conv_scratch_bytes(const struct mge_cpu_conv *cv)
 {
     return mge__conv_scratch_bytes_with(MGE__CONV_AUTO, cv);
+}
+
+static void forward_with(int backend, int bf16, const struct mge_cpu_conv *cv, float *out,
+                         const float *inp, const float *w, const float *bias, void *scratch)
+{
+    bf16 = is_bf16(bf16, cv);
+    switch (conv_backend(backend, bf16, cv)) {
+    case MGE__CONV_DNNL:
+        if ((bf16 ? mge__conv_bf16_forward : mge__conv_dnnl_forward)(cv, out, inp, w, bias,
+                                                                     scratch) == 0)
+            return;
+        break;
+    case MGE__CONV_DIRECT: /* fp32 only: a bf16 conv goes to im2col, unless it stays fp32 */
+        if (!bf16 && mge__conv_direct_forward(cv, out, inp, w, bias, scratch) == 0)
+            return;
+        break;
+    default:
+        break;
+    }
+    im2col_forward(bf16, cv, out, inp, w, bias, scratch);
 }
 
 void mge__cpu_conv2d_forward_with(int backend, const struct mge_cpu_conv *cv, float *out,
                                   const float *inp, const float *w, const float *bias,
                                   void *scratch)
 {
-    switch (conv_backend(backend, cv)) {
+    forward_with(backend, 0, cv, out, inp, w, bias, scratch);
+}
+
+static void backward_with(int backend, int bf16, const struct mge_cpu_conv *cv, float *dinp,
+                          float *dw, float *dbias, const float *dout, const float *inp,
+                          const float *w, void *scratch, int acc)
+{
+    bf16 = is_bf16(bf16, cv);
+    if (bf16 && cv->stride > 1 && dw) {
+        /* oneDNN 2.6's bf16 weight gradient of a strided conv ran 10-20x slower per FLOP than a
+         * stride-1 one (ResNet-20 at batch 128: 100-200 ms a call), so a strided conv's dw is
+         * fp32 over im2col, on every path alike; dx (and dbias) first, in bf16, which may keep
+         * a temporary in scratch until it returns */
+        backward_with(backend, bf16, cv, dinp, NULL, dbias, dout, inp, w, scratch, acc);
+        im2col_backward(0, cv, NULL, dw, NULL, dout, inp, w, scratch, acc);
+        return;
+    }
+    switch (conv_backend(backend, bf16, cv)) {
     case MGE__CONV_DNNL:
-        if (mge__conv_dnnl_forward(cv, out, inp, w, bias, scratch) == 0)
+        if ((bf16 ? mge__conv_bf16_backward : mge__conv_dnnl_backward)(cv, dinp, dw, dbias, dout,
+                                                                       inp, w, scratch, acc) == 0)
             return;
         break;
     case MGE__CONV_DIRECT:
-        if (mge__conv_direct_forward(cv, out, inp, w, bias, scratch) == 0)
+        if (!bf16 &&
+            mge__conv_direct_backward(cv, dinp, dw, dbias, dout, inp, w, scratch, acc) == 0)
             return;
         break;
     default:
         break;
     }
-    im2col_forward(cv, out, inp, w, bias, scratch);
+    im2col_backward(bf16, cv, dinp, dw, dbias, dout, inp, w, scratch, acc);
 }
 
 void mge__cpu_conv2d_backward_with(int backend, const struct mge_cpu_conv *cv, float *dinp,
                                    float *dw, float *dbias, const float *dout, const float *inp,
                                    const float *w, void *scratch, int acc)
 {
-    switch (conv_backend(backend, cv)) {
-    case MGE__CONV_DNNL:
-        if (mge__conv_dnnl_backward(cv, dinp, dw, dbias, dout, inp, w, scratch, acc) == 0)
-            return;
-        break;
-    case MGE__CONV_DIRECT:
-        if (mge__conv_direct_backward(cv, dinp, dw, dbias, dout, inp, w, scratch, acc) == 0)
-            return;
-        break;
-    default:
-        break;
-    }
-    im2col_backward(cv, dinp, dw, dbias, dout, inp, w, scratch, acc);
+    backward_with(backend, 0, cv, dinp, dw, dbias, dout, inp, w, scratch, acc);
 }
 
 void mge_cpu_conv2d_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
@@ -387,4 +473,17 @@ void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *
                              int acc)
 {
     mge__cpu_conv2d_backward_with(MGE__CONV_AUTO, cv, dinp, dw, dbias, dout, inp, w, scratch, acc);
+}
+
+void mge_cpu_conv2d_forward_bf16(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                                 const float *w, const float *bias, void *scratch)
+{
+    forward_with(MGE__CONV_AUTO, 1, cv, out, inp, w, bias, scratch);
+}
+
+void mge_cpu_conv2d_backward_bf16(const struct mge_cpu_conv *cv, float *dinp, float *dw,
+                                  float *dbias, const float *dout, const float *inp, const float *w,
+                                  void *scratch, int acc)
+{
+    backward_with(MGE__CONV_AUTO, 1, cv, dinp, dw, dbias, dout, inp, w, scratch, acc);
 }

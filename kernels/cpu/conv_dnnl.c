@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/dnnl_int.h"
 
 #define CACHE_SIZE 32 /* conv geometries alive at once; LeNet has 2, a ResNet about 20 */
 #define ALIGN 64
@@ -37,7 +38,6 @@ static struct entry g_cache[CACHE_SIZE];
 static pthread_mutex_t g_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t g_engine;
 static dnnl_stream_t g_stream;
-static int g_init_failed;
 
 static void make_key(const struct mge_cpu_conv *cv, int *key)
 {
@@ -144,19 +144,10 @@ out_destroy_attr:
     return rc;
 }
 
-static void global_init(void)
-{
-    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success ||
-        dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags) != dnnl_success)
-        g_init_failed = 1;
-}
-
 /* The entry for @cv, made on first use; NULL if oneDNN cannot do this conv. */
 static struct entry *entry_get(const struct mge_cpu_conv *cv)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, global_init);
-    if (g_init_failed)
+    if (mge__dnnl_get(&g_engine, &g_stream) != 0)
         return NULL;
     int key[10];
     make_key(cv, key);
@@ -294,19 +285,9 @@ int mge__conv_dnnl_backward(const struct mge_cpu_conv *cv, float *dinp, float *d
         void *ptr[N_MEM - 1] = {(void *)inp, dwt, dbt, (void *)dout};
         rc = run(e, BWD_WEIGHTS, args, ptr, N_MEM - 1, base + L.pad, nt);
     }
-    if (rc == 0 && dbias) {
-        /* our own sum even when oneDNN made one: dbias must not depend on whether dw is wanted */
-        size_t pq = (size_t)cv->P * cv->Q;
-        for (int k = 0; k < cv->K; k++) {
-            float s = 0.0f;
-            for (int n = 0; n < cv->N; n++) {
-                const float *d = dout + ((size_t)n * cv->K + k) * pq;
-                for (size_t i = 0; i < pq; i++)
-                    s += d[i];
-            }
-            dbt[k] = s;
-        }
-    }
+    /* our own dbias even when oneDNN made one: it must not depend on whether dw is wanted */
+    if (rc == 0 && dbias)
+        mge__conv_bias_grad(cv, dbt, dout, 0);
     pthread_mutex_unlock(&e->lock);
     if (rc != 0)
         return rc;

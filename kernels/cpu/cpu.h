@@ -48,6 +48,31 @@ void mge_cpu_sgemm_ref(int ta, int tb, int M, int N, int K, float alpha, const f
  * ("dnnl-omp" too: oneDNN's own threading, slower here). Read once, at the first GEMM. */
 const char *mge_cpu_sgemm_backend(void);
 
+/* ---- bf16 mixed precision (gemm_bf16.c) ---------------------------------------------------- */
+/*
+ * Whether this CPU has AVX-512 BF16 (vdpbf16ps, cpuid), the instructions that make bf16 GEMMs
+ * faster than fp32 ones. MGE_CPU_BF16=off in the environment makes it report 0 (to test the
+ * fallback on any machine). Read once.
+ */
+int mge_cpu_has_bf16(void);
+/* bfloat16 as its 16 bits: fp32 -> bf16 rounds to nearest, ties to even (Inf stays Inf, NaN
+ * stays NaN, values past the largest bf16 become Inf); bf16 -> fp32 is exact. */
+void mge_cpu_f32_to_bf16(uint16_t *out, const float *inp, int64_t n);
+void mge_cpu_bf16_to_f32(float *out, const uint16_t *inp, int64_t n);
+/* out[i] = inp[i] rounded to the nearest bf16, held as fp32; out may equal inp. */
+void mge_cpu_round_bf16(float *out, const float *inp, int64_t n);
+/*
+ * mge_cpu_sgemm's contract with A and B rounded to bf16 first; products are summed in fp32.
+ * Against the exact product of the fp32 inputs, |C - C_exact| <= (2^-7 + K 2^-23) sum_k |a||b|
+ * (alpha 1, beta 0). On a CPU with AVX-512 BF16 it runs oneDNN's bf16 matmul (one block of C
+ * per thread, a single-threaded primitive per block shape made on first use; at most one call
+ * at a time); elsewhere, or when oneDNN fails, it emulates (rounded copies, then an fp32 GEMM;
+ * same rounding of the inputs, no speed-up).
+ * Results are a function of the inputs and the thread count. Thread: any.
+ */
+void mge_cpu_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc);
+
 /* ---- elementwise -------------------------------------------------------------------------- */
 enum mge_cpu_unary { MGE_CPU_IDENTITY, MGE_CPU_RELU, MGE_CPU_GELU, MGE_CPU_TANH, MGE_CPU_SIGMOID };
 enum mge_cpu_binary { MGE_CPU_ADD, MGE_CPU_SUB, MGE_CPU_MUL, MGE_CPU_DIV };
@@ -149,6 +174,23 @@ void mge_cpu_conv2d_forward(const struct mge_cpu_conv *cv, float *out, const flo
 void mge_cpu_conv2d_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
                              const float *dout, const float *inp, const float *w, void *scratch,
                              int acc);
+
+/*
+ * Mixed precision: the same three with x, w and dout rounded to bf16 and products summed in
+ * fp32 (mge_cpu_gemm_bf16's contract; dbias is summed from the fp32 dout), through oneDNN's bf16
+ * convolution in its own blocked layouts (reorders in and out, conv_bf16.c) on a CPU with
+ * AVX-512 BF16, else through im2col and mge_cpu_gemm_bf16 (emulated). Exception: a conv with
+ * at most 8 input and 16 output channels (LeNet's) computes in fp32 here, as the plain ones:
+ * oneDNN pads channels to 16 and was slower in bf16 than our fp32 direct kernel; and a strided
+ * conv's dw is fp32 (oneDNN's bf16 one was 10-20x slower per FLOP there). A scratch buffer must
+ * be sized by mge_cpu_conv_scratch_bytes_bf16.
+ */
+size_t mge_cpu_conv_scratch_bytes_bf16(const struct mge_cpu_conv *cv);
+void mge_cpu_conv2d_forward_bf16(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                                 const float *w, const float *bias, void *scratch);
+void mge_cpu_conv2d_backward_bf16(const struct mge_cpu_conv *cv, float *dinp, float *dw,
+                                  float *dbias, const float *dout, const float *inp, const float *w,
+                                  void *scratch, int acc);
 
 /* Name of the conv backend in use ("im2col", "dnnl", "direct", or "auto": direct, except im2col
  * for convs of more than 8 input channels and outputs narrower than 16); $MGE_CONV overrides

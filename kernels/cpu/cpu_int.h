@@ -80,6 +80,16 @@ void mge__cpu_sgemm_with(int backend, int ta, int tb, int M, int N, int K, float
                          const float *A, int lda, const float *B, int ldb, float beta, float *C,
                          int ldc);
 
+/* mge_cpu_gemm_bf16 through oneDNN (@emulate 0; emulates still if no primitive can be made)
+ * or emulated (@emulate 1), for tests and benchmarks. */
+void mge__cpu_gemm_bf16_with(int emulate, int ta, int tb, int M, int N, int K, float alpha,
+                             const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                             int ldc);
+
+/* mge_cpu_f32_to_bf16 over mge_cpu_threads() threads when @n is large (one outside a
+ * parallel region). */
+void mge__cpu_f32_to_bf16_par(uint16_t *out, const float *inp, int64_t n);
+
 /* Conv backends; MGE__CONV_AUTO is the default ($MGE_CONV overrides it, see conv.c). */
 enum mge__conv_backend {
     MGE__CONV_AUTO,
@@ -100,6 +110,10 @@ void mge__cpu_conv2d_backward_with(int backend, const struct mge_cpu_conv *cv, f
                                    float *dw, float *dbias, const float *dout, const float *inp,
                                    const float *w, void *scratch, int acc);
 
+/* db[k] (+)= sum of dout (N, K, P, Q) over n, p, q, image by image in one thread (the oneDNN
+ * adapters' dbias, the same bits whichever passes run). */
+void mge__conv_bias_grad(const struct mge_cpu_conv *cv, float *db, const float *dout, int acc);
+
 /*
  * conv_dnnl.c. Primitives are made on the first call for a geometry (cv including slots) and
  * cached. Scratch bytes: 0 when oneDNN cannot do @cv. forward/backward: 0, or -1 with the outputs
@@ -110,6 +124,19 @@ size_t mge__conv_dnnl_scratch_bytes(const struct mge_cpu_conv *cv);
 int mge__conv_dnnl_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
                            const float *w, const float *bias, void *scratch);
 int mge__conv_dnnl_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
+                            const float *dout, const float *inp, const float *w, void *scratch,
+                            int acc);
+
+/*
+ * conv_bf16.c: the same contract for mge_cpu_conv2d_*_bf16 (oneDNN in its own layouts,
+ * reorders in and out); 0 bytes / -1 also where the CPU has no AVX-512 BF16.
+ */
+/* Whether a bf16 conv of this geometry still runs in fp32 (few channels; conv.c says why). */
+int mge__conv_bf16_is_fp32(const struct mge_cpu_conv *cv);
+size_t mge__conv_bf16_scratch_bytes(const struct mge_cpu_conv *cv);
+int mge__conv_bf16_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                           const float *w, const float *bias, void *scratch);
+int mge__conv_bf16_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
                             const float *dout, const float *inp, const float *w, void *scratch,
                             int acc);
 

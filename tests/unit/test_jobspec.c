@@ -176,6 +176,7 @@ static void assert_spec_eq(const struct mge_jobspec *a, const struct mge_jobspec
     ck_assert_int_eq(a->train.eval_every_epoch, b->train.eval_every_epoch);
     ck_assert(a->train.clip_grad_norm == b->train.clip_grad_norm);
     ck_assert(a->train.label_smoothing == b->train.label_smoothing);
+    ck_assert_int_eq(a->train.precision, b->train.precision);
     ck_assert_int_eq(a->train.optim.no_decay_1d, b->train.optim.no_decay_1d);
     ck_assert_int_eq(a->resources.device, b->resources.device);
     ck_assert_int_eq(a->resources.workers_min, b->resources.workers_min);
@@ -341,6 +342,21 @@ START_TEST(test_jobspec_defaults)
 }
 END_TEST
 
+START_TEST(test_jobspec_precision)
+{
+    struct mge_jobspec *s = parse_ok(HEAD TRAIN "  precision: bf16\n", NULL, 0);
+    ck_assert_int_eq(s->train.precision, MGE_PRECISION_BF16);
+    char *json = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(json, "\"precision\":\"bf16\""));
+    mge_free(json);
+    mge_jobspec_free(s);
+    static const char *const ov[] = {"train.precision=fp32"};
+    s = parse_ok(HEAD TRAIN "  precision: bf16\n", ov, 1);
+    ck_assert_int_eq(s->train.precision, MGE_PRECISION_FP32);
+    mge_jobspec_free(s);
+}
+END_TEST
+
 /* data.classes: the spec takes exactly what the engine can build (one limit, MGE_CLASSES_MAX). */
 START_TEST(test_jobspec_clip_smoothing_decay)
 {
@@ -350,6 +366,7 @@ START_TEST(test_jobspec_clip_smoothing_decay)
     ck_assert_double_eq(s->train.clip_grad_norm, 1.5);
     ck_assert_double_eq(s->train.label_smoothing, 0.1);
     ck_assert_int_eq(s->train.optim.no_decay_1d, 1);
+    ck_assert_int_eq(s->train.precision, MGE_PRECISION_FP32); /* the default */
     char *json = mge_jobspec_to_json(s);
     ck_assert_ptr_nonnull(strstr(json, "\"clip_grad_norm\":1.5"));
     ck_assert_ptr_nonnull(strstr(json, "\"decay_1d\":false"));
@@ -521,6 +538,10 @@ static const struct err_case err_cases[] = {
      "job.yaml:12: train.label_smoothing: expected a number in [0, 1), got '1'"},
     {HEAD TRAIN "  label_smoothing: -0.1\n", MGE_SPEC, 12, "train.label_smoothing",
      "expected a number in [0, 1), got '-0.1'"},
+    {HEAD TRAIN "  precision: fp16\n", MGE_SPEC, 12, "train.precision",
+     "job.yaml:12: train.precision: expected one of fp32, bf16"},
+    {HEAD TRAIN "  precision: [bf16]\n", MGE_SPEC, 12, "train.precision",
+     "expected one of fp32, bf16"},
     {HEAD TRAIN "    decay_1d: no\n", MGE_SPEC, 12, "train.optimizer.decay_1d",
      "job.yaml:12: train.optimizer.decay_1d: expected true or false, got 'no'"},
     {HEAD TRAIN "  label_smothing: 0.1\n", MGE_SPEC, 12, "train.label_smothing",
@@ -1337,6 +1358,7 @@ static Suite *jobspec_suite(void)
     tc = tcase_create("defaults");
     tcase_add_test(tc, test_jobspec_defaults);
     tcase_add_test(tc, test_jobspec_clip_smoothing_decay);
+    tcase_add_test(tc, test_jobspec_precision);
     tcase_add_test(tc, test_jobspec_defaults_dependent);
     tcase_add_test(tc, test_jobspec_classes_limit_is_the_engines);
     suite_add_tcase(s, tc);
