@@ -255,6 +255,24 @@ async function main() {
     const tiny = `name: e2e-100k\nmodel: {type: mlp, hidden: [8]}\ndata: {format: synthetic, train_size: 1024, input_dim: 8, classes: 2}\ntrain: {steps: 100000, batch_size: 1, optimizer: {type: sgd, lr: 0.01}}\n`;
     const idK = (await api('POST', '/jobs', tiny, 'application/yaml')).body.id;
     const tk = Date.now();
+    // ---- while it runs, a job that needs all of w1's 4 CPUs waits: its page says why and when
+    await until(`job ${idK} running`, async () => (await jobState(idK)) === 'running', 20000, 100);
+    const waitSpec = `name: e2e-waits\nmodel: {type: mlp, hidden: [8]}\ndata: {format: synthetic, train_size: 64, input_dim: 8, classes: 2}\nresources: {cpus: 4}\ntrain: {steps: 5, batch_size: 8, optimizer: {type: sgd, lr: 0.01}}\n`;
+    const idW = (await api('POST', '/jobs', waitSpec, 'application/yaml')).body.id;
+    await page.goto(`${URL_}/#/jobs/${idW}`);
+    const pendingRe = /^needs 1 worker with 4 CPUs, [0-9]+ MiB, 0 free; (about [0-9]+ s \(job [0-9]+ ends\)|no estimate yet \(.*\))$/;
+    let pending = '';
+    try {
+        await until('the pending reason with its estimate', async () => {
+            pending = await page.evaluate(() => {
+                const r = [...document.querySelectorAll('#job-info tr')].find((tr) => tr.cells[0].textContent === 'pending reason');
+                return r ? r.cells[1].textContent : '';
+            });
+            return /about [0-9]+ s/.test(pending);
+        }, 15000, 250);
+    } catch (e) { /* checked below: "no estimate yet" is a right answer too */ }
+    check(pendingRe.test(pending), `a queued job's page shows what it waits for and when it may start: "${pending}"`);
+    await api('POST', `/jobs/${idW}/cancel`);
     let kDone = true;
     try {
         await until('the 100,000-step job', async () => (await jobState(idK)) === 'succeeded', 40000, 500);
