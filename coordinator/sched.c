@@ -23,6 +23,9 @@
 /* after the cancel grace: how long a next incarnation waits for the ranks of the one before it
  * to end (prev_attempt_live) */
 #define PREV_WAIT_MS 5000
+/* after a restart: how long an elastic job waits for the workers the store knows to register
+ * again (each does at its next heartbeat) before it starts with fewer (restart_grace) */
+#define RESTART_GRACE_MS 3000
 
 enum worker_state { W_READY, W_DRAINING, W_LOST };
 static const char *const worker_state_names[] = {"ready", "draining", "lost"};
@@ -106,6 +109,7 @@ struct mge_sched {
     struct requeue_retry *retry;  /* retried every periodic tick (250 ms) */
     size_t n_retry, cap_retry;
     uint64_t fenced;              /* exits and ranks refused: not the current placement */
+    int64_t started;              /* scheduler ms when it started (restart_grace) */
 };
 
 /* The scheduler's clock (ms, monotonic unless a test gives its own). */
@@ -683,6 +687,24 @@ static bool prev_attempt_live(const struct mge_sched *s, const struct mge_job_ro
 }
 
 /* Try to place @j. Lock held. */
+/*
+ * After a restart the store knows workers that have not registered again yet. An elastic job
+ * waits for those that could hold one of its ranks, up to RESTART_GRACE_MS after the start, so
+ * that it starts at the size it can have rather than with fewer workers and a grow at its next
+ * checkpoint (an incarnation more). Lock held.
+ */
+static bool restart_grace(const struct mge_sched *s, const struct mge_job_row *j)
+{
+    if (j->workers_max <= j->workers_min || now_ms(s) - s->started >= RESTART_GRACE_MS)
+        return false;
+    for (size_t i = 0; i < s->n_w; i++) {
+        const struct worker *w = &s->w[i];
+        if (w->state == W_READY && !w->seen && fits(w, j, w->cpus, w->gpus, w->memory_mb))
+            return true;
+    }
+    return false;
+}
+
 static void place_one(struct mge_sched *s, const struct mge_job_row *j)
 {
     struct mge_placement pl[64];
@@ -690,7 +712,7 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
     int widx[64], n = 0, rc, want = j->workers_max;
     if (want > 64)
         want = 64;
-    if (prev_attempt_live(s, j))
+    if (prev_attempt_live(s, j) || restart_grace(s, j))
         return;
     for (size_t i = 0; i < s->n_w && n < want; i++) {
         int cpus, gpus;
@@ -1097,6 +1119,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         s->opts.cancel_grace_ms = 5000;
     if (s->opts.progress_timeout_ms == 0)
         s->opts.progress_timeout_ms = 10000;
+    s->started = now_ms(s);
     if (s->opts.startup_timeout_ms == 0)
         s->opts.startup_timeout_ms = 300000;
     pthread_mutex_init(&s->mu, NULL);

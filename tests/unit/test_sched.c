@@ -1258,6 +1258,40 @@ START_TEST(test_sched_restart_unseen_worker)
 }
 END_TEST
 
+/* After a restart an elastic job waits up to 3 s for the workers the store knows to register
+ * again, then starts with those that did (not smaller at once, to grow right after). */
+START_TEST(test_sched_restart_grace)
+{
+    char w1[40], w2[40];
+    int64_t job, job2;
+    worker_add("w1", true, w1);
+    worker_add("w2", true, w2);
+    mge_sched_free(g_s);
+    sched_start();
+    job = job_add_workers("{min: 1, max: 2}", 2);
+    beat_quiet(w1, NULL, 0, NULL, 0);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_QUEUED, 1); /* w2 has not registered again yet */
+    beat_quiet(w2, NULL, 0, NULL, 0);
+    mge_sched_tick(g_s);
+    assert_at(job, MGE_JOB_RUNNING, 1);
+    assert_assigned_rank(w1, job, 1, 0, 2); /* both: no grow needed */
+    /* a second restart: w2 stays silent; after the grace the job takes w1 alone */
+    mge_sched_job_cancel(g_s, job);
+    mge_sched_free(g_s);
+    sched_start();
+    job2 = job_add_workers("{min: 1, max: 2}", 2);
+    beat_quiet(w1, NULL, 0, NULL, 0);
+    mge_sched_tick(g_s);
+    assert_at(job2, MGE_JOB_QUEUED, 1);
+    g_now += 3000;
+    beat_quiet(w1, NULL, 0, NULL, 0);
+    mge_sched_tick(g_s);
+    assert_at(job2, MGE_JOB_RUNNING, 1);
+    assert_assigned_rank(w1, job2, 1, 0, 1);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1296,6 +1330,7 @@ static Suite *sched_suite(void)
         {"grow_dropped", test_sched_grow_dropped, 1},
         {"restart_mid_change", test_sched_restart_mid_change, 1},
         {"restart_unseen", test_sched_restart_unseen_worker, 1},
+        {"restart_grace", test_sched_restart_grace, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);
