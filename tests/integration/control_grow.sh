@@ -86,6 +86,7 @@ ok "incarnation 2 ended at its checkpoint $(secs "$t_reg" "$t_end") s after wd r
 check "incarnation 3 made a checkpoint" wait_until 60 ckpt_after "$(inc_field 3 .start_step)"
 at=$(job_step "$JOB")
 kill -9 "$WORKER_PID_wb" "$COORD_PID"
+wait "$COORD_PID" 2>/dev/null # gone, and its state lock with it, before the next one starts
 ok "worker wb and the coordinator killed with SIGKILL at step $at"
 restarted_places 4 '["wa","wd"]'
 check "incarnation 3 ended: worker lost: wb" jq -e -n --argjson i "$(inc_field 3 .)" '
@@ -98,6 +99,7 @@ check "incarnation 4 made a checkpoint" wait_until 60 ckpt_after "$(inc_field 4 
 start_worker we
 if wait_until 30 grep -qF "job $JOB attempt 4: worker we joined: growing 2 -> 3 at checkpoint" "$T/coordinator.log"; then
     kill -9 "$COORD_PID"
+    wait "$COORD_PID" 2>/dev/null
     ok "coordinator killed with SIGKILL as soon as it had ended incarnation 4 to grow"
 else
     fail "the coordinator did not grow the job within 30 s of we's registration"

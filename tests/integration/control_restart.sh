@@ -25,6 +25,7 @@ wait_until 10 grep -q '^step ' "$T/follow.out"
 
 at=$(job_step "$JOB")
 kill -9 "$COORD_PID"
+wait "$COORD_PID" 2>/dev/null # its state lock goes with it
 ok "coordinator killed with SIGKILL at step $at"
 check "the worker notices and keeps its rank running" \
     wait_until 15 grep -q 'coordinator unreachable' "$T/worker-w1.log"
