@@ -251,12 +251,14 @@ async function main() {
     ok('the workers page lists w1');
     await shot('07-workers');
 
-    // ---- a 100,000-step series: LTTB load, and all points drawn at once ----
-    const tiny = `name: e2e-100k\nmodel: {type: mlp, hidden: [8]}\ndata: {format: synthetic, train_size: 1024, input_dim: 8, classes: 2}\ntrain: {steps: 100000, batch_size: 1, optimizer: {type: sgd, lr: 0.01}}\n`;
-    const idK = (await api('POST', '/jobs', tiny, 'application/yaml')).body.id;
-    const tk = Date.now();
-    // ---- while it runs, a job that needs all of w1's 4 CPUs waits: its page says why and when
-    await until(`job ${idK} running`, async () => (await jobState(idK)) === 'running', 20000, 100);
+    // ---- a job that needs all of w1's 4 CPUs waits behind a long one: its page says why and when
+    const blocker = `name: e2e-blocker\nmodel: {type: mlp, hidden: [8]}\ndata: {format: synthetic, train_size: 1024, input_dim: 8, classes: 2}\ntrain: {steps: 400000, batch_size: 1, optimizer: {type: sgd, lr: 0.01}}\n`;
+    const idBlock = (await api('POST', '/jobs', blocker, 'application/yaml')).body.id;
+    await until(`job ${idBlock} running`, async () => (await jobState(idBlock)) === 'running', 20000, 100);
+    // its speed is known once it has reported steps for a while (the page shows the reason it
+    // loads with: it is not refreshed while the job waits)
+    await until(`job ${idBlock} past step 1000`, async () => ((await api('GET', `/jobs/${idBlock}`)).body?.progress?.step || 0) > 1000, 20000, 200);
+    await sleep(1500);
     const waitSpec = `name: e2e-waits\nmodel: {type: mlp, hidden: [8]}\ndata: {format: synthetic, train_size: 64, input_dim: 8, classes: 2}\nresources: {cpus: 4}\ntrain: {steps: 5, batch_size: 8, optimizer: {type: sgd, lr: 0.01}}\n`;
     const idW = (await api('POST', '/jobs', waitSpec, 'application/yaml')).body.id;
     await page.goto(`${URL_}/#/jobs/${idW}`);
@@ -264,15 +266,23 @@ async function main() {
     let pending = '';
     try {
         await until('the pending reason with its estimate', async () => {
-            pending = await page.evaluate(() => {
+            const now = await page.evaluate(() => {
                 const r = [...document.querySelectorAll('#job-info tr')].find((tr) => tr.cells[0].textContent === 'pending reason');
                 return r ? r.cells[1].textContent : '';
             });
+            if (now) pending = now;
             return /about [0-9]+ s/.test(pending);
         }, 15000, 250);
     } catch (e) { /* checked below: "no estimate yet" is a right answer too */ }
     check(pendingRe.test(pending), `a queued job's page shows what it waits for and when it may start: "${pending}"`);
     await api('POST', `/jobs/${idW}/cancel`);
+    await api('POST', `/jobs/${idBlock}/cancel`);
+    await until(`job ${idBlock} cancelled`, async () => (await jobState(idBlock)) === 'cancelled', 20000, 100);
+
+    // ---- a 100,000-step series: LTTB load, and all points drawn at once ----
+    const tiny = `name: e2e-100k\nmodel: {type: mlp, hidden: [8]}\ndata: {format: synthetic, train_size: 1024, input_dim: 8, classes: 2}\ntrain: {steps: 100000, batch_size: 1, optimizer: {type: sgd, lr: 0.01}}\n`;
+    const idK = (await api('POST', '/jobs', tiny, 'application/yaml')).body.id;
+    const tk = Date.now();
     let kDone = true;
     try {
         await until('the 100,000-step job', async () => (await jobState(idK)) === 'succeeded', 40000, 500);
