@@ -26,6 +26,7 @@
 /* after a restart: how long an elastic job waits for the workers the store knows to register
  * again (each does at its next heartbeat) before it starts with fewer (restart_grace) */
 #define RESTART_GRACE_MS 3000
+#define PREEMPT_SCAN_MS 1000 /* a full cluster's queue is read this often (preemption) */
 
 enum worker_state { W_READY, W_DRAINING, W_LOST };
 static const char *const worker_state_names[] = {"ready", "draining", "lost"};
@@ -110,6 +111,7 @@ struct mge_sched {
     size_t n_retry, cap_retry;
     uint64_t fenced;              /* exits and ranks refused: not the current placement */
     int64_t started;              /* scheduler ms when it started (restart_grace) */
+    int64_t full_scan;            /* scheduler ms of the last pass over a full cluster */
 };
 
 /* The scheduler's clock (ms, monotonic unless a test gives its own). */
@@ -1035,6 +1037,22 @@ static void schedule(struct mge_sched *s)
 {
     struct mge_job_row *rows = NULL;
     int n = 0;
+    bool any_free = false;
+    for (size_t i = 0; i < s->n_w && !any_free; i++) {
+        int cpus, gpus;
+        int64_t mem;
+        if (!worker_usable(&s->w[i]))
+            continue;
+        worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
+        any_free = cpus > 0 || gpus > 0;
+    }
+    /* a full cluster (every worker's slots taken): nothing can be placed, only preempted, so
+     * the queue is read at most once a second instead of at every kick (heartbeats kick) */
+    if (!any_free) {
+        if (now_ms(s) - s->full_scan < PREEMPT_SCAN_MS)
+            return;
+        s->full_scan = now_ms(s);
+    }
     if (mge_store_jobs_queued(s->st, QUEUE_SCAN_MAX, &rows, &n) != MGE_OK)
         return;
     for (int i = 0; i < n; i++)
