@@ -587,6 +587,10 @@ static const struct keydef dist_keys[] = {{"backend", NULL},
                                           {"deterministic", NULL},
                                           {"micro_shards", NULL},
                                           {NULL, NULL}};
+static const struct keydef quant_keys[] = {
+    {"mode", NULL},       {"weights", NULL},  {"activations", NULL}, {"observer", NULL},
+    {"start_step", NULL}, {"momentum", NULL}, {"percentile", NULL},  {NULL, NULL},
+};
 static const struct keydef root_keys[] = {
     {"name", NULL},
     {"model", model_keys},
@@ -595,6 +599,7 @@ static const struct keydef root_keys[] = {
     {"resources", resources_keys},
     {"memory", memory_keys},
     {"distributed", dist_keys},
+    {"quant", quant_keys},
     {"priority", NULL},
     {NULL, NULL},
 };
@@ -1819,6 +1824,41 @@ static int check_memory(struct ctx *c, const struct sect *root, struct mge_memor
     return MGE_OK;
 }
 
+static const char *const quant_mode_names[] = {"none", "qat", NULL};
+static const char *const quant_observer_names[] = {"minmax", "ema", "percentile", NULL};
+/* the one scheme of each kind there is today: named so that specs say what they get */
+static const char *const quant_weight_names[] = {"int8 per-channel symmetric", NULL};
+static const char *const quant_act_names[] = {"int8 per-tensor affine", NULL};
+
+static int check_quant(struct ctx *c, const struct sect *root, struct mge_jobspec *spec)
+{
+    struct mge_quant_spec *q = &spec->quant;
+    struct sect s;
+    int rc, mode = MGE_QUANT_SPEC_NONE, obs = MGE_QUANT_SPEC_MINMAX, unused;
+
+    if ((rc = sect_enter(c, root, "quant", quant_keys, &s)))
+        return rc;
+    if ((rc = get_enum(c, &s, "mode", quant_mode_names, MGE_QUANT_SPEC_NONE, &mode)) ||
+        (rc = get_enum(c, &s, "weights", quant_weight_names, 0, &unused)) ||
+        (rc = get_enum(c, &s, "activations", quant_act_names, 0, &unused)) ||
+        (rc = get_enum(c, &s, "observer", quant_observer_names, MGE_QUANT_SPEC_MINMAX, &obs)))
+        return rc;
+    q->mode = (enum mge_quant_spec_mode)mode;
+    q->observer = (enum mge_quant_spec_observer)obs;
+    if ((rc = get_int(c, &s, "start_step", 0, INT64_MAX, &(int64_t){0}, &q->start_step, NULL)) ||
+        (rc = get_num(c, &s, "momentum", 0.0, 1, 1.0, 0, &(double){0.01}, &q->momentum, NULL)) ||
+        (rc = get_num(c, &s, "percentile", 50.0, 1, 100.0, 0, &(double){99.99}, &q->percentile,
+                      NULL)))
+        return rc;
+    if (q->mode == MGE_QUANT_SPEC_QAT && spec->train.precision == MGE_PRECISION_BF16) {
+        struct sect t = {.map = sect_get(root, "train", NULL)};
+        return fail_expected(c, sect_get(&t, "precision", NULL), "train.precision",
+                             "fp32 with quant.mode qat (fake quantisation needs exact fp32 "
+                             "products)");
+    }
+    return MGE_OK;
+}
+
 /*
  * distributed.deterministic and distributed.micro_shards: every rank takes whole micro-shards,
  * so S must be at least the most ranks the job can have and at most the global batch.
@@ -1918,6 +1958,8 @@ static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec 
     if ((rc = check_memory(c, &s, &spec->memory)))
         return rc;
     if ((rc = check_distributed(c, &s, spec)))
+        return rc;
+    if ((rc = check_quant(c, &s, spec)))
         return rc;
     if ((rc = get_int32(c, &s, "priority", -100, 100, &(int){0}, &spec->priority, NULL)))
         return rc;
@@ -2439,6 +2481,17 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, dist, "deterministic", json_boolean(spec->distributed.deterministic));
     jset(&b, dist, "micro_shards", json_integer(spec->distributed.micro_shards));
     jset(&b, root, "distributed", dist);
+    if (spec->quant.mode == MGE_QUANT_SPEC_QAT) { /* absent unless used: older readers agree */
+        json_t *quant = json_object();
+        jset(&b, quant, "mode", json_string("qat"));
+        jset(&b, quant, "weights", json_string(quant_weight_names[0]));
+        jset(&b, quant, "activations", json_string(quant_act_names[0]));
+        jset(&b, quant, "observer", json_string(quant_observer_names[spec->quant.observer % 3]));
+        jset(&b, quant, "start_step", json_integer(spec->quant.start_step));
+        jset(&b, quant, "momentum", json_real(spec->quant.momentum));
+        jset(&b, quant, "percentile", json_real(spec->quant.percentile));
+        jset(&b, root, "quant", quant);
+    }
     jset(&b, root, "priority", json_integer(spec->priority));
 
     if (!b.failed) {

@@ -61,6 +61,13 @@ enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU };
 /* train.precision: what GEMMs and convolutions compute in (parameters stay fp32) */
 enum mge_precision { MGE_PRECISION_FP32, MGE_PRECISION_BF16 };
 enum mge_sublinear_mode { MGE_SUBLINEAR_OFF, MGE_SUBLINEAR_ON, MGE_SUBLINEAR_AUTO, MGE_SUBLINEAR_LIGHT };
+/* quant.mode and quant.observer (docs/job-spec.md "quant") */
+enum mge_quant_spec_mode { MGE_QUANT_SPEC_NONE, MGE_QUANT_SPEC_QAT };
+enum mge_quant_spec_observer {
+    MGE_QUANT_SPEC_MINMAX,
+    MGE_QUANT_SPEC_EMA,
+    MGE_QUANT_SPEC_PERCENTILE
+};
 enum mge_backend { MGE_BACKEND_AUTO, MGE_BACKEND_LOCAL, MGE_BACKEND_MPI, MGE_BACKEND_NCCL };
 
 struct mge_model_spec {
@@ -157,6 +164,14 @@ struct mge_memory_spec {
     int64_t budget_mb;             /* memory.budget_mb: 0 = none */
 };
 
+struct mge_quant_spec {
+    enum mge_quant_spec_mode mode;         /* quant.mode: none | qat (default none) */
+    enum mge_quant_spec_observer observer; /* quant.observer: minmax | ema | percentile */
+    int64_t start_step; /* quant.start_step: fake quantisation from this step on */
+    double momentum;    /* quant.momentum: ema/percentile average weight (0.01) */
+    double percentile;  /* quant.percentile: in (50, 100] (default 99.99) */
+};
+
 struct mge_dist_spec {
     enum mge_backend backend;      /* distributed.backend: auto | local | mpi | nccl */
     double pack_mb;                /* distributed.pack_mb (default 10) */
@@ -174,6 +189,7 @@ struct mge_jobspec {
     struct mge_resources_spec resources;
     struct mge_memory_spec memory;
     struct mge_dist_spec distributed;
+    struct mge_quant_spec quant;
     int priority;                  /* priority: -100..100 (default 0) */
     char *source;                  /* the YAML text after overrides, canonical (for checkpoints) */
 };

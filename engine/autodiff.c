@@ -471,6 +471,12 @@ static int ad_forward_node(struct ad *ad, int ni)
                              .n_out = 1};
         return ad_emit_grad(ad, f.in[1], &n, 1);
     }
+    case MGE_OP_FAKE_QUANT: { /* straight-through: quant.c */
+        struct mge_node n = {
+            .op = MGE_OP_FAKE_QUANT_GRAD, .in = {dy, f.in[0], f.in[1]}, .n_in = 3, .n_out = 1};
+        n.a.q = f.a.q;
+        return ad_emit_grad(ad, f.in[0], &n, 1);
+    }
     default:
         return mge__graph_fail(g, MGE_UNSUPPORTED, "no gradient for op %s", mge__op_name(f.op));
     }

@@ -510,5 +510,9 @@ const struct mge_ops_table mge__cpu_ops = {
         [MGE_OP_ATTENTION_GRAD] = cpu_attention_grad,
         [MGE_OP_SCALE] = cpu_scale,
         [MGE_OP_ONES] = cpu_ones,
+        [MGE_OP_FAKE_QUANT] = mge__cpu_fake_quant,
+        [MGE_OP_FAKE_QUANT_GRAD] = mge__cpu_fake_quant_grad,
+        [MGE_OP_QLINEAR] = mge__cpu_qlinear,
+        [MGE_OP_QCONV2D] = mge__cpu_qconv2d,
     },
 };

@@ -282,6 +282,44 @@ void mge_graph_set_row_offset(struct mge_graph *g, int64_t rows);
  */
 void mge_graph_set_bf16(struct mge_graph *g, int on);
 
+/* ---- quantisation (engine/quant.c) --------------------------------------------------------- */
+
+enum mge_quant_mode {
+    MGE_QUANT_OFF,  /* plain fp32 */
+    MGE_QUANT_FAKE, /* fake-quantise GEMM/conv inputs and weights (QAT; STE in backward) */
+    MGE_QUANT_INT8, /* int8 GEMMs and convs with int32 sums (inference only: no backward) */
+};
+enum mge_quant_observer { MGE_QUANT_OBS_MINMAX, MGE_QUANT_OBS_EMA, MGE_QUANT_OBS_PERCENTILE };
+struct mge_quant_opts {
+    enum mge_quant_mode mode;
+    enum mge_quant_observer observer; /* how training runs update activation ranges */
+    float momentum;                   /* ema/percentile: weight of a new batch, (0, 1] */
+    float percentile;                 /* percentile: the batch range is [100 - p, p] %, (50, 100] */
+    int64_t start_step; /* training steps before this one run unquantised (observing) */
+    int calibrate;      /* FAKE: inference runs observe and do not quantise */
+};
+/*
+ * Quantise the MATMUL-like ops built after this call: every mge_linear() and mge_conv2d() gets
+ * its weight fake-quantised per output channel (symmetric int8) and its input per tensor
+ * (affine uint8, range from an observer), or (INT8) runs as one int8 op over the same
+ * parameters. Each such op adds a buffer "<layer>.act_observer" (4 floats: observed low,
+ * high, batches observed, 0), named after its weight ("fc1.w" -> "fc1.act_observer"): it is
+ * saved in checkpoints like any buffer, and INT8 graphs need it observed (count > 0).
+ * Call before building. Returns MGE_OK, MGE_INVAL (bad options), MGE_NOMEM, MGE_STATE (ops built).
+ */
+int mge_graph_set_quant(struct mge_graph *g, const struct mge_quant_opts *o);
+#define MGE_QUANT_OBSERVER_SUFFIX ".act_observer"
+#define MGE_QUANT_OBSERVER_LEN 4
+/* Whether @name is an activation observer's (ends with MGE_QUANT_OBSERVER_SUFFIX). */
+int mge_quant_is_observer(const char *name);
+/*
+ * Check an observer's stored values (@n floats): 4 of them, all finite, low <= high, the count a
+ * whole number >= 0 (with @need_observed: > 0), the 4th 0. MGE_OK or MGE_CORRUPT with @err
+ * saying which field is wrong.
+ */
+int mge_quant_observer_check(const float *v, int64_t n, int need_observed, char *err,
+                             size_t errlen);
+
 /* Time every op of later runs (on != 0) or stop; MGE_NOMEM if the table cannot be made. */
 int mge_graph_profile(struct mge_graph *g, int on);
 /* Print per-op mean times over @runs runs to @fp. */

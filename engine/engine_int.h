@@ -41,7 +41,11 @@
     X(ATTENTION)       /* in: qkv             out: y, lse     attr: heads (causal) */            \
     X(ATTENTION_GRAD)  /* in: dy, qkv, y, lse out: dqkv       attr: heads */                      \
     X(SCALE)           /* in: x               out: y (+)= s * x  attr: red.scale */             \
-    X(ONES)            /* out: a tensor of ones (the seed of backward) */
+    X(ONES)            /* out: a tensor of ones (the seed of backward) */                         \
+    X(FAKE_QUANT)      /* in: x, [observer]   out: y          attr: q (quant.c) */                \
+    X(FAKE_QUANT_GRAD) /* in: dy, x, [obs]    out: dx         attr: q (straight-through) */       \
+    X(QLINEAR)         /* in: x, w, [b], obs  out: y, scratch attr: q (int8, act none/relu) */    \
+    X(QCONV2D)         /* in: x, w, [b], obs  out: y, scratch attr: q (int8) */
 
 enum mge_op {
 #define MGE__OP_ENUM(name) MGE_OP_##name,
@@ -97,6 +101,7 @@ struct mge_node {
         struct { float eps, momentum; } bn;
         struct { float smoothing; } xent; /* label smoothing in [0, 1) */
         struct { int heads; } attn;
+        struct { int weight, relu, slot, stride, pad; } q; /* quant.c: slot: packed weights */
     } a;
 };
 
@@ -130,7 +135,19 @@ struct mge_graph {
     float loss_scale;            /* backward seed dloss (1 unless set) */
     int64_t row_offset;          /* rows of the global batch before this run's (dropout masks) */
     int bf16;                    /* GEMMs and convs take bf16-rounded inputs (train.precision) */
+    struct mge__quant *quant;    /* mge_graph_set_quant() state, or NULL (quant.c) */
 };
+
+/* quant.c: the builders mge_linear()/mge_conv2d() hand over to when quantising (their checks
+ * done), the state's destructor, and the CPU kernels of the quant ops. */
+int mge__quant_wants(const struct mge_graph *g);
+int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act);
+int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad);
+void mge__quant_free(struct mge__quant *q);
+int mge__cpu_fake_quant(struct mge_graph *g, const struct mge_node *n);
+int mge__cpu_fake_quant_grad(struct mge_graph *g, const struct mge_node *n);
+int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n);
+int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n);
 
 /* Sticky error: record the first failure and return -code. */
 int mge__graph_fail(struct mge_graph *g, int code, const char *fmt, ...)

@@ -64,6 +64,7 @@ void mge_graph_free(struct mge_graph *g)
     mge_free(g->grads);
     mge_free(g->profile);
     mge_free(g->grad_ready);
+    mge__quant_free(g->quant);
     mge_free(g);
 }
 
@@ -344,6 +345,8 @@ int mge_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act)
     if (b >= 0 && (g->values[b].ndim != 1 || g->values[b].shape[0] != W->shape[0]))
         return mge__graph_fail(g, MGE_INVAL, "linear: bias '%s' must be (%lld)", g->values[b].name,
                                (long long)W->shape[0]);
+    if (mge__quant_wants(g))
+        return mge__quant_linear(g, x, w, b, act);
     int64_t shape[MGE_MAX_DIMS];
     for (int i = 0; i < X->ndim; i++)
         shape[i] = X->shape[i];
@@ -673,6 +676,8 @@ int mge_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad)
     if (stride < 1 || pad < 0 || mge_cpu_conv_init(&cv) != 0)
         return mge__graph_fail(g, MGE_INVAL, "conv2d: kernel %dx%d stride %d pad %d does not fit %dx%d",
                                cv.R, cv.S, stride, pad, cv.H, cv.W);
+    if (mge__quant_wants(g))
+        return mge__quant_conv2d(g, x, w, b, stride, pad);
     int64_t shape[4] = {X->shape[0], W->shape[0], cv.P, cv.Q};
     int out = new_act(g, "conv2d", 4, shape, X->batched, rg(g, x) || rg(g, w) || rg(g, b));
     if (out < 0)

@@ -16,28 +16,51 @@
 
 static void usage(FILE *fp)
 {
-    fprintf(fp,
-            "usage: mge-infer CKPT [--data test|train] [--json] [--threads N]\n"
-            "       mge-infer CKPT --generate N [--prompt TEXT] [--seed S] [--temperature T]\n"
-            "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
-            "that the checkpoint's job spec names (a gpt: loss per token and perplexity\n"
-            "over the held-out or training tokens). --generate samples N tokens from a gpt\n"
-            "after the prompt (text: its bytes; default a newline), temperature 1, seed 1337.\n");
+    fprintf(fp, "usage: mge-infer CKPT [--data test|train] [--json] [--threads N]\n"
+                "                 [--precision fp32|fakequant|int8 [--compare]]\n"
+                "       mge-infer CKPT --generate N [--prompt TEXT] [--seed S] [--temperature T]\n"
+                "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
+                "that the checkpoint's job spec names (a gpt: loss per token and perplexity\n"
+                "over the held-out or training tokens). --generate samples N tokens from a gpt\n"
+                "after the prompt (text: its bytes; default a newline), temperature 1, seed 1337.\n"
+                "--precision: fp32 (default) ignores quantisation; fakequant runs the graph QAT\n"
+                "trained (fp32 ops on fake-quantised values); int8 runs int8 GEMMs and convs with\n"
+                "the checkpoint's observers and weights, no conversion step. --compare (int8)\n"
+                "also runs fakequant and reports the share of samples whose predictions agree.\n");
 }
 
-/* Copy every parameter and buffer of @g from checkpoint @ck; exit code 2 if one does not fit. */
+/*
+ * Copy every parameter and buffer of @g from checkpoint @ck; exit code 2 if one does not fit,
+ * or if an activation observer (quantised graphs) is missing, corrupt or never observed.
+ */
 static int load_params(struct mge_graph *g, const struct mge_ckpt *ck, const char *path)
 {
     for (int i = 0; i < mge_graph_n_params(g); i++) {
         int v = mge_graph_param(g, i);
-        const struct mge_ckpt_tensor *t = mge_ckpt_find(ck, mge_value_name(g, v));
+        const char *name = mge_value_name(g, v);
+        const struct mge_ckpt_tensor *t = mge_ckpt_find(ck, name);
         size_t want = sizeof(float) * (size_t)mge_value_numel(g, v);
+        char why[256];
+        if (!t && mge_quant_is_observer(name)) {
+            fprintf(stderr,
+                    "mge-infer: %s: quantisation field '%s' is missing: the checkpoint was not "
+                    "trained with quant.mode qat (calibrate it with mge-quantize --calibrate)\n",
+                    path, name);
+            return 2;
+        }
         if (!t || t->dtype != MGE_CKPT_F32 || t->nbytes != want) {
-            fprintf(stderr, "mge-infer: %s: parameter '%s' %s\n", path, mge_value_name(g, v),
+            fprintf(stderr, "mge-infer: %s: %s '%s' %s\n", path,
+                    mge_quant_is_observer(name) ? "quantisation field" : "parameter", name,
                     t ? "does not match the model" : "is missing");
             return 2;
         }
         memcpy(mge_value_data(g, v), t->data, want);
+        if (mge_quant_is_observer(name) &&
+            mge_quant_observer_check(mge_value_data(g, v), mge_value_numel(g, v), 1, why,
+                                     sizeof(why)) != MGE_OK) {
+            fprintf(stderr, "mge-infer: %s: quantisation field '%s': %s\n", path, name, why);
+            return 2;
+        }
     }
     return 0;
 }
@@ -191,17 +214,59 @@ out:
     return code;
 }
 
-static int infer(const char *path, int test, int json, const struct gen_opts *gen)
+struct eval_result {
+    double loss, acc;
+    double run_sec; /* in mge_graph_run() */
+    int32_t *pred;  /* (ds->n) predicted classes, or NULL */
+};
+
+/* Build @spec's model quantised as @mode, load @ck and evaluate it on @ds; an exit code. */
+static int eval_as(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
+                   const struct mge_dataset *ds, enum mge_quant_mode mode, struct eval_result *r)
+{
+    struct mge_graph *g = NULL;
+    struct mge_model model;
+    struct mge_quant_opts qo;
+    int64_t batch = spec->train.batch_size;
+    int code = 1, rc = mge_graph_new(&g);
+    mge_quant_opts_from_spec(spec, mode, &qo);
+    if (rc == MGE_OK && mode != MGE_QUANT_OFF)
+        rc = mge_graph_set_quant(g, &qo);
+    if (rc == MGE_OK)
+        rc = mge_model_build(g, spec, batch, ds->c, ds->h, ds->w, ds->classes, &model);
+    if (rc == MGE_OK)
+        rc = mge_graph_plan(g, NULL);
+    if (rc == MGE_OK)
+        rc = mge_graph_alloc(g);
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-infer: model: %s\n", g ? mge_graph_error_msg(g) : mge_strerror(rc));
+        goto out;
+    }
+    if ((code = load_params(g, ck, path)) != 0)
+        goto out;
+    r->run_sec = 0.0;
+    rc = mge_evaluate_preds(g, &model, ds, batch, &r->loss, &r->acc, r->pred, &r->run_sec);
+    code = rc == MGE_OK ? 0 : 1;
+    if (rc != MGE_OK)
+        fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
+out:
+    mge_graph_free(g);
+    return code;
+}
+
+static const char *const precision_names[] = {"fp32", "fakequant", "int8"};
+
+static int infer(const char *path, int test, int json, const struct gen_opts *gen,
+                 enum mge_quant_mode prec, int compare)
 {
     struct mge_ckpt *ck = NULL;
     struct mge_jobspec *spec = NULL;
     struct mge_spec_error serr;
     struct mge_dataset ds;
-    struct mge_graph *g = NULL;
-    struct mge_model model;
+    struct eval_result r = {0}, ref = {0};
+    int64_t agree = 0;
     char err[512];
     int code = 2, have_ds = 0, rc;
-    double loss, acc;
 
     memset(&ds, 0, sizeof(ds));
     if ((rc = mge_ckpt_read(path, &ck, err, sizeof(err))) != MGE_OK) {
@@ -223,6 +288,11 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
         goto out;
     }
     if (spec->model.type == MGE_MODEL_GPT) {
+        if (prec != MGE_QUANT_OFF) {
+            fprintf(stderr, "mge-infer: --precision %s: only for classifiers, not a gpt\n",
+                    precision_names[prec]);
+            goto out;
+        }
         code = gen ? generate(path, ck, spec, gen) : infer_tokens(path, ck, spec, test, json);
         goto out;
     }
@@ -231,36 +301,43 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
         goto out;
     }
     have_ds = 1;
-    code = 1;
-    int64_t batch = spec->train.batch_size;
-    if ((rc = mge_graph_new(&g)) != MGE_OK)
-        goto out;
-    rc = mge_model_build(g, spec, batch, ds.c, ds.h, ds.w, ds.classes, &model);
-    if (rc == MGE_OK)
-        rc = mge_graph_plan(g, NULL);
-    if (rc == MGE_OK)
-        rc = mge_graph_alloc(g);
-    if (rc != MGE_OK) {
-        fprintf(stderr, "mge-infer: model: %s\n", mge_graph_error_msg(g));
+    if (compare && (!(r.pred = mge_malloc(sizeof(int32_t) * (size_t)ds.n)) ||
+                    !(ref.pred = mge_malloc(sizeof(int32_t) * (size_t)ds.n)))) {
+        fprintf(stderr, "mge-infer: out of memory\n");
+        code = 1;
         goto out;
     }
-    if ((code = load_params(g, ck, path)) != 0)
+    if ((code = eval_as(path, ck, spec, &ds, prec, &r)) != 0)
         goto out;
-    code = 1;
-    if ((rc = mge_evaluate(g, &model, &ds, batch, &loss, &acc)) != MGE_OK)
+    if (compare && (code = eval_as(path, ck, spec, &ds, MGE_QUANT_FAKE, &ref)) != 0)
         goto out;
-    if (json)
-        printf("{\"accuracy\":%.6f,\"loss\":%.6f,\"samples\":%lld,\"step\":%lld}\n", acc, loss,
-               (long long)ds.n, (long long)ck->step);
-    else
-        printf("%s: %s set: accuracy %.2f%% (%.6f), loss %.4f over %lld samples (step %lld)\n",
-               path, test ? "test" : "train", 100.0 * acc, acc, loss, (long long)ds.n,
-               (long long)ck->step);
+    for (int64_t i = 0; compare && i < ds.n; i++)
+        agree += r.pred[i] == ref.pred[i];
+    double sps = r.run_sec > 0.0 ? (double)ds.n / r.run_sec : 0.0;
+    if (json) {
+        printf("{\"accuracy\":%.6f,\"%s\":%.6f,\"loss\":%.6f,\"samples\":%lld,\"step\":%lld,"
+               "\"precision\":\"%s\",\"samples_per_sec\":%.1f",
+               r.acc, test ? "test_accuracy" : "train_accuracy", r.acc, r.loss, (long long)ds.n,
+               (long long)ck->step, precision_names[prec], sps);
+        if (compare)
+            printf(",\"fakequant_accuracy\":%.6f,\"agreement\":%.6f,\"disagree\":%lld", ref.acc,
+                   (double)agree / (double)ds.n, (long long)(ds.n - agree));
+        printf("}\n");
+    } else {
+        printf("%s: %s set: accuracy %.2f%% (%.6f), loss %.4f over %lld samples (step %lld)%s%s\n",
+               path, test ? "test" : "train", 100.0 * r.acc, r.acc, r.loss, (long long)ds.n,
+               (long long)ck->step, prec != MGE_QUANT_OFF ? ", " : "",
+               prec != MGE_QUANT_OFF ? precision_names[prec] : "");
+        if (compare)
+            printf("fakequant graph: accuracy %.2f%%; predictions agree on %lld of %lld "
+                   "samples (%.3f%%)\n",
+                   100.0 * ref.acc, (long long)agree, (long long)ds.n,
+                   100.0 * (double)agree / (double)ds.n);
+    }
     code = 0;
 out:
-    if (code == 1)
-        fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
-    mge_graph_free(g);
+    mge_free(r.pred);
+    mge_free(ref.pred);
     if (have_ds)
         mge_dataset_fini(&ds);
     mge_jobspec_free(spec);
@@ -271,7 +348,8 @@ out:
 int main(int argc, char **argv)
 {
     const char *path = NULL;
-    int test = 1, json = 0, threads = 0;
+    int test = 1, json = 0, threads = 0, compare = 0;
+    enum mge_quant_mode prec = MGE_QUANT_OFF;
     struct gen_opts gen = {.n = 0, .prompt = NULL, .seed = 1337, .temperature = 1.0};
     mge_alloc_keep_memory();
     for (int i = 1; i < argc; i++) {
@@ -284,6 +362,21 @@ int main(int argc, char **argv)
             test = !strcmp(d, "test");
         } else if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--compare")) {
+            compare = 1;
+        } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+            const char *p = argv[++i];
+            int k = 0;
+            while (k < 3 && strcmp(p, precision_names[k]))
+                k++;
+            if (k == 3) {
+                fprintf(stderr,
+                        "mge-infer: --precision must be fp32, fakequant or int8, not "
+                        "'%s'\n",
+                        p);
+                return 2;
+            }
+            prec = (enum mge_quant_mode)k;
         } else if (!strcmp(argv[i], "--generate") && i + 1 < argc) {
             char *end;
             gen.n = strtoll(argv[++i], &end, 10);
@@ -328,5 +421,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "mge-infer: --prompt goes with --generate N\n");
         return 2;
     }
-    return infer(path, test, json, gen.n ? &gen : NULL);
+    if (compare && prec != MGE_QUANT_INT8) {
+        fprintf(stderr, "mge-infer: --compare goes with --precision int8\n");
+        return 2;
+    }
+    return infer(path, test, json, gen.n ? &gen : NULL, prec, compare);
 }

@@ -98,6 +98,7 @@ int mge__graph_clone(const struct mge_graph *g, struct mge_graph **out)
     c->param_arena = c->grad_arena = NULL;
     c->act_arena = NULL;
     c->profile = NULL;
+    c->quant = NULL; /* the original owns it */
     c->grad_ready = NULL;
     c->allocated = 0;
     if (!c->values || !c->nodes || !c->params || (g->grads && !c->grads)) {

@@ -160,6 +160,25 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
 int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struct mge_dataset *ds,
                  int64_t batch, double *loss, double *accuracy)
 {
+    return mge_evaluate_preds(g, model, ds, batch, loss, accuracy, NULL, NULL);
+}
+
+/* The class of each of @n rows of @V logits (the first of equal maxima). */
+static void argmax_rows(int32_t *pred, const float *logits, int64_t n, int64_t V)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float *l = logits + i * V;
+        int64_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            best = l[v] > l[best] ? v : best;
+        pred[i] = (int32_t)best;
+    }
+}
+
+int mge_evaluate_preds(struct mge_graph *g, const struct mge_model *model,
+                       const struct mge_dataset *ds, int64_t batch, double *loss, double *accuracy,
+                       int32_t *pred, double *run_sec)
+{
     int rc = MGE_OK;
     float *x = mge_malloc_aligned(sizeof(float) * (size_t)(batch * ds->dim));
     int32_t *y = mge_malloc(sizeof(int32_t) * (size_t)batch);
@@ -179,11 +198,16 @@ int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struc
         if ((rc = mge_dataset_gather(ds, idx, n, x, y)) != MGE_OK)
             goto out_free;
         mge_graph_set_batch(g, n);
+        double t0 = now_sec();
         if ((rc = mge_graph_run(g, MGE_RUN_INFER, 0)) != MGE_OK)
             goto out_free;
+        if (run_sec)
+            *run_sec += now_sec() - t0;
         sum_loss += (double)*(float *)mge_value_data(g, model->loss) * (double)n;
         const int64_t *ls = mge_value_shape(g, model->logits);
         correct += mge_cpu_argmax_correct(mge_value_data(g, model->logits), y, n, ls[1]);
+        if (pred)
+            argmax_rows(pred + at, mge_value_data(g, model->logits), n, ls[1]);
     }
     *loss = sum_loss / (double)ds->n;
     *accuracy = (double)correct / (double)ds->n;
@@ -394,6 +418,9 @@ static bool init_from_ignores(const char *name, int torch_names)
 {
     const char *nbt = ".num_batches_tracked";
     size_t len = strlen(name), nl = strlen(nbt);
+    /* activation observers: a fp32 model ignores them, a quantised one starts them afresh */
+    if (mge_quant_is_observer(name))
+        return true;
     if (!torch_names)
         return !strncmp(name, "optim.", 6);
     return len > nl && !strcmp(name + len - nl, nbt);
@@ -425,6 +452,8 @@ static int init_from_tensors(struct trainer *t, const char *path, const struct m
         for (int k = 0; k < n && !have; k++)
             if (!strcmp(ts[k].name, name))
                 have = &ts[k];
+        if (!have && mge_quant_is_observer(pname))
+            continue; /* QAT from a fp32 checkpoint: observe from scratch */
         if (!have) {
             fprintf(stderr, "mge-train: %s: tensor '%s' (shape %s) is missing\n", path, name,
                     shape_str(shape, ndim, s1, sizeof(s1)));
@@ -441,7 +470,15 @@ static int init_from_tensors(struct trainer *t, const char *path, const struct m
             return MGE_INVAL;
         }
         memcpy(mge_value_data(t->g, v), have->data, have->nbytes);
-        used++;
+        if (mge_quant_is_observer(pname)) {
+            char why[256];
+            if (mge_quant_observer_check(mge_value_data(t->g, v), mge_value_numel(t->g, v), 0, why,
+                                         sizeof(why))) {
+                fprintf(stderr, "mge-train: %s: quantisation observer '%s': %s\n", path, name, why);
+                return MGE_INVAL;
+            }
+        }
+        used += !mge_quant_is_observer(pname);
     }
     if (used != expected) {
         for (int k = 0; k < n; k++) {
@@ -532,6 +569,20 @@ static size_t activation_budget(const struct mge_jobspec *spec, size_t param_byt
     return total == 0 ? 0 : total > fixed ? total - fixed : 1;
 }
 
+void mge_quant_opts_from_spec(const struct mge_jobspec *spec, enum mge_quant_mode mode,
+                              struct mge_quant_opts *o)
+{
+    const struct mge_quant_spec *q = &spec->quant;
+    memset(o, 0, sizeof(*o));
+    o->mode = mode;
+    o->observer = q->observer == MGE_QUANT_SPEC_EMA          ? MGE_QUANT_OBS_EMA
+                  : q->observer == MGE_QUANT_SPEC_PERCENTILE ? MGE_QUANT_OBS_PERCENTILE
+                                                             : MGE_QUANT_OBS_MINMAX;
+    o->momentum = q->momentum > 0.0 ? (float)q->momentum : 0.01f;
+    o->percentile = q->percentile > 50.0 ? (float)q->percentile : 99.99f;
+    o->start_step = q->start_step;
+}
+
 int mge_train_bf16(const struct mge_jobspec *spec)
 {
     return spec->train.precision == MGE_PRECISION_BF16 && mge_cpu_has_bf16();
@@ -555,6 +606,12 @@ int mge_train_build(const struct mge_jobspec *spec, int64_t batch, int c, int h,
     if (rc != MGE_OK)
         return rc;
     mge_graph_set_bf16(g, mge_train_bf16(spec));
+    if (spec->quant.mode == MGE_QUANT_SPEC_QAT) {
+        struct mge_quant_opts qo;
+        mge_quant_opts_from_spec(spec, MGE_QUANT_FAKE, &qo);
+        if ((rc = mge_graph_set_quant(g, &qo)) != MGE_OK)
+            return rc;
+    }
     rc = mge_model_build(g, spec, batch, c, h, w, classes, model);
     if (rc == MGE_OK)
         rc = mge_graph_backward(g, model->loss);

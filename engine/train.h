@@ -33,6 +33,9 @@ int mge_train_main(const struct mge_train_opts *o);
  * "bf16", or "fp32 (bf16 unsupported: no avx512_bf16)"; static storage).
  */
 int mge_train_bf16(const struct mge_jobspec *spec);
+/* Quantisation options @mode with @spec's quant: observer, momentum, percentile, start_step. */
+void mge_quant_opts_from_spec(const struct mge_jobspec *spec, enum mge_quant_mode mode,
+                              struct mge_quant_opts *o);
 const char *mge_train_precision(const struct mge_jobspec *spec);
 
 /*
@@ -59,6 +62,14 @@ int mge_data_load(const struct mge_jobspec *spec, int test, struct mge_dataset *
  */
 int mge_evaluate(struct mge_graph *g, const struct mge_model *model, const struct mge_dataset *ds,
                  int64_t batch, double *loss, double *accuracy);
+
+/*
+ * As mge_evaluate(), also writing each sample's predicted class to @pred (ds->n entries) and
+ * adding the seconds spent in mge_graph_run() to *@run_sec (either may be NULL).
+ */
+int mge_evaluate_preds(struct mge_graph *g, const struct mge_model *model,
+                       const struct mge_dataset *ds, int64_t batch, double *loss, double *accuracy,
+                       int32_t *pred, double *run_sec);
 
 /* Held-out windows a gpt's test_loss covers at most (the first ones of the held-out tokens). */
 #define MGE_TOKENS_EVAL_WINDOWS 4096

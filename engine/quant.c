@@ -1,0 +1,445 @@
+/*
+ * quant.c: quantisation in the graph: the pass that mge_linear()/mge_conv2d() hand over to
+ * (fake-quantise nodes for quantisation-aware training, or int8 ops for inference over the
+ * same parameters), the activation observers, and the CPU kernels of those ops.
+ *
+ * One rounding rule serves both paths (kernels/cpu/cpu_quant.h), so an int8 op sees the very
+ * codes the fake-quantised graph multiplies; they differ only in how the products are summed
+ * (exact int32 against fp32), which moves an output by rounding error: the next layer's codes
+ * agree or differ by one quantisation step.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "engine/engine_int.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_quant.h"
+
+#define F(g, v) ((float *)(g)->values[(v)].data)
+#define HIST_BINS 2048 /* percentile observer: bins over the batch's [min, max] */
+
+struct mge__quant {
+    struct mge_quant_opts o;
+    int building;               /* inside a builder this file called: do not wrap again */
+    struct mge_cpu_qweight *qw; /* (n_slots) packed weights of the int8 ops, made at first run */
+    int n_slots, cap_slots;
+};
+
+int mge_graph_set_quant(struct mge_graph *g, const struct mge_quant_opts *o)
+{
+    if (g->n_nodes > 0)
+        return MGE_ERR(MGE_STATE, "quantisation must be set before the graph has ops");
+    if (o->mode < MGE_QUANT_OFF || o->mode > MGE_QUANT_INT8 || o->observer < 0 ||
+        o->observer > MGE_QUANT_OBS_PERCENTILE || !(o->momentum > 0.0f && o->momentum <= 1.0f) ||
+        !(o->percentile > 50.0f && o->percentile <= 100.0f) || o->start_step < 0)
+        return MGE_ERR(MGE_INVAL, "bad quantisation options");
+    if (!g->quant && !(g->quant = mge_calloc(1, sizeof(*g->quant))))
+        return MGE_ERR(MGE_NOMEM, "cannot allocate quantisation state");
+    g->quant->o = *o;
+    return MGE_OK;
+}
+
+void mge__quant_free(struct mge__quant *q)
+{
+    if (!q)
+        return;
+    for (int i = 0; i < q->n_slots; i++)
+        mge_cpu_qweight_fini(&q->qw[i]);
+    mge_free(q->qw);
+    mge_free(q);
+}
+
+int mge__quant_wants(const struct mge_graph *g)
+{
+    return g->quant && !g->quant->building && g->quant->o.mode != MGE_QUANT_OFF;
+}
+
+int mge_quant_is_observer(const char *name)
+{
+    size_t n = strlen(name), s = strlen(MGE_QUANT_OBSERVER_SUFFIX);
+    return n > s && !strcmp(name + n - s, MGE_QUANT_OBSERVER_SUFFIX);
+}
+
+int mge_quant_observer_check(const float *v, int64_t n, int need_observed, char *err, size_t errlen)
+{
+    static const char *const field[MGE_QUANT_OBSERVER_LEN] = {"low", "high", "count", "reserved"};
+    if (n != MGE_QUANT_OBSERVER_LEN) {
+        snprintf(err, errlen, "has %lld values, not %d (low, high, count, reserved)", (long long)n,
+                 MGE_QUANT_OBSERVER_LEN);
+        return MGE_CORRUPT;
+    }
+    for (int i = 0; i < MGE_QUANT_OBSERVER_LEN; i++)
+        if (!isfinite(v[i])) {
+            snprintf(err, errlen, "field '%s' is %g, not a finite number", field[i], (double)v[i]);
+            return MGE_CORRUPT;
+        }
+    if (v[2] < 0.0f || v[2] != floorf(v[2])) {
+        snprintf(err, errlen, "field 'count' is %g, not a whole number >= 0", (double)v[2]);
+        return MGE_CORRUPT;
+    }
+    if (v[3] != 0.0f) {
+        snprintf(err, errlen, "field 'reserved' is %g, not 0", (double)v[3]);
+        return MGE_CORRUPT;
+    }
+    if (v[2] > 0.0f && v[0] > v[1]) {
+        snprintf(err, errlen, "field 'low' %g is above field 'high' %g", (double)v[0],
+                 (double)v[1]);
+        return MGE_CORRUPT;
+    }
+    if (need_observed && v[2] == 0.0f) {
+        snprintf(err, errlen,
+                 "field 'count' is 0: never observed (train with quant.mode qat, or "
+                 "run mge-quantize --calibrate)");
+        return MGE_CORRUPT;
+    }
+    return MGE_OK;
+}
+
+/* ---- the pass: builders ---------------------------------------------------------------- */
+
+static int new_value(struct mge_graph *g, const char *what, int like, int requires_grad)
+{
+    const struct mge_value x = g->values[like]; /* a copy: adding values may move the table */
+    char name[64];
+    snprintf(name, sizeof(name), "%s.%d", what, g->n_values);
+    int v = mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, x.ndim, x.shape, x.batched, name);
+    if (v >= 0)
+        g->values[v].requires_grad = requires_grad;
+    return v;
+}
+
+/* The observer buffer of the op whose weight is @w: "<layer>.act_observer", shared when a
+ * weight serves several ops. */
+static int observer_of(struct mge_graph *g, int w)
+{
+    char name[64];
+    const char *wn = g->values[w].name, *dot = strrchr(wn, '.');
+    int len = dot ? (int)(dot - wn) : (int)strlen(wn);
+    snprintf(name, sizeof(name), "%.*s%s", len, wn, MGE_QUANT_OBSERVER_SUFFIX);
+    for (int i = 0; i < g->n_params; i++)
+        if (!strcmp(g->values[g->params[i]].name, name))
+            return g->params[i];
+    int64_t shape[1] = {MGE_QUANT_OBSERVER_LEN};
+    return mge_buffer(g, name, 1, shape, MGE_INIT_ZERO);
+}
+
+static int fake_quant(struct mge_graph *g, int x, int obs)
+{
+    int req = g->values[x].requires_grad;
+    int out = new_value(g, obs < 0 ? "fq_weight" : "fq_act", x, req);
+    if (out < 0)
+        return out;
+    struct mge_node n = {
+        .op = MGE_OP_FAKE_QUANT, .in = {x, obs}, .n_in = 2, .out = {out}, .n_out = 1};
+    n.a.q.weight = obs < 0;
+    int id = mge__graph_add_node(g, &n);
+    return id < 0 ? id : out;
+}
+
+/* A slot for an int8 op's packed weights. */
+static int new_slot(struct mge_graph *g)
+{
+    struct mge__quant *q = g->quant;
+    size_t cap = (size_t)q->cap_slots;
+    if (mge_array_grow((void **)&q->qw, &cap, (size_t)q->n_slots + 1, sizeof(*q->qw)) != MGE_OK)
+        return mge__graph_fail(g, MGE_NOMEM, "out of memory adding an int8 op");
+    q->cap_slots = (int)cap;
+    memset(&q->qw[q->n_slots], 0, sizeof(*q->qw));
+    return q->n_slots++;
+}
+
+/* Scratch of @bytes (a float vector, planned like any activation), 64 bytes of slack. */
+static int scratch(struct mge_graph *g, size_t bytes)
+{
+    int64_t n = (int64_t)((bytes + 64 + 3) / 4);
+    char name[64];
+    snprintf(name, sizeof(name), "qscratch.%d", g->n_values);
+    return mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, 1, &n, 0, name);
+}
+
+/* Activation @act after an int8 op that fused none. */
+static int apply_act(struct mge_graph *g, int y, enum mge_act act)
+{
+    switch (act) {
+    case MGE_ACT_FN_GELU:
+        return mge_gelu(g, y);
+    case MGE_ACT_FN_TANH:
+        return mge_tanh(g, y);
+    case MGE_ACT_FN_SIGMOID:
+        return mge_sigmoid(g, y);
+    default:
+        return y;
+    }
+}
+
+int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act)
+{
+    struct mge__quant *q = g->quant;
+    int obs = observer_of(g, w);
+    if (obs < 0)
+        return obs;
+    if (q->o.mode == MGE_QUANT_FAKE) {
+        int xq = fake_quant(g, x, obs), wq = xq < 0 ? xq : fake_quant(g, w, -1);
+        if (wq < 0)
+            return wq;
+        q->building = 1;
+        int y = mge_linear(g, xq, wq, b, act);
+        q->building = 0;
+        return y;
+    }
+    const struct mge_value X = g->values[x];
+    int64_t shape[MGE_MAX_DIMS], K = X.shape[X.ndim - 1], rows = 1;
+    for (int i = 0; i < X.ndim; i++)
+        shape[i] = X.shape[i];
+    shape[X.ndim - 1] = g->values[w].shape[0];
+    for (int i = 0; i + 1 < X.ndim; i++)
+        rows *= X.shape[i];
+    int y =
+        mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, X.ndim, shape, X.batched, "qlinear");
+    int s = y < 0 ? y : scratch(g, (size_t)rows * (size_t)((K + 3) / 4 * 4));
+    int slot = s < 0 ? s : new_slot(g);
+    if (slot < 0)
+        return slot;
+    struct mge_node n = {
+        .op = MGE_OP_QLINEAR, .in = {x, w, b, obs}, .n_in = 4, .out = {y, s}, .n_out = 2};
+    n.a.q.relu = act == MGE_ACT_FN_RELU;
+    n.a.q.slot = slot;
+    if (mge__graph_add_node(g, &n) < 0)
+        return -g->err;
+    return apply_act(g, y, act);
+}
+
+int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad)
+{
+    struct mge__quant *q = g->quant;
+    int obs = observer_of(g, w);
+    if (obs < 0)
+        return obs;
+    if (q->o.mode == MGE_QUANT_FAKE) {
+        int xq = fake_quant(g, x, obs), wq = xq < 0 ? xq : fake_quant(g, w, -1);
+        if (wq < 0)
+            return wq;
+        q->building = 1;
+        int y = mge_conv2d(g, xq, wq, b, stride, pad);
+        q->building = 0;
+        return y;
+    }
+    const struct mge_value X = g->values[x], W = g->values[w];
+    int64_t P = (X.shape[2] + 2 * pad - W.shape[2]) / stride + 1;
+    int64_t Q = (X.shape[3] + 2 * pad - W.shape[3]) / stride + 1;
+    int64_t shape[4] = {X.shape[0], W.shape[0], P, Q};
+    int64_t crs = W.shape[1] * W.shape[2] * W.shape[3];
+    int y = mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, 4, shape, X.batched, "qconv2d");
+    /* codes of the whole input, then one image's columns (rows of C*R*S codes) */
+    size_t xbytes = (size_t)(X.shape[0] * X.shape[1] * X.shape[2] * X.shape[3]);
+    size_t cbytes = (size_t)(P * Q) * (size_t)((crs + 3) / 4 * 4);
+    int s = y < 0 ? y : scratch(g, (xbytes + 63) / 64 * 64 + cbytes);
+    int slot = s < 0 ? s : new_slot(g);
+    if (slot < 0)
+        return slot;
+    struct mge_node n = {
+        .op = MGE_OP_QCONV2D, .in = {x, w, b, obs}, .n_in = 4, .out = {y, s}, .n_out = 2};
+    n.a.q.slot = slot;
+    n.a.q.stride = stride;
+    n.a.q.pad = pad;
+    int id = mge__graph_add_node(g, &n);
+    return id < 0 ? id : y;
+}
+
+/* ---- observers ----------------------------------------------------------------------------- */
+
+/* The [100 - p, p] percentiles of @x by a histogram over [lo, hi] (bin edges: within a bin). */
+static void batch_percentiles(const float *x, int64_t n, float lo, float hi, float p, float *plo,
+                              float *phi)
+{
+    static int64_t hist[HIST_BINS]; /* graphs run on one thread at a time (engine.h) */
+    float width = (hi - lo) / (float)HIST_BINS;
+    if (!(width > 0.0f)) {
+        *plo = lo;
+        *phi = hi;
+        return;
+    }
+    memset(hist, 0, sizeof(hist));
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(x[i]))
+            continue;
+        int b = (int)((x[i] - lo) / width);
+        hist[b < 0 ? 0 : b >= HIST_BINS ? HIST_BINS - 1 : b]++;
+    }
+    double tail = (double)n * (100.0 - (double)p) / 100.0;
+    int64_t acc = 0;
+    int bl = 0, bh = HIST_BINS - 1;
+    while (bl < HIST_BINS - 1 && (double)(acc + hist[bl]) <= tail)
+        acc += hist[bl++];
+    acc = 0;
+    while (bh > bl && (double)(acc + hist[bh]) <= tail)
+        acc += hist[bh--];
+    *plo = lo + width * (float)bl;
+    *phi = lo + width * (float)(bh + 1);
+}
+
+/* Fold @x's range into observer @obs (low, high, count, 0) by the chosen rule. */
+static void observe(const struct mge_quant_opts *o, float *obs, const float *x, int64_t n)
+{
+    float lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        lo = x[i] < lo ? x[i] : lo; /* NaN compares false: skipped */
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    if (!(lo <= hi))
+        return; /* nothing finite seen */
+    if (o->observer == MGE_QUANT_OBS_PERCENTILE)
+        batch_percentiles(x, n, lo, hi, o->percentile, &lo, &hi);
+    if (obs[2] == 0.0f) {
+        obs[0] = lo;
+        obs[1] = hi;
+    } else if (o->observer == MGE_QUANT_OBS_MINMAX) {
+        obs[0] = lo < obs[0] ? lo : obs[0];
+        obs[1] = hi > obs[1] ? hi : obs[1];
+    } else {
+        obs[0] += o->momentum * (lo - obs[0]);
+        obs[1] += o->momentum * (hi - obs[1]);
+    }
+    obs[2] += 1.0f;
+}
+
+/* ---- CPU kernels ------------------------------------------------------------------------- */
+
+/* Whether the fake-quantise op @n quantises in this run (else it passes values through). */
+static int fq_active(const struct mge_graph *g, const struct mge_node *n)
+{
+    const struct mge_quant_opts *o = &g->quant->o;
+    if (o->calibrate)
+        return 0;
+    if (g->training && g->step < o->start_step)
+        return 0;
+    return n->a.q.weight || F(g, n->in[1])[2] > 0.0f;
+}
+
+int mge__cpu_fake_quant(struct mge_graph *g, const struct mge_node *n)
+{
+    int x = n->in[0], y = n->out[0];
+    int64_t len = mge__value_numel_now(g, x);
+    const struct mge_quant_opts *o = &g->quant->o;
+    if (!n->a.q.weight) {
+        /* training forward ops observe (not recomputations: those are marked backward), and
+         * so do calibration runs */
+        int train_fwd = g->training && !n->backward;
+        if (train_fwd || (o->calibrate && !g->training))
+            observe(o, F(g, n->in[1]), F(g, x), len);
+    }
+    if (!fq_active(g, n)) {
+        if (F(g, y) != F(g, x))
+            memcpy(F(g, y), F(g, x), sizeof(float) * (size_t)len);
+        return MGE_OK;
+    }
+    if (n->a.q.weight) {
+        int64_t N = g->values[x].shape[0];
+        mge_cpu_fake_quant_weight(F(g, y), F(g, x), N, len / N);
+    } else {
+        const float *obs = F(g, n->in[1]);
+        struct mge_cpu_qaffine qa;
+        mge_cpu_qaffine_from_range(obs[0], obs[1], &qa);
+        mge_cpu_fake_quant_affine(F(g, y), F(g, x), len, &qa);
+    }
+    return MGE_OK;
+}
+
+int mge__cpu_fake_quant_grad(struct mge_graph *g, const struct mge_node *n)
+{
+    int dy = n->in[0], x = n->in[1], obs = n->in[2], dx = n->out[0];
+    int64_t len = mge__value_numel_now(g, x);
+    float *d = F(g, dx);
+    const float *s = F(g, dy);
+    struct mge_node fwd = *n; /* fq_active reads the forward's inputs: x, observer */
+    fwd.in[0] = x;
+    fwd.in[1] = obs;
+    if (n->a.q.weight || !fq_active(g, &fwd)) {
+        /* weights: every code lies inside [-127, 127] by construction, so all pass */
+        for (int64_t i = 0; i < len; i++)
+            d[i] = n->acc ? d[i] + s[i] : s[i];
+        return MGE_OK;
+    }
+    const float *o = F(g, obs);
+    struct mge_cpu_qaffine qa;
+    mge_cpu_qaffine_from_range(o[0], o[1], &qa);
+    mge_cpu_fake_quant_affine_backward(d, s, F(g, x), len, &qa, n->acc);
+    return MGE_OK;
+}
+
+/* The packed weights of int8 op @n, packed from its weight at the first run. */
+static const struct mge_cpu_qweight *packed_weights(struct mge_graph *g, const struct mge_node *n)
+{
+    struct mge_cpu_qweight *qw = &g->quant->qw[n->a.q.slot];
+    int w = n->in[1];
+    int64_t N = g->values[w].shape[0], K = mge_value_numel(g, w) / N;
+    if (!qw->packed && mge_cpu_qweight_pack(qw, F(g, w), (int)N, (int)K) != MGE_OK)
+        return NULL;
+    return qw;
+}
+
+int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n)
+{
+    int x = n->in[0], b = n->in[2], obs = n->in[3], y = n->out[0];
+    const struct mge_cpu_qweight *qw = packed_weights(g, n);
+    if (!qw)
+        return MGE_NOMEM;
+    const struct mge_value *X = &g->values[x];
+    int64_t K = X->shape[X->ndim - 1], rows = mge__value_numel_now(g, x) / K;
+    const float *o = F(g, obs);
+    struct mge_cpu_qaffine qa;
+    mge_cpu_qaffine_from_range(o[0], o[1], &qa);
+    uint8_t *codes = (uint8_t *)F(g, n->out[1]);
+    mge_cpu_quantize_u8(codes, qw->Kp, F(g, x), K, rows, K, &qa);
+    mge_cpu_gemm_u8s8(qw, (int)rows, codes, qw->Kp, &qa, b >= 0 ? F(g, b) : NULL, n->a.q.relu,
+                      F(g, y), qw->N, 1);
+    return MGE_OK;
+}
+
+int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
+{
+    int x = n->in[0], w = n->in[1], b = n->in[2], obs = n->in[3], y = n->out[0];
+    const struct mge_cpu_qweight *qw = packed_weights(g, n);
+    if (!qw)
+        return MGE_NOMEM;
+    int64_t xs[MGE_MAX_DIMS];
+    mge__value_shape_now(g, x, xs);
+    const int64_t *ws = g->values[w].shape;
+    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], R = ws[2], S = ws[3];
+    int stride = n->a.q.stride, pad = n->a.q.pad;
+    int64_t P = (H + 2 * pad - R) / stride + 1, Q = (W + 2 * pad - S) / stride + 1;
+    const float *o = F(g, obs);
+    struct mge_cpu_qaffine qa;
+    mge_cpu_qaffine_from_range(o[0], o[1], &qa);
+    uint8_t *qx = (uint8_t *)F(g, n->out[1]);
+    int64_t xbytes = N * C * H * W;
+    uint8_t *cols = qx + (xbytes + 63) / 64 * 64;
+    mge_cpu_quantize_u8(qx, xbytes, F(g, x), xbytes, 1, xbytes, &qa);
+    for (int64_t img = 0; img < N; img++) {
+        const uint8_t *xi = qx + img * C * H * W;
+        for (int64_t p = 0; p < P; p++)
+            for (int64_t qq = 0; qq < Q; qq++) {
+                uint8_t *row = cols + (p * Q + qq) * qw->Kp;
+                int64_t k = 0;
+                for (int64_t c = 0; c < C; c++)
+                    for (int64_t r = 0; r < R; r++) {
+                        int64_t h = p * stride - pad + r;
+                        for (int64_t s = 0; s < S; s++, k++) {
+                            int64_t ww = qq * stride - pad + s;
+                            /* padding holds real zeros: the zero point's code */
+                            row[k] = (h >= 0 && h < H && ww >= 0 && ww < W)
+                                         ? xi[(c * H + h) * W + ww]
+                                         : (uint8_t)qa.zp;
+                        }
+                    }
+                for (; k < qw->Kp; k++)
+                    row[k] = 0;
+            }
+        mge_cpu_gemm_u8s8(qw, (int)(P * Q), cols, qw->Kp, &qa, b >= 0 ? F(g, b) : NULL, 0,
+                          F(g, y) + img * qw->N * P * Q, 1, P * Q);
+    }
+    return MGE_OK;
+}

@@ -1,0 +1,110 @@
+/*
+ * cpu_quant.h: int8 quantisation kernels: the quantisers that the fake-quantise op (training)
+ * and the int8 path (inference) share, so both round alike, and the u8 x s8 GEMM with int32
+ * sums and a fused dequantise + bias + relu epilogue (kernels/cpu/gemm_int8.c).
+ *
+ * Activations: per-tensor affine, stored as uint8 with a zero point: q = clamp(rint(x * inv) +
+ * zp, 0, 255) stands for (q - zp) * scale (int8 affine shifted by 128, what VNNI multiplies).
+ * Weights: per output channel symmetric int8: q = clamp(rint(w * inv[n]), -127, 127) stands for
+ * q * scale[n], scale[n] = max |w[n, :]| / 127.
+ * Threads: the GEMM uses OpenMP with mge_cpu_threads() threads; the rest is single-threaded.
+ */
+#ifndef MGE_KERNELS_CPU_QUANT_H
+#define MGE_KERNELS_CPU_QUANT_H
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MGE_CPU_QW_MAX 127 /* weights: [-127, 127] (no -128: symmetric) */
+
+/* Per-tensor affine parameters of an activation (uint8 codes). */
+struct mge_cpu_qaffine {
+    float scale;  /* > 0 */
+    float inv;    /* 1 / scale, the multiplier both paths round with */
+    int32_t zp;   /* zero point in [0, 255] */
+    float lo, hi; /* what codes 0 and 255 stand for: (0 - zp) * scale, (255 - zp) * scale */
+};
+
+/* Parameters for the observed range [@lo, @hi] (widened to hold 0, so 0 is exact). */
+void mge_cpu_qaffine_from_range(float lo, float hi, struct mge_cpu_qaffine *q);
+
+/* The uint8 code of @x (the one rounding rule of both paths). */
+static inline int32_t mge_cpu_quant_u8(float x, const struct mge_cpu_qaffine *q)
+{
+    float r = nearbyintf(x * q->inv);
+    /* compare in float first: a huge or NaN x must not overflow the int conversion */
+    if (!(r > -512.0f))
+        r = -512.0f;
+    if (r > 512.0f)
+        r = 512.0f;
+    int32_t v = (int32_t)r + q->zp;
+    return v < 0 ? 0 : v > 255 ? 255 : v;
+}
+
+/* y = (code(x) - zp) * scale, elementwise over @n values (in place allowed). */
+void mge_cpu_fake_quant_affine(float *y, const float *x, int64_t n,
+                               const struct mge_cpu_qaffine *q);
+/*
+ * Straight-through estimator: dx (+)= dy where lo <= x <= hi (the code is not clamped), else 0
+ * (@acc: add into dx).
+ */
+void mge_cpu_fake_quant_affine_backward(float *dx, const float *dy, const float *x, int64_t n,
+                                        const struct mge_cpu_qaffine *q, int acc);
+
+/* @rows rows of @cols values of @x (row stride @ldx) -> codes, row stride @ldq (>= cols; the
+ * columns past @cols get 0). */
+void mge_cpu_quantize_u8(uint8_t *out, int64_t ldq, const float *x, int64_t ldx, int64_t rows,
+                         int64_t cols, const struct mge_cpu_qaffine *q);
+
+/* Per-channel symmetric scales of @w (N, K): scale[n] = max|w[n,:]| / 127 (1 where the row is
+ * all zero), inv[n] = 1 / scale[n]. */
+void mge_cpu_qweight_scales(float *scale, float *inv, const float *w, int64_t N, int64_t K);
+/* The int8 code of weight @x with multiplier @inv. */
+static inline int32_t mge_cpu_quant_s8(float x, float inv)
+{
+    float r = nearbyintf(x * inv);
+    if (!(r > -(float)MGE_CPU_QW_MAX))
+        r = -(float)MGE_CPU_QW_MAX;
+    if (r > (float)MGE_CPU_QW_MAX)
+        r = (float)MGE_CPU_QW_MAX;
+    return (int32_t)r;
+}
+/* y = code(w) * scale[n] for w (N, K), per row n (the fake-quantised weight). */
+void mge_cpu_fake_quant_weight(float *y, const float *w, int64_t N, int64_t K);
+
+/* Weights (N, K) quantised and packed for mge_cpu_gemm_u8s8(). */
+struct mge_cpu_qweight {
+    int N, K;        /* logical shape */
+    int Np, Kp;      /* N rounded up to 16, K to 4 */
+    int8_t *packed;  /* (Np / 16, Kp / 4, 16, 4) codes, zero in the padding */
+    int32_t *colsum; /* (N) sum over k of the codes of row n */
+    float *scale;    /* (N) per-channel scales */
+};
+
+/* Quantise and pack @w (N, K). MGE_OK, MGE_INVAL (bad shape), MGE_NOMEM (@qw is zeroed). */
+int mge_cpu_qweight_pack(struct mge_cpu_qweight *qw, const float *w, int N, int K);
+/* Free what pack allocated and zero @qw; a zeroed @qw does nothing. */
+void mge_cpu_qweight_fini(struct mge_cpu_qweight *qw);
+
+/*
+ * y[m * rs + n * cs] = act(float(acc[m][n] - zp * colsum[n]) * (scale_x * scale[n]) + bias[n])
+ * with acc[m][n] = sum_k a[m][k] * code[n][k] in int32 (exact), for m < @M, n < qw->N.
+ * @a: (M, qw->Kp) uint8 codes, row stride @lda (the columns past K are ignored by zero weights).
+ * @bias: (N) or NULL; @relu: max(0, .) after the bias. AVX-512 VNNI when the CPU has it
+ * (mge_cpu_has_vnni()), else a portable loop; the two give identical results.
+ */
+void mge_cpu_gemm_u8s8(const struct mge_cpu_qweight *qw, int M, const uint8_t *a, int64_t lda,
+                       const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y,
+                       int64_t rs, int64_t cs);
+
+/* Whether the int8 GEMM uses AVX-512 VNNI here (MGE_CPU_VNNI=off in the environment: never). */
+int mge_cpu_has_vnni(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,344 @@
+/*
+ * gemm_int8.c: int8 quantisation kernels (cpu_quant.h): the quantisers and the u8 x s8 GEMM
+ * with int32 sums, AVX-512 VNNI (vpdpbusd) when the CPU has it and a portable loop otherwise,
+ * chosen at run time (the build never assumes the ISA: no -march=native).
+ */
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/cpu_quant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define HAVE_VNNI_BUILD 1
+#else
+#define HAVE_VNNI_BUILD 0
+#endif
+
+#define MR 4  /* rows of a tile */
+#define NR 32 /* columns of a tile: two 16-column blocks */
+
+/* ---- the CPU check ----------------------------------------------------------------------- */
+
+static int g_has_vnni;
+static pthread_once_t g_vnni_once = PTHREAD_ONCE_INIT;
+
+static void has_vnni_init(void)
+{
+    const char *s = getenv("MGE_CPU_VNNI");
+    /* MGE_CPU_VNNI=off: behave as a CPU without the instructions (tests of the portable path) */
+    if (s && (!strcmp(s, "off") || !strcmp(s, "0")))
+        return;
+#if HAVE_VNNI_BUILD
+    __builtin_cpu_init();
+    g_has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+#endif
+}
+
+int mge_cpu_has_vnni(void)
+{
+    pthread_once(&g_vnni_once, has_vnni_init);
+    return g_has_vnni;
+}
+
+/* ---- quantisers -------------------------------------------------------------------------- */
+
+void mge_cpu_qaffine_from_range(float lo, float hi, struct mge_cpu_qaffine *q)
+{
+    if (!(lo < 0.0f)) /* NaN too */
+        lo = 0.0f;
+    if (!(hi > 0.0f))
+        hi = 0.0f;
+    float scale = (hi - lo) / 255.0f;
+    if (!(scale > 1e-12f) || !isfinite(scale))
+        scale = isfinite(scale) ? 1.0f : 3e38f / 255.0f;
+    float z = nearbyintf(-lo / scale);
+    q->scale = scale;
+    q->inv = 1.0f / scale;
+    q->zp = z < 0.0f ? 0 : z > 255.0f ? 255 : (int32_t)z;
+    q->lo = (float)(0 - q->zp) * scale;
+    q->hi = (float)(255 - q->zp) * scale;
+}
+
+MGE__CPU_CLONES
+void mge_cpu_fake_quant_affine(float *y, const float *x, int64_t n, const struct mge_cpu_qaffine *q)
+{
+    const struct mge_cpu_qaffine p = *q;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = (float)(mge_cpu_quant_u8(x[i], &p) - p.zp) * p.scale;
+}
+
+MGE__CPU_CLONES
+void mge_cpu_fake_quant_affine_backward(float *dx, const float *dy, const float *x, int64_t n,
+                                        const struct mge_cpu_qaffine *q, int acc)
+{
+    /* inside: the rounded code lies in [0, 255]; the same test as the forward clamp */
+    const struct mge_cpu_qaffine p = *q;
+    for (int64_t i = 0; i < n; i++) {
+        float r = nearbyintf(x[i] * p.inv) + (float)p.zp;
+        float g = (r >= 0.0f && r <= 255.0f) ? dy[i] : 0.0f;
+        dx[i] = acc ? dx[i] + g : g;
+    }
+}
+
+MGE__CPU_CLONES
+void mge_cpu_quantize_u8(uint8_t *out, int64_t ldq, const float *x, int64_t ldx, int64_t rows,
+                         int64_t cols, const struct mge_cpu_qaffine *q)
+{
+    const struct mge_cpu_qaffine p = *q;
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *o = out + r * ldq;
+        const float *xr = x + r * ldx;
+        for (int64_t c = 0; c < cols; c++)
+            o[c] = (uint8_t)mge_cpu_quant_u8(xr[c], &p);
+        for (int64_t c = cols; c < ldq; c++)
+            o[c] = 0;
+    }
+}
+
+void mge_cpu_qweight_scales(float *scale, float *inv, const float *w, int64_t N, int64_t K)
+{
+    for (int64_t n = 0; n < N; n++) {
+        float amax = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            float a = fabsf(w[n * K + k]);
+            amax = a > amax ? a : amax;
+        }
+        float s = amax / (float)MGE_CPU_QW_MAX;
+        if (!(s > 1e-30f) || !isfinite(s))
+            s = 1.0f;
+        scale[n] = s;
+        inv[n] = 1.0f / s;
+    }
+}
+
+void mge_cpu_fake_quant_weight(float *y, const float *w, int64_t N, int64_t K)
+{
+    for (int64_t n = 0; n < N; n++) {
+        float s, inv;
+        mge_cpu_qweight_scales(&s, &inv, w + n * K, 1, K);
+        for (int64_t k = 0; k < K; k++)
+            y[n * K + k] = (float)mge_cpu_quant_s8(w[n * K + k], inv) * s;
+    }
+}
+
+int mge_cpu_qweight_pack(struct mge_cpu_qweight *qw, const float *w, int N, int K)
+{
+    memset(qw, 0, sizeof(*qw));
+    if (N < 1 || K < 1)
+        return MGE_ERR(MGE_INVAL, "int8 weights: shape (%d, %d)", N, K);
+    int Np = (N + 15) / 16 * 16, Kp = (K + 3) / 4 * 4;
+    float *inv = mge_malloc(sizeof(float) * (size_t)N);
+    qw->packed = mge_malloc_aligned((size_t)Np * (size_t)Kp);
+    qw->colsum = mge_malloc(sizeof(int32_t) * (size_t)N);
+    qw->scale = mge_malloc(sizeof(float) * (size_t)N);
+    if (!inv || !qw->packed || !qw->colsum || !qw->scale) {
+        mge_free(inv);
+        mge_cpu_qweight_fini(qw);
+        return MGE_ERR(MGE_NOMEM, "cannot allocate int8 weights (%d, %d)", N, K);
+    }
+    qw->N = N;
+    qw->K = K;
+    qw->Np = Np;
+    qw->Kp = Kp;
+    memset(qw->packed, 0, (size_t)Np * (size_t)Kp);
+    mge_cpu_qweight_scales(qw->scale, inv, w, N, K);
+    int KQ = Kp / 4;
+    for (int n = 0; n < N; n++) {
+        int32_t sum = 0;
+        int8_t *blk = qw->packed + (size_t)(n / 16) * (size_t)KQ * 64 + (size_t)(n % 16) * 4;
+        for (int k = 0; k < K; k++) {
+            int32_t c = mge_cpu_quant_s8(w[(size_t)n * (size_t)K + (size_t)k], inv[n]);
+            blk[(size_t)(k / 4) * 64 + (size_t)(k % 4)] = (int8_t)c;
+            sum += c;
+        }
+        qw->colsum[n] = sum;
+    }
+    mge_free(inv);
+    return MGE_OK;
+}
+
+void mge_cpu_qweight_fini(struct mge_cpu_qweight *qw)
+{
+    mge_free_aligned(qw->packed);
+    mge_free(qw->colsum);
+    mge_free(qw->scale);
+    memset(qw, 0, sizeof(*qw));
+}
+
+/* ---- the GEMM ---------------------------------------------------------------------------- */
+
+struct gemm_args {
+    const struct mge_cpu_qweight *qw;
+    const uint8_t *a;
+    int64_t lda;
+    int32_t zp;
+    float sx;          /* the activations' scale */
+    const float *bias; /* (N) or NULL */
+    int relu;
+    float *y;
+    int64_t rs, cs;
+};
+
+/* The epilogue of one output: the same float operations, in the same order, on both paths. */
+static inline float epilogue(const struct gemm_args *g, int32_t acc, int n)
+{
+    float v = (float)(acc - g->zp * g->qw->colsum[n]) * (g->sx * g->qw->scale[n]);
+    if (g->bias)
+        v += g->bias[n];
+    if (g->relu)
+        v = v > 0.0f ? v : 0.0f;
+    return v;
+}
+
+/* One tile: rows [m0, m0 + mr), columns [n0, n0 + nr) (nr 16 or 32), portable. */
+static void tile_portable(const struct gemm_args *g, int m0, int mr, int n0, int nr)
+{
+    const struct mge_cpu_qweight *qw = g->qw;
+    int KQ = qw->Kp / 4;
+    int32_t acc[MR][NR];
+    memset(acc, 0, sizeof(acc));
+    for (int b = 0; b < nr / 16; b++) {
+        const int8_t *bp = qw->packed + (size_t)((n0 / 16) + b) * (size_t)KQ * 64;
+        for (int r = 0; r < mr; r++) {
+            const uint8_t *ar = g->a + (int64_t)(m0 + r) * g->lda;
+            int32_t *ac = acc[r] + b * 16;
+            for (int kq = 0; kq < KQ; kq++) {
+                const int8_t *bk = bp + (size_t)kq * 64;
+                const uint8_t *ak = ar + kq * 4;
+                for (int j = 0; j < 16; j++)
+                    ac[j] += (int32_t)ak[0] * bk[j * 4] + (int32_t)ak[1] * bk[j * 4 + 1] +
+                             (int32_t)ak[2] * bk[j * 4 + 2] + (int32_t)ak[3] * bk[j * 4 + 3];
+            }
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr && n0 + j < qw->N; j++)
+            g->y[(int64_t)(m0 + r) * g->rs + (int64_t)(n0 + j) * g->cs] =
+                epilogue(g, acc[r][j], n0 + j);
+}
+
+#if HAVE_VNNI_BUILD
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+store16(const struct gemm_args *g, __m512i acc, int m, int n0)
+{
+    const struct mge_cpu_qweight *qw = g->qw;
+    int left = qw->N - n0;
+    __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __m512i cs = _mm512_maskz_loadu_epi32(k, qw->colsum + n0);
+    __m512i v = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(g->zp), cs));
+    __m512 comb = _mm512_mul_ps(_mm512_set1_ps(g->sx), _mm512_maskz_loadu_ps(k, qw->scale + n0));
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), comb);
+    if (g->bias)
+        f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(k, g->bias + n0));
+    if (g->relu)
+        f = _mm512_max_ps(f, _mm512_setzero_ps());
+    float *dst = g->y + (int64_t)m * g->rs + (int64_t)n0 * g->cs;
+    if (g->cs == 1) {
+        _mm512_mask_storeu_ps(dst, k, f);
+    } else {
+        float t[16];
+        _mm512_storeu_ps(t, f);
+        for (int j = 0; j < 16 && j < left; j++)
+            dst[(int64_t)j * g->cs] = t[j];
+    }
+}
+
+/* One tile with vpdpbusd: 4 rows x 32 columns in 8 accumulators; rows past @mr repeat row 0. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+tile_vnni(const struct gemm_args *g, int m0, int mr, int n0, int nr)
+{
+    const struct mge_cpu_qweight *qw = g->qw;
+    int KQ = qw->Kp / 4;
+    const uint8_t *a0 = g->a + (int64_t)m0 * g->lda;
+    const uint8_t *a1 = mr > 1 ? a0 + g->lda : a0, *a2 = mr > 2 ? a0 + 2 * g->lda : a0;
+    const uint8_t *a3 = mr > 3 ? a0 + 3 * g->lda : a0;
+    const int8_t *b0 = qw->packed + (size_t)(n0 / 16) * (size_t)KQ * 64;
+    __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+            c30 = c00, c31 = c00;
+    if (nr == 32) {
+        const int8_t *b1 = b0 + (size_t)KQ * 64;
+        for (int kq = 0; kq < KQ; kq++) {
+            __m512i w0 = _mm512_load_si512((const void *)(b0 + (size_t)kq * 64));
+            __m512i w1 = _mm512_load_si512((const void *)(b1 + (size_t)kq * 64));
+            int32_t v0, v1, v2, v3;
+            memcpy(&v0, a0 + kq * 4, 4);
+            memcpy(&v1, a1 + kq * 4, 4);
+            memcpy(&v2, a2 + kq * 4, 4);
+            memcpy(&v3, a3 + kq * 4, 4);
+            __m512i x0 = _mm512_set1_epi32(v0), x1 = _mm512_set1_epi32(v1);
+            __m512i x2 = _mm512_set1_epi32(v2), x3 = _mm512_set1_epi32(v3);
+            c00 = _mm512_dpbusd_epi32(c00, x0, w0);
+            c01 = _mm512_dpbusd_epi32(c01, x0, w1);
+            c10 = _mm512_dpbusd_epi32(c10, x1, w0);
+            c11 = _mm512_dpbusd_epi32(c11, x1, w1);
+            c20 = _mm512_dpbusd_epi32(c20, x2, w0);
+            c21 = _mm512_dpbusd_epi32(c21, x2, w1);
+            c30 = _mm512_dpbusd_epi32(c30, x3, w0);
+            c31 = _mm512_dpbusd_epi32(c31, x3, w1);
+        }
+    } else {
+        for (int kq = 0; kq < KQ; kq++) {
+            __m512i w0 = _mm512_load_si512((const void *)(b0 + (size_t)kq * 64));
+            int32_t v0, v1, v2, v3;
+            memcpy(&v0, a0 + kq * 4, 4);
+            memcpy(&v1, a1 + kq * 4, 4);
+            memcpy(&v2, a2 + kq * 4, 4);
+            memcpy(&v3, a3 + kq * 4, 4);
+            c00 = _mm512_dpbusd_epi32(c00, _mm512_set1_epi32(v0), w0);
+            c10 = _mm512_dpbusd_epi32(c10, _mm512_set1_epi32(v1), w0);
+            c20 = _mm512_dpbusd_epi32(c20, _mm512_set1_epi32(v2), w0);
+            c30 = _mm512_dpbusd_epi32(c30, _mm512_set1_epi32(v3), w0);
+        }
+    }
+    __m512i lo[MR] = {c00, c10, c20, c30}, hi[MR] = {c01, c11, c21, c31};
+    for (int r = 0; r < mr; r++) {
+        store16(g, lo[r], m0 + r, n0);
+        if (nr == 32 && n0 + 16 < qw->N)
+            store16(g, hi[r], m0 + r, n0 + 16);
+    }
+}
+#else
+static void tile_vnni(const struct gemm_args *g, int m0, int mr, int n0, int nr)
+{
+    tile_portable(g, m0, mr, n0, nr);
+}
+#endif
+
+void mge_cpu_gemm_u8s8(const struct mge_cpu_qweight *qw, int M, const uint8_t *a, int64_t lda,
+                       const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y,
+                       int64_t rs, int64_t cs)
+{
+    if (M < 1)
+        return;
+    struct gemm_args g = {.qw = qw,
+                          .a = a,
+                          .lda = lda,
+                          .zp = qx->zp,
+                          .sx = qx->scale,
+                          .bias = bias,
+                          .relu = relu,
+                          .y = y,
+                          .rs = rs,
+                          .cs = cs};
+    int vnni = mge_cpu_has_vnni();
+    int mt = (M + MR - 1) / MR, nt = (qw->Np + NR - 1) / NR;
+    int64_t tiles = (int64_t)mt * nt;
+    int64_t work = (int64_t)M * qw->Np * qw->Kp;
+    int threads = work >= (1 << 20) ? mge_cpu_threads() : 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t t = 0; t < tiles; t++) {
+        int tn = (int)(t / mt), tm = (int)(t % mt);
+        int m0 = tm * MR, n0 = tn * NR;
+        int mr = M - m0 < MR ? M - m0 : MR, nr = qw->Np - n0 < NR ? qw->Np - n0 : NR;
+        if (vnni)
+            tile_vnni(&g, m0, mr, n0, nr);
+        else
+            tile_portable(&g, m0, mr, n0, nr);
+    }
+}
