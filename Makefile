@@ -78,7 +78,7 @@ $(BUILD)/gen/proto/%.pb-c.c $(BUILD)/gen/proto/%.pb-c.h: proto/%.proto
 # ---- sources by module (a new .c file in a module is picked up automatically) ----
 COMMON_SRC  := $(wildcard common/*.c)
 KERNEL_SRC  := $(sort $(wildcard kernels/*.c kernels/cpu/*.c))
-ENGINE_MAIN := engine/main_train.c engine/main_infer.c engine/main_export.c
+ENGINE_MAIN := engine/main_train.c engine/main_infer.c engine/main_export.c engine/main_quantize.c
 # engine/comm: each backend that needs a library has a stub twin; exactly one of each is built
 COMM_ALT    := engine/comm/comm_mpi.c engine/comm/comm_mpi_none.c \
                engine/comm/comm_nccl.c engine/comm/comm_nccl_none.c
@@ -135,12 +135,13 @@ BIN := $(BUILD)/bin
 $(BIN)/mge-train: $(call obj,engine/main_train.c) $(ENGINE_LIBS)
 $(BIN)/mge-infer: $(call obj,engine/main_infer.c) $(ENGINE_LIBS)
 $(BIN)/mge-export: $(call obj,engine/main_export.c) $(ENGINE_LIBS)
-$(BIN)/mge-train $(BIN)/mge-infer $(BIN)/mge-export:
+$(BIN)/mge-quantize: $(call obj,engine/main_quantize.c) $(ENGINE_LIBS)
+$(BIN)/mge-train $(BIN)/mge-infer $(BIN)/mge-export $(BIN)/mge-quantize:
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON)
 
-BINARIES := $(BIN)/mge-train $(BIN)/mge-infer $(BIN)/mge-export
+BINARIES := $(BIN)/mge-train $(BIN)/mge-infer $(BIN)/mge-export $(BIN)/mge-quantize
 
 ifneq ($(COORD_SRC),)
 $(BIN)/mge-coordinator: $(call obj,$(COORD_SRC) engine/ckpt.c) $(LIB_PROTO) $(LIB_COMMON)
