@@ -103,6 +103,9 @@ void mge_cpu_gemm_u8s8(const struct mge_cpu_qweight *qw, int M, const uint8_t *a
 
 /* Whether the int8 GEMM uses AVX-512 VNNI here (MGE_CPU_VNNI=off in the environment: never). */
 int mge_cpu_has_vnni(void);
+/* Tests: use the portable path (@on 0) or VNNI again where the CPU has it (@on 1). Not
+ * thread-safe against running GEMMs. */
+void mge_cpu_set_vnni(int on);
 
 #ifdef __cplusplus
 }

@@ -40,10 +40,17 @@ static void has_vnni_init(void)
 #endif
 }
 
+static int g_vnni_off; /* mge_cpu_set_vnni(0) */
+
 int mge_cpu_has_vnni(void)
 {
     pthread_once(&g_vnni_once, has_vnni_init);
-    return g_has_vnni;
+    return g_has_vnni && !g_vnni_off;
+}
+
+void mge_cpu_set_vnni(int on)
+{
+    g_vnni_off = !on;
 }
 
 /* ---- quantisers -------------------------------------------------------------------------- */
