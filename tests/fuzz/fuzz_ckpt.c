@@ -2,7 +2,8 @@
  * fuzz_ckpt.c: libFuzzer target for checkpoint decoding (engine/ckpt.c).
  * Each input is tried as a whole file image (header, CRC, payload) and, past the CRC, as a
  * bare protobuf payload (bytes after the 24-byte header), so mutations reach the protobuf
- * decoder and the validator. A checkpoint that decodes must re-encode and decode to the same.
+ * decoder and the validator. A checkpoint that decodes must re-encode and decode to the same,
+ * and its quantisation fields (activation observers) go through their checks.
  * Seeds: tests/fuzz/corpus/ckpt/ (made by tests/fuzz/gen_ckpt_seeds.c).
  */
 #include <stdint.h>
@@ -13,6 +14,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/ckpt.h"
+#include "engine/engine.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -35,6 +37,15 @@ static void exercise(const struct mge_ckpt *ck)
         for (size_t k = 0; k < t->nbytes; k++)
             sum += ((const uint8_t *)t->data)[k];
         check(mge_ckpt_find(ck, t->name) == t);
+        if (mge_quant_is_observer(t->name) && t->dtype == MGE_CKPT_F32 && t->nbytes <= 64 &&
+            t->nbytes > 0) {
+            /* quantisation fields: what mge-infer and mge-train check before use */
+            float v[16];
+            char why[256];
+            memcpy(v, t->data, t->nbytes);
+            int rc = mge_quant_observer_check(v, (int64_t)(t->nbytes / 4), 1, why, sizeof(why));
+            check(rc == MGE_OK || (rc == MGE_CORRUPT && why[0]));
+        }
     }
     (void)sum;
     check(mge_ckpt_encode(ck, &img, &len, err, sizeof(err)) == MGE_OK);

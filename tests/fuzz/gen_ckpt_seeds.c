@@ -41,7 +41,14 @@ int main(int argc, char **argv)
         {"half", MGE_CKPT_F16, 4, {1, 2, 1, 2}, half, sizeof(half)},
         {"empty", MGE_CKPT_U8, 6, {1, 1, 1, 1, 0, 3}, NULL, 0},
     };
-    struct mge_ckpt a = {0}, c = {0}, e = {0};
+    /* quant.mode qat: an activation observer (low, high, count, 0) beside the weights */
+    float obs[4] = {-0.25f, 4.5f, 469, 0};
+    struct mge_ckpt_tensor qat[] = {
+        {"fc1.w", MGE_CKPT_F32, 2, {2, 3}, w, sizeof(w)},
+        {"fc1.b", MGE_CKPT_F32, 1, {3}, b, sizeof(b)},
+        {"fc1.act_observer", MGE_CKPT_F32, 1, {4}, obs, sizeof(obs)},
+    };
+    struct mge_ckpt a = {0}, c = {0}, e = {0}, q = {0};
     int rc = 0;
     if (argc != 2) {
         fprintf(stderr, "usage: gen_ckpt_seeds DIR\n");
@@ -69,6 +76,11 @@ int main(int argc, char **argv)
     c.test_accuracy = NAN;
     c.tensors = misc;
     c.n_tensors = 3;
+    q.spec_yaml = "name: seed\nmodel: {type: mlp, hidden: [3]}\nquant: {mode: qat}\n";
+    q.test_accuracy = 0.75;
+    q.tensors = qat;
+    q.n_tensors = 3;
+    rc |= put(argv[1], "qat_observer.ckpt", &q);
     rc |= put(argv[1], "mlp_adam.ckpt", &a);
     rc |= put(argv[1], "misc_dtypes.ckpt", &c);
     rc |= put(argv[1], "empty.ckpt", &e);

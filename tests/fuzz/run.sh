@@ -20,7 +20,7 @@ libs_default='-lyaml -ljansson -lz -lm -lpthread -lcrypto'
 deps_jobspec='common/*.c'
 libs_jobspec='-lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
-deps_ckpt='common/*.c engine/ckpt.c $BUILD/gen/proto/checkpoint.pb-c.c'
+deps_ckpt='common/*.c engine/ckpt.c engine/quant_check.c $BUILD/gen/proto/checkpoint.pb-c.c'
 libs_ckpt='-lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
 deps_safetensors='common/*.c engine/safetensors.c'
