@@ -101,7 +101,7 @@ struct mge_node {
         struct { float eps, momentum; } bn;
         struct { float smoothing; } xent; /* label smoothing in [0, 1) */
         struct { int heads; } attn;
-        struct { int weight, relu, slot, stride, pad; } q; /* quant.c: slot: packed weights */
+        struct { int weight, relu, slot, stride, pad, threads; } q; /* quant.c */
     } a;
 };
 

@@ -9,6 +9,7 @@
  * agree or differ by one quantisation step.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -171,6 +172,22 @@ int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act
     return apply_act(g, y, act);
 }
 
+/*
+ * Scratch of an int8 convolution: the row and k-quad offset tables of its implicit GEMM, then per
+ * thread one image's codes zero-padded by @pad (64 bytes of slack: the last k-quads read up to 3
+ * bytes past a row), each part 64-byte aligned.
+ */
+static size_t conv_shared_bytes(int64_t C, int64_t R, int64_t S, int64_t PQ)
+{
+    int64_t kq = C * R * ((S + 3) / 4);
+    return ((size_t)(8 * PQ) + 63) / 64 * 64 + ((size_t)(4 * kq) + 63) / 64 * 64;
+}
+
+static size_t conv_thread_bytes(int64_t C, int64_t H, int64_t W, int pad)
+{
+    return ((size_t)(C * (H + 2 * pad) * (W + 2 * pad)) + 64 + 63) / 64 * 64;
+}
+
 int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad)
 {
     struct mge__quant *q = g->quant;
@@ -190,12 +207,13 @@ int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int 
     int64_t P = (X.shape[2] + 2 * pad - W.shape[2]) / stride + 1;
     int64_t Q = (X.shape[3] + 2 * pad - W.shape[3]) / stride + 1;
     int64_t shape[4] = {X.shape[0], W.shape[0], P, Q};
-    int64_t crs = W.shape[1] * W.shape[2] * W.shape[3];
     int y = mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, 4, shape, X.batched, "qconv2d");
-    /* codes of the whole input, then one image's columns (rows of C*R*S codes) */
-    size_t xbytes = (size_t)(X.shape[0] * X.shape[1] * X.shape[2] * X.shape[3]);
-    size_t cbytes = (size_t)(P * Q) * (size_t)((crs + 3) / 4 * 4);
-    int s = y < 0 ? y : scratch(g, (xbytes + 63) / 64 * 64 + cbytes);
+    /* images run in parallel, each thread with its own padded codes and columns */
+    int threads = mge_cpu_threads() < X.shape[0] ? mge_cpu_threads() : (int)X.shape[0];
+    threads = threads > 0 ? threads : 1;
+    size_t bytes = conv_shared_bytes(X.shape[1], W.shape[2], W.shape[3], P * Q) +
+                   (size_t)threads * conv_thread_bytes(X.shape[1], X.shape[2], X.shape[3], pad);
+    int s = y < 0 ? y : scratch(g, bytes);
     int slot = s < 0 ? s : new_slot(g);
     if (slot < 0)
         return slot;
@@ -204,6 +222,7 @@ int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int 
     n.a.q.slot = slot;
     n.a.q.stride = stride;
     n.a.q.pad = pad;
+    n.a.q.threads = threads;
     int id = mge__graph_add_node(g, &n);
     return id < 0 ? id : y;
 }
@@ -334,8 +353,14 @@ static const struct mge_cpu_qweight *packed_weights(struct mge_graph *g, const s
 {
     struct mge_cpu_qweight *qw = &g->quant->qw[n->a.q.slot];
     int w = n->in[1];
-    int64_t N = g->values[w].shape[0], K = mge_value_numel(g, w) / N;
-    if (!qw->packed && mge_cpu_qweight_pack(qw, F(g, w), (int)N, (int)K) != MGE_OK)
+    const int64_t *ws = g->values[w].shape;
+    int64_t N = ws[0], K = mge_value_numel(g, w) / N;
+    int rc = MGE_OK;
+    if (!qw->packed)
+        rc = n->op == MGE_OP_QCONV2D ? mge_cpu_qweight_pack_conv(qw, F(g, w), (int)N, (int)ws[1],
+                                                                 (int)ws[2], (int)ws[3])
+                                     : mge_cpu_qweight_pack(qw, F(g, w), (int)N, (int)K);
+    if (rc != MGE_OK)
         return NULL;
     return qw;
 }
@@ -358,6 +383,23 @@ int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n)
     return MGE_OK;
 }
 
+/* One image of an int8 convolution: its codes into @xp (zero-padded with the zero point's
+ * code), then the implicit GEMM over them straight into the NCHW output @y. */
+static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_qaffine *qa,
+                        const float *x, const float *bias, float *y, uint8_t *xp,
+                        const int64_t *roff, const int32_t *koff, int64_t C, int64_t H, int64_t W,
+                        int pad, int64_t PQ)
+{
+    int64_t Hp = H + 2 * pad, Wp = W + 2 * pad;
+    memset(xp, qa->zp, (size_t)(C * Hp * Wp));
+    memset(xp + C * Hp * Wp, 0, 64);
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t h = 0; h < H; h++)
+            mge_cpu_quantize_u8(xp + (c * Hp + pad + h) * Wp + pad, W, x + (c * H + h) * W, W, 1, W,
+                                qa);
+    mge_cpu_gemm_u8s8_gather(qw, (int)PQ, xp, roff, koff, qa, bias, 0, y, 1, PQ);
+}
+
 int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
 {
     int x = n->in[0], w = n->in[1], b = n->in[2], obs = n->in[3], y = n->out[0];
@@ -367,38 +409,39 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
     int64_t xs[MGE_MAX_DIMS];
     mge__value_shape_now(g, x, xs);
     const int64_t *ws = g->values[w].shape;
-    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], R = ws[2], S = ws[3];
+    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], R = ws[2], S = ws[3], S4 = (S + 3) / 4;
     int stride = n->a.q.stride, pad = n->a.q.pad;
     int64_t P = (H + 2 * pad - R) / stride + 1, Q = (W + 2 * pad - S) / stride + 1;
+    int64_t Hp = H + 2 * pad, Wp = W + 2 * pad;
     const float *o = F(g, obs);
     struct mge_cpu_qaffine qa;
     mge_cpu_qaffine_from_range(o[0], o[1], &qa);
-    uint8_t *qx = (uint8_t *)F(g, n->out[1]);
-    int64_t xbytes = N * C * H * W;
-    uint8_t *cols = qx + (xbytes + 63) / 64 * 64;
-    mge_cpu_quantize_u8(qx, xbytes, F(g, x), xbytes, 1, xbytes, &qa);
-    for (int64_t img = 0; img < N; img++) {
-        const uint8_t *xi = qx + img * C * H * W;
-        for (int64_t p = 0; p < P; p++)
-            for (int64_t qq = 0; qq < Q; qq++) {
-                uint8_t *row = cols + (p * Q + qq) * qw->Kp;
-                int64_t k = 0;
-                for (int64_t c = 0; c < C; c++)
-                    for (int64_t r = 0; r < R; r++) {
-                        int64_t h = p * stride - pad + r;
-                        for (int64_t s = 0; s < S; s++, k++) {
-                            int64_t ww = qq * stride - pad + s;
-                            /* padding holds real zeros: the zero point's code */
-                            row[k] = (h >= 0 && h < H && ww >= 0 && ww < W)
-                                         ? xi[(c * H + h) * W + ww]
-                                         : (uint8_t)qa.zp;
-                        }
-                    }
-                for (; k < qw->Kp; k++)
-                    row[k] = 0;
-            }
-        mge_cpu_gemm_u8s8(qw, (int)(P * Q), cols, qw->Kp, &qa, b >= 0 ? F(g, b) : NULL, 0,
-                          F(g, y) + img * qw->N * P * Q, 1, P * Q);
+    uint8_t *base = (uint8_t *)F(g, n->out[1]);
+    base += (64 - ((uintptr_t)base & 63)) & 63; /* the scratch has 64 bytes of slack */
+    int64_t *roff = (int64_t *)(void *)base;
+    int32_t *koff = (int32_t *)(void *)(base + ((size_t)(8 * P * Q) + 63) / 64 * 64);
+    uint8_t *images = base + conv_shared_bytes(C, R, S, P * Q);
+    size_t per = conv_thread_bytes(C, H, W, pad);
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t q = 0; q < Q; q++)
+            roff[p * Q + q] = p * stride * Wp + q * stride;
+    for (int64_t c = 0, kq = 0; c < C; c++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t sq = 0; sq < S4; sq++)
+                koff[kq++] = (int32_t)((c * Hp + r) * Wp + 4 * sq);
+    const float *xd = F(g, x), *bias = b >= 0 ? F(g, b) : NULL;
+    float *yd = F(g, y);
+    /* as many threads as the scratch was sized for at most */
+    int threads = mge_cpu_threads() < n->a.q.threads ? mge_cpu_threads() : n->a.q.threads;
+    if (threads > N)
+        threads = (int)N;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        uint8_t *xp = images + (size_t)omp_get_thread_num() * per;
+#pragma omp for schedule(static)
+        for (int64_t img = 0; img < N; img++)
+            qconv_image(qw, &qa, xd + img * C * H * W, bias, yd + img * qw->N * P * Q, xp, roff,
+                        koff, C, H, W, pad, P * Q);
     }
     return MGE_OK;
 }

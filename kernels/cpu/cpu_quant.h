@@ -87,6 +87,14 @@ struct mge_cpu_qweight {
 
 /* Quantise and pack @w (N, K). MGE_OK, MGE_INVAL (bad shape), MGE_NOMEM (@qw is zeroed). */
 int mge_cpu_qweight_pack(struct mge_cpu_qweight *qw, const float *w, int N, int K);
+/*
+ * A convolution's weights (N, C, R, S) for mge_cpu_gemm_u8s8_gather(): k runs over (c, r, s4)
+ * with each filter row padded from S to S4 = S rounded up to 4 by zero weights, so that a k-quad
+ * is 4 bytes of one image row. Scales are per output channel, as the plain pack's (zero weights
+ * change no maximum). Returns as mge_cpu_qweight_pack().
+ */
+int mge_cpu_qweight_pack_conv(struct mge_cpu_qweight *qw, const float *w, int N, int C, int R,
+                              int S);
 /* Free what pack allocated and zero @qw; a zeroed @qw does nothing. */
 void mge_cpu_qweight_fini(struct mge_cpu_qweight *qw);
 
@@ -100,6 +108,16 @@ void mge_cpu_qweight_fini(struct mge_cpu_qweight *qw);
 void mge_cpu_gemm_u8s8(const struct mge_cpu_qweight *qw, int M, const uint8_t *a, int64_t lda,
                        const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y,
                        int64_t rs, int64_t cs);
+
+/*
+ * The same GEMM with A addressed implicitly (a convolution without im2col): row m of A starts at
+ * @a + @roff[m] and its k-quad q (4 codes) is at that + @koff[q]; single-threaded (callers run
+ * images in parallel). Bytes read past a row's last real code meet zero weights.
+ */
+void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uint8_t *a,
+                              const int64_t *roff, const int32_t *koff,
+                              const struct mge_cpu_qaffine *qx, const float *bias, int relu,
+                              float *y, int64_t rs, int64_t cs);
 
 /* Whether the int8 GEMM uses AVX-512 VNNI here (MGE_CPU_VNNI=off in the environment: never). */
 int mge_cpu_has_vnni(void);

@@ -93,17 +93,48 @@ void mge_cpu_fake_quant_affine_backward(float *dx, const float *dy, const float 
     }
 }
 
-MGE__CPU_CLONES
+#if HAVE_VNNI_BUILD
+/*
+ * mge_cpu_quant_u8() 16 at a time, the same operations: x * inv (one rounding), round to nearest
+ * even (the default mode nearbyintf uses), clamp to [-512, 512] (max_ps gives -512 for NaN, as
+ * the scalar test does), + zp, clamp to [0, 255]. Returns how many leading values it did.
+ */
+__attribute__((target("avx512f,avx512bw"))) static int64_t
+quantize_row_avx512(uint8_t *o, const float *x, int64_t n, const struct mge_cpu_qaffine *p)
+{
+    const __m512 inv = _mm512_set1_ps(p->inv), lo = _mm512_set1_ps(-512.0f);
+    const __m512 hi = _mm512_set1_ps(512.0f);
+    const __m512i zp = _mm512_set1_epi32(p->zp), z = _mm512_setzero_si512();
+    const __m512i top = _mm512_set1_epi32(255);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+        __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(r), zp);
+        v = _mm512_min_epi32(_mm512_max_epi32(v, z), top);
+        _mm_storeu_si128((__m128i *)(void *)(o + i), _mm512_cvtepi32_epi8(v));
+    }
+    return i;
+}
+#endif
+
 void mge_cpu_quantize_u8(uint8_t *out, int64_t ldq, const float *x, int64_t ldx, int64_t rows,
                          int64_t cols, const struct mge_cpu_qaffine *q)
 {
     const struct mge_cpu_qaffine p = *q;
+    int wide = HAVE_VNNI_BUILD && mge_cpu_has_vnni();
     for (int64_t r = 0; r < rows; r++) {
         uint8_t *o = out + r * ldq;
         const float *xr = x + r * ldx;
-        for (int64_t c = 0; c < cols; c++)
+        int64_t c = 0;
+#if HAVE_VNNI_BUILD
+        if (wide)
+            c = quantize_row_avx512(o, xr, cols, &p);
+#endif
+        for (; c < cols; c++)
             o[c] = (uint8_t)mge_cpu_quant_u8(xr[c], &p);
-        for (int64_t c = cols; c < ldq; c++)
+        for (c = cols; c < ldq; c++)
             o[c] = 0;
     }
 }
@@ -170,6 +201,24 @@ int mge_cpu_qweight_pack(struct mge_cpu_qweight *qw, const float *w, int N, int 
     return MGE_OK;
 }
 
+int mge_cpu_qweight_pack_conv(struct mge_cpu_qweight *qw, const float *w, int N, int C, int R,
+                              int S)
+{
+    int S4 = (S + 3) / 4 * 4, K = C * R * S4;
+    float *wp = mge_calloc((size_t)N * (size_t)K, sizeof(float));
+    if (!wp)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate int8 conv weights");
+    /* each filter row (c, r) padded with zero weights from S to S4 */
+    for (int n = 0; n < N; n++)
+        for (int cr = 0; cr < C * R; cr++)
+            memcpy(wp + (size_t)n * (size_t)K + (size_t)cr * (size_t)S4,
+                   w + ((size_t)n * (size_t)(C * R) + (size_t)cr) * (size_t)S,
+                   sizeof(float) * (size_t)S);
+    int rc = mge_cpu_qweight_pack(qw, wp, N, K);
+    mge_free(wp);
+    return rc;
+}
+
 void mge_cpu_qweight_fini(struct mge_cpu_qweight *qw)
 {
     mge_free_aligned(qw->packed);
@@ -184,6 +233,8 @@ struct gemm_args {
     const struct mge_cpu_qweight *qw;
     const uint8_t *a;
     int64_t lda;
+    const int64_t *roff; /* (M) row m of A at a + roff[m], or NULL: a + m * lda */
+    const int32_t *koff; /* (Kp / 4) k-quad q of a row at + koff[q], or NULL: + 4 q */
     int32_t zp;
     float sx;          /* the activations' scale */
     const float *bias; /* (N) or NULL */
@@ -203,6 +254,11 @@ static inline float epilogue(const struct gemm_args *g, int32_t acc, int n)
     return v;
 }
 
+static inline const uint8_t *a_row(const struct gemm_args *g, int m)
+{
+    return g->a + (g->roff ? g->roff[m] : (int64_t)m * g->lda);
+}
+
 /* One tile: rows [m0, m0 + mr), columns [n0, n0 + nr) (nr 16 or 32), portable. */
 static void tile_portable(const struct gemm_args *g, int m0, int mr, int n0, int nr)
 {
@@ -213,11 +269,11 @@ static void tile_portable(const struct gemm_args *g, int m0, int mr, int n0, int
     for (int b = 0; b < nr / 16; b++) {
         const int8_t *bp = qw->packed + (size_t)((n0 / 16) + b) * (size_t)KQ * 64;
         for (int r = 0; r < mr; r++) {
-            const uint8_t *ar = g->a + (int64_t)(m0 + r) * g->lda;
+            const uint8_t *ar = a_row(g, m0 + r);
             int32_t *ac = acc[r] + b * 16;
             for (int kq = 0; kq < KQ; kq++) {
                 const int8_t *bk = bp + (size_t)kq * 64;
-                const uint8_t *ak = ar + kq * 4;
+                const uint8_t *ak = ar + (g->koff ? g->koff[kq] : kq * 4);
                 for (int j = 0; j < 16; j++)
                     ac[j] += (int32_t)ak[0] * bk[j * 4] + (int32_t)ak[1] * bk[j * 4 + 1] +
                              (int32_t)ak[2] * bk[j * 4 + 2] + (int32_t)ak[3] * bk[j * 4 + 3];
@@ -231,12 +287,11 @@ static void tile_portable(const struct gemm_args *g, int m0, int mr, int n0, int
 }
 
 #if HAVE_VNNI_BUILD
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
-store16(const struct gemm_args *g, __m512i acc, int m, int n0)
+/* The epilogue of 16 columns from @n0 (columns past N masked off). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static __m512
+epilogue16(const struct gemm_args *g, __m512i acc, int n0, __mmask16 k)
 {
     const struct mge_cpu_qweight *qw = g->qw;
-    int left = qw->N - n0;
-    __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
     __m512i cs = _mm512_maskz_loadu_epi32(k, qw->colsum + n0);
     __m512i v = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(g->zp), cs));
     __m512 comb = _mm512_mul_ps(_mm512_set1_ps(g->sx), _mm512_maskz_loadu_ps(k, qw->scale + n0));
@@ -245,14 +300,30 @@ store16(const struct gemm_args *g, __m512i acc, int m, int n0)
         f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(k, g->bias + n0));
     if (g->relu)
         f = _mm512_max_ps(f, _mm512_setzero_ps());
-    float *dst = g->y + (int64_t)m * g->rs + (int64_t)n0 * g->cs;
-    if (g->cs == 1) {
-        _mm512_mask_storeu_ps(dst, k, f);
-    } else {
-        float t[16];
-        _mm512_storeu_ps(t, f);
-        for (int j = 0; j < 16 && j < left; j++)
-            dst[(int64_t)j * g->cs] = t[j];
+    return f;
+}
+
+/* Rows m0.. (@mr of them) of 16 columns from @n0: vector stores along rows (cs 1), else
+ * through a small buffer (the convolution's NCHW output: the rows are contiguous there). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+store_rows16(const struct gemm_args *g, const __m512i *acc, int m0, int mr, int n0)
+{
+    int left = g->qw->N - n0;
+    __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    float t[MR][16];
+    for (int r = 0; r < mr; r++) {
+        __m512 f = epilogue16(g, acc[r], n0, k);
+        if (g->cs == 1)
+            _mm512_mask_storeu_ps(g->y + (int64_t)(m0 + r) * g->rs + n0, k, f);
+        else
+            _mm512_storeu_ps(t[r], f);
+    }
+    if (g->cs == 1)
+        return;
+    for (int j = 0; j < 16 && j < left; j++) {
+        float *dst = g->y + (int64_t)(n0 + j) * g->cs + (int64_t)m0 * g->rs;
+        for (int r = 0; r < mr; r++)
+            dst[(int64_t)r * g->rs] = t[r][j];
     }
 }
 
@@ -262,9 +333,10 @@ tile_vnni(const struct gemm_args *g, int m0, int mr, int n0, int nr)
 {
     const struct mge_cpu_qweight *qw = g->qw;
     int KQ = qw->Kp / 4;
-    const uint8_t *a0 = g->a + (int64_t)m0 * g->lda;
-    const uint8_t *a1 = mr > 1 ? a0 + g->lda : a0, *a2 = mr > 2 ? a0 + 2 * g->lda : a0;
-    const uint8_t *a3 = mr > 3 ? a0 + 3 * g->lda : a0;
+    const uint8_t *a0 = a_row(g, m0);
+    const uint8_t *a1 = mr > 1 ? a_row(g, m0 + 1) : a0, *a2 = mr > 2 ? a_row(g, m0 + 2) : a0;
+    const uint8_t *a3 = mr > 3 ? a_row(g, m0 + 3) : a0;
+    const int32_t *ko = g->koff;
     const int8_t *b0 = qw->packed + (size_t)(n0 / 16) * (size_t)KQ * 64;
     __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
             c30 = c00, c31 = c00;
@@ -274,10 +346,11 @@ tile_vnni(const struct gemm_args *g, int m0, int mr, int n0, int nr)
             __m512i w0 = _mm512_load_si512((const void *)(b0 + (size_t)kq * 64));
             __m512i w1 = _mm512_load_si512((const void *)(b1 + (size_t)kq * 64));
             int32_t v0, v1, v2, v3;
-            memcpy(&v0, a0 + kq * 4, 4);
-            memcpy(&v1, a1 + kq * 4, 4);
-            memcpy(&v2, a2 + kq * 4, 4);
-            memcpy(&v3, a3 + kq * 4, 4);
+            int64_t o = ko ? ko[kq] : kq * 4;
+            memcpy(&v0, a0 + o, 4);
+            memcpy(&v1, a1 + o, 4);
+            memcpy(&v2, a2 + o, 4);
+            memcpy(&v3, a3 + o, 4);
             __m512i x0 = _mm512_set1_epi32(v0), x1 = _mm512_set1_epi32(v1);
             __m512i x2 = _mm512_set1_epi32(v2), x3 = _mm512_set1_epi32(v3);
             c00 = _mm512_dpbusd_epi32(c00, x0, w0);
@@ -293,10 +366,11 @@ tile_vnni(const struct gemm_args *g, int m0, int mr, int n0, int nr)
         for (int kq = 0; kq < KQ; kq++) {
             __m512i w0 = _mm512_load_si512((const void *)(b0 + (size_t)kq * 64));
             int32_t v0, v1, v2, v3;
-            memcpy(&v0, a0 + kq * 4, 4);
-            memcpy(&v1, a1 + kq * 4, 4);
-            memcpy(&v2, a2 + kq * 4, 4);
-            memcpy(&v3, a3 + kq * 4, 4);
+            int64_t o = ko ? ko[kq] : kq * 4;
+            memcpy(&v0, a0 + o, 4);
+            memcpy(&v1, a1 + o, 4);
+            memcpy(&v2, a2 + o, 4);
+            memcpy(&v3, a3 + o, 4);
             c00 = _mm512_dpbusd_epi32(c00, _mm512_set1_epi32(v0), w0);
             c10 = _mm512_dpbusd_epi32(c10, _mm512_set1_epi32(v1), w0);
             c20 = _mm512_dpbusd_epi32(c20, _mm512_set1_epi32(v2), w0);
@@ -304,11 +378,9 @@ tile_vnni(const struct gemm_args *g, int m0, int mr, int n0, int nr)
         }
     }
     __m512i lo[MR] = {c00, c10, c20, c30}, hi[MR] = {c01, c11, c21, c31};
-    for (int r = 0; r < mr; r++) {
-        store16(g, lo[r], m0 + r, n0);
-        if (nr == 32 && n0 + 16 < qw->N)
-            store16(g, hi[r], m0 + r, n0 + 16);
-    }
+    store_rows16(g, lo, m0, mr, n0);
+    if (nr == 32 && n0 + 16 < qw->N)
+        store_rows16(g, hi, m0, mr, n0 + 16);
 }
 #else
 static void tile_vnni(const struct gemm_args *g, int m0, int mr, int n0, int nr)
@@ -316,6 +388,24 @@ static void tile_vnni(const struct gemm_args *g, int m0, int mr, int n0, int nr)
     tile_portable(g, m0, mr, n0, nr);
 }
 #endif
+
+static void gemm_run(const struct gemm_args *g, int M, int threads)
+{
+    const struct mge_cpu_qweight *qw = g->qw;
+    int vnni = mge_cpu_has_vnni();
+    int mt = (M + MR - 1) / MR, nt = (qw->Np + NR - 1) / NR;
+    int64_t tiles = (int64_t)mt * nt;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t t = 0; t < tiles; t++) {
+        int tn = (int)(t / mt), tm = (int)(t % mt);
+        int m0 = tm * MR, n0 = tn * NR;
+        int mr = M - m0 < MR ? M - m0 : MR, nr = qw->Np - n0 < NR ? qw->Np - n0 : NR;
+        if (vnni)
+            tile_vnni(g, m0, mr, n0, nr);
+        else
+            tile_portable(g, m0, mr, n0, nr);
+    }
+}
 
 void mge_cpu_gemm_u8s8(const struct mge_cpu_qweight *qw, int M, const uint8_t *a, int64_t lda,
                        const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y,
@@ -333,19 +423,27 @@ void mge_cpu_gemm_u8s8(const struct mge_cpu_qweight *qw, int M, const uint8_t *a
                           .y = y,
                           .rs = rs,
                           .cs = cs};
-    int vnni = mge_cpu_has_vnni();
-    int mt = (M + MR - 1) / MR, nt = (qw->Np + NR - 1) / NR;
-    int64_t tiles = (int64_t)mt * nt;
     int64_t work = (int64_t)M * qw->Np * qw->Kp;
-    int threads = work >= (1 << 20) ? mge_cpu_threads() : 1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t t = 0; t < tiles; t++) {
-        int tn = (int)(t / mt), tm = (int)(t % mt);
-        int m0 = tm * MR, n0 = tn * NR;
-        int mr = M - m0 < MR ? M - m0 : MR, nr = qw->Np - n0 < NR ? qw->Np - n0 : NR;
-        if (vnni)
-            tile_vnni(&g, m0, mr, n0, nr);
-        else
-            tile_portable(&g, m0, mr, n0, nr);
-    }
+    gemm_run(&g, M, work >= (1 << 20) ? mge_cpu_threads() : 1);
+}
+
+void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uint8_t *a,
+                              const int64_t *roff, const int32_t *koff,
+                              const struct mge_cpu_qaffine *qx, const float *bias, int relu,
+                              float *y, int64_t rs, int64_t cs)
+{
+    if (M < 1)
+        return;
+    struct gemm_args g = {.qw = qw,
+                          .a = a,
+                          .roff = roff,
+                          .koff = koff,
+                          .zp = qx->zp,
+                          .sx = qx->scale,
+                          .bias = bias,
+                          .relu = relu,
+                          .y = y,
+                          .rs = rs,
+                          .cs = cs};
+    gemm_run(&g, M, 1);
 }

@@ -123,6 +123,30 @@ START_TEST(test_quantisers)
     ck_assert_int_eq(mge_cpu_quant_u8(nan, &q), 0);
     ck_assert_int_eq(mge_cpu_quant_u8(-1e30f, &q), 0);
     ck_assert_int_eq(mge_cpu_quant_u8(1e30f, &q), 255);
+    /* the row quantiser (vectorised where the CPU has VNNI) codes as the scalar rule does,
+     * ties, NaN, infinities and huge values included, and zeroes the row's tail */
+    enum { NQ = 203 };
+    float xs[NQ];
+    uint8_t codes[NQ + 5];
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 3);
+    for (int i = 0; i < NQ; i++)
+        xs[i] = i % 17 == 0 ? ((float)(i % 5) - 2.5f) * q.scale /* ties */
+                            : urand(&rng, -1.5f, 1.5f);
+    xs[1] = NAN;
+    xs[2] = INFINITY;
+    xs[3] = -INFINITY;
+    xs[4] = 3e38f;
+    for (int portable = 0; portable < 2; portable++) {
+        mge_cpu_set_vnni(!portable);
+        memset(codes, 0xab, sizeof(codes));
+        mge_cpu_quantize_u8(codes, NQ + 5, xs, NQ, 1, NQ, &q);
+        for (int i = 0; i < NQ; i++)
+            ck_assert_int_eq(codes[i], mge_cpu_quant_u8(xs[i], &q));
+        for (int i = NQ; i < NQ + 5; i++)
+            ck_assert_int_eq(codes[i], 0);
+    }
+    mge_cpu_set_vnni(1);
     /* an empty range: scale 1, no division by zero */
     mge_cpu_qaffine_from_range(0.0f, 0.0f, &q);
     ck_assert(q.scale == 1.0f);
