@@ -10,6 +10,8 @@ echo "== sublinear: mge vs PyTorch checkpoint_sequential"
 /usr/bin/python3 tests/bench/sublinear.py "$BUILD" "${MGE_BENCH_THREADS:-2}"
 echo "== bf16 vs fp32 (train.precision)"
 sh tests/bench/bf16.sh "$BUILD" "${MGE_BENCH_THREADS:-2}" "${MGE_BENCH_ROUNDS:-2}"
+echo "== int8 vs fp32 inference (mge-infer --precision, PyTorch int8 beside)"
+/usr/bin/python3 tests/bench/quant.py "$BUILD" "${MGE_BENCH_THREADS:-2}" "${MGE_BENCH_ROUNDS:-3}"
 echo "== checkpoints: background every 20 steps vs off"
 /usr/bin/python3 tests/bench/ckpt.py "$BUILD" "${MGE_BENCH_THREADS:-2}"
 for b in tests/bench/control.sh tests/bench/comm.sh tests/bench/det.sh; do
