@@ -99,6 +99,17 @@ static int fake_quant(struct mge_graph *g, int x, int obs)
     return id < 0 ? id : out;
 }
 
+/* Fake-quantise a GEMM/conv's input *@x (replaced by its fake-quantised value) with observer
+ * @obs, and its weight @w; returns the fake-quantised weight, or -err. */
+static int fake_quant_inputs(struct mge_graph *g, int *x, int w, int obs)
+{
+    int xq = fake_quant(g, *x, obs);
+    if (xq < 0)
+        return xq;
+    *x = xq;
+    return fake_quant(g, w, -1);
+}
+
 /* A slot for an int8 op's packed weights. */
 static int new_slot(struct mge_graph *g)
 {
@@ -142,11 +153,9 @@ int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act
     if (obs < 0)
         return obs;
     if (q->o.mode == MGE_QUANT_FAKE) {
-        int xq = fake_quant(g, x, obs), wq = xq < 0 ? xq : fake_quant(g, w, -1);
-        if (wq < 0)
-            return wq;
+        int wq = fake_quant_inputs(g, &x, w, obs);
         q->building = 1;
-        int y = mge_linear(g, xq, wq, b, act);
+        int y = wq < 0 ? wq : mge_linear(g, x, wq, b, act);
         q->building = 0;
         return y;
     }
@@ -195,11 +204,9 @@ int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int 
     if (obs < 0)
         return obs;
     if (q->o.mode == MGE_QUANT_FAKE) {
-        int xq = fake_quant(g, x, obs), wq = xq < 0 ? xq : fake_quant(g, w, -1);
-        if (wq < 0)
-            return wq;
+        int wq = fake_quant_inputs(g, &x, w, obs);
         q->building = 1;
-        int y = mge_conv2d(g, xq, wq, b, stride, pad);
+        int y = wq < 0 ? wq : mge_conv2d(g, x, wq, b, stride, pad);
         q->building = 0;
         return y;
     }

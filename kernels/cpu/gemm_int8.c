@@ -407,35 +407,14 @@ static void gemm_run(const struct gemm_args *g, int M, int threads)
     }
 }
 
-void mge_cpu_gemm_u8s8(const struct mge_cpu_qweight *qw, int M, const uint8_t *a, int64_t lda,
-                       const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y,
-                       int64_t rs, int64_t cs)
+/* Both entry points: A addressed by @lda, or by @roff/@koff when they are not NULL. */
+static void gemm(const struct mge_cpu_qweight *qw, int M, const uint8_t *a, int64_t lda,
+                 const int64_t *roff, const int32_t *koff, const struct mge_cpu_qaffine *qx,
+                 const float *bias, int relu, float *y, int64_t rs, int64_t cs, int threads)
 {
-    if (M < 1)
-        return;
     struct gemm_args g = {.qw = qw,
                           .a = a,
                           .lda = lda,
-                          .zp = qx->zp,
-                          .sx = qx->scale,
-                          .bias = bias,
-                          .relu = relu,
-                          .y = y,
-                          .rs = rs,
-                          .cs = cs};
-    int64_t work = (int64_t)M * qw->Np * qw->Kp;
-    gemm_run(&g, M, work >= (1 << 20) ? mge_cpu_threads() : 1);
-}
-
-void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uint8_t *a,
-                              const int64_t *roff, const int32_t *koff,
-                              const struct mge_cpu_qaffine *qx, const float *bias, int relu,
-                              float *y, int64_t rs, int64_t cs)
-{
-    if (M < 1)
-        return;
-    struct gemm_args g = {.qw = qw,
-                          .a = a,
                           .roff = roff,
                           .koff = koff,
                           .zp = qx->zp,
@@ -445,5 +424,23 @@ void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uin
                           .y = y,
                           .rs = rs,
                           .cs = cs};
-    gemm_run(&g, M, 1);
+    if (M > 0)
+        gemm_run(&g, M, threads);
+}
+
+void mge_cpu_gemm_u8s8(const struct mge_cpu_qweight *qw, int M, const uint8_t *a, int64_t lda,
+                       const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y,
+                       int64_t rs, int64_t cs)
+{
+    int64_t work = (int64_t)M * qw->Np * qw->Kp;
+    gemm(qw, M, a, lda, NULL, NULL, qx, bias, relu, y, rs, cs,
+         work >= (1 << 20) ? mge_cpu_threads() : 1);
+}
+
+void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uint8_t *a,
+                              const int64_t *roff, const int32_t *koff,
+                              const struct mge_cpu_qaffine *qx, const float *bias, int relu,
+                              float *y, int64_t rs, int64_t cs)
+{
+    gemm(qw, M, a, 0, roff, koff, qx, bias, relu, y, rs, cs, 1);
 }
