@@ -67,6 +67,20 @@ run mlpr "$MLP" --resume "$T/mlpq/ckpt-000060.mgeckpt" --set quant.mode=qat --se
 cmp -s "$T/mlpq/latest.mgeckpt" "$T/mlpr/latest.mgeckpt" \
     && ok "resumed at step 60: final checkpoint byte-identical" || bad "resumed checkpoint differs"
 
+echo "-- recomputation (memory.sublinear, forced) neither changes QAT nor observes twice"
+SUB="--init-from $T/mlp32/latest.mgeckpt --set quant.mode=qat --set train.steps=40 --set train.eval=false --set memory.sublinear=true"
+# shellcheck disable=SC2086 # $SUB is a list of arguments
+run mlpsub "$MLP" $SUB
+export MGE_REMAT_FORCE=1
+# shellcheck disable=SC2086
+run mlpsubf "$MLP" $SUB
+unset MGE_REMAT_FORCE
+a=$(json "$T/mlpsub.out" final_loss); b=$(json "$T/mlpsubf.out" final_loss)
+[ "$a" = "$b" ] && ok "final loss $b with forced recomputation == $a without" || bad "final loss $b != $a"
+cmp -s "$T/mlpsub/latest.mgeckpt" "$T/mlpsubf/latest.mgeckpt" \
+    && ok "checkpoints (observers included) byte-identical with and without recomputation" \
+    || bad "recomputation changed the checkpoint"
+
 echo "-- post-training calibration of the fp32 checkpoint"
 "$BIN/mge-quantize" "$T/mlp32/latest.mgeckpt" --calibrate 10 --out "$T/ptq.mgeckpt" > "$T/ptq.out" 2>&1 \
     && ok "mge-quantize: $(cat "$T/ptq.out" | sed "s|$T/||g")" || bad "mge-quantize: $(cat "$T/ptq.out")"
