@@ -106,16 +106,17 @@ quantize_row_avx512(uint8_t *o, const float *x, int64_t n, const struct mge_cpu_
     const __m512 hi = _mm512_set1_ps(512.0f);
     const __m512i zp = _mm512_set1_epi32(p->zp), z = _mm512_setzero_si512();
     const __m512i top = _mm512_set1_epi32(255);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv),
+    for (int64_t i = 0; i < n; i += 16) {
+        /* the tail under a mask: rows as short as a feature map's (14, 28) stay vectorised */
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
         __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(r), zp);
         v = _mm512_min_epi32(_mm512_max_epi32(v, z), top);
-        _mm_storeu_si128((__m128i *)(void *)(o + i), _mm512_cvtepi32_epi8(v));
+        _mm512_mask_cvtepi32_storeu_epi8(o + i, k, v);
     }
-    return i;
+    return n;
 }
 #endif
 
@@ -287,32 +288,26 @@ static void tile_portable(const struct gemm_args *g, int m0, int mr, int n0, int
 }
 
 #if HAVE_VNNI_BUILD
-/* The epilogue of 16 columns from @n0 (columns past N masked off). */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static __m512
-epilogue16(const struct gemm_args *g, __m512i acc, int n0, __mmask16 k)
-{
-    const struct mge_cpu_qweight *qw = g->qw;
-    __m512i cs = _mm512_maskz_loadu_epi32(k, qw->colsum + n0);
-    __m512i v = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(g->zp), cs));
-    __m512 comb = _mm512_mul_ps(_mm512_set1_ps(g->sx), _mm512_maskz_loadu_ps(k, qw->scale + n0));
-    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), comb);
-    if (g->bias)
-        f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(k, g->bias + n0));
-    if (g->relu)
-        f = _mm512_max_ps(f, _mm512_setzero_ps());
-    return f;
-}
-
-/* Rows m0.. (@mr of them) of 16 columns from @n0: vector stores along rows (cs 1), else
- * through a small buffer (the convolution's NCHW output: the rows are contiguous there). */
+/* Rows m0.. (@mr of them) of 16 columns from @n0 through the epilogue (its per-column
+ * constants loaded once), stored along rows (cs 1), else through a small buffer (the
+ * convolution's NCHW output, where a column's rows are contiguous; a scatter was slower). */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
 store_rows16(const struct gemm_args *g, const __m512i *acc, int m0, int mr, int n0)
 {
-    int left = g->qw->N - n0;
+    const struct mge_cpu_qweight *qw = g->qw;
+    int left = qw->N - n0;
     __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __m512i zsum =
+        _mm512_mullo_epi32(_mm512_set1_epi32(g->zp), _mm512_maskz_loadu_epi32(k, qw->colsum + n0));
+    __m512 comb = _mm512_mul_ps(_mm512_set1_ps(g->sx), _mm512_maskz_loadu_ps(k, qw->scale + n0));
+    __m512 bias = g->bias ? _mm512_maskz_loadu_ps(k, g->bias + n0) : _mm512_setzero_ps();
     float t[MR][16];
     for (int r = 0; r < mr; r++) {
-        __m512 f = epilogue16(g, acc[r], n0, k);
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], zsum)), comb);
+        if (g->bias) /* the portable epilogue adds only when there is a bias: so do we */
+            f = _mm512_add_ps(f, bias);
+        if (g->relu)
+            f = _mm512_max_ps(f, _mm512_setzero_ps());
         if (g->cs == 1)
             _mm512_mask_storeu_ps(g->y + (int64_t)(m0 + r) * g->rs + n0, k, f);
         else
