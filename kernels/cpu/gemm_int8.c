@@ -261,7 +261,7 @@ static inline const uint8_t *a_row(const struct gemm_args *g, int m)
 }
 
 /* One tile: rows [m0, m0 + mr), columns [n0, n0 + nr) (nr 16 or 32), portable. */
-static void tile_portable(const struct gemm_args *g, int m0, int mr, int n0, int nr)
+MGE__CPU_CLONES static void tile_portable(const struct gemm_args *g, int m0, int mr, int n0, int nr)
 {
     const struct mge_cpu_qweight *qw = g->qw;
     int KQ = qw->Kp / 4;
