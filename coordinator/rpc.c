@@ -232,6 +232,7 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
     info.host = reg->host;
     info.version = reg->version;
     info.launch_url = reg->launch_url;
+    info.launch_cert = reg->launch_cert;
     if (reg->slots) {
         info.cpus = reg->slots->cpus;
         info.gpus = reg->slots->gpus;
@@ -472,6 +473,7 @@ static int handle_heartbeat(struct mge_rpc *r, struct rpc_session *se, Mge__Hear
                 pe[n_pe].rank = sp->rank;
                 pe[n_pe].name = (char *)sp->name;
                 pe[n_pe].launch_url = (char *)sp->launch_url;
+                pe[n_pe].launch_cert = (char *)sp->launch_cert;
                 pep[n_pe] = &pe[n_pe];
             }
             asp[i] = &as[i];

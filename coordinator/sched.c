@@ -34,6 +34,8 @@ static const char *const worker_state_names[] = {"ready", "draining", "lost"};
 struct worker {
     char id[40], name[128], host[128], version[32], device[8];
     char launch_url[300];         /* "" when it cannot take multi-rank jobs */
+    char launch_cert[MGE_SCHED_CERT_MAX]; /* a tls+tcp:// launch socket's certificate: told at
+                                           * each registration, not stored */
     int cpus, gpus;
     int64_t memory_mb;
     enum worker_state state;
@@ -193,6 +195,14 @@ static bool worker_takes(const struct worker *w)
     return worker_usable(w) && w->seen;
 }
 
+/* Can @w take a rank of a multi-worker job: a launch socket, and for a tls+tcp:// one the
+ * certificate it registered with (a worker loaded from the store has none until it registers
+ * again). */
+static bool worker_launches(const struct worker *w)
+{
+    return w->launch_url[0] && (strncmp(w->launch_url, "tls+tcp://", 10) != 0 || w->launch_cert[0]);
+}
+
 /* Could worker @w hold one rank of @j, counting its slots @cpus/@gpus/@mem? */
 static bool fits(const struct worker *w, const struct mge_job_row *j, int cpus, int gpus,
                  int64_t mem)
@@ -295,6 +305,8 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
                      s->w[o->widx].name);
             snprintf(a->peers[o->rank].launch_url, sizeof(a->peers[o->rank].launch_url), "%s",
                      s->w[o->widx].launch_url);
+            snprintf(a->peers[o->rank].launch_cert, sizeof(a->peers[o->rank].launch_cert), "%s",
+                     s->w[o->widx].launch_cert);
         }
     }
     w->n_assign++;
@@ -423,7 +435,7 @@ static int workers_could_hold(const struct mge_sched *s, int wi, const struct mg
     int others = 0;
     for (size_t i = 0; i < s->n_w; i++) {
         const struct worker *o = &s->w[i];
-        if ((int)i != wi && worker_usable(o) && (j->workers_max <= 1 || o->launch_url[0]) &&
+        if ((int)i != wi && worker_usable(o) && (j->workers_max <= 1 || worker_launches(o)) &&
             fits(o, j, o->cpus, o->gpus, o->memory_mb))
             others++;
     }
@@ -722,7 +734,7 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
         if (!worker_takes(&s->w[i]) || worker_avoided(s, (int)i, j))
             continue;
         /* a gang's ranks are started through the workers' launch sockets */
-        if (want > 1 && !s->w[i].launch_url[0])
+        if (want > 1 && !worker_launches(&s->w[i]))
             continue;
         worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
         if (!fits(&s->w[i], j, cpus, gpus, mem))
@@ -775,7 +787,7 @@ static bool worker_wanted(const struct mge_sched *s, int wi, const struct mge_jo
 {
     const struct worker *w = &s->w[wi];
     for (int i = 0; i < nq; i++)
-        if ((queued[i].workers_max <= 1 || w->launch_url[0]) &&
+        if ((queued[i].workers_max <= 1 || worker_launches(w)) &&
             fits(w, &queued[i], w->cpus, w->gpus, w->memory_mb))
             return true;
     return false;
@@ -805,7 +817,8 @@ static int grow_plan(struct mge_sched *s, const struct resv *r0, char *why, size
         int cpus, gpus;
         int64_t mem;
         bool member = false;
-        if (!worker_takes(&s->w[i]) || !s->w[i].launch_url[0] || worker_avoided(s, (int)i, &row))
+        if (!worker_takes(&s->w[i]) || !worker_launches(&s->w[i]) ||
+            worker_avoided(s, (int)i, &row))
             continue;
         for (size_t k = 0; k < s->n_r && !member; k++)
             member = s->r[k].job_id == r0->job_id && s->r[k].attempt == r0->attempt &&
@@ -962,7 +975,7 @@ static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *
 {
     int fit = 0;
     for (size_t i = 0; i < s->n_w; i++)
-        if (worker_takes(&s->w[i]) && (j->workers_max <= 1 || s->w[i].launch_url[0]) &&
+        if (worker_takes(&s->w[i]) && (j->workers_max <= 1 || worker_launches(&s->w[i])) &&
             fits(&s->w[i], j, cpus[i], gpus[i], mem[i]))
             fit++;
     return fit;
@@ -1346,6 +1359,13 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     snprintf(w->version, sizeof(w->version), "%s", row.version);
     snprintf(w->device, sizeof(w->device), "%s", row.device);
     snprintf(w->launch_url, sizeof(w->launch_url), "%s", row.launch_url);
+    w->launch_cert[0] = '\0';
+    if (info->launch_cert && strlen(info->launch_cert) < sizeof(w->launch_cert))
+        snprintf(w->launch_cert, sizeof(w->launch_cert), "%s", info->launch_cert);
+    else if (info->launch_cert)
+        mge_log_warn("worker '%s': its launch certificate (%zu bytes) is too large: it takes no "
+                     "multi-worker jobs",
+                     w->name, strlen(info->launch_cert));
     w->cpus = row.cpus;
     w->gpus = row.gpus;
     w->memory_mb = row.memory_mb;

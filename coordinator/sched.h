@@ -72,6 +72,7 @@ struct mge_sched_opts {
 struct mge_worker_info {     /* what a worker says about itself; strings borrowed */
     const char *name, *host, *version, *device;
     const char *launch_url;  /* its launch socket for multi-worker jobs; NULL or "" if none */
+    const char *launch_cert; /* that socket's certificate (PEM) when it is tls+tcp:// */
     int cpus, gpus;
     int64_t memory_mb;
 };
@@ -87,11 +88,14 @@ struct mge_rank_report {     /* one rank in a register or heartbeat; strings bor
     int64_t cpu_ms;          /* running: CPU time of its process group, ms (0: unknown) */
 };
 
+#define MGE_SCHED_CERT_MAX 2048 /* a launch socket's certificate, PEM, NUL included */
+
 /* A worker of a multi-rank attempt, as rank 0's worker gets it (worker.proto Peer). */
 struct mge_sched_peer {
     int rank;
     char name[128];
     char launch_url[300];
+    char launch_cert[MGE_SCHED_CERT_MAX]; /* "" for a tcp:// launch socket */
 };
 
 struct mge_sched_assign {

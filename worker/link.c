@@ -299,6 +299,7 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
             peers[k].rank = a->peers[k]->rank;
             peers[k].name = a->peers[k]->name;
             peers[k].launch_url = a->peers[k]->launch_url;
+            peers[k].launch_cert = a->peers[k]->launch_cert;
         }
         ra.peers = peers;
         ra.n_peers = peers ? a->n_peers : 0;
@@ -582,6 +583,7 @@ static int exchange(struct mge_link *l)
         reg.host = (char *)l->o.host;
         reg.version = (char *)l->o.version;
         reg.launch_url = (char *)(l->o.launch_url ? l->o.launch_url : "");
+        reg.launch_cert = (char *)(l->o.launch_cert ? l->o.launch_cert : "");
         reg.slots = &slots;
         msg.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
         msg.register_ = &reg;

@@ -20,6 +20,7 @@ struct mge_link_opts {
     const char *join_token;  /* proven in every Register, never sent */
     const char *name, *host, *version;
     const char *launch_url;  /* the launch socket (launch.h), NULL if none */
+    const char *launch_cert; /* its certificate (PEM) when tls+tcp://, else NULL or "" */
     int cpus, gpus;
     int64_t memory_mb;
     int heartbeat_ms;        /* default 1000 (the coordinator may ask for another) */

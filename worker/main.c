@@ -134,6 +134,7 @@ int main(int argc, char **argv)
     const char *train_bin = NULL, *launch_listen = NULL, *mpirun = NULL;
     const char *mpi_if = NULL;
     char mpirun_found[PATH_MAX], launch_bin[PATH_MAX + 16], launch_url[300], launch_default[300];
+    static char launch_cert[MGE_LAUNCH_CERT_MAX];
     struct mge_data_roots roots = {0};
     int cpus = 0, hb_ms = 0, rc;
     long long memory_mb = 0;
@@ -263,13 +264,15 @@ int main(int argc, char **argv)
         mge_launch_default_url(coordinator, launch_default, sizeof(launch_default));
         launch_listen = launch_default;
     }
-    rc = mge_launch_start(launch_listen, host, &g_ranks, launch_url, sizeof(launch_url), &g_launch);
+    rc = mge_launch_start(launch_listen, host, !strncmp(coordinator, "tls+tcp://", 10), &g_ranks,
+                          launch_url, sizeof(launch_url), launch_cert, &g_launch);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-worker: cannot open the launch socket on '%s'\n", launch_listen);
         return 1;
     }
     memset(&lo, 0, sizeof(lo));
     lo.launch_url = launch_url;
+    lo.launch_cert = launch_cert;
     lo.coordinator = coordinator;
     lo.join_token = join;
     lo.name = name;

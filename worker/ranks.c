@@ -550,28 +550,38 @@ static bool env_ours(const char *e)
 }
 
 /*
- * mpirun's launch map: "NAME RANK URL" per line, which mge-launch reads to find the worker
- * of the host mpirun asks it to start a daemon on. mu held.
+ * mpirun's launch map: "NAME RANK URL CERT" per line, which mge-launch reads to find the worker
+ * of the host mpirun asks it to start a daemon on. CERT is the file holding the certificate
+ * that worker's tls+tcp:// launch socket must show (written beside the map), or "-". mu held.
  */
 static int write_launch_map(const struct mge_rank *r, const char *path, char *why, size_t why_len)
 {
-    char *text = NULL;
+    char *text = NULL, cert_path[1200];
     size_t len = 0;
-    int rc;
+    int rc = MGE_OK;
     FILE *f = open_memstream(&text, &len);
     if (!f) {
         snprintf(why, why_len, "out of memory");
         return MGE_NOMEM;
     }
-    for (size_t i = 0; i < r->n_peers; i++)
-        fprintf(f, "%s %d %s\n", r->peers[i].name, r->peers[i].rank,
-                r->peers[i].launch_url && *r->peers[i].launch_url ? r->peers[i].launch_url : "-");
+    for (size_t i = 0; i < r->n_peers && rc == MGE_OK; i++) {
+        const struct mge_peer *p = &r->peers[i];
+        snprintf(cert_path, sizeof(cert_path), "-");
+        if (p->launch_cert && *p->launch_cert) {
+            snprintf(cert_path, sizeof(cert_path), "%s.rank%d.pem", path, p->rank);
+            rc = file_write_all(cert_path, "launch certificate", p->launch_cert,
+                                strlen(p->launch_cert), why, why_len);
+        }
+        fprintf(f, "%s %d %s %s\n", p->name, p->rank,
+                p->launch_url && *p->launch_url ? p->launch_url : "-", cert_path);
+    }
     if (fclose(f) != 0 || !text) {
         free(text);
         snprintf(why, why_len, "out of memory");
         return MGE_NOMEM;
     }
-    rc = file_write_all(path, "launch map", text, len, why, why_len);
+    if (rc == MGE_OK)
+        rc = file_write_all(path, "launch map", text, len, why, why_len);
     free(text); /* open_memstream's buffer comes from malloc, not mge_malloc */
     return rc;
 }
@@ -872,6 +882,7 @@ static void rank_free(struct mge_rank *r)
     for (size_t i = 0; i < r->n_peers; i++) {
         mge_free(r->peers[i].name);
         mge_free(r->peers[i].launch_url);
+        mge_free(r->peers[i].launch_cert);
     }
     mge_free(r->peers);
     mge_free(r);
@@ -1090,8 +1101,10 @@ int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a)
         r->peers[i].rank = a->peers[i].rank;
         r->peers[i].name = mge_strdup(a->peers[i].name ? a->peers[i].name : "");
         r->peers[i].launch_url = mge_strdup(a->peers[i].launch_url ? a->peers[i].launch_url : "");
+        r->peers[i].launch_cert =
+            mge_strdup(a->peers[i].launch_cert ? a->peers[i].launch_cert : "");
         r->n_peers = i + 1;
-        oom |= !r->peers[i].name || !r->peers[i].launch_url;
+        oom |= !r->peers[i].name || !r->peers[i].launch_url || !r->peers[i].launch_cert;
     }
     r->state = MGE_RANK_STARTING;
     r->owner = rs;

@@ -40,6 +40,7 @@ struct mge_peer {
     int rank;
     char *name;              /* the host name mpirun is given */
     char *launch_url;
+    char *launch_cert; /* PEM, the only certificate mge-launch accepts there; "" if none */
 };
 
 /* What mge_ranks_assign() copies. Strings and @peers are borrowed. */
