@@ -1812,22 +1812,50 @@ static int cmp_eta(const void *a, const void *b)
 }
 
 /*
- * When queued job @j could start: the running attempts end in the order of their ETAs, each
- * giving its slots back, until @n usable workers could hold a rank of @j. Writes "; about 40 s
- * (job 12 ends)" (or "; no estimate yet ...") to @buf. Queued jobs ahead of @j are not counted.
- * Lock held.
+ * Queued job @q started in thought: its ranks take @q's slots out of @cpus/@gpus/@mem on the
+ * first workers that fit, as place_one() would give them. False (nothing taken) when fewer than
+ * @q's minimum fit. Lock held.
  */
-static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n, char *buf,
-                        size_t len)
+static bool sim_start(const struct mge_sched *s, const struct mge_job_row *q, int *cpus, int *gpus,
+                      int64_t *mem)
+{
+    int need = q->workers_min;
+    if (workers_fitting(s, q, cpus, gpus, mem) < need)
+        return false;
+    for (size_t i = 0; i < s->n_w && need > 0; i++) {
+        if (!worker_takes(&s->w[i]) || (q->workers_max > 1 && !worker_launches(&s->w[i])) ||
+            !fits(&s->w[i], q, cpus[i], gpus[i], mem[i]))
+            continue;
+        cpus[i] -= q->cpus;
+        gpus[i] -= q->gpus;
+        mem[i] -= q->memory_mb > 0 ? q->memory_mb : 0;
+        need--;
+    }
+    return true;
+}
+
+/*
+ * When queued job @j could start, as the scheduler's passes would go: the running attempts end
+ * in the order of their ETAs, each giving its slots back; after each, the queued jobs ahead of
+ * @j (higher priority, then older: @ahead, @n_ahead) start where they fit, in that order, and
+ * keep their slots (their length is not known before they run); then @j starts once @n usable
+ * workers could hold a rank of it. Writes "; about 40 s (job 12 ends)", with "1 queued job
+ * ahead starts first" when one would take slots before it, or why there is no estimate, to
+ * @buf. Lock held.
+ */
+static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n,
+                        const struct mge_job_row *ahead, int n_ahead, char *buf, size_t len)
 {
     struct slots sl;
     int64_t wall = mge_now_ms();
     struct eta_end *ends = mge_calloc(s->n_r + 1, sizeof(*ends));
+    bool *started = mge_calloc((size_t)n_ahead + 1, sizeof(*started));
     size_t n_ends = 0;
-    int unknown = 0;
+    int unknown = 0, n_started = 0;
+    int64_t first_ahead = 0;
 
     buf[0] = '\0';
-    if (!slots_now(s, &sl) || !ends)
+    if (!slots_now(s, &sl) || !ends || !started)
         goto out;
     for (size_t i = 0; i < s->n_r; i++) {
         const struct resv *r = &s->r[i];
@@ -1842,25 +1870,45 @@ static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n,
         ends[n_ends++].attempt = r->attempt;
     }
     qsort(ends, n_ends, sizeof(*ends), cmp_eta);
-    for (size_t e = 0; e < n_ends; e++) {
-        attempt_release(s, ends[e].job_id, ends[e].attempt, sl.cpus, sl.gpus, sl.mem);
-        if (workers_fitting(s, j, sl.cpus, sl.gpus, sl.mem) >= n) {
+    for (size_t e = 0; e <= n_ends; e++) {
+        if (e > 0)
+            attempt_release(s, ends[e - 1].job_id, ends[e - 1].attempt, sl.cpus, sl.gpus, sl.mem);
+        for (int q = 0; q < n_ahead; q++)
+            if (!started[q] && sim_start(s, &ahead[q], sl.cpus, sl.gpus, sl.mem)) {
+                started[q] = true;
+                if (n_started++ == 0)
+                    first_ahead = ahead[q].id;
+            }
+        if (e == 0 || workers_fitting(s, j, sl.cpus, sl.gpus, sl.mem) < n)
+            continue;
+        if (n_started == 0)
             snprintf(buf, len, "; about %lld s (job %lld ends)",
-                     (long long)((ends[e].eta + 999) / 1000), (long long)ends[e].job_id);
-            goto out;
-        }
+                     (long long)((ends[e - 1].eta + 999) / 1000), (long long)ends[e - 1].job_id);
+        else
+            snprintf(buf, len,
+                     "; about %lld s (job %lld ends; %d queued job%s ahead start%s first)",
+                     (long long)((ends[e - 1].eta + 999) / 1000), (long long)ends[e - 1].job_id,
+                     n_started, n_started == 1 ? "" : "s", n_started == 1 ? "s" : "");
+        goto out;
     }
     if (unknown > 0)
         snprintf(buf, len, "; no estimate yet (%d running job%s not reported %s speed)", unknown,
                  unknown == 1 ? " has" : "s have", unknown == 1 ? "its" : "their");
+    else if (n_started > 0)
+        snprintf(buf, len,
+                 "; no estimate: %d queued job%s ahead (job %lld first) take%s the slots "
+                 "it needs",
+                 n_started, n_started == 1 ? "" : "s", (long long)first_ahead,
+                 n_started == 1 ? "s" : "");
 out:
     slots_fini(&sl);
     mge_free(ends);
+    mge_free(started);
 }
 
 char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
 {
-    char need[160], buf[400], eta[120] = "";
+    char need[160], buf[400], eta[160] = "";
     int total = 0, fit_ever = 0, fit_now = 0, usable = 0;
     int n = j->workers_min;
 
@@ -1880,8 +1928,24 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
         if (fits(&s->w[i], j, cpus, gpus, mem))
             fit_now++;
     }
-    if (fit_ever >= n && fit_now < n)
-        pending_eta(s, j, n, eta, sizeof(eta));
+    if (fit_ever >= n && fit_now < n) {
+        /* the queued jobs the scheduler's passes consider before @j */
+        struct mge_job_row *rows = NULL;
+        int n_rows = 0, n_ahead = 0;
+        bool found = false;
+        if (mge_store_jobs_queued(s->st, QUEUE_SCAN_MAX, &rows, &n_rows) != MGE_OK)
+            n_rows = 0;
+        for (int i = 0; i < n_rows && !found; i++) {
+            found = rows[i].id == j->id;
+            /* one placed this pass holds its slots already */
+            if (!found && !attempt_placed(s, rows[i].id, rows[i].attempt))
+                rows[n_ahead++] = rows[i];
+        }
+        if (!found) /* @j is not in the queue read (any more): none are ahead */
+            n_ahead = 0;
+        pending_eta(s, j, n, rows, n_ahead, eta, sizeof(eta));
+        mge_free(rows);
+    }
     pthread_mutex_unlock(&s->mu);
 
     {

@@ -92,6 +92,25 @@ static int64_t job_add_workers(const char *workers, int cpus)
     return id;
 }
 
+/* A 1-worker job of @cpus CPUs and priority @priority. */
+static int64_t job_add_priority(int cpus, int priority)
+{
+    char yaml[512];
+    struct mge_jobspec *spec = NULL;
+    struct mge_spec_error err;
+    int64_t id = 0;
+    snprintf(yaml, sizeof(yaml),
+             "name: t\npriority: %d\nmodel: {type: mlp, hidden: [8]}\n"
+             "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
+             "resources: {cpus: %d}\n"
+             "train: {steps: 1000, batch_size: 8, optimizer: {lr: 0.1}}\n",
+             priority, cpus);
+    ck_assert_int_eq(mge_jobspec_parse("<test>", yaml, strlen(yaml), NULL, 0, &spec, &err), MGE_OK);
+    ck_assert_int_eq(mge_store_job_insert(g_st, spec, "{}", 1000, &id), MGE_OK);
+    mge_jobspec_free(spec);
+    return id;
+}
+
 static int64_t job_add(int workers, int cpus)
 {
     char n[16];
@@ -341,6 +360,58 @@ START_TEST(test_sched_pending_reasons)
     ck_assert_int_eq(mge_sched_worker_drain(g_s, "w1", &out), MGE_OK);
     json_decref(out);
     assert_reason(next, "needs 1 worker with 1 CPU, all 1 connected worker are draining");
+}
+END_TEST
+
+/* The ETA counts the queued jobs ahead: they take the slots first, as the passes would. */
+START_TEST(test_sched_pending_eta_queue)
+{
+    char w1[40], w2[40], want[200];
+    int64_t a, b, c, e, now;
+    struct mge_store_line l[2];
+    struct mge_rank_report r;
+    worker_add("w1", false, w1);
+    a = job_add(1, 2);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(a).state, MGE_JOB_RUNNING);
+    b = job_add(1, 2); /* first in the queue */
+    c = job_add(1, 1); /* behind it */
+    /* a: 100 steps in 10 s, 800 of its 1000 to go: w1 is free in about 80 s */
+    now = mge_now_ms();
+    r = running(a, 1, 0);
+    l[0] = line(a, 1, 0, 1, 2, "{\"step\":100,\"loss\":1.0}", now - 10000);
+    l[1] = line(a, 1, 0, 2, 2, "{\"step\":200,\"loss\":1.0}", now);
+    beat_quiet(w1, &r, 1, l, 2);
+    snprintf(want, sizeof(want), "needs 1 worker with 2 CPUs, 0 free; about 80 s (job %lld ends)",
+             (long long)a);
+    assert_reason(b, want);
+    /* c fits where a ends too, but b comes first and takes all of w1 */
+    snprintf(want, sizeof(want),
+             "needs 1 worker with 1 CPU, 0 free; no estimate: 1 queued job ahead (job %lld "
+             "first) takes the slots it needs",
+             (long long)b);
+    assert_reason(c, want);
+    /* a second worker: b starts there; e, of a higher priority, is ahead of c and takes w2
+     * when b ends (in about 40 s), so c waits for w1 (80 s) */
+    worker_add("w2", false, w2);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(b).state, MGE_JOB_RUNNING);
+    r = running(b, 1, 0);
+    l[0] = line(b, 1, 0, 1, 2, "{\"step\":100,\"loss\":1.0}", now - 10000);
+    l[1] = line(b, 1, 0, 2, 2, "{\"step\":280,\"loss\":1.0}", now);
+    beat_quiet(w2, &r, 1, l, 2);
+    snprintf(want, sizeof(want), "needs 1 worker with 1 CPU, 0 free; about 40 s (job %lld ends)",
+             (long long)b);
+    assert_reason(c, want);
+    e = job_add_priority(2, 5);
+    snprintf(want, sizeof(want),
+             "needs 1 worker with 1 CPU, 0 free; about 80 s (job %lld ends; 1 queued job ahead "
+             "starts first)",
+             (long long)a);
+    assert_reason(c, want);
+    snprintf(want, sizeof(want), "needs 1 worker with 2 CPUs, 0 free; about 40 s (job %lld ends)",
+             (long long)b);
+    assert_reason(e, want);
 }
 END_TEST
 
@@ -1303,6 +1374,7 @@ static Suite *sched_suite(void)
         {"place", test_sched_place_one_rank, 1},
         {"place_gang", test_sched_place_gang, 1},
         {"pending", test_sched_pending_reasons, 1},
+        {"pending_eta_queue", test_sched_pending_eta_queue, 1},
         {"requeue", test_sched_requeue_worker_lost, 1},
         {"fence", test_sched_fence_stale_attempt, 1},
         {"fence_ended", test_sched_fence_ended_job, 1},
