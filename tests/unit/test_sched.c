@@ -74,26 +74,7 @@ static void teardown(void)
 }
 
 /* A job of @workers ("2" or "{min: 2, max: 3}") workers with @cpus CPUs each; its id. */
-static int64_t job_add_workers(const char *workers, int cpus)
-{
-    char yaml[512];
-    struct mge_jobspec *spec = NULL;
-    struct mge_spec_error err;
-    int64_t id = 0;
-    snprintf(yaml, sizeof(yaml),
-             "name: t\nmodel: {type: mlp, hidden: [8]}\n"
-             "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
-             "resources: {workers: %s, cpus: %d}\n"
-             "train: {steps: 1000, batch_size: 8, optimizer: {lr: 0.1}}\n",
-             workers, cpus);
-    ck_assert_int_eq(mge_jobspec_parse("<test>", yaml, strlen(yaml), NULL, 0, &spec, &err), MGE_OK);
-    ck_assert_int_eq(mge_store_job_insert(g_st, spec, "{}", 1000, &id), MGE_OK);
-    mge_jobspec_free(spec);
-    return id;
-}
-
-/* A 1-worker job of @cpus CPUs and priority @priority. */
-static int64_t job_add_priority(int cpus, int priority)
+static int64_t job_add_spec(const char *workers, int cpus, int priority)
 {
     char yaml[512];
     struct mge_jobspec *spec = NULL;
@@ -102,13 +83,24 @@ static int64_t job_add_priority(int cpus, int priority)
     snprintf(yaml, sizeof(yaml),
              "name: t\npriority: %d\nmodel: {type: mlp, hidden: [8]}\n"
              "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
-             "resources: {cpus: %d}\n"
+             "resources: {workers: %s, cpus: %d}\n"
              "train: {steps: 1000, batch_size: 8, optimizer: {lr: 0.1}}\n",
-             priority, cpus);
+             priority, workers, cpus);
     ck_assert_int_eq(mge_jobspec_parse("<test>", yaml, strlen(yaml), NULL, 0, &spec, &err), MGE_OK);
     ck_assert_int_eq(mge_store_job_insert(g_st, spec, "{}", 1000, &id), MGE_OK);
     mge_jobspec_free(spec);
     return id;
+}
+
+static int64_t job_add_workers(const char *workers, int cpus)
+{
+    return job_add_spec(workers, cpus, 0);
+}
+
+/* A 1-worker job of @cpus CPUs and priority @priority. */
+static int64_t job_add_priority(int cpus, int priority)
+{
+    return job_add_spec("1", cpus, priority);
 }
 
 static int64_t job_add(int workers, int cpus)
