@@ -1,8 +1,10 @@
 /* main_train.c: mge-train, one training rank; standalone on a laptop or spawned by mge-worker. */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -79,6 +81,34 @@ static void omp_policy_reexec(char **argv)
 }
 
 /*
+ * MGE_MEMORY_LIMIT_MB=N caps the process's data (heap and anonymous mappings: RLIMIT_DATA) at
+ * N MiB, so a spec that asks for more memory than that fails its allocation with a message
+ * instead of taking the machine's memory. The coordinator's planner sets it for its `--plan`
+ * child (a spec it is handed at submit is anyone's). Unset: no limit.
+ */
+static bool memory_limit_from_env(void)
+{
+    const char *v = getenv("MGE_MEMORY_LIMIT_MB");
+    char *end;
+    long long mb;
+    struct rlimit rl;
+    if (!v || !*v)
+        return true;
+    errno = 0;
+    mb = strtoll(v, &end, 10);
+    if (errno || *end || mb <= 0 || mb > (1LL << 40)) {
+        fprintf(stderr, "mge-train: MGE_MEMORY_LIMIT_MB: '%s' is not a number of MiB\n", v);
+        return false;
+    }
+    rl.rlim_cur = rl.rlim_max = (rlim_t)mb << 20;
+    if (setrlimit(RLIMIT_DATA, &rl) != 0) {
+        fprintf(stderr, "mge-train: MGE_MEMORY_LIMIT_MB: %s\n", strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+/*
  * A worker passes its --data-root directories in MGE_DATA_ROOTS: every data file is then
  * checked where it is opened (common/dataroot.h), so a path that changes after the worker's
  * own check cannot make this rank read outside them. Unset: any path (mge-train on a laptop).
@@ -101,6 +131,8 @@ int main(int argc, char **argv)
 {
     static struct mge_data_roots roots; /* lives as long as the loads that check it */
     struct mge_train_opts o = {0};
+    if (!memory_limit_from_env())
+        return 2;
     omp_policy_reexec(argv);
     mge_alloc_keep_memory();
     const char **sets = mge_calloc((size_t)argc, sizeof(*sets));

@@ -79,6 +79,25 @@ check "... its plan names the reason (outside the data roots), nothing of the fi
 jq -r '"     " + .plan.error' "$T/j3.json"
 api POST "/api/v1/jobs/$J3/cancel" >/dev/null
 
+# --- a spec whose data would take 60 GB: the planner child hits its memory cap at once ---
+cat >"$T/huge.yaml" <<Y
+name: huge
+model: {type: mlp, hidden: [32]}
+data: {format: synthetic, train_size: 20000000, input_dim: 784, classes: 10}
+train: {steps: 1, batch_size: 8, optimizer: {type: sgd, lr: 0.01}}
+Y
+t0=$(date +%s.%N)
+J4=$(post huge | jq -r .id)
+secs_huge=$(secs "$t0" "$(date +%s.%N)")
+check "a spec whose synthetic data set would take 60 GB is answered in $secs_huge s (<= 5), unplanned" \
+    sh -c "[ '$(status)' = 201 ] && awk 'BEGIN { exit !($secs_huge <= 5) }'"
+api GET "/api/v1/jobs/$J4" >"$T/j4.json"
+check "... its plan says the planner ran out of its memory" jq -e '.plan.error | test("out of memory")' \
+    "$T/j4.json"
+jq -r '"     " + .plan.error' "$T/j4.json"
+check "... and the coordinator is still up" sh -c "curl -sf '$URL/healthz' >/dev/null"
+api POST "/api/v1/jobs/$J4/cancel" >/dev/null
+
 # --- the pending reason's ETA: when the running jobs' speed says the slots come free ---
 eta_job() { # NAME STEPS
     cat >"$T/$1.yaml" <<Y
