@@ -52,7 +52,7 @@ check "the priority-0 job was requeued, preempted by job $HIGH, not charged" jq 
     (.incarnations[0].reason | startswith("preempted by job \($h) (priority 10)")) and
     .incarnations[0].infra == true' "$T/low.json"
 check "the priority-10 job succeeds" wait_until 60 state_is "$HIGH" succeeded
-check "then the preempted job resumes and succeeds" wait_until 120 state_is "$LOW" succeeded
+check "then the preempted job resumes and succeeds" wait_until 300 state_is "$LOW" succeeded
 api GET "/api/v1/jobs/$LOW" >"$T/low.json"
 check "... from its last checkpoint before the preemption" jq -e '
     .incarnations[-1].start_step > 0 and .incarnations[-1].start_step % 50 == 0 and
