@@ -4,8 +4,9 @@
 # same bits as on the CPU device (the per-step losses and the final checkpoint's every tensor:
 # parameters, optimiser state, batch-norm statistics): an MLP with dropout, Adam and clipping,
 # LeNet, a ResNet-18, a graph with every graph op, a GPT (attention, embeddings, AdamW), 2 MPI
-# ranks (packed all-reduces and deterministic mode); a sim run resumes from a CPU checkpoint
-# and --init-from reads into the device; bad device keys exit 2 naming the key.
+# ranks (packed all-reduces and deterministic mode); mge-infer --device sim evaluates and
+# generates as on the CPU; a sim run resumes from a CPU checkpoint and --init-from reads into
+# the device; bad device keys exit 2 naming the key.
 . "$(dirname "$0")/lib/train.sh"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
@@ -81,6 +82,12 @@ data: {format: synthetic, image: [1, 28, 28], classes: 10, train_size: 64, test_
 train: {steps: 4, batch_size: 16, optimizer: {type: sgd, lr: 0.05, momentum: 0.9}, seed: 3}
 Y
 twin resnet18 "$T/r18.yaml"
+for d in cpu sim; do
+    "$BIN/mge-infer" "$T/resnet18.sim/latest.mgeckpt" --device $d --json > "$T/inf.$d" 2>"$T/err" \
+        || { bad "mge-infer on $d exited $?"; cat "$T/err"; }
+done
+[ -s "$T/inf.sim" ] && cmp -s "$T/inf.cpu" "$T/inf.sim" &&
+    ok "mge-infer --device sim: $(cat "$T/inf.sim") as on cpu" || bad "mge-infer differs on sim"
 
 echo "-- a graph model with every graph op (branches, broadcasting, concat, norms, dropout)"
 cat > "$T/allops.yaml" <<'Y'
@@ -134,6 +141,12 @@ EOF
     twin gpt "$T/gpt.yaml"
     t1=$(json "$T/gpt.cpu.out" test_loss); t2=$(json "$T/gpt.sim.out" test_loss)
     [ "$t1" = "$t2" ] && ok "gpt: held-out loss $t2 on both" || bad "gpt: held-out loss $t1 on cpu, $t2 on sim"
+    for d in cpu sim; do
+        "$BIN/mge-infer" "$T/gpt.sim/latest.mgeckpt" --device $d --generate 40 --prompt "Q: " \
+            > "$T/gen.$d" 2>"$T/err" || { bad "mge-infer --generate on $d exited $?"; cat "$T/err"; }
+    done
+    [ -s "$T/gen.sim" ] && cmp -s "$T/gen.cpu" "$T/gen.sim" &&
+        ok "mge-infer --generate: the same 40 tokens on cpu and sim" || bad "--generate differs on sim"
 else
     echo "skip - GPT: fortunes-min is not installed"
 fi
