@@ -1869,7 +1869,9 @@ static int check_distributed(struct ctx *c, const struct sect *root, struct mge_
         return rc;
     if (d->backend == MGE_BACKEND_NCCL && spec->resources.device != MGE_DEVICE_GPU)
         return fail_expected(c, sect_get(&s, "backend", NULL), "distributed.backend",
-                             "a CPU backend (auto, local or mpi) with resources.device cpu");
+                             spec->resources.device == MGE_DEVICE_SIM
+                                 ? "a CPU backend (auto, local or mpi) with resources.device sim"
+                                 : "a CPU backend (auto, local or mpi) with resources.device cpu");
     if (d->backend == MGE_BACKEND_LOCAL && spec->resources.workers_max > 1)
         return fail_expected(c, sect_get(&s, "backend", NULL), "distributed.backend",
                              "auto, mpi or nccl when resources.workers is more than 1");
