@@ -3,7 +3,8 @@
 # arenas are PROT_NONE outside its kernels and copies: every example model trains on it to the
 # same bits as on the CPU device (the per-step losses and the final checkpoint's every tensor:
 # parameters, optimiser state, batch-norm statistics): an MLP with dropout, Adam and clipping,
-# LeNet, a ResNet-18, a graph with every graph op, a GPT (attention, embeddings, AdamW), 2 MPI
+# LeNet, a ResNet-18, a CIFAR ResNet-8 (augmentation, label smoothing, bf16), a ResNet-50 and a
+# deep_mlp with recomputation, a graph with every graph op, a GPT (attention, AdamW), 2 MPI
 # ranks (packed all-reduces and deterministic mode); mge-infer --device sim evaluates and
 # generates as on the CPU; a sim run resumes from a CPU checkpoint and --init-from reads into
 # the device; bad device keys exit 2 naming the key.
@@ -88,6 +89,42 @@ for d in cpu sim; do
 done
 [ -s "$T/inf.sim" ] && cmp -s "$T/inf.cpu" "$T/inf.sim" &&
     ok "mge-infer --device sim: $(cat "$T/inf.sim") as on cpu" || bad "mge-infer differs on sim"
+
+echo "-- CIFAR ResNet-8 on 3x32x32 with augmentation, label smoothing and train.precision bf16"
+cat > "$T/r8.yaml" <<'Y'
+name: r8
+model: {type: resnet, depth: 8, width: 4}
+data:
+  format: synthetic
+  image: [3, 32, 32]
+  classes: 10
+  train_size: 64
+  test_size: 32
+  augment: {crop_padding: 4, hflip: true}
+train:
+  steps: 4
+  batch_size: 16
+  label_smoothing: 0.1
+  precision: bf16
+  optimizer: {type: sgd, lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.0005}
+  seed: 3
+Y
+twin resnet8 "$T/r8.yaml"
+echo "  (precision: $(json "$T/resnet8.sim.out" precision))"
+
+echo "-- ResNet-50 (bottlenecks, width 4) with sublinear memory: recomputed batch norms"
+twin resnet50-sublinear "$T/r18.yaml" --set model.variant=resnet50 --set model.width=4 \
+    --set train.steps=2 --set memory.sublinear=true
+
+echo "-- deep_mlp (24 layers of 64) with sublinear memory"
+cat > "$T/deep.yaml" <<'Y'
+name: deep
+model: {type: deep_mlp, layers: 24, width: 64}
+data: {format: synthetic, input_dim: 64, classes: 10, train_size: 256, test_size: 0}
+train: {steps: 6, batch_size: 32, optimizer: {type: sgd, lr: 0.01, momentum: 0.9}, eval: false}
+memory: {sublinear: true}
+Y
+twin deep_mlp "$T/deep.yaml"
 
 echo "-- a graph model with every graph op (branches, broadcasting, concat, norms, dropout)"
 cp "$(dirname "$0")/lib/allops.yaml" "$T/allops.yaml"
