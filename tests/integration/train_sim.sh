@@ -19,16 +19,8 @@ for l in open(sys.argv[1]):
     if "step" in d and "loss" in d and "final_loss" not in d:
         print(d["step"], d.get("loss_bits", d["loss"]))' "$1"; }
 
-# same_ckpt A B: checkpoint files equal byte for byte past their 24-byte header, except that
-# the spec text they carry says "device: sim" where the other says "device: cpu"
-same_ckpt() { python3 -c '
-import sys
-a = open(sys.argv[1], "rb").read()[24:]
-b = open(sys.argv[2], "rb").read()[24:].replace(b"device: sim", b"device: cpu")
-if len(a) < 1000 or a != b:
-    sys.exit("%d and %d bytes, first difference at %s" % (len(a), len(b),
-             next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), "the end")))
-print(len(a))' "$1" "$2"; }
+# same_ckpt A B: the checkpoints of a cpu and a sim run hold the same bits (lib/same_ckpt.py)
+same_ckpt() { python3 "$(dirname "$0")/lib/same_ckpt.py" "$1" "$2"; }
 
 # twin NAME SPEC ARGS...: SPEC on cpu and on sim, the same losses and checkpoint bits
 twin() {
