@@ -34,7 +34,11 @@ int mge_graph_set_batch(struct mge_graph *g, int64_t n)
     return MGE_OK;
 }
 
-/* Off the host, the bound inputs' rows of this run go host -> device into their slots. */
+/*
+ * Off the host, the bound inputs' rows of this run go host -> device into their slots; the
+ * loader's prefetch buffers are the host side's double buffer. NEEDSWORK: a CUDA device wants
+ * pinned staging and two device slots, the copy of batch k+1 on a copy stream during batch k.
+ */
 static void stage_inputs(struct mge_graph *g)
 {
     if (!g->input_arena)
