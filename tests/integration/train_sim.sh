@@ -72,7 +72,7 @@ cat > "$T/r18.yaml" <<'Y'
 name: r18
 model: {type: resnet, variant: resnet18, width: 8}
 data: {format: synthetic, image: [1, 28, 28], classes: 10, train_size: 64, test_size: 32}
-train: {steps: 4, batch_size: 16, optimizer: {type: sgd, lr: 0.05, momentum: 0.9}, seed: 3}
+train: {steps: 3, batch_size: 16, optimizer: {type: sgd, lr: 0.05, momentum: 0.9}, seed: 3}
 Y
 twin resnet18 "$T/r18.yaml"
 for d in cpu sim; do
@@ -106,7 +106,7 @@ echo "  (precision: $(json "$T/resnet8.sim.out" precision))"
 
 echo "-- ResNet-50 (bottlenecks, width 4) with sublinear memory: recomputed batch norms"
 twin resnet50-sublinear "$T/r18.yaml" --set model.variant=resnet50 --set model.width=4 \
-    --set train.steps=2 --set memory.sublinear=true
+    --set train.steps=2 --set train.batch_size=8 --set memory.sublinear=true
 
 echo "-- deep_mlp (24 layers of 64) with sublinear memory"
 cat > "$T/deep.yaml" <<'Y'
@@ -132,11 +132,11 @@ name: gpt
 model: {type: gpt, layers: 2, heads: 2, d_model: 32, context: 32, vocab: 256}
 data: {format: text, train_files: [$F/fortunes], test_fraction: 0.1}
 train:
-  steps: 10
+  steps: 6
   batch_size: 8
   optimizer: {type: adamw, lr: 0.003, weight_decay: 0.1}
   lr_schedule: {type: cosine, warmup_steps: 2}
-  checkpoint_every: 5
+  checkpoint_every: 3
   seed: 7
 EOF
     twin gpt "$T/gpt.yaml"
