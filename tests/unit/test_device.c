@@ -124,7 +124,7 @@ struct net {
     int x, y, w1, b1, w2, logits, loss;
 };
 
-/* x (B, IN) -> linear+relu (HID) -> layernorm-free linear (OUT) -> cross-entropy, on @dev. */
+/* x (B, IN) -> linear + relu (HID) -> linear (OUT) -> cross-entropy, allocated on @dev. */
 static void net_build(struct net *n, const struct mge_device *dev)
 {
     int64_t xs[2] = {B, IN}, ys[1] = {B}, w1s[2] = {HID, IN}, b1s[1] = {HID}, w2s[2] = {OUT, HID};
