@@ -1259,7 +1259,7 @@ static const char *const format_names[] = {"idx",    "synthetic", "npy", "cifar"
                                            "tokens", "text",      NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
-static const char *const device_names[] = {"cpu", "gpu", NULL};
+static const char *const device_names[] = {"cpu", "gpu", "sim", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", NULL};
 static const char *const sublinear_names[] = {"false", "true", "auto", "light", NULL};
 static const char *const backend_names[] = {"auto", "local", "mpi", "nccl", NULL};
@@ -1787,9 +1787,10 @@ static int check_resources(struct ctx *c, const struct sect *root, struct mge_re
     gpus_def = r->device == MGE_DEVICE_GPU ? 1 : 0;
     if ((rc = get_int32(c, &s, "gpus", 0, 64, &gpus_def, &r->gpus, &gpus_given)))
         return rc;
-    if (gpus_given && r->device == MGE_DEVICE_CPU && r->gpus > 0)
+    if (gpus_given && r->device != MGE_DEVICE_GPU && r->gpus > 0)
         return fail_expected(c, sect_get(&s, "gpus", NULL), "resources.gpus",
-                             "0 with resources.device cpu");
+                             r->device == MGE_DEVICE_SIM ? "0 with resources.device sim"
+                                                         : "0 with resources.device cpu");
     if (gpus_given && r->device == MGE_DEVICE_GPU && r->gpus == 0)
         return fail_expected(c, sect_get(&s, "gpus", NULL), "resources.gpus",
                              "at least 1 with resources.device gpu");
@@ -1868,7 +1869,9 @@ static int check_distributed(struct ctx *c, const struct sect *root, struct mge_
         return rc;
     if (d->backend == MGE_BACKEND_NCCL && spec->resources.device != MGE_DEVICE_GPU)
         return fail_expected(c, sect_get(&s, "backend", NULL), "distributed.backend",
-                             "a CPU backend (auto, local or mpi) with resources.device cpu");
+                             spec->resources.device == MGE_DEVICE_SIM
+                                 ? "a CPU backend (auto, local or mpi) with resources.device sim"
+                                 : "a CPU backend (auto, local or mpi) with resources.device cpu");
     if (d->backend == MGE_BACKEND_LOCAL && spec->resources.workers_max > 1)
         return fail_expected(c, sect_get(&s, "backend", NULL), "distributed.backend",
                              "auto, mpi or nccl when resources.workers is more than 1");
@@ -2401,7 +2404,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
 
     res = json_object();
     jset(&b, res, "device",
-         json_string((unsigned)spec->resources.device < 2 ? device_names[spec->resources.device]
+         json_string((unsigned)spec->resources.device < 3 ? device_names[spec->resources.device]
                                                           : "unknown"));
     workers = json_object();
     jset(&b, workers, "min", json_integer(spec->resources.workers_min));

@@ -57,7 +57,8 @@ enum mge_data_format {
 };
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
 enum mge_sched_type { MGE_SCHED_CONSTANT, MGE_SCHED_STEP, MGE_SCHED_COSINE };
-enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU };
+/* sim: the engine's simulated accelerator (tests of the device seam); placed as cpu jobs are */
+enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU, MGE_DEVICE_SIM };
 /* train.precision: what GEMMs and convolutions compute in (parameters stay fp32) */
 enum mge_precision { MGE_PRECISION_FP32, MGE_PRECISION_BF16 };
 enum mge_sublinear_mode { MGE_SUBLINEAR_OFF, MGE_SUBLINEAR_ON, MGE_SUBLINEAR_AUTO, MGE_SUBLINEAR_LIGHT };
@@ -145,7 +146,7 @@ struct mge_train_spec {
 };
 
 struct mge_resources_spec {
-    enum mge_device_kind device;   /* resources.device: cpu | gpu */
+    enum mge_device_kind device;   /* resources.device: cpu | gpu | sim */
     int workers_min, workers_max;  /* resources.workers: N or {min, max} (default 1) */
     int cpus;                      /* resources.cpus: cores per worker (default 1) */
     int gpus;                      /* resources.gpus: per worker (default 0; 1 if device gpu) */

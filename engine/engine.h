@@ -87,7 +87,9 @@ int mge_value_ndim(const struct mge_graph *g, int v);
 const int64_t *mge_value_shape(const struct mge_graph *g, int v);
 int64_t mge_value_numel(const struct mge_graph *g, int v);
 const char *mge_value_name(const struct mge_graph *g, int v);
-/* Data of a value after mge_graph_alloc (NULL before); valid until the graph is freed. */
+/* Data of a value after mge_graph_alloc (NULL before); valid until the graph is freed. It is
+ * device memory: host code reads it only on a host-visible device, else through the device's
+ * copies (engine/device.h: mge_value_read). */
 void *mge_value_data(const struct mge_graph *g, int v);
 
 /* ---- ops (each returns the output value id, or -err) ---------------------------------------- */
@@ -223,7 +225,8 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats);
 int mge_graph_alloc(struct mge_graph *g);
 /* Initialise parameters from @seed (deterministic, PyTorch's default Linear/Conv init). */
 void mge_graph_init_params(struct mge_graph *g, uint64_t seed);
-/* Point input @v at caller memory for the next runs (not copied, not owned). */
+/* Point input @v at caller memory for the next runs (not owned; not copied on the CPU; off the
+ * host each run copies the current batch's rows of it to the device). */
 int mge_graph_bind(struct mge_graph *g, int v, void *data);
 /* Batch size of the next runs: 1..shape[0] of the batched inputs. */
 int mge_graph_set_batch(struct mge_graph *g, int64_t n);
@@ -287,7 +290,8 @@ int mge_graph_profile(struct mge_graph *g, int on);
 /* Print per-op mean times over @runs runs to @fp. */
 void mge_graph_profile_print(const struct mge_graph *g, FILE *fp, int64_t runs);
 
-/* The parameter and gradient arenas (contiguous; NULL before alloc) and their float counts. */
+/* The parameter and gradient arenas (contiguous; NULL before alloc; device memory, as
+ * mge_value_data's) and their float counts. */
 float *mge_graph_params(struct mge_graph *g, int64_t *n);
 float *mge_graph_grads(struct mge_graph *g, int64_t *n);
 int mge_graph_n_params(const struct mge_graph *g);

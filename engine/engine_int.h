@@ -55,6 +55,8 @@ const char *mge__op_name(enum mge_op op);
 #define MGE_NODE_MAX_IN 5
 #define MGE_NODE_MAX_OUT 4
 
+struct mge_device;
+
 struct mge_value {
     enum mge_value_kind kind;
     enum mge_dtype dtype;
@@ -72,6 +74,7 @@ struct mge_value {
     int64_t fan_in;              /* PARAM: for MGE_INIT_UNIFORM_FAN_IN */
     size_t offset;               /* bytes into its arena (PARAM/GRAD/ACT) */
     void *data;                  /* resolved after alloc; INPUT: bound by the caller */
+    void *host;                  /* INPUT on a device that is not host-visible: bound host data */
     int64_t first_use, last_use; /* planner: node indices */
 };
 
@@ -130,6 +133,9 @@ struct mge_graph {
     float loss_scale;            /* backward seed dloss (1 unless set) */
     int64_t row_offset;          /* rows of the global batch before this run's (dropout masks) */
     int bf16;                    /* GEMMs and convs take bf16-rounded inputs (train.precision) */
+    const struct mge_device *dev; /* where the arenas live (engine/device.h); NULL: cpu */
+    unsigned char *input_arena;   /* inputs' device copies, when dev is not host-visible */
+    size_t input_bytes;           /* its planned size (every input at the planned batch) */
 };
 
 /* Sticky error: record the first failure and return -code. */
@@ -183,5 +189,9 @@ struct mge_ops_table {
     mge_node_fn fn[MGE_OP__COUNT];
 };
 extern const struct mge_ops_table mge__cpu_ops;
+/* The graph's device: g->dev, or the CPU device. */
+const struct mge_device *mge__graph_dev(const struct mge_graph *g);
+/* Release every arena of @g through its device (allocated or not). */
+void mge__graph_free_arenas(struct mge_graph *g);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "engine/device.h"
 #include "engine/engine_int.h"
 #include "kernels/cpu/cpu.h"
 
@@ -55,9 +56,7 @@ void mge_graph_free(struct mge_graph *g)
 {
     if (!g)
         return;
-    mge_free_aligned(g->param_arena);
-    mge_free_aligned(g->grad_arena);
-    mge_free_aligned(g->act_arena);
+    mge__graph_free_arenas(g);
     mge_free(g->values);
     mge_free(g->nodes);
     mge_free(g->params);

@@ -20,6 +20,7 @@ static void usage(FILE *fp)
     fprintf(fp,
             "usage: mge-train SPEC.yaml [--set key.path=value]... [--resume CKPT] [--out DIR]\n"
             "                 [--init-from FILE] [--json] [--threads N] [--profile TRACE.json]\n"
+            "                 [--device cpu|sim]\n"
             "       mge-train --plan SPEC.yaml [--set key.path=value]...\n"
             "       mge-train --max-batch SPEC.yaml --set memory.budget_mb=N\n"
             "\n"
@@ -31,6 +32,8 @@ static void usage(FILE *fp)
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
             "  --threads N   kernel threads, 1..4096 (default $OMP_NUM_THREADS or all cores)\n"
+            "  --device D    resources.device: cpu, or sim (the simulated accelerator: arenas\n"
+            "                off the host, reached only by copies; bit-identical to cpu)\n"
             "Environment: MGE_DATA_ROOTS=DIR:DIR... (set by mge-worker): data files must lie\n"
             "under one of these, checked on the file opened; unset: any path\n"
             "  --profile F   write a Chrome trace (chrome://tracing, Perfetto) of the first\n"
@@ -161,6 +164,11 @@ int main(int argc, char **argv)
                 mge_free(sets);
                 return 2;
             }
+        } else if (!strcmp(a, "--device") && has_val) {
+            /* the spec key itself, so the spec's checks and messages apply */
+            static char dev_set[128];
+            snprintf(dev_set, sizeof(dev_set), "resources.device=%s", argv[++i]);
+            sets[o.n_overrides++] = dev_set;
         } else if (!strcmp(a, "--profile") && has_val) {
             o.profile_path = argv[++i];
         } else if (!strcmp(a, "--json")) {

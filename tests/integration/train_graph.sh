@@ -95,36 +95,7 @@ twin resnet20 "$ROOT/examples/fmnist-resnet20.yaml" "$ROOT/examples/fmnist-resne
     --set train.steps=3 --set train.batch_size=16 $NO_TEST
 
 echo "-- every op in one graph (branches, broadcasting, concat, norms) trains; recomputation keeps it bit-identical"
-cat > "$T/allops.yaml" <<'Y'
-name: allops
-data: {format: synthetic, image: [1, 8, 8], classes: 4, train_size: 256, test_size: 64}
-train: {steps: 20, batch_size: 16, optimizer: {lr: 0.05, momentum: 0.9}, checkpoint_every: 0}
-model:
-  type: graph
-  nodes:
-    - {name: x, op: input, shape: [1, 8, 8]}
-    - {name: c1, op: conv2d, inputs: x, out_channels: 8, kernel: 3, padding: 1}
-    - {name: b1, op: batchnorm2d, inputs: c1}
-    - {name: r1, op: relu, inputs: b1}
-    - {name: sq, op: global_avgpool, inputs: r1}          # squeeze-and-excitation gate
-    - {name: e1, op: linear, inputs: sq, out_features: 2}
-    - {name: e1r, op: relu, inputs: e1}
-    - {name: e2, op: linear, inputs: e1r, out_features: 8}
-    - {name: gate, op: sigmoid, inputs: e2}
-    - {name: g4, op: reshape, inputs: gate, shape: [8, 1, 1]}
-    - {name: scaled, op: mul, inputs: [r1, g4]}           # [16,8,8,8] * [16,8,1,1]
-    - {name: br, op: avgpool, inputs: x, kernel: 3, stride: 1, padding: 1}
-    - {name: cat, op: concat, inputs: [scaled, br], axis: 1}
-    - {name: p, op: maxpool, inputs: cat, kernel: 2}
-    - {name: d, op: sub, inputs: [p, p2]}
-    - {name: p2, op: tanh, inputs: p}
-    - {name: f, op: flatten, inputs: d}
-    - {name: ln, op: layernorm, inputs: f}
-    - {name: dr, op: dropout, inputs: ln, p: 0.2}
-    - {name: fc, op: linear, inputs: dr, out_features: 4}
-    - {name: g, op: gelu, inputs: fc}
-    - {name: loss, op: cross_entropy, inputs: g}
-Y
+cp "$(dirname "$0")/lib/allops.yaml" "$T/allops.yaml"
 "$BIN/mge-train" "$T/allops.yaml" --json --out "$T/allops" > "$T/allops.out" 2>"$T/err" || { bad "allops exited $?"; cat "$T/err"; }
 MGE_REMAT_FORCE=1 "$BIN/mge-train" "$T/allops.yaml" --json --out "$T/allops-r" --set memory.sublinear=true \
     > "$T/allops-r.out" 2>"$T/err" || { bad "allops (sublinear) exited $?"; cat "$T/err"; }

@@ -414,6 +414,19 @@ START_TEST(test_jobspec_defaults_dependent)
 }
 END_TEST
 
+START_TEST(test_jobspec_device_sim)
+{
+    /* the engine's simulated accelerator: no GPUs, shown by name in the JSON form */
+    struct mge_jobspec *s = parse_ok(HEAD TRAIN "resources: {device: sim, workers: 2}\n", NULL, 0);
+    ck_assert_int_eq(s->resources.device, MGE_DEVICE_SIM);
+    ck_assert_int_eq(s->resources.gpus, 0);
+    char *json = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(json, "\"device\":\"sim\""));
+    mge_free(json);
+    mge_jobspec_free(s);
+}
+END_TEST
+
 /* ---- errors: exact code, line, key and a piece of the message ---- */
 
 struct err_case {
@@ -571,6 +584,10 @@ static const struct err_case err_cases[] = {
      "expected 0 with resources.device cpu, got '1'"},
     {HEAD TRAIN "distributed: {backend: nccl}\n", MGE_SPEC, 12, "distributed.backend",
      "with resources.device cpu, got 'nccl'"},
+    {HEAD TRAIN "resources: {device: sim, gpus: 1}\n", MGE_SPEC, 12, "resources.gpus",
+     "expected 0 with resources.device sim, got '1'"},
+    {HEAD TRAIN "resources: {device: sim}\ndistributed: {backend: nccl}\n", MGE_SPEC, 13,
+     "distributed.backend", "with resources.device sim, got 'nccl'"},
     {"name: t\nmodel: {type: mlp, hidden: [2]}\ndata: {format: synthetic}\n"
      "train: {epochs: 1, batch_size: 8, optimizer: {lr: 1}}\n"
      "resources: {workers: 2}\ndistributed:\n  backend: local\n",
@@ -1360,6 +1377,7 @@ static Suite *jobspec_suite(void)
     tcase_add_test(tc, test_jobspec_clip_smoothing_decay);
     tcase_add_test(tc, test_jobspec_precision);
     tcase_add_test(tc, test_jobspec_defaults_dependent);
+    tcase_add_test(tc, test_jobspec_device_sim);
     tcase_add_test(tc, test_jobspec_classes_limit_is_the_engines);
     suite_add_tcase(s, tc);
 
