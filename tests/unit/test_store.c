@@ -354,7 +354,7 @@ START_TEST(test_store_events_hook)
 END_TEST
 
 /* A database of schema version 3 (no incarnations, no restarts column), made by undoing
- * migrations 4 to 6 on a store with a running job, opens at version 4: the job is kept, it has no
+ * migrations 4 to 7 on a store with a running job, opens at version 4: the job is kept, it has no
  * incarnation rows and no restarts, and requeueing and placing it write them. */
 START_TEST(test_store_migrates_v3)
 {
@@ -376,7 +376,11 @@ START_TEST(test_store_migrates_v3)
     ck_assert_int_eq(sqlite3_exec(o,
                                   "DROP TABLE incarnations; ALTER TABLE jobs DROP COLUMN"
                                   " restarts; ALTER TABLE checkpoints DROP COLUMN copy;"
-                                  " ALTER TABLE jobs DROP COLUMN plan; PRAGMA user_version=3;",
+                                  " ALTER TABLE jobs DROP COLUMN plan;"
+                                  " ALTER TABLE workers DROP COLUMN gpu_list;"
+                                  " ALTER TABLE placements DROP COLUMN gpu_ids;"
+                                  " ALTER TABLE jobs DROP COLUMN gpu_memory_mb;"
+                                  " PRAGMA user_version=3;",
                                   NULL, NULL, NULL),
                      SQLITE_OK);
     ck_assert_int_eq(sqlite3_close(o), SQLITE_OK);
