@@ -232,8 +232,13 @@ $(COORD_TESTS): $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call ob
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LIBS_DAEMON)
 # the worker's /proc probe, linked into its test alone (the worker has no library)
 $(BUILD)/tests/test_procstat: $(call obj,worker/procstat.c)
-# ... and its GPU detection (the MGE_FAKE_GPUS hook, CUDA_VISIBLE_DEVICES of a rank)
-$(BUILD)/tests/test_gpus: $(call obj,worker/gpus.c)
+# ... and its GPU detection (the MGE_FAKE_GPUS hook, CUDA_VISIBLE_DEVICES of a rank), which
+# allocates through common/: linked before the libraries
+$(BUILD)/tests/test_gpus: $(call obj,tests/unit/test_gpus.c worker/gpus.c) $(call obj,$(TEST_SUPPORT)) \
+    $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS)
 $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"

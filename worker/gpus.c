@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/err.h"
 
 /* cudaDeviceProp's leading fields, stable since CUDA 10: name[256], uuid[16], luid[8],
@@ -30,7 +31,7 @@ static int cudart_gpus(void *h, struct mge_gpu *out)
         return 0;
     if (n > MGE_GPUS_MAX)
         n = MGE_GPUS_MAX;
-    buf = calloc(1, PROP_BUF);
+    buf = mge_calloc(1, PROP_BUF);
     for (int i = 0; i < n; i++) {
         size_t total = 0;
         snprintf(out[i].name, sizeof(out[i].name), "CUDA device %d", i);
@@ -43,7 +44,7 @@ static int cudart_gpus(void *h, struct mge_gpu *out)
         memcpy(&total, buf + PROP_TOTAL_MEM_OFF, sizeof(total));
         out[i].memory_mb = (int64_t)(total >> 20);
     }
-    free(buf);
+    mge_free(buf);
     return n;
 }
 
