@@ -70,11 +70,12 @@ int main(void)
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         const struct shape *sh = &shapes[s];
         size_t na = (size_t)sh->M * sh->K, nb = (size_t)sh->K * sh->N, nc = (size_t)sh->M * sh->N;
-        float *A = malloc(na * sizeof(float)), *B = malloc(nb * sizeof(float));
-        float *C = malloc(nc * sizeof(float)), *G = malloc(nc * sizeof(float));
+        /* one host allocation: A, B, the CPU's C, the GPU's result G */
+        float *A = malloc((na + nb + 2 * nc) * sizeof(float)), *B = A + na, *C = B + nb,
+              *G = C + nc;
         void *dA = NULL, *dB = NULL, *dC = NULL;
         double flop = 2.0 * sh->M * sh->N * sh->K, tg, tc, diff = 0, scale = 0;
-        if (!A || !B || !C || !G || mge_cuda_malloc(&dA, na * sizeof(float)) != MGE_OK ||
+        if (!A || mge_cuda_malloc(&dA, na * sizeof(float)) != MGE_OK ||
             mge_cuda_malloc(&dB, nb * sizeof(float)) != MGE_OK ||
             mge_cuda_malloc(&dC, nc * sizeof(float)) != MGE_OK) {
             fprintf(stderr, "bench_cuda: out of memory at '%s'\n", sh->name);
@@ -100,9 +101,6 @@ int main(void)
         mge_cuda_free(dB);
         mge_cuda_free(dC);
         free(A);
-        free(B);
-        free(C);
-        free(G);
     }
     return 0;
 }

@@ -73,8 +73,9 @@ static void teardown(void)
     ck_assert_int_eq(rmdir(g_dir), 0); /* nothing else was left there */
 }
 
-/* A job of @workers ("2" or "{min: 2, max: 3}") workers with @cpus CPUs each; its id. */
-static int64_t job_add_spec(const char *workers, int cpus, int priority)
+/* A job with the resources @resources ("workers: 2, cpus: 1") and priority @priority, planned at
+ * @plan_mb per rank (0: unplanned); its id. */
+static int64_t job_add_resources(const char *resources, int priority, int64_t plan_mb)
 {
     char yaml[512];
     struct mge_jobspec *spec = NULL;
@@ -83,13 +84,22 @@ static int64_t job_add_spec(const char *workers, int cpus, int priority)
     snprintf(yaml, sizeof(yaml),
              "name: t\npriority: %d\nmodel: {type: mlp, hidden: [8]}\n"
              "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
-             "resources: {workers: %s, cpus: %d}\n"
+             "resources: {%s}\n"
              "train: {steps: 1000, batch_size: 8, optimizer: {lr: 0.1}}\n",
-             priority, workers, cpus);
+             priority, resources);
     ck_assert_int_eq(mge_jobspec_parse("<test>", yaml, strlen(yaml), NULL, 0, &spec, &err), MGE_OK);
-    ck_assert_int_eq(mge_store_job_insert(g_st, spec, "{}", 1000, &id), MGE_OK);
+    ck_assert_int_eq(mge_store_job_insert_planned(g_st, spec, "{}", 1000, NULL, plan_mb, &id),
+                     MGE_OK);
     mge_jobspec_free(spec);
     return id;
+}
+
+/* A job of @workers ("2" or "{min: 2, max: 3}") workers with @cpus CPUs each; its id. */
+static int64_t job_add_spec(const char *workers, int cpus, int priority)
+{
+    char res[128];
+    snprintf(res, sizeof(res), "workers: %s, cpus: %d", workers, cpus);
+    return job_add_resources(res, priority, 0);
 }
 
 static int64_t job_add_workers(const char *workers, int cpus)
@@ -412,21 +422,9 @@ END_TEST
 /* A `device: gpu` job of one worker with @gpus GPUs, planned at @plan_mb per rank; its id. */
 static int64_t gpu_job_add(int gpus, int64_t plan_mb)
 {
-    char yaml[512];
-    struct mge_jobspec *spec = NULL;
-    struct mge_spec_error err;
-    int64_t id = 0;
-    snprintf(yaml, sizeof(yaml),
-             "name: g\nmodel: {type: mlp, hidden: [8]}\n"
-             "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
-             "resources: {device: gpu, gpus: %d, cpus: 1}\n"
-             "train: {steps: 1000, batch_size: 8, optimizer: {lr: 0.1}}\n",
-             gpus);
-    ck_assert_int_eq(mge_jobspec_parse("<test>", yaml, strlen(yaml), NULL, 0, &spec, &err), MGE_OK);
-    ck_assert_int_eq(mge_store_job_insert_planned(g_st, spec, "{}", 1000, NULL, plan_mb, &id),
-                     MGE_OK);
-    mge_jobspec_free(spec);
-    return id;
+    char res[128];
+    snprintf(res, sizeof(res), "device: gpu, gpus: %d, cpus: 1", gpus);
+    return job_add_resources(res, 0, plan_mb);
 }
 
 /* Register worker @name with 4 CPUs and the GPUs of @list (mge_gpus_parse's format). */
