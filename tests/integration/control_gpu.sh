@@ -129,4 +129,29 @@ check "a CPU job on 'big' succeeds" wait_until 30 state_is "$C" succeeded
 logs "$C" >"$T/c.log"
 check "... with CUDA_VISIBLE_DEVICES empty (none of the worker's GPUs)" \
     grep -qx "mge-worker: rank 0 gets GPU index(es) '': CUDA_VISIBLE_DEVICES=" "$T/c.log"
+# --- a 2-worker GPU job (one mpirun): every rank gets its worker's GPU ---
+if MPIRUN=$(command -v mpirun.openmpi || command -v mpirun) && [ -x "$BIN/mge-launch" ]; then
+    MGE_FAKE_GPUS="1x NVIDIA L4:22563" start_worker l4
+    cat >"$T/gang.yaml" <<Y
+name: gang
+model: {type: mlp, hidden: [8]}
+data: {format: synthetic, train_size: 64, test_size: 0, input_dim: 4, classes: 2}
+train: {steps: 2, batch_size: 8, optimizer: {type: sgd, lr: 0.01}}
+resources: {device: gpu, workers: 2}
+Y
+    GANG=$(submit_yaml "$T/gang.yaml")
+    gang_ended() { state_is "$GANG" failed; }
+    check "a 2-worker GPU job is placed on 'big' and 'l4' (one GPU each) and ends" \
+        wait_until 30 gang_ended
+    api GET "/api/v1/jobs/$GANG" >"$T/gang.json"
+    check "... its placement: rank 0 on 'big' GPU [0], rank 1 on 'l4' GPU [0]" jq -e '
+        [.placement[] | [.worker, .gpus]] == [["big", [0]], ["l4", [0]]]' "$T/gang.json"
+    api GET "/api/v1/jobs/$GANG/logs" | jq -r '.lines[] | "\(.rank) \(.text)"' >"$T/gang.log"
+    check "... and each rank's worker gave it CUDA_VISIBLE_DEVICES=0 (mpirun's, and orted's)" sh -c \
+        "grep -qF \"0 mge-worker: rank 0 gets GPU index(es) '0': CUDA_VISIBLE_DEVICES=0\" '$T/gang.log' &&
+         grep -qF \"1 mge-worker: rank 1 gets GPU index(es) '0': CUDA_VISIBLE_DEVICES=0\" '$T/gang.log'"
+    grep -F "gets GPU" "$T/gang.log" | sed 's/^/     /'
+else
+    echo "skip - the 2-worker GPU job: Open MPI's mpirun or mge-launch not found"
+fi
 finish
