@@ -248,6 +248,10 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
             for (size_t i = 0; i < reg->slots->n_gpu_list; i++) {
                 const Mge__Gpu *g = reg->slots->gpu_list[i];
                 snprintf(gpus[i].name, sizeof(gpus[i].name), "%s", g->name ? g->name : "");
+                /* the store keeps one GPU per line, and the dashboard shows the name */
+                for (char *c = gpus[i].name; *c; c++)
+                    if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                        *c = '?';
                 gpus[i].memory_mb = g->memory_mb > 0 ? g->memory_mb : 0;
             }
             info.gpu = gpus;
