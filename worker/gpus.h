@@ -10,7 +10,8 @@
 
 #include "common/gpu.h"
 
-/* The test hook: a GPU list as mge_gpus_parse() reads it, honoured by mge-worker alone. */
+/* The test hook: a GPU list as mge_gpus_parse() reads it ("" for none), honoured by mge-worker
+ * alone. */
 #define MGE_FAKE_GPUS_ENV "MGE_FAKE_GPUS"
 
 /*

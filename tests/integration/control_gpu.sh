@@ -35,7 +35,7 @@ reason() { api GET "/api/v1/jobs/$1" | jq -r '.pending_reason // ""'; }
 reason_matches() { reason "$1" | grep -Eq "$2"; }
 
 start_coord
-start_worker cpu
+MGE_FAKE_GPUS= start_worker cpu # none, even on a machine with GPUs
 
 # --- no worker has a GPU: the job pends and says so ---
 gpu_job g0 4096
