@@ -354,6 +354,22 @@ START_TEST(test_store_events_hook)
 }
 END_TEST
 
+/* What migration 7 added (GPU workers), as SQL that removes it. */
+#define UNDO_MIGRATION_7                                                                           \
+    " ALTER TABLE workers DROP COLUMN gpu_list; ALTER TABLE placements DROP COLUMN gpu_ids;"       \
+    " ALTER TABLE jobs DROP COLUMN gpu_memory_mb;"
+
+/* Run @sql on the closed store's mge.db directly (to make it an older schema). */
+static void db_exec(const char *sql)
+{
+    char db[128];
+    sqlite3 *o = NULL;
+    path_in(db, sizeof(db), "mge.db");
+    ck_assert_int_eq(sqlite3_open_v2(db, &o, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(o, sql, NULL, NULL, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_close(o), SQLITE_OK);
+}
+
 /* A database of schema version 3 (no incarnations, no restarts column), made by undoing
  * migrations 4 to 7 on a store with a running job, opens at version 4: the job is kept, it has no
  * incarnation rows and no restarts, and requeueing and placing it write them. */
@@ -361,8 +377,6 @@ START_TEST(test_store_migrates_v3)
 {
     struct mge_store *st = NULL;
     struct mge_placement pl = {.rank = 0, .worker_id = "w-1"};
-    char db[128];
-    sqlite3 *o = NULL;
     json_t *j = NULL, *inc;
     bool requeued = false;
     int64_t id;
@@ -372,19 +386,9 @@ START_TEST(test_store_migrates_v3)
     pl.attempt = 1;
     ck_assert_int_eq(mge_store_job_place(st, id, 1, &pl, 1), MGE_OK);
     mge_store_close(st);
-    path_in(db, sizeof(db), "mge.db");
-    ck_assert_int_eq(sqlite3_open_v2(db, &o, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_exec(o,
-                                  "DROP TABLE incarnations; ALTER TABLE jobs DROP COLUMN"
-                                  " restarts; ALTER TABLE checkpoints DROP COLUMN copy;"
-                                  " ALTER TABLE jobs DROP COLUMN plan;"
-                                  " ALTER TABLE workers DROP COLUMN gpu_list;"
-                                  " ALTER TABLE placements DROP COLUMN gpu_ids;"
-                                  " ALTER TABLE jobs DROP COLUMN gpu_memory_mb;"
-                                  " PRAGMA user_version=3;",
-                                  NULL, NULL, NULL),
-                     SQLITE_OK);
-    ck_assert_int_eq(sqlite3_close(o), SQLITE_OK);
+    db_exec("DROP TABLE incarnations; ALTER TABLE jobs DROP COLUMN restarts;"
+            " ALTER TABLE checkpoints DROP COLUMN copy; ALTER TABLE jobs DROP COLUMN "
+            "plan;" UNDO_MIGRATION_7 " PRAGMA user_version=3;");
 
     ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
     ck_assert_int_eq(mge_store_job_get(st, id, &j), MGE_OK);
@@ -415,8 +419,6 @@ START_TEST(test_store_gpus)
     struct mge_store *st = NULL;
     struct mge_worker_row w, *rows = NULL;
     struct mge_placement pl = {.rank = 0}, *act = NULL;
-    char db[128];
-    sqlite3 *o = NULL;
     json_t *j = NULL, *p;
     bool requeued = false;
     int64_t id;
@@ -432,16 +434,7 @@ START_TEST(test_store_gpus)
     snprintf(pl.worker_id, sizeof(pl.worker_id), "%s", w.id);
     ck_assert_int_eq(mge_store_job_place(st, id, 1, &pl, 1), MGE_OK);
     mge_store_close(st);
-    path_in(db, sizeof(db), "mge.db");
-    ck_assert_int_eq(sqlite3_open_v2(db, &o, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_exec(o,
-                                  "ALTER TABLE workers DROP COLUMN gpu_list;"
-                                  " ALTER TABLE placements DROP COLUMN gpu_ids;"
-                                  " ALTER TABLE jobs DROP COLUMN gpu_memory_mb;"
-                                  " PRAGMA user_version=6;",
-                                  NULL, NULL, NULL),
-                     SQLITE_OK);
-    ck_assert_int_eq(sqlite3_close(o), SQLITE_OK);
+    db_exec(UNDO_MIGRATION_7 " PRAGMA user_version=6;");
 
     ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
     ck_assert_int_eq(mge_store_placements_active(st, &act, &n), MGE_OK);
