@@ -1551,10 +1551,15 @@ int mge_train_main(const struct mge_train_opts *o)
         fprintf(stderr, "mge-train: %s\n", serr.message);
         return 2;
     }
-    if (t.spec->resources.device == MGE_DEVICE_GPU) {
+    /* the memory plan is the device's too: --plan answers for a GPU job (the coordinator
+     * places it by that peak per GPU) */
+    if (t.spec->resources.device == MGE_DEVICE_GPU && !o->plan_only) {
         /* NEEDSWORK: a CUDA ops table for the executor; kernels/cuda has the first kernels */
-        fprintf(stderr, "mge-train: %s: resources.device: gpu is not supported by this engine "
-                        "yet (CPU only); use device: cpu\n", o->spec_path);
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        fprintf(stderr,
+                "mge-train: %s: resources.device: gpu: this build's engine has no CUDA "
+                "ops table (CPU only; CUDA_VISIBLE_DEVICES=%s); use device: cpu\n",
+                o->spec_path, vis ? vis : "(unset)");
         code = 2;
         goto out;
     }

@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/crypto.h"
 #include "common/err.h"
+#include "common/gpu.h"
 #include "common/log.h"
 #include "common/url.h"
 #include "engine/ckpt.h"
@@ -296,7 +297,8 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
                                      .spec_yaml = a->spec_yaml,
                                      .resume = a->resume,
                                      .resume_copy = a->resume_copy,
-                                     .launch_token = a->launch_token};
+                                     .launch_token = a->launch_token,
+                                     .gpu_ids = a->gpu_ids};
         struct mge_peer *peers = a->n_peers ? mge_calloc(a->n_peers, sizeof(*peers)) : NULL;
         for (size_t k = 0; peers && k < a->n_peers; k++) {
             peers[k].rank = a->peers[k]->rank;
@@ -567,6 +569,7 @@ static int exchange(struct mge_link *l)
     Mge__Register reg = MGE__REGISTER__INIT;
     Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
     Mge__Slots slots = MGE__SLOTS__INIT;
+    Mge__Gpu gpus[MGE_GPUS_MAX], *gpup[MGE_GPUS_MAX];
     Mge__CkptChunk chunk;
     Mge__CkptFetch fetch;
     Mge__LinkReply *lr;
@@ -582,6 +585,14 @@ static int exchange(struct mge_link *l)
         slots.gpus = l->o.gpus;
         slots.memory_mb = l->o.memory_mb;
         slots.device = l->o.gpus > 0 ? (char *)"gpu" : (char *)"cpu";
+        for (int i = 0; i < l->o.gpus && i < MGE_GPUS_MAX && l->o.gpu; i++) {
+            mge__gpu__init(&gpus[i]);
+            gpus[i].name = (char *)l->o.gpu[i].name;
+            gpus[i].memory_mb = l->o.gpu[i].memory_mb;
+            gpup[i] = &gpus[i];
+            slots.n_gpu_list = (size_t)i + 1;
+        }
+        slots.gpu_list = gpup;
         reg.name = (char *)l->o.name;
         reg.host = (char *)l->o.host;
         reg.version = (char *)l->o.version;
