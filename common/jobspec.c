@@ -571,6 +571,7 @@ static const struct keydef train_keys[] = {
     {"checkpoint_every_sec", NULL},
     {"log_every", NULL},
     {"eval", NULL},
+    {"eager", NULL},
     {"clip_grad_norm", NULL},
     {"label_smoothing", NULL},
     {"precision", NULL},
@@ -1731,6 +1732,8 @@ static int check_train(struct ctx *c, const struct sect *root, struct mge_train_
         return rc;
     if ((rc = get_bool(c, &s, "eval", true, &t->eval_every_epoch)))
         return rc;
+    if ((rc = get_bool(c, &s, "eager", false, &t->eager)))
+        return rc;
     /* 0 is "absent": clipping off */
     if ((rc = get_num(c, &s, "clip_grad_norm", 0, OPEN, INFINITY, 0, &(double){0},
                       &t->clip_grad_norm, NULL)))
@@ -2393,6 +2396,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, train, "checkpoint_every_sec", json_integer(spec->train.checkpoint_every_sec));
     jset(&b, train, "log_every", json_integer(spec->train.log_every));
     jset(&b, train, "eval", json_boolean(spec->train.eval_every_epoch));
+    jset(&b, train, "eager", json_boolean(spec->train.eager));
     jset(&b, train, "clip_grad_norm",
          spec->train.clip_grad_norm > 0 ? json_real(spec->train.clip_grad_norm) : json_null());
     jset(&b, train, "label_smoothing", json_real(spec->train.label_smoothing));
