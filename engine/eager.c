@@ -141,13 +141,41 @@ static void scan_add(struct scan *s, const float *x, int64_t n, int64_t base, do
     s->n += n;
 }
 
-/* Scan f32 value @v at the current batch size (nothing for other dtypes). */
-static struct scan scan_value(const struct mge_graph *g, int v, double bound)
+/*
+ * Whether @x[0..@n) is all finite and within @bound (<= 0: no bound): the fast path of every
+ * check, vectorised and threaded (a branchy scan of each output tripled a GPT step's time).
+ */
+static int all_good(const float *x, int64_t n, double bound)
+{
+    int64_t bad = 0;
+    float mx = 0.0f;
+#pragma omp parallel for simd reduction(+ : bad) reduction(max : mx) if (n > 65536)
+    for (int64_t k = 0; k < n; k++) {
+        uint32_t bits;
+        memcpy(&bits, &x[k], 4);
+        bad += (bits & 0x7F800000u) == 0x7F800000u;
+        float a = fabsf(x[k]);
+        mx = a > mx ? a : mx;
+    }
+    return bad == 0 && (bound <= 0 || (double)mx <= bound);
+}
+
+/* Scan f32 value @v at the current batch size (nothing for other dtypes); @fast: stop at an
+ * empty scan when all_good() finds nothing wrong. */
+static struct scan scan_value_fast(const struct mge_graph *g, int v, double bound, int fast)
 {
     struct scan s = {.first = -1};
-    if (g->values[v].dtype == MGE_DTYPE_F32 && g->values[v].data)
-        scan_add(&s, g->values[v].data, mge__value_numel_now(g, v), 0, bound);
+    if (g->values[v].dtype != MGE_DTYPE_F32 || !g->values[v].data)
+        return s;
+    int64_t n = mge__value_numel_now(g, v);
+    if (!fast || !all_good(g->values[v].data, n, bound))
+        scan_add(&s, g->values[v].data, n, 0, bound);
     return s;
+}
+
+static struct scan scan_value(const struct mge_graph *g, int v, double bound)
+{
+    return scan_value_fast(g, v, bound, 0);
 }
 
 /* COPY_AXIS writes one slab of its destination (a concat's part): scan only that. */
@@ -166,7 +194,10 @@ static struct scan scan_slab(const struct mge_graph *g, const struct mge_node *n
     const float *x = val->data;
     for (int64_t o = 0; o < outer; o++) {
         int64_t at = (o * shape[axis] + n->a.copy.dstart) * inner;
-        scan_add(&s, x + at, n->a.copy.len * inner, at, bound);
+        if (all_good(x + at, n->a.copy.len * inner, bound))
+            s.n += n->a.copy.len * inner;
+        else
+            scan_add(&s, x + at, n->a.copy.len * inner, at, bound);
     }
     return s;
 }
@@ -426,7 +457,7 @@ int mge__eager_check(struct mge_graph *g, int ni)
         }
         if (!overrun && strcmp(role, "scratch") != 0)
             s = n->op == MGE_OP_COPY_AXIS ? scan_slab(g, n, e->max_abs)
-                                          : scan_value(g, v, e->max_abs);
+                                          : scan_value_fast(g, v, e->max_abs, 1);
         if (!overrun && !scan_bad(&s))
             continue;
         int bad_in;
@@ -473,7 +504,7 @@ int mge_graph_eager_check_params(struct mge_graph *g, int64_t step, const char *
         return MGE_OK;
     for (int i = 0; i < g->n_params; i++) {
         int p = g->params[i], d = g->grads ? g->grads[i] : -1;
-        struct scan s = scan_value(g, p, e->max_abs);
+        struct scan s = scan_value_fast(g, p, e->max_abs, 1);
         if (!scan_bad(&s))
             continue;
         char layer[96], at[32], bad[48];
