@@ -1647,7 +1647,9 @@ int mge_train_main(const struct mge_train_opts *o)
     rc = train_loop(&t);
     code = rc == MGE_OK ? 0 : 1;
 out:
-    if (t.g && mge_graph_eager_report(t.g)[0])
+    if (t.g && mge_graph_eager_report(t.g)[0] && t.world > 1)
+        fprintf(stderr, "mge-train: rank %d: eager: %s\n", t.rank, mge_graph_eager_report(t.g));
+    else if (t.g && mge_graph_eager_report(t.g)[0])
         fprintf(stderr, "mge-train: eager: %s\n", mge_graph_eager_report(t.g));
     if (rc != MGE_OK && code == 1)
         fprintf(stderr, "mge-train: failed: %s\n", mge_strerror(rc));

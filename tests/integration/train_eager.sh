@@ -3,11 +3,12 @@
 # value in its own allocation and checked. Eager and static runs give the same loss at every
 # step and byte-identical checkpoints for the MLP, LeNet, a small ResNet-20 (zoo and graph
 # twins), a graph LeNet, a small GPT (dropout, AdamW, clipping) and the MLP under
-# recomputation; an absurd learning rate (1e30) is reported with the step, the layer, the op and
-# the pass, no later than the static run's "diverged" line, and --eager-dump writes the failing
-# op's inputs and outputs (.npy) and node.json, which agree with the report (train.eager: true
-# in the spec reports the same); --eager-max-abs
-# stops at the first update that passes the bound; bad values exit 2 naming the flag or key.
+# recomputation, and the same losses on 2 MPI ranks (where a rank reports a NaN). An absurd
+# learning rate (1e30) is reported with the step, the layer, the op and the pass, no later than
+# the static run's "diverged" line; --eager-dump writes the failing op's inputs and outputs
+# (.npy) and node.json, which agree with the report; train.eager: true in the spec reports the
+# same; --eager-max-abs stops at the first update past the bound; bad values exit 2 naming the
+# flag or key.
 . "$(dirname "$0")/lib/train.sh"
 
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
@@ -16,14 +17,6 @@ fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 NO_TEST="--set data.test_images= --set data.test_labels="
 STEPS="--set train.epochs= --set train.log_every=1"
-
-# the loss of every step line of a --json run, one per line
-losses() { python3 -c '
-import json, sys
-for l in open(sys.argv[1]):
-    d = json.loads(l)
-    if "step" in d and "loss" in d and "final_loss" not in d:
-        print(d["step"], d["loss"])' "$1"; }
 
 # pair NAME SPEC SETS...: static and eager runs with the same sets: same losses, same checkpoint
 pair() {
@@ -54,6 +47,30 @@ pair resnet20-graph examples/fmnist-resnet20.graph.yaml $STEPS --set train.steps
 pair gpt examples/gpt-text.yaml --set train.steps=5 --set train.log_every=1 --set model.layers=2 \
     --set model.d_model=64 --set model.context=32 --set data.test_fraction=0
 pair mlp-recompute examples/fmnist-mlp.yaml $STEPS --set train.steps=10 --set memory.sublinear=true $NO_TEST
+
+MPIRUN=$(command -v mpirun.openmpi || command -v mpirun)
+if [ -n "$MPIRUN" ]; then
+    echo "-- data parallel: 2 ranks, eager = static; lr 1e30 reported by a rank"
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    MPI="--set train.epochs= --set train.steps=10 $NO_TEST --set train.checkpoint_every=0"
+    for m in static eager; do
+        e=; [ $m = eager ] && e=--eager
+        OMP_NUM_THREADS=1 "$MPIRUN" --oversubscribe --bind-to none -np 2 "$BIN/mge-train" \
+            examples/fmnist-mlp.yaml --json $MPI --out "$T/mpi-$m" $e > "$T/mpi-$m.out" 2> "$T/mpi-$m.err" ||
+            { bad "2 ranks $m exited $?"; cat "$T/mpi-$m.err"; }
+        losses "$T/mpi-$m.out" > "$T/mpi-$m.loss"
+    done
+    [ "$(wc -l < "$T/mpi-eager.loss")" -eq 10 ] && cmp -s "$T/mpi-static.loss" "$T/mpi-eager.loss" &&
+        ok "2 ranks: eager = static at each of 10 steps (last $(tail -1 "$T/mpi-eager.loss"))" ||
+        bad "2 ranks: eager and static differ"
+    OMP_NUM_THREADS=1 "$MPIRUN" --oversubscribe --bind-to none -np 2 "$BIN/mge-train" \
+        examples/fmnist-mlp.yaml --json $MPI --out "$T/mpi-nan" --eager --set train.optimizer.lr=1e30 \
+        > "$T/mpi-nan.out" 2> "$T/mpi-nan.err"
+    rc=$?
+    line=$(grep -m1 '^mge-train: rank [01]: eager: step [0-9]*, layer `fc[123]` (op ' "$T/mpi-nan.err")
+    [ $rc -ne 0 ] && [ -n "$line" ] && ok "2 ranks, lr 1e30: exit $rc, '$line'" ||
+        { bad "2 ranks, lr 1e30: exit $rc"; cat "$T/mpi-nan.err"; }
+fi
 
 echo "-- lr 1e30: the first non-finite value named, its op dumped"
 LR="$STEPS --set train.steps=20 $NO_TEST --set train.optimizer.lr=1e30 --set train.checkpoint_every=0"

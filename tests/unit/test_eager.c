@@ -172,17 +172,24 @@ static void fault_hook(void *ctx, int node, double t0, double t1)
         }
 }
 
+/* Train @n (eager) with the fault hook: step 1 works, step 2 meets the fault; its report. */
+static const char *faulted_run(struct net *n, int nan_dw)
+{
+    float loss;
+    net_build(n, 1, NULL);
+    struct fault f = {.n = n, .nan_dw = nan_dw};
+    mge_graph_set_op_hook(n->g, fault_hook, &f);
+    ck_assert_int_eq(net_step(n, 0, B, &loss), MGE_OK);
+    ck_assert_int_eq(net_step(n, 1, B, &loss), MGE_RANGE);
+    ck_assert_int_eq(f.hits, 1);
+    mge_graph_set_op_hook(n->g, NULL, NULL);
+    return mge_graph_eager_report(n->g);
+}
+
 START_TEST(test_eager_nan_in_backward)
 {
     struct net n;
-    float loss;
-    net_build(&n, 1, NULL);
-    struct fault f = {.n = &n, .nan_dw = 1};
-    mge_graph_set_op_hook(n.g, fault_hook, &f);
-    ck_assert_int_eq(net_step(&n, 0, B, &loss), MGE_OK);
-    ck_assert_int_eq(net_step(&n, 1, B, &loss), MGE_RANGE);
-    ck_assert_int_eq(f.hits, 1);
-    const char *r = mge_graph_eager_report(n.g);
+    const char *r = faulted_run(&n, 1);
     assert_has(r, "step 2, layer `fc2` (op ");
     assert_has(r, ", backward): NaN in dW `dfc2.w` from inputs with max |x| ");
     assert_has(r, "(1 of 80 values bad, the first at index 3)");
@@ -193,15 +200,9 @@ END_TEST
 START_TEST(test_eager_overrun)
 {
     struct net n;
-    float loss;
-    net_build(&n, 1, NULL);
-    struct fault f = {.n = &n, .nan_dw = 0};
-    mge_graph_set_op_hook(n.g, fault_hook, &f);
-    ck_assert_int_eq(net_step(&n, 0, B, &loss), MGE_OK);
-    ck_assert_int_eq(net_step(&n, 1, B, &loss), MGE_RANGE);
-    assert_has(mge_graph_eager_report(n.g),
-               "step 2, layer `fc1` (op LINEAR, forward): wrote past the end of y `linear.");
-    assert_has(mge_graph_eager_report(n.g), "` (512 bytes)");
+    const char *r = faulted_run(&n, 0);
+    assert_has(r, "step 2, layer `fc1` (op LINEAR, forward): wrote past the end of y `linear.");
+    assert_has(r, "` (512 bytes)");
     mge_graph_free(n.g);
 }
 END_TEST
