@@ -3,8 +3,9 @@
  * concat and slice, linear, cross-entropy) gives bit-identical losses and weights eager and
  * static, full and partial batches; a NaN put into a parameter, a NaN written into a backward
  * op's dW and an op writing past its output (both through the op hook, which runs between an
- * op and its check) are each reported with the step, the layer, the op and the pass; the
- * optimiser check, the |x| bound, the dump's files and the calls' order rules.
+ * op and its check) are each reported with the step, the layer, the op and the pass, and
+ * memory no op wrote as such; the optimiser check, the |x| bound, the dump's files and the
+ * calls' order rules.
  */
 #include <check.h>
 #include <jansson.h>
@@ -150,7 +151,8 @@ END_TEST
 /* Op hook: after node @node, a NaN into the gradient of fc2.w or one float past fc1's output. */
 struct fault {
     struct net *n;
-    int nan_dw; /* 1: NaN into dfc2.w; 0: write past the end of fc1's y */
+    int nan_dw; /* 1: NaN into dfc2.w; 0: write past the end of fc1's y; 2: fc1's y[5..7]
+                 * as memory no op wrote (eager's poison) */
     int hits;
 };
 
@@ -161,12 +163,16 @@ static void fault_hook(void *ctx, int node, double t0, double t1)
     const struct mge_node *nd = &g->nodes[node];
     (void)t0;
     (void)t1;
-    int target = f->nan_dw ? mge_graph_grad(g, f->n->w2) : f->n->h1;
+    int target = f->nan_dw == 1 ? mge_graph_grad(g, f->n->w2) : f->n->h1;
     for (int i = 0; i < nd->n_out; i++)
         if (nd->out[i] == target && g->step == 1 && !f->hits++) {
             float *d = mge_value_data(g, target);
-            if (f->nan_dw)
+            uint32_t poison = 0x7FC0DEADu;
+            if (f->nan_dw == 1)
                 d[3] = NAN;
+            else if (f->nan_dw == 2)
+                for (int k = 5; k < 8; k++)
+                    memcpy(&d[k], &poison, 4);
             else
                 d[mge_value_numel(g, target)] = 1.0f; /* the first float past the end */
         }
@@ -203,6 +209,16 @@ START_TEST(test_eager_overrun)
     const char *r = faulted_run(&n, 0);
     assert_has(r, "step 2, layer `fc1` (op LINEAR, forward): wrote past the end of y `linear.");
     assert_has(r, "` (512 bytes)");
+    mge_graph_free(n.g);
+}
+END_TEST
+
+START_TEST(test_eager_unwritten)
+{
+    struct net n;
+    const char *r = faulted_run(&n, 2);
+    assert_has(r, "step 2, layer `fc1` (op LINEAR, forward): NaN in y `linear.");
+    assert_has(r, "(3 of 128 values bad, the first at index 5; 3 never written)");
     mge_graph_free(n.g);
 }
 END_TEST
@@ -322,6 +338,7 @@ static Suite *eager_suite(void)
     tcase_add_test(tc, test_eager_nan_in_param);
     tcase_add_test(tc, test_eager_nan_in_backward);
     tcase_add_test(tc, test_eager_overrun);
+    tcase_add_test(tc, test_eager_unwritten);
     tcase_add_test(tc, test_eager_update_check);
     tcase_add_test(tc, test_eager_max_abs);
     tcase_add_test(tc, test_eager_dump);
