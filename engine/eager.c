@@ -178,7 +178,8 @@ static struct scan scan_value(const struct mge_graph *g, int v, double bound)
     return scan_value_fast(g, v, bound, 0);
 }
 
-/* COPY_AXIS writes one slab of its destination (a concat's part): scan only that. */
+/* COPY_AXIS along an axis, without zeroing first, writes one slab of its destination (a
+ * concat's part): scan only that. */
 static struct scan scan_slab(const struct mge_graph *g, const struct mge_node *n, double bound)
 {
     struct scan s = {.first = -1};
@@ -456,8 +457,9 @@ int mge__eager_check(struct mge_graph *g, int ni)
                 overrun |= guard[k] != EAGER_GUARD_BYTE;
         }
         if (!overrun && strcmp(role, "scratch") != 0)
-            s = n->op == MGE_OP_COPY_AXIS ? scan_slab(g, n, e->max_abs)
-                                          : scan_value_fast(g, v, e->max_abs, 1);
+            s = n->op == MGE_OP_COPY_AXIS && n->a.copy.axis >= 0 && !n->a.copy.zero_first
+                    ? scan_slab(g, n, e->max_abs)
+                    : scan_value_fast(g, v, e->max_abs, 1);
         if (!overrun && !scan_bad(&s))
             continue;
         int bad_in;
