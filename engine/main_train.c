@@ -41,9 +41,9 @@ static void usage(FILE *fp)
             "takes its share of every global batch (docs/distributed.md).\n"
             "  --eager       run op by op, every value checked (train.eager: true): the first\n"
             "                NaN/Inf stops the run naming the step, layer, op and pass (exit 1)\n"
-            "  --eager-dump DIR  with --eager: the failing op's inputs and outputs as .npy\n"
-            "                files and node.json go to DIR\n"
-            "  --eager-max-abs X  with --eager: a value with |x| > X fails as NaN does\n"
+            "  --eager-dump DIR  --eager, and the failing op's inputs and outputs go to DIR\n"
+            "                as .npy files, with node.json\n"
+            "  --eager-max-abs X  --eager, and a value with |x| > X fails as NaN does\n"
             "  --plan        print the memory plans (chosen, plain, sublinear) as JSON and exit\n"
             "  --max-batch   print the largest batch that fits memory.budget_mb, with and\n"
             "                without recomputation, as JSON and exit\n");
