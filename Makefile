@@ -255,8 +255,9 @@ $(BUILD)/tests/mge-%: $(call obj,tests/tools/mge-%.c) $(LIB_PROTO) $(LIB_COMMON)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ -lnng $(LIBS_PROTO) $(LIBS_COMMON)
 
-# mge-convert writes .npy files with the unit tests' writer
-$(BUILD)/tests/mge-convert: $(call obj,tests/unit/support/npy_write.c)
+# mge-convert writes .npy files with the unit tests' writer (common/npy.c: it comes after the
+# libraries on the link line)
+$(BUILD)/tests/mge-convert: $(call obj,tests/unit/support/npy_write.c common/npy.c)
 
 tests-build: $(UNIT_BIN) $(TOOL_BIN)
 

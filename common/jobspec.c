@@ -571,6 +571,7 @@ static const struct keydef train_keys[] = {
     {"checkpoint_every_sec", NULL},
     {"log_every", NULL},
     {"eval", NULL},
+    {"eager", NULL},
     {"clip_grad_norm", NULL},
     {"label_smoothing", NULL},
     {"precision", NULL},
@@ -1731,6 +1732,8 @@ static int check_train(struct ctx *c, const struct sect *root, struct mge_train_
         return rc;
     if ((rc = get_bool(c, &s, "eval", true, &t->eval_every_epoch)))
         return rc;
+    if ((rc = get_bool(c, &s, "eager", false, &t->eager)))
+        return rc;
     /* 0 is "absent": clipping off */
     if ((rc = get_num(c, &s, "clip_grad_norm", 0, OPEN, INFINITY, 0, &(double){0},
                       &t->clip_grad_norm, NULL)))
@@ -1924,6 +1927,13 @@ static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec 
         return rc;
     if ((rc = get_int32(c, &s, "priority", -100, 100, &(int){0}, &spec->priority, NULL)))
         return rc;
+    if (spec->train.eager && spec->resources.device != MGE_DEVICE_CPU) {
+        /* eager's checks read every value from the host: device memory is not host memory */
+        struct sect t = {.map = sect_get(&s, "train", NULL)};
+        return fail_expected(c, sect_get(&t, "eager", NULL), "train.eager",
+                             "false with resources.device other than cpu (eager mode runs on "
+                             "the cpu device)");
+    }
     if (spec->train.batch_size < spec->resources.workers_max) {
         /* Ranks split the global batch: a rank with no samples has no gradient to add. */
         struct sect t = {.map = sect_get(&s, "train", NULL)};
@@ -2396,6 +2406,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, train, "checkpoint_every_sec", json_integer(spec->train.checkpoint_every_sec));
     jset(&b, train, "log_every", json_integer(spec->train.log_every));
     jset(&b, train, "eval", json_boolean(spec->train.eval_every_epoch));
+    jset(&b, train, "eager", json_boolean(spec->train.eager));
     jset(&b, train, "clip_grad_norm",
          spec->train.clip_grad_norm > 0 ? json_real(spec->train.clip_grad_norm) : json_null());
     jset(&b, train, "label_smoothing", json_real(spec->train.label_smoothing));

@@ -140,6 +140,7 @@ struct mge_train_spec {
     int64_t checkpoint_every_sec;  /* train.checkpoint_every_sec: seconds; 0 = off */
     int64_t log_every;             /* train.log_every: steps between metric lines (default 1) */
     int eval_every_epoch;          /* train.eval: evaluate each epoch (default 1) */
+    int eager;                     /* train.eager: op by op, every value checked (default 0) */
     double clip_grad_norm;         /* train.clip_grad_norm: > 0; 0 = absent, no clipping */
     double label_smoothing;        /* train.label_smoothing: [0, 1) (default 0) */
     enum mge_precision precision;  /* train.precision: fp32 | bf16 (default fp32) */

@@ -285,6 +285,42 @@ void mge_graph_set_row_offset(struct mge_graph *g, int64_t rows);
  */
 void mge_graph_set_bf16(struct mge_graph *g, int on);
 
+/* ---- eager mode: the same graph run op by op, every value checked ----------------------- */
+
+struct mge_eager_opts {
+    double max_abs;       /* > 0: a finite |value| above this fails too; 0: NaN and Inf only */
+    const char *dump_dir; /* on a failure, the node's inputs and outputs as .npy files and
+                           * node.json go here (created if missing; its parent must exist);
+                           * NULL: no dump. Copied. */
+};
+
+/*
+ * Eager mode (@opts NULL: defaults): every activation gets an allocation of its own instead of
+ * an offset in the shared arena (filled with a NaN before the first run, so a read of memory no
+ * op wrote shows), no op works in place, and after each op of a run its outputs are checked:
+ * the guard bytes past each output (an op that writes too much), NaN and Inf, and |x| against
+ * @opts->max_abs. The first failure stops the run with MGE_RANGE; mge_graph_eager_report()
+ * names the step, the layer, the op, forward/backward/recompute, the output and the inputs'
+ * largest |x|. Results are bit-identical to the static plan's.
+ * Call before mge_graph_plan() (the plan differs) or, to change @opts only, later but before
+ * mge_graph_alloc(). Returns MGE_OK, MGE_STATE (too late), MGE_NOMEM.
+ */
+int mge_graph_set_eager(struct mge_graph *g, const struct mge_eager_opts *opts);
+/* Whether @g runs in eager mode. */
+int mge_graph_is_eager(const struct mge_graph *g);
+/*
+ * The report of the last eager failure ("step 3, layer `fc2` (op LINEAR, backward): NaN in dW
+ * `dfc2.w` ..."), "" if none; static in @g until the next failure. Steps count from 1 (the
+ * run's @step + 1, as mge-train's step lines). A dump that could not be written is said there.
+ */
+const char *mge_graph_eager_report(const struct mge_graph *g);
+/*
+ * Eager mode, after the optimiser's update of step @step: check every parameter (the trained
+ * ones and buffers) as op outputs are checked; @what names the update in the report
+ * ("optimiser sgd, lr 0.1"). Returns MGE_OK (also when @g is not eager) or MGE_RANGE.
+ */
+int mge_graph_eager_check_params(struct mge_graph *g, int64_t step, const char *what);
+
 /* Time every op of later runs (on != 0) or stop; MGE_NOMEM if the table cannot be made. */
 int mge_graph_profile(struct mge_graph *g, int on);
 /* Print per-op mean times over @runs runs to @fp. */

@@ -136,6 +136,7 @@ struct mge_graph {
     const struct mge_device *dev; /* where the arenas live (engine/device.h); NULL: cpu */
     unsigned char *input_arena;   /* inputs' device copies, when dev is not host-visible */
     size_t input_bytes;           /* its planned size (every input at the planned batch) */
+    struct mge__eager *eager;    /* eager mode's state (eager.c), or NULL: the static plan */
 };
 
 /* Sticky error: record the first failure and return -code. */
@@ -181,6 +182,15 @@ struct mge__plan_item {
 size_t mge__plan_assign(struct mge__plan_item *items, int n);
 /* Largest sum of sizes alive at one time over @items (the arena's lower bound). */
 size_t mge__plan_lower_bound(const struct mge__plan_item *items, int n, int64_t end);
+
+/*
+ * eager.c, for the planner and executor: give every activation its own allocation (called by
+ * mge_graph_alloc once the arenas exist), check the outputs of node @node after it ran
+ * (MGE_RANGE and a report on the first bad value), free the state.
+ */
+int mge__eager_alloc(struct mge_graph *g);
+int mge__eager_check(struct mge_graph *g, int node);
+void mge__eager_free(struct mge_graph *g);
 
 /* The device's kernel for one node: reads and writes the values' data. */
 typedef int (*mge_node_fn)(struct mge_graph *g, const struct mge_node *n);

@@ -84,6 +84,8 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
         if (g->op_fn)
             g->op_fn(g->op_ctx, ni, (double)t0.tv_sec + 1e-9 * (double)t0.tv_nsec,
                      (double)t1.tv_sec + 1e-9 * (double)t1.tv_nsec);
+        if (g->eager && (rc = mge__eager_check(g, ni)) != MGE_OK)
+            return rc;
         if (train && g->ready_fn && g->grad_ready && g->grad_ready[ni] > reported) {
             reported = g->grad_ready[ni];
             g->ready_fn(g->ready_ctx, reported);

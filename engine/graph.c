@@ -63,6 +63,7 @@ void mge_graph_free(struct mge_graph *g)
     mge_free(g->grads);
     mge_free(g->profile);
     mge_free(g->grad_ready);
+    mge__eager_free(g);
     mge_free(g);
 }
 

@@ -1,5 +1,6 @@
 /* main_train.c: mge-train, one training rank; standalone on a laptop or spawned by mge-worker. */
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ static void usage(FILE *fp)
             "usage: mge-train SPEC.yaml [--set key.path=value]... [--resume CKPT] [--out DIR]\n"
             "                 [--init-from FILE] [--json] [--threads N] [--profile TRACE.json]\n"
             "                 [--device cpu|sim]\n"
+            "                 [--eager] [--eager-dump DIR] [--eager-max-abs X]\n"
             "       mge-train --plan SPEC.yaml [--set key.path=value]...\n"
             "       mge-train --max-batch SPEC.yaml --set memory.budget_mb=N\n"
             "\n"
@@ -42,6 +44,11 @@ static void usage(FILE *fp)
             "\n"
             "Data parallel: mpirun -np N mge-train SPEC.yaml (or srun) trains on N ranks; each\n"
             "takes its share of every global batch (docs/distributed.md).\n"
+            "  --eager       run op by op, every value checked (train.eager: true): the first\n"
+            "                NaN/Inf stops the run naming the step, layer, op and pass (exit 1)\n"
+            "  --eager-dump DIR  --eager, and the failing op's inputs and outputs go to DIR\n"
+            "                as .npy files, with node.json\n"
+            "  --eager-max-abs X  --eager, and a value with |x| > X fails as NaN does\n"
             "  --plan        print the memory plans (chosen, plain, sublinear) as JSON and exit\n"
             "  --max-batch   print the largest batch that fits memory.budget_mb, with and\n"
             "                without recomputation, as JSON and exit\n");
@@ -171,6 +178,22 @@ int main(int argc, char **argv)
             sets[o.n_overrides++] = dev_set;
         } else if (!strcmp(a, "--profile") && has_val) {
             o.profile_path = argv[++i];
+        } else if (!strcmp(a, "--eager")) {
+            o.eager = 1;
+        } else if (!strcmp(a, "--eager-dump") && has_val) {
+            o.eager = 1;
+            o.eager_dump = argv[++i];
+        } else if (!strcmp(a, "--eager-max-abs") && has_val) {
+            char *end;
+            o.eager = 1;
+            o.eager_max_abs = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !(o.eager_max_abs > 0) || isinf(o.eager_max_abs)) {
+                fprintf(stderr,
+                        "mge-train: --eager-max-abs: expected a positive number, got '%s'\n",
+                        argv[i]);
+                mge_free(sets);
+                return 2;
+            }
         } else if (!strcmp(a, "--json")) {
             o.json = 1;
         } else if (!strcmp(a, "--plan")) {

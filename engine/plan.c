@@ -716,7 +716,7 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
         return MGE_ERR(MGE_STATE, "graph already planned");
     if (g->n_forward == 0 && g->loss < 0)
         g->n_forward = g->n_nodes;
-    if ((rc = plan_inplace(g)) != MGE_OK)
+    if (!g->eager && (rc = plan_inplace(g)) != MGE_OK) /* eager: every value its own memory */
         return rc;
 
     /* lifetimes over the execution order */
@@ -901,6 +901,11 @@ int mge_graph_alloc(struct mge_graph *g)
     for (int v = 0; v < g->n_values; v++)
         if (g->values[v].alias >= 0)
             g->values[v].data = g->values[mge__value_root(g, v)].data;
+    if (g->eager) {
+        int rc = mge__eager_alloc(g);
+        if (rc != MGE_OK)
+            return rc;
+    }
     g->allocated = 1;
     g->batch = g->batch_max > 0 ? g->batch_max : 1;
     return MGE_OK;

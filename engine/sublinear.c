@@ -99,6 +99,7 @@ int mge__graph_clone(const struct mge_graph *g, struct mge_graph **out)
     c->act_arena = c->input_arena = NULL;
     c->profile = NULL;
     c->grad_ready = NULL;
+    c->eager = NULL; /* the IR only: eager state stays with @g */
     c->allocated = 0;
     if (!c->values || !c->nodes || !c->params || (g->grads && !c->grads)) {
         mge_graph_free(c);

@@ -589,6 +589,8 @@ int mge_train_build(const struct mge_jobspec *spec, int64_t batch, int c, int h,
         return MGE_BUDGET;
     }
     rc = mge_graph_sublinear(g, mode, budget, chosen, plain);
+    if (rc == MGE_OK && spec->train.eager) /* before planning: eager plans no in-place ops */
+        rc = mge_graph_set_eager(g, NULL);
     if (rc == MGE_BUDGET) {
         size_t need = chosen->activation_bytes +
                       mge_graph_param_bytes(g) * (size_t)(2 + optim_buffers(spec));
@@ -1285,6 +1287,15 @@ static uint64_t state_hash(struct trainer *t)
     return h;
 }
 
+/* Eager mode: the parameters after this step's update, checked as op outputs are. */
+static int eager_check_update(struct trainer *t)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "optimiser %s, lr %.3g",
+             mge_optim_type_name(t->spec->train.optim.type), mge_optim_lr(&t->optim, t->step));
+    return mge_graph_eager_check_params(t->g, t->step, what);
+}
+
 static int train_loop(struct trainer *t)
 {
     const struct mge_jobspec *spec = t->spec;
@@ -1348,6 +1359,8 @@ static int train_loop(struct trainer *t)
                                 now_sec(), NULL);
             t->last_loss = loss_now(t);
         }
+        if (mge_graph_is_eager(t->g) && (rc = eager_check_update(t)) != MGE_OK)
+            goto out_free;
         times[n_times] = now_sec() - t0;
         cpu_t[n_times] = thread_cpu_sec() - c0 - ds.wait_cpu;
         if (t->tracing) {
@@ -1551,6 +1564,15 @@ int mge_train_main(const struct mge_train_opts *o)
         fprintf(stderr, "mge-train: %s\n", serr.message);
         return 2;
     }
+    if (o->eager && t.spec->resources.device != MGE_DEVICE_CPU) {
+        fprintf(stderr,
+                "mge-train: --eager runs on the cpu device only, not on resources.device "
+                "%s\n",
+                t.spec->resources.device == MGE_DEVICE_SIM ? "sim" : "gpu");
+        code = 2;
+        goto out;
+    }
+    t.spec->train.eager |= o->eager;
     /* the memory plan is the device's too: --plan answers for a GPU job (the coordinator
      * places it by that peak per GPU) */
     if (t.spec->resources.device == MGE_DEVICE_GPU && !o->plan_only) {
@@ -1653,6 +1675,11 @@ int mge_train_main(const struct mge_train_opts *o)
         code = 2;
         goto out;
     }
+    if (t.spec->train.eager &&
+        (rc = mge_graph_set_eager(t.g, &(struct mge_eager_opts){.max_abs = o->eager_max_abs,
+                                                                .dump_dir = o->eager_dump})) !=
+            MGE_OK)
+        goto out;
     if (o->max_batch) {
         rc = max_batch(&t);
         code = rc == MGE_OK ? 0 : 2;
@@ -1733,6 +1760,9 @@ int mge_train_main(const struct mge_train_opts *o)
                t.spec->name, mge_model_type_name(t.spec->model.type), (long long)n_params_f,
                (long long)t.total_steps, (long long)batch, mge_cpu_threads(),
                mge_cpu_sgemm_backend(), mge_cpu_isa(), mge_train_precision(t.spec));
+        if (t.spec->train.eager)
+            printf("eager mode: op by op, every value checked (NaN, Inf%s)\n",
+                   o->eager_max_abs > 0 ? ", |x| bound" : "");
         if (t.det)
             printf("deterministic data parallel: %d ranks (%s), %d micro-shards summed exactly\n",
                    t.world, mge_comm_backend_name(mge_comm_backend(t.comm)),
@@ -1745,6 +1775,10 @@ int mge_train_main(const struct mge_train_opts *o)
     rc = train_loop(&t);
     code = rc == MGE_OK ? 0 : 1;
 out:
+    if (t.g && mge_graph_eager_report(t.g)[0] && t.world > 1)
+        fprintf(stderr, "mge-train: rank %d: eager: %s\n", t.rank, mge_graph_eager_report(t.g));
+    else if (t.g && mge_graph_eager_report(t.g)[0])
+        fprintf(stderr, "mge-train: eager: %s\n", mge_graph_eager_report(t.g));
     if (rc != MGE_OK && code == 1)
         fprintf(stderr, "mge-train: failed: %s\n", mge_strerror(rc));
     /* a checkpoint being written is finished before the job is ended */

@@ -12,7 +12,7 @@ echo "== bf16 vs fp32 (train.precision)"
 sh tests/bench/bf16.sh "$BUILD" "${MGE_BENCH_THREADS:-2}" "${MGE_BENCH_ROUNDS:-2}"
 echo "== checkpoints: background every 20 steps vs off"
 /usr/bin/python3 tests/bench/ckpt.py "$BUILD" "${MGE_BENCH_THREADS:-2}"
-for b in tests/bench/control.sh tests/bench/comm.sh tests/bench/det.sh; do
+for b in tests/bench/control.sh tests/bench/comm.sh tests/bench/det.sh tests/bench/eager.sh; do
     [ -f "$b" ] || continue
     echo "== $(basename "$b" .sh)"
     sh "$b" "$BUILD"

@@ -16,14 +16,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # no test set: the twins compare training only (ResNet's evaluation would take most of the time)
 NO_TEST="--set data.test_images= --set data.test_labels="
 
-# the loss of every step line of a --json run, one per line
-losses() { python3 -c '
-import json, sys
-for l in open(sys.argv[1]):
-    d = json.loads(l)
-    if "step" in d and "loss" in d and "final_loss" not in d:
-        print(d["step"], d["loss"])' "$1"; }
-
 # the tensors of a safetensors file (name, dtype, shape, raw bytes) equal in both files
 same_weights() { python3 -c '
 import json, struct, sys

@@ -375,6 +375,21 @@ START_TEST(test_jobspec_clip_smoothing_decay)
 }
 END_TEST
 
+/* train.eager: off by default, true parsed and exported (the coordinator keeps the spec's JSON) */
+START_TEST(test_jobspec_eager)
+{
+    struct mge_jobspec *s = parse_ok(HEAD TRAIN "    type: sgd\n", NULL, 0);
+    ck_assert_int_eq(s->train.eager, 0);
+    mge_jobspec_free(s);
+    s = parse_ok(HEAD TRAIN "    type: sgd\n  eager: true\n", NULL, 0);
+    ck_assert_int_eq(s->train.eager, 1);
+    char *json = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(json, "\"eager\":true"));
+    mge_free(json);
+    mge_jobspec_free(s);
+}
+END_TEST
+
 START_TEST(test_jobspec_classes_limit_is_the_engines)
 {
     struct mge_spec_error err;
@@ -1375,6 +1390,7 @@ static Suite *jobspec_suite(void)
     tc = tcase_create("defaults");
     tcase_add_test(tc, test_jobspec_defaults);
     tcase_add_test(tc, test_jobspec_clip_smoothing_decay);
+    tcase_add_test(tc, test_jobspec_eager);
     tcase_add_test(tc, test_jobspec_precision);
     tcase_add_test(tc, test_jobspec_defaults_dependent);
     tcase_add_test(tc, test_jobspec_device_sim);
