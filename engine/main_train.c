@@ -50,6 +50,7 @@ static void usage(FILE *fp)
             "                as .npy files, with node.json\n"
             "  --eager-max-abs X  --eager, and a value with |x| > X fails as NaN does\n"
             "  --plan        print the memory plans (chosen, plain, sublinear) as JSON and exit\n"
+            "                (at resources.cpus threads unless --threads is given)\n"
             "  --max-batch   print the largest batch that fits memory.budget_mb, with and\n"
             "                without recomputation, as JSON and exit\n");
 }

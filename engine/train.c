@@ -1586,7 +1586,10 @@ int mge_train_main(const struct mge_train_opts *o)
         goto out;
     }
     t.dev = t.spec->resources.device == MGE_DEVICE_SIM ? &mge_device_sim : &mge_device_cpu;
-    mge_cpu_set_threads(o->threads);
+    /* --plan answers for the job as a worker runs it: one thread per CPU of resources.cpus
+     * (the kernels' scratch space grows with the threads: ResNet-20's peak is 3.5% larger at
+     * 2 threads than at 1) */
+    mge_cpu_set_threads(o->plan_only && o->threads <= 0 ? t.spec->resources.cpus : o->threads);
     /*
      * The communicator comes first, so that from here on a failure of any rank ends the job
      * (mge_comm_abort) instead of leaving the others in their next collective. Without a

@@ -24,6 +24,22 @@ Y
 }
 post() { api POST /api/v1/jobs -H 'Content-Type: application/yaml' --data-binary "@$T/$1.yaml"; }
 
+# --- the plan is the run's: at resources.cpus threads (convolutions' scratch space grows with
+# the threads), the planner's peak is the peak the rank runs with ---
+cat >"$T/conv.yaml" <<Y
+name: conv
+model: {type: lenet}
+data: {format: synthetic, train_size: 256, test_size: 0, image: [1, 28, 28], classes: 10}
+resources: {cpus: 2}
+train: {steps: 2, batch_size: 128, optimizer: {type: sgd, lr: 0.01}}
+Y
+planned=$(OMP_NUM_THREADS=1 "$MGE_TRAIN_BIN" --plan "$T/conv.yaml" | jq .peak_bytes)
+planned1=$(OMP_NUM_THREADS=1 "$MGE_TRAIN_BIN" --plan "$T/conv.yaml" --set resources.cpus=1 | jq .peak_bytes)
+ran=$("$MGE_TRAIN_BIN" "$T/conv.yaml" --threads 2 --json --out "$T/conv-out" 2>/dev/null |
+    jq 'select(.summary) | .peak_bytes')
+check "a LeNet of 2 CPUs: --plan's peak ($planned; $planned1 at 1 CPU) is the 2-thread run's ($ran)" \
+    sh -c "[ -n '$ran' ] && [ '$planned' = '$ran' ] && [ '$planned1' != '$ran' ]"
+
 # --- fits nowhere as planned, but would with recomputation: 422 naming both ---
 deep big 4096 false
 post big >"$T/big.json"
