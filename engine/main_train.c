@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -92,17 +91,16 @@ static void omp_policy_reexec(char **argv)
 }
 
 /*
- * MGE_MEMORY_LIMIT_MB=N caps the process's data (heap and anonymous mappings: RLIMIT_DATA) at
- * N MiB, so a spec that asks for more memory than that fails its allocation with a message
- * instead of taking the machine's memory. The coordinator's planner sets it for its `--plan`
- * child (a spec it is handed at submit is anyone's). Unset: no limit.
+ * MGE_MEMORY_LIMIT_MB=N caps what the engine allocates (its arenas, data sets, buffers:
+ * mge_alloc_set_limit) at N MiB, so a spec that asks for more memory than that fails its
+ * allocation with a message instead of taking the machine's memory. The coordinator's planner
+ * sets it for its `--plan` child (a spec it is handed at submit is anyone's). Unset: no cap.
  */
 static bool memory_limit_from_env(void)
 {
     const char *v = getenv("MGE_MEMORY_LIMIT_MB");
     char *end;
     long long mb;
-    struct rlimit rl;
     if (!v || !*v)
         return true;
     errno = 0;
@@ -111,11 +109,7 @@ static bool memory_limit_from_env(void)
         fprintf(stderr, "mge-train: MGE_MEMORY_LIMIT_MB: '%s' is not a number of MiB\n", v);
         return false;
     }
-    rl.rlim_cur = rl.rlim_max = (rlim_t)mb << 20;
-    if (setrlimit(RLIMIT_DATA, &rl) != 0) {
-        fprintf(stderr, "mge-train: MGE_MEMORY_LIMIT_MB: %s\n", strerror(errno));
-        return false;
-    }
+    mge_alloc_set_limit(mb << 20);
     return true;
 }
 
@@ -142,9 +136,9 @@ int main(int argc, char **argv)
 {
     static struct mge_data_roots roots; /* lives as long as the loads that check it */
     struct mge_train_opts o = {0};
+    omp_policy_reexec(argv);
     if (!memory_limit_from_env())
         return 2;
-    omp_policy_reexec(argv);
     mge_alloc_keep_memory();
     const char **sets = mge_calloc((size_t)argc, sizeof(*sets));
     int code;
