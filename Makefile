@@ -112,8 +112,8 @@ $(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -Wno-psabi
 $(BUILD)/obj/kernels/cpu/%.o: OPT += -O3
 
 $(BUILD)/obj/engine/comm/comm_mpi.o: ALL_CFLAGS += $(MPI_CFLAGS)
-$(BUILD)/obj/engine/comm/comm_nccl.o $(BUILD)/obj/tests/unit/test_comm_nccl.o: \
-    ALL_CFLAGS += -isystem $(CUDA_HOME)/include
+$(BUILD)/obj/engine/comm/comm_nccl.o $(BUILD)/obj/tests/unit/test_comm_nccl.o \
+    $(BUILD)/obj/tests/unit/test_cuda.o: ALL_CFLAGS += -isystem $(CUDA_HOME)/include
 
 # generated code is not ours: build it without our warning set
 $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c $(PROTO_H)

@@ -10,11 +10,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 
-/* cudaDeviceProp's leading fields, stable since CUDA 10: name[256], uuid[16], luid[8],
- * luidDeviceNodeMask, then size_t totalGlobalMem. The struct is about 1 KiB; we give more. */
-#define PROP_NAME_LEN 256
-#define PROP_TOTAL_MEM_OFF 288
-#define PROP_BUF 8192
+#define PROP_BUF 8192 /* cudaDeviceProp is about 1 KiB; we give more */
 
 /* Every device the CUDA runtime in @h sees; the count, 0 when none or on any error. */
 static int cudart_gpus(void *h, struct mge_gpu *out)
@@ -38,10 +34,10 @@ static int cudart_gpus(void *h, struct mge_gpu *out)
         out[i].memory_mb = 0;
         if (!buf || !props || props(buf, i) != 0)
             continue;
-        buf[PROP_NAME_LEN - 1] = '\0';
+        buf[MGE_CUDA_PROP_NAME_LEN - 1] = '\0';
         if (buf[0])
             snprintf(out[i].name, sizeof(out[i].name), "%s", (const char *)buf);
-        memcpy(&total, buf + PROP_TOTAL_MEM_OFF, sizeof(total));
+        memcpy(&total, buf + MGE_CUDA_PROP_TOTAL_MEM_OFF, sizeof(total));
         out[i].memory_mb = (int64_t)(total >> 20);
     }
     mge_free(buf);

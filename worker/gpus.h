@@ -14,6 +14,12 @@
  * alone. */
 #define MGE_FAKE_GPUS_ENV "MGE_FAKE_GPUS"
 
+/* Where cudaGetDeviceProperties puts the name (char[256] first) and totalGlobalMem (a size_t
+ * after uuid[16], luid[8] and luidDeviceNodeMask), read without CUDA's headers: stable since
+ * CUDA 10; test_cuda checks both against the toolkit's cuda_runtime_api.h at build time. */
+#define MGE_CUDA_PROP_NAME_LEN 256
+#define MGE_CUDA_PROP_TOTAL_MEM_OFF 288
+
 /*
  * This worker's GPUs into @out (room for MGE_GPUS_MAX) and *@n: MGE_FAKE_GPUS when it is set
  * (a CI machine has no GPU: "2x NVIDIA H100 80GB HBM3:81559"), else every device the CUDA
