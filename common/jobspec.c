@@ -1886,6 +1886,8 @@ static int check_gpt_data(struct ctx *c, const struct sect *root, const struct m
 {
     bool gpt = spec->model.type == MGE_MODEL_GPT;
     bool tokens = spec->data.format == MGE_DATA_TOKENS || spec->data.format == MGE_DATA_TEXT;
+    if (spec->model.type == MGE_MODEL_GRAPH)
+        return MGE_OK; /* its input node says: graphspec.c checks */
     struct sect d = {.map = sect_get(root, "data", NULL)},
                 t = {.map = sect_get(root, "train", NULL)};
     if (gpt != tokens)
@@ -1943,8 +1945,16 @@ static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec 
         return fail_expected(c, sect_get(&t, "batch_size", NULL), "train.batch_size", what);
     }
     /* last: shapes follow from the batch size and the data's classes */
-    if (spec->model.type == MGE_MODEL_GRAPH)
-        return mge__graphspec_check(c, sect_get(&s, "model", NULL), spec, &spec->model.graph);
+    if (spec->model.type == MGE_MODEL_GRAPH) {
+        rc = mge__graphspec_check(c, sect_get(&s, "model", NULL), spec, &spec->model.graph);
+        if (rc == MGE_OK && mge_graphspec_reads_tokens(spec->model.graph)) {
+            /* the token windows' data path reads these, as for type gpt */
+            const struct mge_gnode *t = &spec->model.graph->nodes[spec->model.graph->input];
+            spec->model.context = (int)t->context;
+            spec->model.vocab = (int)t->vocab;
+        }
+        return rc;
+    }
     return MGE_OK;
 }
 
@@ -2192,6 +2202,12 @@ int64_t mge_jobspec_total_steps(const struct mge_jobspec *spec, int64_t train_si
     if (per_epoch > INT64_MAX / (spec->train.epochs > 0 ? spec->train.epochs : 1))
         return INT64_MAX;
     return per_epoch * spec->train.epochs;
+}
+
+bool mge_model_reads_tokens(const struct mge_model_spec *m)
+{
+    return m->type == MGE_MODEL_GPT ||
+           (m->type == MGE_MODEL_GRAPH && mge_graphspec_reads_tokens(m->graph));
 }
 
 const char *mge_model_type_name(enum mge_model_type t)

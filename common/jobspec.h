@@ -233,6 +233,12 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec);
 
 /* Stable names of enum values as they appear in YAML ("sgd", "cosine", ...). */
 const char *mge_model_type_name(enum mge_model_type t);
+/*
+ * Whether the model reads token windows (type gpt, or a graph whose input is op tokens): it
+ * trains on data.format tokens or text, with model.context and model.vocab set (for a graph,
+ * from its tokens node).
+ */
+bool mge_model_reads_tokens(const struct mge_model_spec *m);
 /* Whether model type @t takes images (N, C, H, W) rather than flat features. */
 bool mge_model_takes_images(enum mge_model_type t);
 const char *mge_optim_type_name(enum mge_optim_type t);

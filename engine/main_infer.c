@@ -238,12 +238,13 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
         fprintf(stderr, "mge-infer: spec in checkpoint: %s\n", serr.message);
         goto out;
     }
-    if (gen && spec->model.type != MGE_MODEL_GPT) {
-        fprintf(stderr, "mge-infer: %s: --generate needs a gpt checkpoint, this is a %s\n", path,
-                mge_model_type_name(spec->model.type));
+    if (gen && !mge_model_reads_tokens(&spec->model)) {
+        fprintf(stderr,
+                "mge-infer: %s: --generate needs a gpt (or token graph) checkpoint, this is a %s\n",
+                path, mge_model_type_name(spec->model.type));
         goto out;
     }
-    if (spec->model.type == MGE_MODEL_GPT) {
+    if (mge_model_reads_tokens(&spec->model)) {
         code = gen ? generate(path, ck, spec, gen) : infer_tokens(path, ck, spec, test, json);
         goto out;
     }

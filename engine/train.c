@@ -1629,7 +1629,7 @@ int mge_train_main(const struct mge_train_opts *o)
             goto out;
         }
     }
-    t.gpt = t.spec->model.type == MGE_MODEL_GPT;
+    t.gpt = mge_model_reads_tokens(&t.spec->model);
     if (t.gpt && t.det) {
         fprintf(stderr,
                 "mge-train: %s: distributed.deterministic: not available for model type "

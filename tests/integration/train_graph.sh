@@ -16,46 +16,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # no test set: the twins compare training only (ResNet's evaluation would take most of the time)
 NO_TEST="--set data.test_images= --set data.test_labels="
 
-# the tensors of a safetensors file (name, dtype, shape, raw bytes) equal in both files
-same_weights() { python3 -c '
-import json, struct, sys
-def read(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
-    return {k: (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
-            for k, v in h.items()}
-a, b = read(sys.argv[1]), read(sys.argv[2])
-if sorted(a) != sorted(b):
-    sys.exit("names differ: %s" % sorted(set(a) ^ set(b)))
-diff = [k for k in a if a[k] != b[k]]
-if diff:
-    sys.exit("%d of %d tensors differ, first %s" % (len(diff), len(a), diff[0]))
-print(len(a))' "$1" "$2"; }
-
-# twin NAME ZOO GRAPH SETS...: both train with the same sets; losses and weights must agree
-twin() {
-    name=$1; zoo=$2; graph=$3; shift 3
-    for m in zoo graph; do
-        spec=$zoo; [ $m = graph ] && spec=$graph
-        "$BIN/mge-train" "$spec" --json --out "$T/$name-$m" --set train.checkpoint_every=0 "$@" \
-            > "$T/$name-$m.out" 2>"$T/$name-$m.err" || { bad "$name $m exited $?"; cat "$T/$name-$m.err"; }
-        "$BIN/mge-export" "$T/$name-$m/latest.mgeckpt" --format safetensors \
-            --output "$T/$name-$m.safetensors" 2>>"$T/$name-$m.err" || bad "$name $m: mge-export exited $?"
-    done
-    losses "$T/$name-zoo.out" > "$T/$name-zoo.loss"
-    losses "$T/$name-graph.out" > "$T/$name-graph.loss"
-    n=$(wc -l < "$T/$name-zoo.loss")
-    [ "$n" -gt 0 ] && cmp -s "$T/$name-zoo.loss" "$T/$name-graph.loss" &&
-        ok "$name: the graph's loss equals the zoo's at each of $n steps (last $(tail -1 "$T/$name-zoo.loss"))" ||
-        { bad "$name: losses differ"; diff "$T/$name-zoo.loss" "$T/$name-graph.loss" | head -5; }
-    if k=$(same_weights "$T/$name-zoo.safetensors" "$T/$name-graph.safetensors"); then
-        ok "$name: all $k tensors (PyTorch names) bit-identical after the run"
-    else
-        bad "$name: weights differ: $k"
-    fi
-}
-
 echo "-- MLP with GELU and dropout, Adam, synthetic data: zoo and graph (fused activations, same masks)"
 DATA='data: {format: synthetic, input_dim: 100, classes: 5, train_size: 512, test_size: 64}'
 TRAIN='train: {steps: 30, batch_size: 32, optimizer: {type: adam, lr: 0.001}}'
