@@ -2,9 +2,9 @@
  * fuzz_graphspec.c: libFuzzer target for model.nodes (common/graphspec.c), what strangers POST
  * as a graph model. The input is the value of `nodes:` under a fixed spec, so every run
  * exercises the graph reader rather than the rest of the spec; an input that starts with
- * "# text" gets a spec of text data instead (token windows: the GPT nodes). Beyond "no crash, no leak": a
- * graph that parses must come back the same from its canonical source and from its JSON, its
- * order must put every node after its inputs, and every shape must be positive.
+ * "# text" gets a spec of text data instead (token windows: the GPT nodes). Beyond "no crash, no
+ * leak": a graph that parses must come back the same from its canonical source and from its JSON,
+ * its order must put every node after its inputs, and every shape must be positive.
  */
 #include <stdbool.h>
 #include <stdint.h>
