@@ -1881,7 +1881,10 @@ static int check_distributed(struct ctx *c, const struct sect *root, struct mge_
     return MGE_OK;
 }
 
-/* gpt trains on tokens or text, and those feed gpt alone; windows are random: steps, no epochs. */
+/*
+ * gpt trains on tokens or text, and those feed gpt alone (or a graph with a tokens node: checked
+ * in graphspec.c); windows are random: steps, no epochs.
+ */
 static int check_gpt_data(struct ctx *c, const struct sect *root, const struct mge_jobspec *spec)
 {
     bool gpt = spec->model.type == MGE_MODEL_GPT;
@@ -1893,7 +1896,8 @@ static int check_gpt_data(struct ctx *c, const struct sect *root, const struct m
     if (gpt != tokens)
         return fail_at(c, sect_get(&d, "format", NULL), "data.format",
                        gpt ? "model type gpt reads data.format tokens or text"
-                           : "data.format tokens and text are for model type gpt");
+                           : "data.format tokens and text are for model type gpt (or a graph with "
+                             "a tokens node)");
     if (gpt && spec->train.epochs > 0)
         return fail_at(c, sect_get(&t, "epochs", NULL), "train.epochs",
                        "model type gpt draws random windows: give train.steps, not epochs");

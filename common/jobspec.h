@@ -81,8 +81,8 @@ struct mge_model_spec {
     /* gpt (layers above is its block count, default 4): */
     int heads;   /* model.heads (default 4); d_model % heads == 0 */
     int d_model; /* model.d_model: embedding width (default 128) */
-    int context; /* model.context: tokens per window (default 128) */
-    int vocab;   /* model.vocab: token ids are below it (default 256) */
+    int context; /* model.context: tokens per window (default 128; graph: its tokens node's) */
+    int vocab;   /* model.vocab: token ids are below it (default 256; graph: its tokens node's) */
 };
 
 struct mge_data_spec {

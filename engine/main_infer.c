@@ -239,9 +239,8 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
         goto out;
     }
     if (gen && !mge_model_reads_tokens(&spec->model)) {
-        fprintf(stderr,
-                "mge-infer: %s: --generate needs a gpt (or token graph) checkpoint, this is a %s\n",
-                path, mge_model_type_name(spec->model.type));
+        fprintf(stderr, "mge-infer: %s: --generate needs a gpt checkpoint, this is a %s\n", path,
+                mge_model_type_name(spec->model.type));
         goto out;
     }
     if (mge_model_reads_tokens(&spec->model)) {
