@@ -332,12 +332,7 @@ static const struct err_case err_cases[] = {
      "node `extra`: does not lead to the loss node `loss`"},
 };
 
-START_TEST(test_graphspec_errors)
-{
-    const struct err_case *tc = &err_cases[_i];
-    assert_refused(_i, graph_text(tc->replace, tc->with, tc->extra), tc->line, tc->key, tc->msg);
-}
-END_TEST
+enum { N_ERR_CASES = sizeof(err_cases) / sizeof(err_cases[0]) };
 
 /* The GPT nodes: shapes, attributes, and model.context / model.vocab from the tokens node. */
 START_TEST(test_graphspec_gpt_parse)
@@ -433,10 +428,16 @@ static const struct err_case gpt_err_cases[] = {
      "node `x2`: a second input node (the first is `idx`)"},
 };
 
-START_TEST(test_graphspec_gpt_errors)
+enum { N_GPT_ERR_CASES = sizeof(gpt_err_cases) / sizeof(gpt_err_cases[0]) };
+
+/* err_cases on graph_text, then gpt_err_cases on gpt_text */
+START_TEST(test_graphspec_errors)
 {
-    const struct err_case *tc = &gpt_err_cases[_i];
-    assert_refused(_i, gpt_text(tc->replace, tc->with, tc->extra), tc->line, tc->key, tc->msg);
+    bool gpt = _i >= N_ERR_CASES;
+    const struct err_case *tc = gpt ? &gpt_err_cases[_i - N_ERR_CASES] : &err_cases[_i];
+    char *text = gpt ? gpt_text(tc->replace, tc->with, tc->extra)
+                     : graph_text(tc->replace, tc->with, tc->extra);
+    assert_refused(_i, text, tc->line, tc->key, tc->msg);
 }
 END_TEST
 
@@ -493,60 +494,54 @@ START_TEST(test_graphspec_model_keys)
 END_TEST
 
 /* The canonical source and the JSON form (submitted again) give the same graph. */
+static const struct {
+    int gpt; /* gpt_text rather than graph_text */
+    int n_nodes;
+    const char *has[4]; /* in the JSON */
+} round_trips[] = {
+    {0, N_NODES, {"\"nodes\":[{\"name\":\"x\",\"op\":\"input\"", "\"init\":\"kaiming_normal\""}},
+    {1,
+     N_GPT_NODES,
+     {"{\"name\":\"idx\",\"op\":\"tokens\",\"inputs\":[],\"vocab\":16,\"context\":8}",
+      "\"tied_to\":\"wte\"", "\"init\":\"normal\",\"residual_layers\":1", "\"heads\":2"}},
+};
+
 START_TEST(test_graphspec_round_trip)
 {
-    struct mge_jobspec *s = parse_ok(graph_text(-1, NULL, NULL)), *again, *from_json;
+    const char *text = round_trips[_i].gpt ? gpt_text(-1, NULL, NULL) : graph_text(-1, NULL, NULL);
+    struct mge_jobspec *s = parse_ok(text), *again, *from_json;
     char *j1 = mge_jobspec_to_json(s), *j2, *j3;
     ck_assert_ptr_nonnull(j1);
-    ck_assert_ptr_nonnull(strstr(j1, "\"nodes\":[{\"name\":\"x\",\"op\":\"input\""));
-    ck_assert_ptr_nonnull(strstr(j1, "\"init\":\"kaiming_normal\""));
+    for (int k = 0; k < 4 && round_trips[_i].has[k]; k++)
+        ck_assert_msg(strstr(j1, round_trips[_i].has[k]), "%s lacks %s", j1,
+                      round_trips[_i].has[k]);
     again = parse_ok(s->source);
     from_json = parse_ok(j1);
     j2 = mge_jobspec_to_json(again);
     j3 = mge_jobspec_to_json(from_json);
     ck_assert_str_eq(j1, j2);
     ck_assert_str_eq(j1, j3);
-    ck_assert_int_eq(from_json->model.graph->n, N_NODES);
+    ck_assert_int_eq(from_json->model.graph->n, round_trips[_i].n_nodes);
+    ck_assert_int_eq(from_json->model.context, s->model.context); /* the tokens node's */
     mge_free(j1);
     mge_free(j2);
     mge_free(j3);
     mge_jobspec_free(s);
     mge_jobspec_free(again);
     mge_jobspec_free(from_json);
-    /* other types say "nodes": null */
-    s = parse_ok("name: m\nmodel: {type: mlp, hidden: [4]}\ndata: {format: synthetic}\n"
-                 "train: {steps: 1, batch_size: 4, optimizer: {lr: 0.1}}\n");
-    j1 = mge_jobspec_to_json(s);
-    ck_assert_ptr_nonnull(strstr(j1, "\"nodes\":null"));
-    mge_free(j1);
-    mge_jobspec_free(s);
 }
 END_TEST
 
-/* The GPT nodes' attributes survive the JSON form and the canonical source. */
-START_TEST(test_graphspec_gpt_round_trip)
+/* Other model types say "nodes": null. */
+START_TEST(test_graphspec_json_null)
 {
-    struct mge_jobspec *s = parse_ok(gpt_text(-1, NULL, NULL)), *again, *from_json;
-    char *j1 = mge_jobspec_to_json(s), *j2, *j3;
-    ck_assert_ptr_nonnull(j1);
-    ck_assert_ptr_nonnull(strstr(j1, "{\"name\":\"idx\",\"op\":\"tokens\",\"inputs\":[],"
-                                     "\"vocab\":16,\"context\":8}"));
-    ck_assert_ptr_nonnull(strstr(j1, "\"tied_to\":\"wte\""));
-    ck_assert_ptr_nonnull(strstr(j1, "\"init\":\"normal\",\"residual_layers\":1"));
-    ck_assert_ptr_nonnull(strstr(j1, "\"heads\":2"));
-    again = parse_ok(s->source);
-    from_json = parse_ok(j1);
-    j2 = mge_jobspec_to_json(again);
-    j3 = mge_jobspec_to_json(from_json);
-    ck_assert_str_eq(j1, j2);
-    ck_assert_str_eq(j1, j3);
-    ck_assert_int_eq(from_json->model.context, 8);
+    struct mge_jobspec *s =
+        parse_ok("name: m\nmodel: {type: mlp, hidden: [4]}\ndata: {format: synthetic}\n"
+                 "train: {steps: 1, batch_size: 4, optimizer: {lr: 0.1}}\n");
+    char *j1 = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(j1, "\"nodes\":null"));
     mge_free(j1);
-    mge_free(j2);
-    mge_free(j3);
     mge_jobspec_free(s);
-    mge_jobspec_free(again);
-    mge_jobspec_free(from_json);
 }
 END_TEST
 
@@ -573,17 +568,33 @@ START_TEST(test_graphspec_alloc_failures)
 END_TEST
 
 /* The engine builds the nodes with PyTorch's parameter names, shapes and kinds. */
+struct want_param {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+    int buffer;
+};
+
+/* The parameters of @g are @want, in order: names, shapes, buffer or not. */
+static void assert_params(const struct mge_graph *g, const struct want_param *want, int n)
+{
+    ck_assert_int_eq(mge_graph_n_params(g), n);
+    for (int i = 0; i < n; i++) {
+        int v = mge_graph_param(g, i);
+        ck_assert_str_eq(mge_value_name(g, v), want[i].name);
+        ck_assert_int_eq(mge_value_ndim(g, v), want[i].ndim);
+        for (int d = 0; d < want[i].ndim; d++)
+            ck_assert_int_eq(mge_value_shape(g, v)[d], want[i].shape[d]);
+        ck_assert_int_eq(mge_value_is_buffer(g, v), want[i].buffer);
+    }
+}
+
 START_TEST(test_graphspec_build)
 {
     struct mge_jobspec *s = parse_ok(graph_text(-1, NULL, NULL));
     struct mge_graph *g = NULL;
     struct mge_model m;
-    static const struct {
-        const char *name;
-        int ndim;
-        int64_t shape[4];
-        int buffer;
-    } want[] = {
+    static const struct want_param want[] = {
         {"c1.weight", 4, {4, 1, 3, 3}, 0},
         {"c1.bias", 1, {4}, 0},
         {"b1.weight", 1, {4}, 0},
@@ -598,15 +609,7 @@ START_TEST(test_graphspec_build)
     };
     ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
     ck_assert_int_eq(mge_model_build(g, s, 4, 1, 8, 8, 4, &m), MGE_OK);
-    ck_assert_int_eq(mge_graph_n_params(g), (int)(sizeof(want) / sizeof(want[0])));
-    for (int i = 0; i < mge_graph_n_params(g); i++) {
-        int v = mge_graph_param(g, i);
-        ck_assert_str_eq(mge_value_name(g, v), want[i].name);
-        ck_assert_int_eq(mge_value_ndim(g, v), want[i].ndim);
-        for (int d = 0; d < want[i].ndim; d++)
-            ck_assert_int_eq(mge_value_shape(g, v)[d], want[i].shape[d]);
-        ck_assert_int_eq(mge_value_is_buffer(g, v), want[i].buffer);
-    }
+    assert_params(g, want, (int)(sizeof(want) / sizeof(want[0])));
     ck_assert_int_eq(mge_value_ndim(g, m.logits), 2);
     ck_assert_int_eq(mge_value_shape(g, m.logits)[1], 4);
     ck_assert_int_eq(mge_value_numel(g, m.loss), 1);
@@ -645,25 +648,14 @@ START_TEST(test_graphspec_gpt_build)
     struct mge_jobspec *s = parse_ok(gpt_text(-1, NULL, NULL));
     struct mge_graph *g = NULL;
     struct mge_model m;
-    static const struct {
-        const char *name;
-        int ndim;
-        int64_t shape[2];
-    } want[] = {
-        {"wte.weight", 2, {16, 12}},  {"wpe.weight", 2, {8, 12}},  {"ln.weight", 1, {12}},
-        {"ln.bias", 1, {12}},         {"qkv.weight", 2, {36, 12}}, {"qkv.bias", 1, {36}},
-        {"proj.weight", 2, {12, 12}}, {"proj.bias", 1, {12}},
+    static const struct want_param want[] = {
+        {"wte.weight", 2, {16, 12}, 0},  {"wpe.weight", 2, {8, 12}, 0},  {"ln.weight", 1, {12}, 0},
+        {"ln.bias", 1, {12}, 0},         {"qkv.weight", 2, {36, 12}, 0}, {"qkv.bias", 1, {36}, 0},
+        {"proj.weight", 2, {12, 12}, 0}, {"proj.bias", 1, {12}, 0},
     };
     ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
     ck_assert_int_eq(mge_model_build(g, s, 2, 0, 0, 0, 0, &m), MGE_OK);
-    ck_assert_int_eq(mge_graph_n_params(g), (int)(sizeof(want) / sizeof(want[0])));
-    for (int i = 0; i < mge_graph_n_params(g); i++) {
-        int v = mge_graph_param(g, i);
-        ck_assert_str_eq(mge_value_name(g, v), want[i].name);
-        ck_assert_int_eq(mge_value_ndim(g, v), want[i].ndim);
-        for (int d = 0; d < want[i].ndim; d++)
-            ck_assert_int_eq(mge_value_shape(g, v)[d], want[i].shape[d]);
-    }
+    assert_params(g, want, (int)(sizeof(want) / sizeof(want[0])));
     ck_assert_int_eq(mge_value_ndim(g, m.x), 2);
     ck_assert_int_eq(mge_value_ndim(g, m.y), 2); /* the next token at each place */
     ck_assert_int_eq(mge_value_shape(g, m.y)[1], 8);
@@ -712,16 +704,14 @@ static Suite *graphspec_suite(void)
     tcase_add_test(tc, test_graphspec_parse_and_shapes);
     tcase_add_test(tc, test_graphspec_order);
     tcase_add_test(tc, test_graphspec_reshape_and_broadcast);
-    tcase_add_test(tc, test_graphspec_round_trip);
+    tcase_add_loop_test(tc, test_graphspec_round_trip, 0, 2);
+    tcase_add_test(tc, test_graphspec_json_null);
     tcase_add_test(tc, test_graphspec_large);
     tcase_add_test(tc, test_graphspec_gpt_parse);
-    tcase_add_test(tc, test_graphspec_gpt_round_trip);
     suite_add_tcase(s, tc);
     tc = tcase_create("errors");
-    tcase_add_loop_test(tc, test_graphspec_errors, 0, sizeof(err_cases) / sizeof(err_cases[0]));
+    tcase_add_loop_test(tc, test_graphspec_errors, 0, N_ERR_CASES + N_GPT_ERR_CASES);
     tcase_add_test(tc, test_graphspec_model_keys);
-    tcase_add_loop_test(tc, test_graphspec_gpt_errors, 0,
-                        sizeof(gpt_err_cases) / sizeof(gpt_err_cases[0]));
     tcase_add_test(tc, test_graphspec_gpt_data);
     tcase_add_loop_test(tc, test_graphspec_alloc_failures, 0, 2);
     suite_add_tcase(s, tc);
