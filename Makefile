@@ -56,7 +56,8 @@ else
 Q = @
 endif
 
-.PHONY: all deps demo test test-unit test-integration test-fuzz bench bench-tools fuzz format clean cuda web
+.PHONY: all deps demo test test-unit test-integration test-fuzz bench bench-tools fuzz format clean cuda web \
+        test-gpu bench-gpu
 all: binaries web
 
 # keep generated headers and test objects (make would delete them as intermediates)
@@ -111,8 +112,8 @@ $(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -Wno-psabi
 $(BUILD)/obj/kernels/cpu/%.o: OPT += -O3
 
 $(BUILD)/obj/engine/comm/comm_mpi.o: ALL_CFLAGS += $(MPI_CFLAGS)
-$(BUILD)/obj/engine/comm/comm_nccl.o $(BUILD)/obj/tests/unit/test_comm_nccl.o: \
-    ALL_CFLAGS += -isystem $(CUDA_HOME)/include
+$(BUILD)/obj/engine/comm/comm_nccl.o $(BUILD)/obj/tests/unit/test_comm_nccl.o \
+    $(BUILD)/obj/tests/unit/test_cuda.o: ALL_CFLAGS += -isystem $(CUDA_HOME)/include
 
 # generated code is not ours: build it without our warning set
 $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c $(PROTO_H)
@@ -232,6 +233,13 @@ $(COORD_TESTS): $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call ob
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(LIBS_DAEMON)
 # the worker's /proc probe, linked into its test alone (the worker has no library)
 $(BUILD)/tests/test_procstat: $(call obj,worker/procstat.c)
+# ... and its GPU detection (the MGE_FAKE_GPUS hook, CUDA_VISIBLE_DEVICES of a rank), which
+# allocates through common/: linked before the libraries
+$(BUILD)/tests/test_gpus: $(call obj,tests/unit/test_gpus.c worker/gpus.c) $(call obj,$(TEST_SUPPORT)) \
+    $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS)
 $(BUILD)/tests/test_%: $(call obj,tests/unit/test_%.c) $(call obj,$(TEST_SUPPORT)) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
@@ -248,8 +256,9 @@ $(BUILD)/tests/mge-%: $(call obj,tests/tools/mge-%.c) $(LIB_PROTO) $(LIB_COMMON)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ -lnng $(LIBS_PROTO) $(LIBS_COMMON)
 
-# mge-convert writes .npy files with the unit tests' writer
-$(BUILD)/tests/mge-convert: $(call obj,tests/unit/support/npy_write.c)
+# mge-convert writes .npy files with the unit tests' writer (common/npy.c: it comes after the
+# libraries on the link line)
+$(BUILD)/tests/mge-convert: $(call obj,tests/unit/support/npy_write.c common/npy.c)
 
 tests-build: $(UNIT_BIN) $(TOOL_BIN)
 
@@ -280,6 +289,27 @@ bench-tools: $(BENCH_TOOLS)
 bench: deps
 	$(Q)$(MAKE) --no-print-directory binaries bench-tools
 	$(Q)sh tests/bench/run.sh $(BUILD)
+
+# ---- what needs a GPU: `make test-gpu`, `make bench-gpu`; each prints a "skip - ..." line and
+# succeeds on a machine without nvcc or without a device ----
+GPU_TESTS := $(filter $(BUILD)/tests/test_cuda $(BUILD)/tests/test_comm_nccl,$(UNIT_BIN))
+test-gpu: deps
+	$(Q)$(if $(GPU_TESTS),$(MAKE) --no-print-directory $(GPU_TESTS),true)
+	$(Q)sh tests/run-gpu.sh $(BUILD)
+
+ifneq ($(CUDA_OBJ),)
+$(BUILD)/bench/bench_cuda: $(call obj,tests/bench/bench_cuda.c) $(LIB_CUDA) $(ENGINE_LIBS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON) \
+	    $(CUDA_LIBS)
+bench-gpu: deps
+	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/bench_cuda
+	$(Q)$(BUILD)/bench/bench_cuda
+else
+bench-gpu:
+	@echo "skip - bench-gpu: nvcc not found (CPU-only build): 1 GPU benchmark skipped"
+endif
 
 demo: deps
 	$(Q)KEEP="$(KEEP)" MAKE="$(MAKE)" sh deploy/demo.sh $(BUILD)

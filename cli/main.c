@@ -825,6 +825,32 @@ static int cmd_post(const char *what, const char *path, const char *done_msg)
     return ex;
 }
 
+/*
+ * A worker's "gpus" list as one column: "2x NVIDIA H100 80GB HBM3 (81559 MiB)", runs of alike
+ * GPUs joined by ", "; "-" for none.
+ */
+static void gpus_column(json_t *list, char *buf, size_t len)
+{
+    size_t n = json_array_size(list), off = 0;
+    snprintf(buf, len, "-");
+    for (size_t i = 0; i < n && off < len;) {
+        json_t *g = json_array_get(list, i);
+        const char *name = str(g, "name");
+        json_int_t mb = json_integer_value(json_object_get(g, "memory_mb"));
+        size_t k = i + 1;
+        int w;
+        while (k < n && !strcmp(str(json_array_get(list, k), "name"), name) &&
+               json_integer_value(json_object_get(json_array_get(list, k), "memory_mb")) == mb)
+            k++;
+        w = snprintf(buf + off, len - off, "%s%zux %s (%lld MiB)", off ? ", " : "", k - i, name,
+                     (long long)mb);
+        if (w < 0)
+            break;
+        off += (size_t)w;
+        i = k;
+    }
+}
+
 static int cmd_workers(void)
 {
     json_t *o, *w;
@@ -838,12 +864,12 @@ static int cmd_workers(void)
         json_decref(o);
         return EX_OK;
     }
-    printf("%-16s %-20s %-9s %9s %15s %6s %6s  %s\n", "NAME", "ID", "STATE", "CPUS", "MEMORY_MB",
-           "GPUS", "RANKS", "LAST_SEEN");
+    printf("%-16s %-20s %-9s %9s %15s %6s %6s  %-20s  %s\n", "NAME", "ID", "STATE", "CPUS",
+           "MEMORY_MB", "GPUS", "RANKS", "LAST_SEEN", "GPU_MODELS");
     json_array_foreach(json_object_get(o, "workers"), i, w)
     {
         json_t *s = json_object_get(w, "slots"), *f = json_object_get(w, "free");
-        char cpus[32], mem[48], gpus[32];
+        char cpus[32], mem[48], gpus[32], models[300];
         snprintf(cpus, sizeof(cpus), "%lld/%lld",
                  (long long)json_integer_value(json_object_get(f, "cpus")),
                  (long long)json_integer_value(json_object_get(s, "cpus")));
@@ -853,10 +879,11 @@ static int cmd_workers(void)
         snprintf(gpus, sizeof(gpus), "%lld/%lld",
                  (long long)json_integer_value(json_object_get(f, "gpus")),
                  (long long)json_integer_value(json_object_get(s, "gpus")));
-        printf("%-16.16s %-20s %-9s %9s %15s %6s %6lld  %s\n", str(w, "name"), str(w, "id"),
+        gpus_column(json_object_get(w, "gpus"), models, sizeof(models));
+        printf("%-16.16s %-20s %-9s %9s %15s %6s %6lld  %-20s  %s\n", str(w, "name"), str(w, "id"),
                str(w, "state"), cpus, mem, gpus,
                (long long)json_integer_value(json_object_get(w, "running_ranks")),
-               str(w, "last_seen"));
+               str(w, "last_seen"), models);
     }
     json_decref(o);
     return EX_OK;

@@ -2,6 +2,7 @@
 #include "alloc.h"
 
 #include <malloc.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,7 +11,7 @@
 static long alloc_budget = -1; /* allocations left before failing; -1 = unlimited */
 /* usable bytes held through these functions (atomic); signed, so that a block freed here but
  * allocated elsewhere cannot wrap the counter */
-static long long bytes_in_use, bytes_peak;
+static long long bytes_in_use, bytes_peak, bytes_limit;
 
 static void count_add(void *p)
 {
@@ -41,8 +42,18 @@ void mge_alloc_peak_reset(void)
                      __ATOMIC_RELAXED);
 }
 
-static int alloc_should_fail(void)
+void mge_alloc_set_limit(long long bytes)
 {
+    bytes_limit = bytes > 0 ? bytes : 0;
+}
+
+/* Whether an allocation of @n bytes must fail: past the cap, or by the test hook. */
+static int alloc_should_fail(size_t n)
+{
+    if (bytes_limit > 0 &&
+        (n > (size_t)bytes_limit ||
+         __atomic_load_n(&bytes_in_use, __ATOMIC_RELAXED) + (long long)n > bytes_limit))
+        return 1;
     if (alloc_budget < 0)
         return 0;
     if (alloc_budget == 0)
@@ -56,7 +67,7 @@ void mge_alloc_fail_after(long n) { alloc_budget = n; }
 void *mge_malloc(size_t n)
 {
     void *p;
-    if (alloc_should_fail())
+    if (alloc_should_fail(n))
         return NULL;
     p = malloc(n ? n : 1);
     count_add(p);
@@ -66,7 +77,7 @@ void *mge_malloc(size_t n)
 void *mge_calloc(size_t count, size_t size)
 {
     void *p;
-    if (alloc_should_fail())
+    if (alloc_should_fail(size && count > SIZE_MAX / size ? SIZE_MAX : count * size))
         return NULL;
     p = calloc(count ? count : 1, size ? size : 1);
     count_add(p);
@@ -76,7 +87,7 @@ void *mge_calloc(size_t count, size_t size)
 void *mge_realloc(void *p, size_t n)
 {
     void *np;
-    if (alloc_should_fail())
+    if (alloc_should_fail(n))
         return NULL;
     count_sub(p);
     np = realloc(p, n ? n : 1);
@@ -123,7 +134,7 @@ char *mge_strdup(const char *s) { return mge_strndup(s, strlen(s)); }
 void *mge_malloc_aligned(size_t n)
 {
     void *p = NULL;
-    if (alloc_should_fail())
+    if (alloc_should_fail(n))
         return NULL;
     if (posix_memalign(&p, 64, n ? (n + 63) & ~(size_t)63 : 64) != 0)
         return NULL;

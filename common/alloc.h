@@ -48,6 +48,13 @@ long long mge_alloc_peak(void);
 void mge_alloc_peak_reset(void);
 
 /*
+ * Cap the bytes held through these functions at @bytes (0: no cap, the default): an allocation
+ * that would pass it returns NULL, as when the system has no memory left. mge-train sets it
+ * from MGE_MEMORY_LIMIT_MB (the coordinator's planner child). Thread: call before any other.
+ */
+void mge_alloc_set_limit(long long bytes);
+
+/*
  * Test hook: after @n more successful allocations, every allocation fails
  * (n < 0 turns the hook off). Not thread-safe; tests only.
  */

@@ -36,20 +36,30 @@ enum attr {
     A_P = 1 << 9,
     A_AXIS = 1 << 10,
     A_SHAPE = 1 << 11,
+    A_VOCAB = 1 << 12,
+    A_CONTEXT = 1 << 13,
+    A_D_MODEL = 1 << 14,
+    A_HEADS = 1 << 15,
+    A_TIED_TO = 1 << 16,
+    A_RESIDUAL_LAYERS = 1 << 17,
 };
 
 /* Every key a node may have, in the order nodes print (JSON); attrs[i] is bit 1 << (i - 3). */
 static const char *const node_keys[] = {
-    "name",   "op",      "inputs", "out_features", "out_channels", "kernel",
-    "stride", "padding", "bias",   "init",         "eps",          "momentum",
-    "p",      "axis",    "shape",  NULL,
+    "name",    "op",    "inputs",  "out_features", "out_channels", "kernel",  "stride",
+    "padding", "bias",  "init",    "eps",          "momentum",     "p",       "axis",
+    "shape",   "vocab", "context", "d_model",      "heads",        "tied_to", "residual_layers",
+    NULL,
 };
 enum { N_COMMON_KEYS = 3 };
 
 static const char *const op_names[] = {
-    "input",          "linear",  "conv2d",  "batchnorm2d", "layernorm", "relu",          "gelu",
-    "tanh",           "sigmoid", "add",     "sub",         "mul",       "maxpool",       "avgpool",
-    "global_avgpool", "flatten", "reshape", "dropout",     "concat",    "cross_entropy", NULL,
+    "input",   "linear",    "conv2d",        "batchnorm2d",      "layernorm",
+    "relu",    "gelu",      "tanh",          "sigmoid",          "add",
+    "sub",     "mul",       "maxpool",       "avgpool",          "global_avgpool",
+    "flatten", "reshape",   "dropout",       "concat",           "cross_entropy",
+    "tokens",  "embedding", "pos_embedding", "causal_attention", "tied_linear",
+    NULL,
 };
 _Static_assert(sizeof(op_names) / sizeof(op_names[0]) == MGE_GOP_COUNT + 1,
                "op_names lists every enum mge_gop");
@@ -61,7 +71,7 @@ struct opdef {
 
 static const struct opdef ops[MGE_GOP_COUNT] = {
     [MGE_GOP_INPUT] = {0, 0, A_SHAPE},
-    [MGE_GOP_LINEAR] = {1, 1, A_OUT_FEATURES | A_BIAS},
+    [MGE_GOP_LINEAR] = {1, 1, A_OUT_FEATURES | A_BIAS | A_INIT | A_RESIDUAL_LAYERS},
     [MGE_GOP_CONV2D] = {1, 1, A_OUT_CHANNELS | A_KERNEL | A_STRIDE | A_PADDING | A_BIAS | A_INIT},
     [MGE_GOP_BATCHNORM2D] = {1, 1, A_EPS | A_MOMENTUM},
     [MGE_GOP_LAYERNORM] = {1, 1, A_EPS},
@@ -80,9 +90,14 @@ static const struct opdef ops[MGE_GOP_COUNT] = {
     [MGE_GOP_DROPOUT] = {1, 1, A_P},
     [MGE_GOP_CONCAT] = {2, MGE_GRAPH_MAX_INPUTS, A_AXIS},
     [MGE_GOP_CROSS_ENTROPY] = {1, 1, 0},
+    [MGE_GOP_TOKENS] = {0, 0, A_CONTEXT | A_VOCAB},
+    [MGE_GOP_EMBEDDING] = {1, 1, A_VOCAB | A_D_MODEL},
+    [MGE_GOP_POS_EMBEDDING] = {1, 1, A_CONTEXT},
+    [MGE_GOP_CAUSAL_ATTENTION] = {1, 1, A_HEADS},
+    [MGE_GOP_TIED_LINEAR] = {1, 1, A_TIED_TO},
 };
 
-static const char *const init_names[] = {"uniform", "kaiming_normal", NULL};
+static const char *const init_names[] = {"uniform", "kaiming_normal", "normal", NULL};
 
 const char *mge_gop_name(enum mge_gop op)
 {
@@ -96,6 +111,11 @@ void mge_graphspec_free(struct mge_graphspec *gs)
     mge_free(gs->nodes);
     mge_free(gs->order);
     mge_free(gs);
+}
+
+bool mge_graphspec_reads_tokens(const struct mge_graphspec *gs)
+{
+    return gs && gs->input >= 0 && gs->nodes[gs->input].op == MGE_GOP_TOKENS;
 }
 
 int64_t mge_graphspec_input_numel(const struct mge_graphspec *gs)
@@ -349,14 +369,34 @@ static int get_attrs(struct gctx *g, const struct tnode *m, int i, struct mge_gn
         nd->bias = b;
     }
     if (!rc && (a & A_INIT) && (v = map_get(m, "init", NULL))) {
+        /* conv2d: uniform or kaiming_normal; linear: uniform or normal */
+        enum mge_ginit other =
+            nd->op == MGE_GOP_CONV2D ? MGE_GINIT_KAIMING_NORMAL : MGE_GINIT_NORMAL;
         int k = -1;
         for (int j = 0; init_names[j]; j++)
-            if (v->kind == TN_SCALAR && !strcmp(v->str, init_names[j]))
+            if (v->kind == TN_SCALAR && !strcmp(v->str, init_names[j]) &&
+                (j == MGE_GINIT_UNIFORM || j == (int)other))
                 k = j;
         if (k < 0)
-            return fail_got(g, v, i, "init", "uniform or kaiming_normal");
+            return fail_got(g, v, i, "init",
+                            other == MGE_GINIT_NORMAL ? "uniform or normal"
+                                                      : "uniform or kaiming_normal");
         nd->init = (enum mge_ginit)k;
     }
+    if (!rc && (a & A_RESIDUAL_LAYERS) && (v = map_get(m, "residual_layers", NULL))) {
+        if (nd->init != MGE_GINIT_NORMAL)
+            return fail_node(g, v, i, "residual_layers",
+                             "scales init normal: give init: normal with it");
+        rc = get_int_attr32(g, m, i, "residual_layers", 1, 1 << 20, 0, &nd->residual_layers);
+    }
+    if (!rc && (a & A_VOCAB))
+        rc = get_int_attr(g, m, i, "vocab", 2, 1 << 24, 0, &nd->vocab);
+    if (!rc && (a & A_CONTEXT))
+        rc = get_int_attr(g, m, i, "context", 1, 1 << 20, 0, &nd->context);
+    if (!rc && (a & A_D_MODEL))
+        rc = get_int_attr(g, m, i, "d_model", 1, 65536, 0, &nd->d_model);
+    if (!rc && (a & A_HEADS))
+        rc = get_int_attr32(g, m, i, "heads", 1, 1024, 0, &nd->heads);
     if (!rc && (a & A_EPS))
         rc = get_num_attr(g, m, i, "eps", 0, 1, 1, 1, 1e-5, &nd->eps);
     if (!rc && (a & A_MOMENTUM))
@@ -417,6 +457,31 @@ static int index_names(struct gctx *g)
                           first->line);
 }
 
+/* Node named by scalar @e (in @key of node @i, called @what in the message) into *@out. */
+static int find_node(struct gctx *g, const struct tnode *e, int i, const char *key,
+                     const char *what, int *out)
+{
+    const struct mge_gnode **hit = NULL;
+    char got[192];
+    if (e->kind == TN_SCALAR && strlen(e->str) == e->len)
+        hit = bsearch(e->str, g->by_name, (size_t)g->gs->n, sizeof(*g->by_name), cmp_key);
+    if (hit) {
+        *out = (int)(*hit - g->gs->nodes);
+        return MGE_OK;
+    }
+    const char *names[65];
+    int nn = 0;
+    mge__spec_describe(got, sizeof(got), e);
+    /* suggest among the first 64 names: enough for a typo, bounded for the fuzzer */
+    for (int j = 0; j < g->gs->n && nn < 64; j++)
+        names[nn++] = g->gs->nodes[j].name;
+    names[nn] = NULL;
+    const char *hint = e->kind == TN_SCALAR ? mge__spec_suggest(e->str, names) : NULL;
+    if (hint)
+        return fail_node(g, e, i, key, "%s %s is not a node (did you mean `%s`?)", what, got, hint);
+    return fail_node(g, e, i, key, "%s %s is not a node of the graph", what, got);
+}
+
 /* inputs: a name or a list of names, each a node of the graph; arity as the op wants. */
 static int get_inputs(struct gctx *g, const struct tnode *m, int i, struct mge_gnode *nd)
 {
@@ -446,29 +511,25 @@ static int get_inputs(struct gctx *g, const struct tnode *m, int i, struct mge_g
         return fail_node(g, v, i, "inputs", "%s takes %s, got %zu", op_names[nd->op], what, n);
     }
     for (size_t k = 0; k < n; k++) {
-        const struct tnode *e = items[k];
-        const struct mge_gnode **hit = NULL;
-        char got[192];
-        if (e->kind == TN_SCALAR && strlen(e->str) == e->len)
-            hit = bsearch(e->str, g->by_name, (size_t)g->gs->n, sizeof(*g->by_name), cmp_key);
-        if (!hit) {
-            const char *names[65];
-            int nn = 0;
-            mge__spec_describe(got, sizeof(got), e);
-            /* suggest among the first 64 names: enough for a typo, bounded for the fuzzer */
-            for (int j = 0; j < g->gs->n && nn < 64; j++)
-                names[nn++] = g->gs->nodes[j].name;
-            names[nn] = NULL;
-            const char *hint = e->kind == TN_SCALAR ? mge__spec_suggest(e->str, names) : NULL;
-            if (hint)
-                return fail_node(g, e, i, "inputs", "input %s is not a node (did you mean `%s`?)",
-                                 got, hint);
-            return fail_node(g, e, i, "inputs", "input %s is not a node of the graph", got);
-        }
-        nd->inputs[k] = (int)(*hit - g->gs->nodes);
+        int rc = find_node(g, items[k], i, "inputs", "input", &nd->inputs[k]);
+        if (rc)
+            return rc;
     }
     nd->n_inputs = (int)n;
     return MGE_OK;
+}
+
+/* tied_to: the name of the embedding node whose weight the output layer reuses. */
+static int get_tied(struct gctx *g, const struct tnode *m, int i, struct mge_gnode *nd)
+{
+    const struct tnode *v = map_get(m, "tied_to", NULL);
+    nd->tied = -1;
+    if (!(ops[nd->op].attrs & A_TIED_TO))
+        return MGE_OK;
+    if (!v)
+        return fail_node(g, m, i, "tied_to",
+                         "required key is missing (expected the name of an embedding node)");
+    return find_node(g, v, i, "tied_to", "tied_to", &nd->tied);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -713,14 +774,168 @@ static int infer_reshape(struct gctx *g, int i, struct mge_gnode *nd, const stru
     return MGE_OK;
 }
 
+static bool data_is_tokens(const struct mge_jobspec *spec)
+{
+    return spec->data.format == MGE_DATA_TOKENS || spec->data.format == MGE_DATA_TEXT;
+}
+
+/* tokens: the data must be token windows, drawn by step. */
+static int infer_tokens(struct gctx *g, int i, struct mge_gnode *nd, const struct mge_jobspec *spec)
+{
+    if (!data_is_tokens(spec))
+        return fail_node(g, NULL, i, "op",
+                         "op tokens reads data.format tokens or text (the data gives samples: "
+                         "use op input)");
+    if (spec->train.epochs > 0)
+        return fail_node(g, NULL, i, "op",
+                         "op tokens draws random windows: give train.steps, not train.epochs");
+    nd->out_ndim = 2;
+    nd->out_shape[0] = spec->train.batch_size;
+    nd->out_shape[1] = nd->context;
+    return MGE_OK;
+}
+
+/* Token ids feed embedding nodes alone, and embedding nodes read nothing else. */
+static int check_token_reader(struct gctx *g, int i, const struct mge_gnode *nd)
+{
+    char s[128];
+    for (int k = 0; k < nd->n_inputs; k++) {
+        const struct mge_gnode *u = in_node(g->gs, nd, k);
+        if (u->op == MGE_GOP_TOKENS && nd->op != MGE_GOP_EMBEDDING)
+            return fail_node(g, NULL, i, "inputs",
+                             "input `%s` holds token ids: only an embedding node reads them",
+                             u->name);
+        if (u->op != MGE_GOP_TOKENS && nd->op == MGE_GOP_EMBEDDING) {
+            shape_text(s, sizeof(s), u->out_ndim, u->out_shape);
+            return fail_node(g, NULL, i, "inputs",
+                             "input `%s` has shape %s; embedding takes the token ids [batch, "
+                             "context] of a tokens node",
+                             u->name, s);
+        }
+    }
+    return MGE_OK;
+}
+
+static int infer_embedding(struct gctx *g, int i, struct mge_gnode *nd, const struct mge_gnode *x)
+{
+    if (nd->vocab != x->vocab)
+        return fail_node(g, NULL, i, "vocab",
+                         "vocab %" PRId64 " does not match the vocab of tokens node `%s` (%" PRId64
+                         ")",
+                         nd->vocab, x->name, x->vocab);
+    if (nd->vocab > NUMEL_MAX / nd->d_model)
+        return fail_node(g, NULL, i, "d_model", "the weight [%" PRId64 ",%" PRId64 "] is too large",
+                         nd->vocab, nd->d_model);
+    nd->out_ndim = 3;
+    nd->out_shape[0] = x->out_shape[0];
+    nd->out_shape[1] = x->out_shape[1];
+    nd->out_shape[2] = nd->d_model;
+    return MGE_OK;
+}
+
+static int infer_pos_embedding(struct gctx *g, int i, struct mge_gnode *nd,
+                               const struct mge_gnode *x)
+{
+    char s[128];
+    if (x->out_ndim != 3)
+        return fail_rank(g, i, x, "3 dims (N, context, d_model)");
+    if (x->out_shape[1] != nd->context) {
+        shape_text(s, sizeof(s), x->out_ndim, x->out_shape);
+        return fail_node(g, NULL, i, "context",
+                         "context %" PRId64 ", but input `%s` of shape %s has %" PRId64
+                         " tokens per window",
+                         nd->context, x->name, s, x->out_shape[1]);
+    }
+    nd->out_ndim = 3;
+    memcpy(nd->out_shape, x->out_shape, sizeof(nd->out_shape));
+    return MGE_OK;
+}
+
+static int infer_attention(struct gctx *g, int i, struct mge_gnode *nd, const struct mge_gnode *x)
+{
+    if (x->out_ndim != 3 || x->out_shape[2] % 3 != 0)
+        return fail_rank(g, i, x,
+                         "3 dims (N, T, 3 d_model): queries, keys and values side by side");
+    int64_t C = x->out_shape[2] / 3;
+    if (C % nd->heads != 0 || C / nd->heads > 128)
+        return fail_node(g, NULL, i, "heads",
+                         "d_model %" PRId64 " (a third of input `%s`'s last dim) is not a "
+                         "multiple of heads %d with at most 128 per head",
+                         C, x->name, nd->heads);
+    nd->out_ndim = 3;
+    memcpy(nd->out_shape, x->out_shape, sizeof(nd->out_shape));
+    nd->out_shape[2] = C;
+    return MGE_OK;
+}
+
+static int infer_tied(struct gctx *g, int i, struct mge_gnode *nd, const struct mge_gnode *x)
+{
+    const struct mge_gnode *e = &g->gs->nodes[nd->tied];
+    char s[128];
+    if (e->op != MGE_GOP_EMBEDDING)
+        return fail_node(g, NULL, i, "tied_to",
+                         "`%s` is a %s node, not an embedding: tied_to names the embedding whose "
+                         "weight the output layer reuses",
+                         e->name, mge_gop_name(e->op));
+    if (e->out_ndim == 0)
+        return fail_node(g, NULL, i, "tied_to",
+                         "embedding `%s` does not run before this node (it must be among the "
+                         "nodes its input is computed from)",
+                         e->name);
+    if (x->out_ndim < 2)
+        return fail_rank(g, i, x, "(N, .., d_model)");
+    if (x->out_shape[x->out_ndim - 1] != e->d_model) {
+        shape_text(s, sizeof(s), x->out_ndim, x->out_shape);
+        return fail_node(g, NULL, i, "inputs",
+                         "input `%s` has shape %s; the embedding `%s` it is tied to has d_model "
+                         "%" PRId64,
+                         x->name, s, e->name, e->d_model);
+    }
+    nd->out_ndim = x->out_ndim;
+    memcpy(nd->out_shape, x->out_shape, sizeof(nd->out_shape));
+    nd->out_shape[nd->out_ndim - 1] = e->vocab;
+    return MGE_OK;
+}
+
+/* The loss takes [batch, classes] logits, or [batch, context, vocab] after tokens. */
+static int infer_loss(struct gctx *g, int i, struct mge_gnode *nd, const struct mge_gnode *x,
+                      const struct mge_jobspec *spec)
+{
+    const struct mge_gnode *t = &g->gs->nodes[g->gs->input];
+    char s[128];
+    bool tokens = t->op == MGE_GOP_TOKENS;
+    bool ok = tokens
+                  ? x->out_ndim == 3 && x->out_shape[1] == t->context && x->out_shape[2] == t->vocab
+                  : x->out_ndim == 2 && x->out_shape[1] == spec->data.classes;
+    nd->out_ndim = 0;
+    if (ok)
+        return MGE_OK;
+    shape_text(s, sizeof(s), x->out_ndim, x->out_shape);
+    if (tokens)
+        return fail_node(g, NULL, i, "inputs",
+                         "input `%s` has shape %s; the loss takes logits [%d,%" PRId64 ",%" PRId64
+                         "] (batch, context and vocab of tokens node `%s`)",
+                         x->name, s, spec->train.batch_size, t->context, t->vocab, t->name);
+    return fail_node(g, NULL, i, "inputs",
+                     "input `%s` has shape %s; the loss takes logits [%d,%d] (batch, "
+                     "data.classes)",
+                     x->name, s, spec->train.batch_size, spec->data.classes);
+}
+
 static int infer_node(struct gctx *g, int i, const struct mge_jobspec *spec)
 {
     struct mge_gnode *nd = &g->gs->nodes[i];
     const struct mge_gnode *x = nd->n_inputs ? in_node(g->gs, nd, 0) : NULL;
-    char s[128];
+    int rc = check_token_reader(g, i, nd);
 
+    if (rc)
+        return rc;
     switch (nd->op) {
     case MGE_GOP_INPUT:
+        if (data_is_tokens(spec))
+            return fail_node(g, NULL, i, "op",
+                             "data.format tokens and text give token ids: read them with op "
+                             "tokens (and an embedding)");
         nd->out_ndim = nd->ndim + 1;
         nd->out_shape[0] = spec->train.batch_size;
         memcpy(nd->out_shape + 1, nd->shape, sizeof(int64_t) * (size_t)nd->ndim);
@@ -775,15 +990,17 @@ static int infer_node(struct gctx *g, int i, const struct mge_jobspec *spec)
     case MGE_GOP_CONCAT:
         return infer_concat(g, i, nd);
     case MGE_GOP_CROSS_ENTROPY:
-        if (x->out_ndim != 2 || x->out_shape[1] != spec->data.classes) {
-            shape_text(s, sizeof(s), x->out_ndim, x->out_shape);
-            return fail_node(g, NULL, i, "inputs",
-                             "input `%s` has shape %s; the loss takes logits [%d,%d] (batch, "
-                             "data.classes)",
-                             x->name, s, spec->train.batch_size, spec->data.classes);
-        }
-        nd->out_ndim = 0;
-        return MGE_OK;
+        return infer_loss(g, i, nd, x, spec);
+    case MGE_GOP_TOKENS:
+        return infer_tokens(g, i, nd, spec);
+    case MGE_GOP_EMBEDDING:
+        return infer_embedding(g, i, nd, x);
+    case MGE_GOP_POS_EMBEDDING:
+        return infer_pos_embedding(g, i, nd, x);
+    case MGE_GOP_CAUSAL_ATTENTION:
+        return infer_attention(g, i, nd, x);
+    case MGE_GOP_TIED_LINEAR:
+        return infer_tied(g, i, nd, x);
     case MGE_GOP_COUNT:
         break;
     }
@@ -800,6 +1017,8 @@ static int check_input_data(struct gctx *g, const struct mge_jobspec *spec)
     bool image = false, ok = true;
     int64_t dim = d->input_dim;
 
+    if (x->op == MGE_GOP_TOKENS)
+        return MGE_OK; /* windows of context tokens: checked by infer_tokens */
     if (d->format == MGE_DATA_CIFAR) {
         image = true;
         dim = 3 * 32 * 32;
@@ -844,9 +1063,9 @@ static int read_nodes(struct gctx *g)
             (rc = get_op(g, m, i, nd)) || (rc = check_keys(g, m, i, (int)nd->op)) ||
             (rc = get_attrs(g, m, i, nd)))
             return rc;
-        int *one = nd->op == MGE_GOP_INPUT           ? &gs->input
-                   : nd->op == MGE_GOP_CROSS_ENTROPY ? &gs->loss
-                                                     : NULL;
+        int *one = nd->op == MGE_GOP_INPUT || nd->op == MGE_GOP_TOKENS ? &gs->input
+                   : nd->op == MGE_GOP_CROSS_ENTROPY                   ? &gs->loss
+                                                                       : NULL;
         if (one && *one >= 0)
             return fail_node(g, NULL, i, "op",
                              "a second %s node (the first is `%s`): a graph "
@@ -859,7 +1078,8 @@ static int read_nodes(struct gctx *g)
         return rc;
     /* inputs once every name is known: a node may name one listed after it */
     for (int i = 0; i < gs->n; i++)
-        if ((rc = get_inputs(g, g->seq->kids[i], i, &gs->nodes[i])))
+        if ((rc = get_inputs(g, g->seq->kids[i], i, &gs->nodes[i])) ||
+            (rc = get_tied(g, g->seq->kids[i], i, &gs->nodes[i])))
             return rc;
     return MGE_OK;
 }
@@ -898,8 +1118,8 @@ int mge__graphspec_check(struct ctx *c, const struct tnode *model, const struct 
         goto err_free;
     if (gs->input < 0 || gs->loss < 0) {
         rc = mge__spec_fail(c, seq, "model.nodes",
-                            "no %s node: a graph has one input (op: input) and one loss "
-                            "(op: cross_entropy)",
+                            "no %s node: a graph has one input (op: input or tokens) and one "
+                            "loss (op: cross_entropy)",
                             gs->input < 0 ? "input" : "cross_entropy");
         goto err_free;
     }
@@ -920,8 +1140,8 @@ err_free:
     return rc;
 }
 
-/* Attribute @bit (enum attr) of @nd as JSON; a new reference, NULL on OOM. */
-static json_t *attr_json(const struct mge_gnode *nd, unsigned bit)
+/* Attribute @bit (enum attr) of node @nd of @gs as JSON; a new reference, NULL on OOM. */
+static json_t *attr_json(const struct mge_graphspec *gs, const struct mge_gnode *nd, unsigned bit)
 {
     json_t *shape;
     switch (bit) {
@@ -946,6 +1166,18 @@ static json_t *attr_json(const struct mge_gnode *nd, unsigned bit)
         return json_real(nd->p);
     case A_AXIS:
         return json_integer(nd->axis);
+    case A_VOCAB:
+        return json_integer(nd->vocab);
+    case A_CONTEXT:
+        return json_integer(nd->context);
+    case A_D_MODEL:
+        return json_integer(nd->d_model);
+    case A_HEADS:
+        return json_integer(nd->heads);
+    case A_TIED_TO:
+        return json_string(gs->nodes[nd->tied].name);
+    case A_RESIDUAL_LAYERS:
+        return nd->residual_layers ? json_integer(nd->residual_layers) : json_null();
     default: /* A_SHAPE */
         shape = json_array();
         for (int d = 0; shape && d < nd->ndim; d++) {
@@ -974,7 +1206,7 @@ json_t *mge__graphspec_to_json(const struct mge_graphspec *gs)
         for (int k = N_COMMON_KEYS; !bad && node_keys[k]; k++) {
             unsigned bit = 1u << (k - N_COMMON_KEYS);
             if (a & bit)
-                bad = json_object_set_new(o, node_keys[k], attr_json(nd, bit));
+                bad = json_object_set_new(o, node_keys[k], attr_json(gs, nd, bit));
         }
         bad = bad || json_array_append(arr, o);
         json_decref(in);

@@ -7,6 +7,7 @@
 #ifndef MGE_COMMON_GRAPHSPEC_H
 #define MGE_COMMON_GRAPHSPEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -39,11 +40,20 @@ enum mge_gop {
     MGE_GOP_DROPOUT,
     MGE_GOP_CONCAT,
     MGE_GOP_CROSS_ENTROPY,
+    MGE_GOP_TOKENS,           /* the input of a language model: [batch, context] token ids */
+    MGE_GOP_EMBEDDING,        /* token ids -> [batch, context, d_model] rows of its weight */
+    MGE_GOP_POS_EMBEDDING,    /* x + a learned [context, d_model] position table */
+    MGE_GOP_CAUSAL_ATTENTION, /* [B, T, 3C] q, k, v -> [B, T, C], masked to earlier tokens */
+    MGE_GOP_TIED_LINEAR,      /* x @ E^T: the output layer tied to embedding node E */
     MGE_GOP_COUNT
 };
 
-/* conv2d's weight init: PyTorch's Conv2d default, or torchvision ResNet's kaiming_normal_. */
-enum mge_ginit { MGE_GINIT_UNIFORM, MGE_GINIT_KAIMING_NORMAL };
+/*
+ * Weight init: PyTorch's Linear/Conv2d default (uniform), torchvision ResNet's kaiming_normal_
+ * (conv2d), or GPT-2's N(0, 0.02^2) with zero bias (linear; N(0, 0.02^2 / (2 residual_layers))
+ * with residual_layers).
+ */
+enum mge_ginit { MGE_GINIT_UNIFORM, MGE_GINIT_KAIMING_NORMAL, MGE_GINIT_NORMAL };
 
 struct mge_gnode {
     char name[MGE_GRAPH_NAME_MAX + 1]; /* [A-Za-z0-9._-], unique */
@@ -55,7 +65,13 @@ struct mge_gnode {
     int64_t features;                  /* linear: out_features; conv2d: out_channels */
     int kernel, stride, padding;       /* conv2d, maxpool, avgpool */
     int bias;                          /* linear, conv2d: 1 = with bias (default) */
-    enum mge_ginit init;               /* conv2d */
+    enum mge_ginit init;               /* conv2d, linear */
+    int residual_layers;               /* linear with init normal: 0, or variance / (2 this) */
+    int64_t vocab;                     /* tokens, embedding: token ids are below it */
+    int64_t context;                   /* tokens, pos_embedding: tokens per window */
+    int64_t d_model;                   /* embedding: width of a row */
+    int heads;                         /* causal_attention */
+    int tied;                          /* tied_linear: index of its embedding node, else -1 */
     double eps;                        /* batchnorm2d, layernorm (default 1e-5) */
     double momentum;                   /* batchnorm2d (default 0.1) */
     double p;                          /* dropout probability (default 0.5) */
@@ -71,7 +87,7 @@ struct mge_graphspec {
     int n;                   /* nodes */
     struct mge_gnode *nodes; /* in the order listed */
     int *order;              /* n indices: a topological order, the listed one where it is one */
-    int input;               /* the one input node */
+    int input;               /* the one input node (op input or tokens) */
     int loss;                /* the one cross_entropy node */
 };
 
@@ -79,6 +95,8 @@ struct mge_graphspec {
 void mge_graphspec_free(struct mge_graphspec *gs);
 /* The op's name as written in the spec ("conv2d"), "unknown" out of range. */
 const char *mge_gop_name(enum mge_gop op);
+/* Whether the input node is op tokens: the graph is a language model on token windows. */
+bool mge_graphspec_reads_tokens(const struct mge_graphspec *gs);
 /* Elements of one sample of the input node (product of its shape). */
 int64_t mge_graphspec_input_numel(const struct mge_graphspec *gs);
 

@@ -571,6 +571,7 @@ static const struct keydef train_keys[] = {
     {"checkpoint_every_sec", NULL},
     {"log_every", NULL},
     {"eval", NULL},
+    {"eager", NULL},
     {"clip_grad_norm", NULL},
     {"label_smoothing", NULL},
     {"precision", NULL},
@@ -1264,7 +1265,7 @@ static const char *const format_names[] = {"idx",    "synthetic", "npy", "cifar"
                                            "tokens", "text",      NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
-static const char *const device_names[] = {"cpu", "gpu", NULL};
+static const char *const device_names[] = {"cpu", "gpu", "sim", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", NULL};
 static const char *const sublinear_names[] = {"false", "true", "auto", "light", NULL};
 static const char *const backend_names[] = {"auto", "local", "mpi", "nccl", NULL};
@@ -1736,6 +1737,8 @@ static int check_train(struct ctx *c, const struct sect *root, struct mge_train_
         return rc;
     if ((rc = get_bool(c, &s, "eval", true, &t->eval_every_epoch)))
         return rc;
+    if ((rc = get_bool(c, &s, "eager", false, &t->eager)))
+        return rc;
     /* 0 is "absent": clipping off */
     if ((rc = get_num(c, &s, "clip_grad_norm", 0, OPEN, INFINITY, 0, &(double){0},
                       &t->clip_grad_norm, NULL)))
@@ -1792,9 +1795,10 @@ static int check_resources(struct ctx *c, const struct sect *root, struct mge_re
     gpus_def = r->device == MGE_DEVICE_GPU ? 1 : 0;
     if ((rc = get_int32(c, &s, "gpus", 0, 64, &gpus_def, &r->gpus, &gpus_given)))
         return rc;
-    if (gpus_given && r->device == MGE_DEVICE_CPU && r->gpus > 0)
+    if (gpus_given && r->device != MGE_DEVICE_GPU && r->gpus > 0)
         return fail_expected(c, sect_get(&s, "gpus", NULL), "resources.gpus",
-                             "0 with resources.device cpu");
+                             r->device == MGE_DEVICE_SIM ? "0 with resources.device sim"
+                                                         : "0 with resources.device cpu");
     if (gpus_given && r->device == MGE_DEVICE_GPU && r->gpus == 0)
         return fail_expected(c, sect_get(&s, "gpus", NULL), "resources.gpus",
                              "at least 1 with resources.device gpu");
@@ -1908,24 +1912,32 @@ static int check_distributed(struct ctx *c, const struct sect *root, struct mge_
         return rc;
     if (d->backend == MGE_BACKEND_NCCL && spec->resources.device != MGE_DEVICE_GPU)
         return fail_expected(c, sect_get(&s, "backend", NULL), "distributed.backend",
-                             "a CPU backend (auto, local or mpi) with resources.device cpu");
+                             spec->resources.device == MGE_DEVICE_SIM
+                                 ? "a CPU backend (auto, local or mpi) with resources.device sim"
+                                 : "a CPU backend (auto, local or mpi) with resources.device cpu");
     if (d->backend == MGE_BACKEND_LOCAL && spec->resources.workers_max > 1)
         return fail_expected(c, sect_get(&s, "backend", NULL), "distributed.backend",
                              "auto, mpi or nccl when resources.workers is more than 1");
     return MGE_OK;
 }
 
-/* gpt trains on tokens or text, and those feed gpt alone; windows are random: steps, no epochs. */
+/*
+ * gpt trains on tokens or text, and those feed gpt alone (or a graph with a tokens node: checked
+ * in graphspec.c); windows are random: steps, no epochs.
+ */
 static int check_gpt_data(struct ctx *c, const struct sect *root, const struct mge_jobspec *spec)
 {
     bool gpt = spec->model.type == MGE_MODEL_GPT;
     bool tokens = spec->data.format == MGE_DATA_TOKENS || spec->data.format == MGE_DATA_TEXT;
+    if (spec->model.type == MGE_MODEL_GRAPH)
+        return MGE_OK; /* its input node says: graphspec.c checks */
     struct sect d = {.map = sect_get(root, "data", NULL)},
                 t = {.map = sect_get(root, "train", NULL)};
     if (gpt != tokens)
         return fail_at(c, sect_get(&d, "format", NULL), "data.format",
                        gpt ? "model type gpt reads data.format tokens or text"
-                           : "data.format tokens and text are for model type gpt");
+                           : "data.format tokens and text are for model type gpt (or a graph with "
+                             "a tokens node)");
     if (gpt && spec->train.epochs > 0)
         return fail_at(c, sect_get(&t, "epochs", NULL), "train.epochs",
                        "model type gpt draws random windows: give train.steps, not epochs");
@@ -1963,6 +1975,13 @@ static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec 
         return rc;
     if ((rc = get_int32(c, &s, "priority", -100, 100, &(int){0}, &spec->priority, NULL)))
         return rc;
+    if (spec->train.eager && spec->resources.device != MGE_DEVICE_CPU) {
+        /* eager's checks read every value from the host: device memory is not host memory */
+        struct sect t = {.map = sect_get(&s, "train", NULL)};
+        return fail_expected(c, sect_get(&t, "eager", NULL), "train.eager",
+                             "false with resources.device other than cpu (eager mode runs on "
+                             "the cpu device)");
+    }
     if (spec->train.batch_size < spec->resources.workers_max) {
         /* Ranks split the global batch: a rank with no samples has no gradient to add. */
         struct sect t = {.map = sect_get(&s, "train", NULL)};
@@ -1972,8 +1991,16 @@ static int validate(struct ctx *c, const struct tnode *root, struct mge_jobspec 
         return fail_expected(c, sect_get(&t, "batch_size", NULL), "train.batch_size", what);
     }
     /* last: shapes follow from the batch size and the data's classes */
-    if (spec->model.type == MGE_MODEL_GRAPH)
-        return mge__graphspec_check(c, sect_get(&s, "model", NULL), spec, &spec->model.graph);
+    if (spec->model.type == MGE_MODEL_GRAPH) {
+        rc = mge__graphspec_check(c, sect_get(&s, "model", NULL), spec, &spec->model.graph);
+        if (rc == MGE_OK && mge_graphspec_reads_tokens(spec->model.graph)) {
+            /* the token windows' data path reads these, as for type gpt */
+            const struct mge_gnode *t = &spec->model.graph->nodes[spec->model.graph->input];
+            spec->model.context = (int)t->context;
+            spec->model.vocab = (int)t->vocab;
+        }
+        return rc;
+    }
     return MGE_OK;
 }
 
@@ -2223,6 +2250,12 @@ int64_t mge_jobspec_total_steps(const struct mge_jobspec *spec, int64_t train_si
     return per_epoch * spec->train.epochs;
 }
 
+bool mge_model_reads_tokens(const struct mge_model_spec *m)
+{
+    return m->type == MGE_MODEL_GPT ||
+           (m->type == MGE_MODEL_GRAPH && mge_graphspec_reads_tokens(m->graph));
+}
+
 const char *mge_model_type_name(enum mge_model_type t)
 {
     return (unsigned)t <= MGE_MODEL_GPT ? model_names[t] : "unknown";
@@ -2435,6 +2468,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
     jset(&b, train, "checkpoint_every_sec", json_integer(spec->train.checkpoint_every_sec));
     jset(&b, train, "log_every", json_integer(spec->train.log_every));
     jset(&b, train, "eval", json_boolean(spec->train.eval_every_epoch));
+    jset(&b, train, "eager", json_boolean(spec->train.eager));
     jset(&b, train, "clip_grad_norm",
          spec->train.clip_grad_norm > 0 ? json_real(spec->train.clip_grad_norm) : json_null());
     jset(&b, train, "label_smoothing", json_real(spec->train.label_smoothing));
@@ -2443,7 +2477,7 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec)
 
     res = json_object();
     jset(&b, res, "device",
-         json_string((unsigned)spec->resources.device < 2 ? device_names[spec->resources.device]
+         json_string((unsigned)spec->resources.device < 3 ? device_names[spec->resources.device]
                                                           : "unknown"));
     workers = json_object();
     jset(&b, workers, "min", json_integer(spec->resources.workers_min));

@@ -57,7 +57,8 @@ enum mge_data_format {
 };
 enum mge_optim_type { MGE_OPTIM_SGD, MGE_OPTIM_ADAM, MGE_OPTIM_ADAMW };
 enum mge_sched_type { MGE_SCHED_CONSTANT, MGE_SCHED_STEP, MGE_SCHED_COSINE };
-enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU };
+/* sim: the engine's simulated accelerator (tests of the device seam); placed as cpu jobs are */
+enum mge_device_kind { MGE_DEVICE_CPU, MGE_DEVICE_GPU, MGE_DEVICE_SIM };
 /* train.precision: what GEMMs and convolutions compute in (parameters stay fp32) */
 enum mge_precision { MGE_PRECISION_FP32, MGE_PRECISION_BF16 };
 enum mge_sublinear_mode { MGE_SUBLINEAR_OFF, MGE_SUBLINEAR_ON, MGE_SUBLINEAR_AUTO, MGE_SUBLINEAR_LIGHT };
@@ -87,8 +88,8 @@ struct mge_model_spec {
     /* gpt (layers above is its block count, default 4): */
     int heads;   /* model.heads (default 4); d_model % heads == 0 */
     int d_model; /* model.d_model: embedding width (default 128) */
-    int context; /* model.context: tokens per window (default 128) */
-    int vocab;   /* model.vocab: token ids are below it (default 256) */
+    int context; /* model.context: tokens per window (default 128; graph: its tokens node's) */
+    int vocab;   /* model.vocab: token ids are below it (default 256; graph: its tokens node's) */
 };
 
 struct mge_data_spec {
@@ -146,13 +147,14 @@ struct mge_train_spec {
     int64_t checkpoint_every_sec;  /* train.checkpoint_every_sec: seconds; 0 = off */
     int64_t log_every;             /* train.log_every: steps between metric lines (default 1) */
     int eval_every_epoch;          /* train.eval: evaluate each epoch (default 1) */
+    int eager;                     /* train.eager: op by op, every value checked (default 0) */
     double clip_grad_norm;         /* train.clip_grad_norm: > 0; 0 = absent, no clipping */
     double label_smoothing;        /* train.label_smoothing: [0, 1) (default 0) */
     enum mge_precision precision;  /* train.precision: fp32 | bf16 (default fp32) */
 };
 
 struct mge_resources_spec {
-    enum mge_device_kind device;   /* resources.device: cpu | gpu */
+    enum mge_device_kind device;   /* resources.device: cpu | gpu | sim */
     int workers_min, workers_max;  /* resources.workers: N or {min, max} (default 1) */
     int cpus;                      /* resources.cpus: cores per worker (default 1) */
     int gpus;                      /* resources.gpus: per worker (default 0; 1 if device gpu) */
@@ -247,6 +249,12 @@ char *mge_jobspec_to_json(const struct mge_jobspec *spec);
 
 /* Stable names of enum values as they appear in YAML ("sgd", "cosine", ...). */
 const char *mge_model_type_name(enum mge_model_type t);
+/*
+ * Whether the model reads token windows (type gpt, or a graph whose input is op tokens): it
+ * trains on data.format tokens or text, with model.context and model.vocab set (for a graph,
+ * from its tokens node).
+ */
+bool mge_model_reads_tokens(const struct mge_model_spec *m);
 /* Whether model type @t takes images (N, C, H, W) rather than flat features. */
 bool mge_model_takes_images(enum mge_model_type t);
 const char *mge_optim_type_name(enum mge_optim_type t);

@@ -274,8 +274,12 @@ static int plan_job(struct mge_http *h, const char *ct, const struct req *rq,
 {
     struct mge_job_plan p;
     char why[600], need[32], have[32], sub[32], set[64];
-    int64_t max_mb = mge_sched_memory_max_mb(h->sched), max_b = max_mb << 20;
-    const char *how = "as planned";
+    /* a GPU job's activations live in device memory: its plan is checked against the GPUs */
+    bool gpu = (*spec)->resources.device == MGE_DEVICE_GPU;
+    int64_t max_mb =
+        gpu ? mge_sched_gpu_memory_max_mb(h->sched) : mge_sched_memory_max_mb(h->sched);
+    int64_t max_b = max_mb << 20;
+    const char *how = "as planned", *largest = gpu ? "GPU" : "worker";
     json_t *o;
     int rc;
 
@@ -309,8 +313,10 @@ static int plan_job(struct mge_http *h, const char *ct, const struct req *rq,
                     s2 = NULL;
                     mge_job_plan_fini(&p);
                     p = p2;
-                    how = "with recomputation (memory.sublinear: auto): the plain plan fits no "
-                          "worker";
+                    how = gpu ? "with recomputation (memory.sublinear: auto): the plain plan "
+                                "fits no GPU"
+                              : "with recomputation (memory.sublinear: auto): the plain plan "
+                                "fits no worker";
                 } else {
                     mge_job_plan_fini(&p2);
                 }
@@ -320,10 +326,10 @@ static int plan_job(struct mge_http *h, const char *ct, const struct req *rq,
         }
         if (!fits) {
             snprintf(detail, dlen,
-                     "needs %s per rank at batch %d; the largest worker has %s; with "
+                     "needs %s per rank at batch %d; the largest %s has %s; with "
                      "recomputation %s%s",
                      mge_bytes_human(p.plain_bytes, need, sizeof(need)), (*spec)->train.batch_size,
-                     mge_bytes_human(max_b, have, sizeof(have)),
+                     largest, mge_bytes_human(max_b, have, sizeof(have)),
                      mge_bytes_human(p.sublinear_bytes, sub, sizeof(sub)),
                      p.sublinear_bytes <= max_b ? ": set memory.sublinear: auto"
                                                 : ": still too large (lower train.batch_size)");
@@ -336,7 +342,7 @@ static int plan_job(struct mge_http *h, const char *ct, const struct req *rq,
                   (json_int_t)p.chosen_bytes, "mode", p.chosen_mode, "plain_bytes",
                   (json_int_t)p.plain_bytes, "sublinear_bytes", (json_int_t)p.sublinear_bytes,
                   "reserved_mb", (json_int_t)*plan_mb, "batch", (*spec)->train.batch_size, "placed",
-                  how, "largest_worker_mb", (json_int_t)max_mb);
+                  how, gpu ? "largest_gpu_mb" : "largest_worker_mb", (json_int_t)max_mb);
     mge_job_plan_fini(&p);
 out:
     if (!o)

@@ -20,6 +20,7 @@
 
 #define OUT_MAX (1 << 20) /* the plan JSON is a few hundred bytes */
 #define ERR_KEEP 600      /* the end of stderr kept for the message */
+#define PLAN_MEMORY_MB 2048 /* the planner child's data memory cap (MGE_MEMORY_LIMIT_MB) */
 
 extern char **environ;
 
@@ -114,6 +115,7 @@ int mge_job_plan_run(const struct mge_planner_opts *opts, const char *spec_yaml,
 {
     char path[4200], roots_env[4200], *argv[4], *out_buf = NULL, err_buf[ERR_KEEP + 1];
     static char plan_flag[] = "--plan", one_thread[] = "OMP_NUM_THREADS=1";
+    char mem_env[64];
     char **env = NULL;
     size_t n_out = 0, n_err = 0, n_env = 0;
     int fd = -1, p_out[2] = {-1, -1}, p_err[2] = {-1, -1}, status = 0, rc = MGE_IO;
@@ -143,7 +145,7 @@ int mge_job_plan_run(const struct mge_planner_opts *opts, const char *spec_yaml,
     /* the child's environment: ours, with the data roots replaced and one thread */
     for (char **e = environ; *e; e++)
         n_env++;
-    if (!(env = mge_calloc(n_env + 3, sizeof(*env)))) {
+    if (!(env = mge_calloc(n_env + 4, sizeof(*env)))) {
         rc = MGE_NOMEM;
         snprintf(why, why_len, "out of memory");
         goto out;
@@ -151,12 +153,15 @@ int mge_job_plan_run(const struct mge_planner_opts *opts, const char *spec_yaml,
     n_env = 0;
     for (char **e = environ; *e; e++)
         if (strncmp(*e, MGE_DATA_ROOTS_ENV "=", strlen(MGE_DATA_ROOTS_ENV) + 1) &&
-            strncmp(*e, "OMP_NUM_THREADS=", 16))
+            strncmp(*e, "OMP_NUM_THREADS=", 16) && strncmp(*e, "MGE_MEMORY_LIMIT_MB=", 20))
             env[n_env++] = *e;
     snprintf(roots_env, sizeof(roots_env), "%s=%s", MGE_DATA_ROOTS_ENV,
              opts->data_roots ? opts->data_roots : "");
     env[n_env++] = roots_env;
     env[n_env++] = one_thread;
+    snprintf(mem_env, sizeof(mem_env), "MGE_MEMORY_LIMIT_MB=%d",
+             opts->memory_mb > 0 ? opts->memory_mb : PLAN_MEMORY_MB);
+    env[n_env++] = mem_env;
     env[n_env] = NULL;
 
     if (pipe2(p_out, O_CLOEXEC) != 0 || pipe2(p_err, O_CLOEXEC) != 0) {

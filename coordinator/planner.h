@@ -5,7 +5,9 @@
  * by --plan-bin) as a child process and reads the JSON it prints: the peak bytes per rank of
  * the plan the job will run with ("chosen"), of the plain plan and of the sublinear one. The
  * child reads data files only under the roots it is given (MGE_DATA_ROOTS: none by default, so
- * a spec cannot make the coordinator read its files), and is killed past a deadline.
+ * a spec cannot make the coordinator read its files), is killed past a deadline, and may use
+ * at most 2 GiB of memory (MGE_MEMORY_LIMIT_MB: a spec that would load a huge data set fails
+ * its allocation in the child, and the job is accepted unplanned, saying so).
  */
 #ifndef MGE_COORDINATOR_PLANNER_H
 #define MGE_COORDINATOR_PLANNER_H
@@ -19,6 +21,7 @@ struct mge_planner_opts {
     const char *data_roots; /* "DIR:DIR" the child may read data under ("" or NULL: none) */
     const char *tmp_dir;    /* where the spec is written for the child (must exist) */
     int timeout_ms;         /* the child is killed after this (default 30000) */
+    int memory_mb;          /* the child's data memory is capped at this (default 2048) */
 };
 
 struct mge_job_plan {

@@ -219,6 +219,7 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
 {
     Mge__ToWorker tw = MGE__TO_WORKER__INIT;
     struct mge_worker_info info;
+    struct mge_gpu *gpus = NULL;
     struct mge_rank_report *reps = NULL;
     struct mge_sched_cmds cmds;
     Mge__Cancel *cs = NULL, **csp = NULL;
@@ -232,20 +233,41 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
     info.host = reg->host;
     info.version = reg->version;
     info.launch_url = reg->launch_url;
+    info.launch_cert = reg->launch_cert;
     if (reg->slots) {
         info.cpus = reg->slots->cpus;
         info.gpus = reg->slots->gpus;
         info.memory_mb = reg->slots->memory_mb;
         info.device = reg->slots->device;
+        if (info.gpus < 0 || info.gpus > MGE_GPUS_MAX || reg->slots->n_gpu_list > (size_t)info.gpus)
+            return reply_error("bad register frame: gpus out of range", false, reply, len);
+        if (reg->slots->n_gpu_list) {
+            gpus = mge_calloc((size_t)info.gpus, sizeof(*gpus));
+            if (!gpus)
+                return MGE_NOMEM;
+            for (size_t i = 0; i < reg->slots->n_gpu_list; i++) {
+                const Mge__Gpu *g = reg->slots->gpu_list[i];
+                snprintf(gpus[i].name, sizeof(gpus[i].name), "%s", g->name ? g->name : "");
+                /* the store keeps one GPU per line, and the dashboard shows the name */
+                for (char *c = gpus[i].name; *c; c++)
+                    if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                        *c = '?';
+                gpus[i].memory_mb = g->memory_mb > 0 ? g->memory_mb : 0;
+            }
+            info.gpu = gpus;
+        }
     }
     if (reg->n_ranks) {
         reps = mge_calloc(reg->n_ranks, sizeof(*reps));
-        if (!reps)
+        if (!reps) {
+            mge_free(gpus);
             return MGE_NOMEM;
+        }
         reports_from_pb(reg->ranks, reg->n_ranks, reps);
     }
     rc = mge_sched_worker_register(r->sched, &info, reps, reg->n_ranks, id, &cmds);
     mge_free(reps);
+    mge_free(gpus);
     if (rc != MGE_OK) {
         id[0] = '\0';
         mge_sched_cmds_fini(&cmds);
@@ -464,6 +486,7 @@ static int handle_heartbeat(struct mge_rpc *r, struct rpc_session *se, Mge__Hear
             as[i].resume_copy =
                 cmds.assign[i].resume_copy ? cmds.assign[i].resume_copy : (char *)"";
             as[i].launch_token = cmds.assign[i].launch_token;
+            as[i].gpu_ids = cmds.assign[i].gpu_ids;
             as[i].peers = cmds.assign[i].n_peers ? pep + n_pe : NULL;
             as[i].n_peers = cmds.assign[i].n_peers;
             for (size_t k = 0; k < cmds.assign[i].n_peers; k++, n_pe++) {
@@ -472,6 +495,7 @@ static int handle_heartbeat(struct mge_rpc *r, struct rpc_session *se, Mge__Hear
                 pe[n_pe].rank = sp->rank;
                 pe[n_pe].name = (char *)sp->name;
                 pe[n_pe].launch_url = (char *)sp->launch_url;
+                pe[n_pe].launch_cert = (char *)sp->launch_cert;
                 pep[n_pe] = &pe[n_pe];
             }
             asp[i] = &as[i];

@@ -34,7 +34,10 @@ static const char *const worker_state_names[] = {"ready", "draining", "lost"};
 struct worker {
     char id[40], name[128], host[128], version[32], device[8];
     char launch_url[300];         /* "" when it cannot take multi-rank jobs */
+    char launch_cert[MGE_SCHED_CERT_MAX]; /* a tls+tcp:// launch socket's certificate: told at
+                                           * each registration, not stored */
     int cpus, gpus;
+    struct mge_gpu gpu[MGE_GPUS_MAX]; /* [0, gpus): each GPU's name and memory */
     int64_t memory_mb;
     enum worker_state state;
     int64_t last_seen;            /* monotonic ms */
@@ -68,6 +71,7 @@ struct resv {
     int attempt, rank, world;
     int widx;                     /* index into workers */
     int cpus, gpus;
+    uint64_t gpu_mask; /* the worker's GPUs it holds (bit i: GPU i), gpus of them */
     int64_t memory_mb;
     int64_t total_steps;          /* the job's, for the ETA of its end (0: unknown) */
     int priority;                 /* the job's: a queued job of a higher one may preempt it */
@@ -162,13 +166,44 @@ static struct resv *resv_find(struct mge_sched *s, int64_t job, int attempt, int
     return NULL;
 }
 
+/* Every GPU of @w, as a mask. */
+static uint64_t gpus_all(const struct worker *w)
+{
+    if (w->gpus <= 0)
+        return 0;
+    return w->gpus >= MGE_GPUS_MAX ? ~(uint64_t)0 : ((uint64_t)1 << w->gpus) - 1;
+}
+
+/*
+ * The GPUs a rank of @j gets of @w's free ones @free: j->gpus of those with at least
+ * j->gpu_memory_mb each, the smallest such first (the large ones stay for jobs that need
+ * them), then by index; 0 when there are not enough (or @j needs none).
+ */
+static uint64_t gpu_pick(const struct worker *w, const struct mge_job_row *j, uint64_t free)
+{
+    uint64_t got = 0;
+    for (int k = 0; k < j->gpus; k++) {
+        int best = -1;
+        for (int i = 0; i < w->gpus && i < MGE_GPUS_MAX; i++) {
+            if (!(free >> i & 1) || (got >> i & 1) || w->gpu[i].memory_mb < j->gpu_memory_mb)
+                continue;
+            if (best < 0 || w->gpu[i].memory_mb < w->gpu[best].memory_mb)
+                best = i;
+        }
+        if (best < 0)
+            return 0;
+        got |= (uint64_t)1 << best;
+    }
+    return got;
+}
+
 /* Free slots of worker @wi: total minus what its live ranks hold. */
-static void worker_free(const struct mge_sched *s, int wi, int *cpus, int *gpus, int64_t *mem,
+static void worker_free(const struct mge_sched *s, int wi, int *cpus, uint64_t *gpus, int64_t *mem,
                         int *ranks)
 {
     struct worker *w = &s->w[wi];
     *cpus = w->cpus;
-    *gpus = w->gpus;
+    *gpus = gpus_all(w);
     *mem = w->memory_mb;
     if (ranks)
         *ranks = 0;
@@ -176,7 +211,7 @@ static void worker_free(const struct mge_sched *s, int wi, int *cpus, int *gpus,
         if (s->r[i].widx != wi || s->r[i].exited)
             continue;
         *cpus -= s->r[i].cpus;
-        *gpus -= s->r[i].gpus;
+        *gpus &= ~s->r[i].gpu_mask;
         *mem -= s->r[i].memory_mb;
         if (ranks)
             (*ranks)++;
@@ -193,13 +228,22 @@ static bool worker_takes(const struct worker *w)
     return worker_usable(w) && w->seen;
 }
 
-/* Could worker @w hold one rank of @j, counting its slots @cpus/@gpus/@mem? */
-static bool fits(const struct worker *w, const struct mge_job_row *j, int cpus, int gpus,
+/* Can @w take a rank of a multi-worker job: a launch socket, and for a tls+tcp:// one the
+ * certificate it registered with (a worker loaded from the store has none until it registers
+ * again). */
+static bool worker_launches(const struct worker *w)
+{
+    return w->launch_url[0] && (strncmp(w->launch_url, "tls+tcp://", 10) != 0 || w->launch_cert[0]);
+}
+
+/* Could worker @w hold one rank of @j, counting its slots @cpus/@gpus (free GPUs)/@mem? */
+static bool fits(const struct worker *w, const struct mge_job_row *j, int cpus, uint64_t gpus,
                  int64_t mem)
 {
     if (j->device == MGE_DEVICE_GPU && strcmp(w->device, "gpu") != 0)
         return false;
-    return cpus >= j->cpus && gpus >= j->gpus && (j->memory_mb <= 0 || mem >= j->memory_mb);
+    return cpus >= j->cpus && (j->gpus <= 0 || gpu_pick(w, j, gpus) != 0) &&
+           (j->memory_mb <= 0 || mem >= j->memory_mb);
 }
 
 static void notify(struct mge_sched *s, int wi)
@@ -295,6 +339,8 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
                      s->w[o->widx].name);
             snprintf(a->peers[o->rank].launch_url, sizeof(a->peers[o->rank].launch_url), "%s",
                      s->w[o->widx].launch_url);
+            snprintf(a->peers[o->rank].launch_cert, sizeof(a->peers[o->rank].launch_cert), "%s",
+                     s->w[o->widx].launch_cert);
         }
     }
     w->n_assign++;
@@ -306,6 +352,7 @@ static int queue_assign(struct mge_sched *s, struct resv *r)
     a->resume = resume;
     a->resume_copy = resume_copy;
     snprintf(a->launch_token, sizeof(a->launch_token), "%s", r->token);
+    mge_gpu_mask_format(r->gpu_mask, a->gpu_ids, sizeof(a->gpu_ids));
     notify(s, r->widx);
     return MGE_OK;
 }
@@ -423,8 +470,8 @@ static int workers_could_hold(const struct mge_sched *s, int wi, const struct mg
     int others = 0;
     for (size_t i = 0; i < s->n_w; i++) {
         const struct worker *o = &s->w[i];
-        if ((int)i != wi && worker_usable(o) && (j->workers_max <= 1 || o->launch_url[0]) &&
-            fits(o, j, o->cpus, o->gpus, o->memory_mb))
+        if ((int)i != wi && worker_usable(o) && (j->workers_max <= 1 || worker_launches(o)) &&
+            fits(o, j, o->cpus, gpus_all(o), o->memory_mb))
             others++;
     }
     return others;
@@ -701,7 +748,7 @@ static bool restart_grace(const struct mge_sched *s, const struct mge_job_row *j
         return false;
     for (size_t i = 0; i < s->n_w; i++) {
         const struct worker *w = &s->w[i];
-        if (w->state == W_READY && !w->seen && fits(w, j, w->cpus, w->gpus, w->memory_mb))
+        if (w->state == W_READY && !w->seen && fits(w, j, w->cpus, gpus_all(w), w->memory_mb))
             return true;
     }
     return false;
@@ -717,18 +764,20 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
     if (prev_attempt_live(s, j) || restart_grace(s, j))
         return;
     for (size_t i = 0; i < s->n_w && n < want; i++) {
-        int cpus, gpus;
+        int cpus;
+        uint64_t gpus;
         int64_t mem;
         if (!worker_takes(&s->w[i]) || worker_avoided(s, (int)i, j))
             continue;
         /* a gang's ranks are started through the workers' launch sockets */
-        if (want > 1 && !s->w[i].launch_url[0])
+        if (want > 1 && !worker_launches(&s->w[i]))
             continue;
         worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
         if (!fits(&s->w[i], j, cpus, gpus, mem))
             continue;
         widx[n] = (int)i;
         memset(&pl[n], 0, sizeof(pl[n]));
+        pl[n].gpu_mask = gpu_pick(&s->w[i], j, gpus);
         pl[n].job_id = j->id;
         pl[n].attempt = j->attempt;
         pl[n].rank = n;
@@ -757,6 +806,7 @@ static void place_one(struct mge_sched *s, const struct mge_job_row *j)
         r->widx = widx[k];
         r->cpus = j->cpus;
         r->gpus = j->gpus;
+        r->gpu_mask = pl[k].gpu_mask;
         r->memory_mb = j->memory_mb;
         r->total_steps = j->total_steps;
         r->priority = j->priority;
@@ -775,8 +825,8 @@ static bool worker_wanted(const struct mge_sched *s, int wi, const struct mge_jo
 {
     const struct worker *w = &s->w[wi];
     for (int i = 0; i < nq; i++)
-        if ((queued[i].workers_max <= 1 || w->launch_url[0]) &&
-            fits(w, &queued[i], w->cpus, w->gpus, w->memory_mb))
+        if ((queued[i].workers_max <= 1 || worker_launches(w)) &&
+            fits(w, &queued[i], w->cpus, gpus_all(w), w->memory_mb))
             return true;
     return false;
 }
@@ -802,10 +852,12 @@ static int grow_plan(struct mge_sched *s, const struct resv *r0, char *why, size
     if (mge_store_jobs_queued(s->st, QUEUE_SCAN_MAX, &queued, &nq) != MGE_OK)
         return 0;
     for (size_t i = 0; i < s->n_w && r0->world + n < row.workers_max; i++) {
-        int cpus, gpus;
+        int cpus;
+        uint64_t gpus;
         int64_t mem;
         bool member = false;
-        if (!worker_takes(&s->w[i]) || !s->w[i].launch_url[0] || worker_avoided(s, (int)i, &row))
+        if (!worker_takes(&s->w[i]) || !worker_launches(&s->w[i]) ||
+            worker_avoided(s, (int)i, &row))
             continue;
         for (size_t k = 0; k < s->n_r && !member; k++)
             member = s->r[k].job_id == r0->job_id && s->r[k].attempt == r0->attempt &&
@@ -918,7 +970,8 @@ static int cmp_victim(const void *a, const void *b)
 /* Free slots of every worker, one array per kind (index: the worker), for thought
  * experiments: what would fit if some attempts ended. */
 struct slots {
-    int *cpus, *gpus;
+    int *cpus;
+    uint64_t *gpus; /* free GPUs */
     int64_t *mem;
 };
 
@@ -926,7 +979,7 @@ struct slots {
 static bool slots_now(const struct mge_sched *s, struct slots *sl)
 {
     sl->cpus = mge_calloc(s->n_w + 1, sizeof(int));
-    sl->gpus = mge_calloc(s->n_w + 1, sizeof(int));
+    sl->gpus = mge_calloc(s->n_w + 1, sizeof(uint64_t));
     sl->mem = mge_calloc(s->n_w + 1, sizeof(int64_t));
     if (!sl->cpus || !sl->gpus || !sl->mem)
         return false;
@@ -944,13 +997,13 @@ static void slots_fini(struct slots *sl)
 
 /* Give attempt @job/@attempt's reservations back to @cpus/@gpus/@mem. Lock held. */
 static void attempt_release(const struct mge_sched *s, int64_t job, int attempt, int *cpus,
-                            int *gpus, int64_t *mem)
+                            uint64_t *gpus, int64_t *mem)
 {
     for (size_t i = 0; i < s->n_r; i++) {
         const struct resv *r = &s->r[i];
         if (r->job_id == job && r->attempt == attempt && !r->exited && r->widx >= 0) {
             cpus[r->widx] += r->cpus;
-            gpus[r->widx] += r->gpus;
+            gpus[r->widx] |= r->gpu_mask;
             mem[r->widx] += r->memory_mb;
         }
     }
@@ -958,11 +1011,11 @@ static void attempt_release(const struct mge_sched *s, int64_t job, int attempt,
 
 /* How many workers could take a rank of @j with the free slots @cpus/@gpus/@mem. Lock held. */
 static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *j, const int *cpus,
-                           const int *gpus, const int64_t *mem)
+                           const uint64_t *gpus, const int64_t *mem)
 {
     int fit = 0;
     for (size_t i = 0; i < s->n_w; i++)
-        if (worker_takes(&s->w[i]) && (j->workers_max <= 1 || s->w[i].launch_url[0]) &&
+        if (worker_takes(&s->w[i]) && (j->workers_max <= 1 || worker_launches(&s->w[i])) &&
             fits(&s->w[i], j, cpus[i], gpus[i], mem[i]))
             fit++;
     return fit;
@@ -980,7 +1033,8 @@ static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
 {
     struct slots sl;
     struct victim *v = mge_calloc(s->n_r + 1, sizeof(*v));
-    int *cpus, *gpus;
+    int *cpus;
+    uint64_t *gpus;
     int64_t *mem;
     size_t n_v = 0, take = 0;
     int need = j->workers_min;
@@ -995,7 +1049,7 @@ static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
         const struct resv *r = &s->r[i];
         if (r->finished && !r->exited && r->widx >= 0) { /* ending: its slots come back */
             cpus[r->widx] += r->cpus;
-            gpus[r->widx] += r->gpus;
+            gpus[r->widx] |= r->gpu_mask;
             mem[r->widx] += r->memory_mb;
         } else if (r->rank == 0 && !r->finished && r->priority < j->priority) {
             v[n_v].job_id = r->job_id;
@@ -1039,12 +1093,13 @@ static void schedule(struct mge_sched *s)
     int n = 0;
     bool any_free = false;
     for (size_t i = 0; i < s->n_w && !any_free; i++) {
-        int cpus, gpus;
+        int cpus;
+        uint64_t gpus;
         int64_t mem;
         if (!worker_usable(&s->w[i]))
             continue;
         worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
-        any_free = cpus > 0 || gpus > 0;
+        any_free = cpus > 0 || gpus != 0;
     }
     /* a full cluster (every worker's slots taken): nothing can be placed, only preempted, so
      * the queue is read at most once a second instead of at every kick (heartbeats kick) */
@@ -1160,6 +1215,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         snprintf(w->launch_url, sizeof(w->launch_url), "%s", wr[i].launch_url);
         w->cpus = wr[i].cpus;
         w->gpus = wr[i].gpus;
+        memcpy(w->gpu, wr[i].gpu, sizeof(w->gpu));
         w->memory_mb = wr[i].memory_mb;
         w->state = !strcmp(wr[i].state, "lost")       ? W_LOST
                    : !strcmp(wr[i].state, "draining") ? W_DRAINING
@@ -1191,6 +1247,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         r->widx = wi;
         r->cpus = row.cpus;
         r->gpus = row.gpus;
+        r->gpu_mask = pl[i].gpu_mask;
         r->memory_mb = row.memory_mb;
         r->total_steps = row.total_steps;
         r->priority = row.priority;
@@ -1322,7 +1379,9 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
              info->device && *info->device ? info->device : "cpu");
     snprintf(row.launch_url, sizeof(row.launch_url), "%s", info->launch_url ? info->launch_url : "");
     row.cpus = info->cpus;
-    row.gpus = info->gpus;
+    row.gpus = info->gpus < 0 ? 0 : info->gpus > MGE_GPUS_MAX ? MGE_GPUS_MAX : info->gpus;
+    for (int i = 0; i < row.gpus && info->gpu; i++)
+        row.gpu[i] = info->gpu[i];
     row.memory_mb = info->memory_mb;
     row.registered_ms = mge_now_ms();
 
@@ -1346,8 +1405,16 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     snprintf(w->version, sizeof(w->version), "%s", row.version);
     snprintf(w->device, sizeof(w->device), "%s", row.device);
     snprintf(w->launch_url, sizeof(w->launch_url), "%s", row.launch_url);
+    w->launch_cert[0] = '\0';
+    if (info->launch_cert && strlen(info->launch_cert) < sizeof(w->launch_cert))
+        snprintf(w->launch_cert, sizeof(w->launch_cert), "%s", info->launch_cert);
+    else if (info->launch_cert)
+        mge_log_warn("worker '%s': its launch certificate (%zu bytes) is too large: it takes no "
+                     "multi-worker jobs",
+                     w->name, strlen(info->launch_cert));
     w->cpus = row.cpus;
     w->gpus = row.gpus;
+    memcpy(w->gpu, row.gpu, sizeof(w->gpu));
     w->memory_mb = row.memory_mb;
     if (fresh || w->state == W_LOST)
         w->joined = now_ms(s); /* not when it reconnects after a restart (grow_plan's wording) */
@@ -1395,8 +1462,9 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     w->cancel = NULL;
     w->n_cancel = w->cap_cancel = 0;
     memcpy(id_out, w->id, 40);
-    mge_log_info("worker '%s' registered as %s (%d cpus, %lld MiB, %d gpus)", w->name, w->id,
-                 w->cpus, (long long)w->memory_mb, w->gpus);
+    mge_log_info("worker '%s' registered as %s (%d cpus, %lld MiB, %d gpus%s%s)", w->name, w->id,
+                 w->cpus, (long long)w->memory_mb, w->gpus, w->gpus ? ": " : "",
+                 w->gpus ? w->gpu[0].name : "");
     s->dirty = true;
     pthread_cond_signal(&s->cv);
 out_unlock:
@@ -1761,6 +1829,54 @@ int64_t mge_sched_memory_max_mb(struct mge_sched *s)
     return best;
 }
 
+int64_t mge_sched_gpu_memory_max_mb(struct mge_sched *s)
+{
+    int64_t best = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->n_w; i++)
+        for (int k = 0; s->w[i].state != W_LOST && k < s->w[i].gpus && k < MGE_GPUS_MAX; k++)
+            if (s->w[i].gpu[k].memory_mb > best)
+                best = s->w[i].gpu[k].memory_mb;
+    pthread_mutex_unlock(&s->mu);
+    return best;
+}
+
+/*
+ * Why no worker could ever hold GPU job @j, into @buf ("" when one could, by its GPUs): none has
+ * a GPU, or none has a GPU with the memory @j needs (naming the largest), or none has enough
+ * such GPUs. Lock held.
+ */
+static void pending_gpus(const struct mge_sched *s, const struct mge_job_row *j, char *buf,
+                         size_t len)
+{
+    int with_gpu = 0, most = 0, big_w = -1;
+    int64_t biggest = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < s->n_w; i++) {
+        const struct worker *w = &s->w[i];
+        int enough = 0;
+        if (w->state == W_LOST || w->gpus <= 0)
+            continue;
+        with_gpu++;
+        for (int k = 0; k < w->gpus && k < MGE_GPUS_MAX; k++) {
+            enough += w->gpu[k].memory_mb >= j->gpu_memory_mb;
+            if (w->gpu[k].memory_mb > biggest) {
+                biggest = w->gpu[k].memory_mb;
+                big_w = (int)i;
+            }
+        }
+        if (enough > most)
+            most = enough;
+    }
+    if (with_gpu == 0)
+        snprintf(buf, len, "; no registered worker has a GPU");
+    else if (most == 0)
+        snprintf(buf, len, "; no GPU has %lld MiB: the largest has %lld MiB (worker '%s')",
+                 (long long)j->gpu_memory_mb, (long long)biggest, s->w[big_w].name);
+    else if (most < j->gpus)
+        snprintf(buf, len, "; the most such GPUs a worker has is %d", most);
+}
+
 /*
  * When running attempt @r0 (its rank 0) will end, in ms from now (wall clock), from its speed
  * over its last 5-10 s of step reports (since its first report before that); -1 when it cannot be
@@ -1792,22 +1908,50 @@ static int cmp_eta(const void *a, const void *b)
 }
 
 /*
- * When queued job @j could start: the running attempts end in the order of their ETAs, each
- * giving its slots back, until @n usable workers could hold a rank of @j. Writes "; about 40 s
- * (job 12 ends)" (or "; no estimate yet ...") to @buf. Queued jobs ahead of @j are not counted.
- * Lock held.
+ * Queued job @q started in thought: its ranks take @q's slots out of @cpus/@gpus/@mem on the
+ * first workers that fit, as place_one() would give them. False (nothing taken) when fewer than
+ * @q's minimum fit. Lock held.
  */
-static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n, char *buf,
-                        size_t len)
+static bool sim_start(const struct mge_sched *s, const struct mge_job_row *q, int *cpus,
+                      uint64_t *gpus, int64_t *mem)
+{
+    int need = q->workers_min;
+    if (workers_fitting(s, q, cpus, gpus, mem) < need)
+        return false;
+    for (size_t i = 0; i < s->n_w && need > 0; i++) {
+        if (!worker_takes(&s->w[i]) || (q->workers_max > 1 && !worker_launches(&s->w[i])) ||
+            !fits(&s->w[i], q, cpus[i], gpus[i], mem[i]))
+            continue;
+        cpus[i] -= q->cpus;
+        gpus[i] &= ~gpu_pick(&s->w[i], q, gpus[i]);
+        mem[i] -= q->memory_mb > 0 ? q->memory_mb : 0;
+        need--;
+    }
+    return true;
+}
+
+/*
+ * When queued job @j could start, as the scheduler's passes would go: the running attempts end
+ * in the order of their ETAs, each giving its slots back; after each, the queued jobs ahead of
+ * @j (higher priority, then older: @ahead, @n_ahead) start where they fit, in that order, and
+ * keep their slots (their length is not known before they run); then @j starts once @n usable
+ * workers could hold a rank of it. Writes "; about 40 s (job 12 ends)", with "1 queued job
+ * ahead starts first" when one would take slots before it, or why there is no estimate, to
+ * @buf. Lock held.
+ */
+static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n,
+                        const struct mge_job_row *ahead, int n_ahead, char *buf, size_t len)
 {
     struct slots sl;
     int64_t wall = mge_now_ms();
     struct eta_end *ends = mge_calloc(s->n_r + 1, sizeof(*ends));
+    bool *started = mge_calloc((size_t)n_ahead + 1, sizeof(*started));
     size_t n_ends = 0;
-    int unknown = 0;
+    int unknown = 0, n_started = 0;
+    int64_t first_ahead = 0;
 
     buf[0] = '\0';
-    if (!slots_now(s, &sl) || !ends)
+    if (!slots_now(s, &sl) || !ends || !started)
         goto out;
     for (size_t i = 0; i < s->n_r; i++) {
         const struct resv *r = &s->r[i];
@@ -1822,31 +1966,52 @@ static void pending_eta(struct mge_sched *s, const struct mge_job_row *j, int n,
         ends[n_ends++].attempt = r->attempt;
     }
     qsort(ends, n_ends, sizeof(*ends), cmp_eta);
-    for (size_t e = 0; e < n_ends; e++) {
-        attempt_release(s, ends[e].job_id, ends[e].attempt, sl.cpus, sl.gpus, sl.mem);
-        if (workers_fitting(s, j, sl.cpus, sl.gpus, sl.mem) >= n) {
+    for (size_t e = 0; e <= n_ends; e++) {
+        if (e > 0)
+            attempt_release(s, ends[e - 1].job_id, ends[e - 1].attempt, sl.cpus, sl.gpus, sl.mem);
+        for (int q = 0; q < n_ahead; q++)
+            if (!started[q] && sim_start(s, &ahead[q], sl.cpus, sl.gpus, sl.mem)) {
+                started[q] = true;
+                if (n_started++ == 0)
+                    first_ahead = ahead[q].id;
+            }
+        if (e == 0 || workers_fitting(s, j, sl.cpus, sl.gpus, sl.mem) < n)
+            continue;
+        if (n_started == 0)
             snprintf(buf, len, "; about %lld s (job %lld ends)",
-                     (long long)((ends[e].eta + 999) / 1000), (long long)ends[e].job_id);
-            goto out;
-        }
+                     (long long)((ends[e - 1].eta + 999) / 1000), (long long)ends[e - 1].job_id);
+        else
+            snprintf(buf, len,
+                     "; about %lld s (job %lld ends; %d queued job%s ahead start%s first)",
+                     (long long)((ends[e - 1].eta + 999) / 1000), (long long)ends[e - 1].job_id,
+                     n_started, n_started == 1 ? "" : "s", n_started == 1 ? "s" : "");
+        goto out;
     }
     if (unknown > 0)
         snprintf(buf, len, "; no estimate yet (%d running job%s not reported %s speed)", unknown,
                  unknown == 1 ? " has" : "s have", unknown == 1 ? "its" : "their");
+    else if (n_started > 0)
+        snprintf(buf, len,
+                 "; no estimate: %d queued job%s ahead (job %lld first) take%s the slots "
+                 "it needs",
+                 n_started, n_started == 1 ? "" : "s", (long long)first_ahead,
+                 n_started == 1 ? "s" : "");
 out:
     slots_fini(&sl);
     mge_free(ends);
+    mge_free(started);
 }
 
 char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
 {
-    char need[160], buf[400], eta[120] = "";
+    char need[160], buf[400], eta[160] = "", gpu_why[200] = "";
     int total = 0, fit_ever = 0, fit_now = 0, usable = 0;
     int n = j->workers_min;
 
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->n_w; i++) {
-        int cpus, gpus;
+        int cpus;
+        uint64_t gpus;
         int64_t mem;
         if (s->w[i].state == W_LOST)
             continue;
@@ -1854,28 +2019,57 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
         if (!worker_usable(&s->w[i]))
             continue;
         usable++;
-        if (fits(&s->w[i], j, s->w[i].cpus, s->w[i].gpus, s->w[i].memory_mb))
+        if (fits(&s->w[i], j, s->w[i].cpus, gpus_all(&s->w[i]), s->w[i].memory_mb))
             fit_ever++;
         worker_free(s, (int)i, &cpus, &gpus, &mem, NULL);
         if (fits(&s->w[i], j, cpus, gpus, mem))
             fit_now++;
     }
-    if (fit_ever >= n && fit_now < n)
-        pending_eta(s, j, n, eta, sizeof(eta));
+    if (fit_ever >= n && fit_now < n) {
+        /* the queued jobs the scheduler's passes consider before @j */
+        struct mge_job_row *rows = NULL;
+        int n_rows = 0, n_ahead = 0;
+        bool found = false;
+        if (mge_store_jobs_queued(s->st, QUEUE_SCAN_MAX, &rows, &n_rows) != MGE_OK)
+            n_rows = 0;
+        for (int i = 0; i < n_rows && !found; i++) {
+            found = rows[i].id == j->id;
+            /* one placed this pass holds its slots already */
+            if (!found && !attempt_placed(s, rows[i].id, rows[i].attempt))
+                rows[n_ahead++] = rows[i];
+        }
+        if (!found) /* @j is not in the queue read (any more): none are ahead */
+            n_ahead = 0;
+        pending_eta(s, j, n, rows, n_ahead, eta, sizeof(eta));
+        mge_free(rows);
+    }
+    if (j->gpus > 0 && fit_ever < n)
+        pending_gpus(s, j, gpu_why, sizeof(gpu_why));
     pthread_mutex_unlock(&s->mu);
 
-    {
+    if (j->gpus > 0) {
+        /* "needs 1 worker with 1 GPU of 300 MiB, 2 CPUs" */
+        int off = snprintf(need, sizeof(need), "needs %d worker%s with %d GPU%s", n,
+                           n == 1 ? "" : "s", j->gpus, j->gpus == 1 ? "" : "s");
+        if (j->gpu_memory_mb > 0 && off > 0 && (size_t)off < sizeof(need))
+            off += snprintf(need + off, sizeof(need) - (size_t)off, " of %lld MiB",
+                            (long long)j->gpu_memory_mb);
+        if (j->cpus > 1 && off > 0 && (size_t)off < sizeof(need))
+            off += snprintf(need + off, sizeof(need) - (size_t)off, ", %d CPUs", j->cpus);
+        if (j->memory_mb > 0 && off > 0 && (size_t)off < sizeof(need))
+            snprintf(need + off, sizeof(need) - (size_t)off, ", %lld MiB of memory",
+                     (long long)j->memory_mb);
+    } else {
         int off = snprintf(need, sizeof(need), "needs %d %sworker%s with %d CPU%s", n,
                            j->device == MGE_DEVICE_GPU ? "GPU " : "", n == 1 ? "" : "s", j->cpus,
                            j->cpus == 1 ? "" : "s");
-        if (j->gpus > 0 && off > 0 && (size_t)off < sizeof(need))
-            off += snprintf(need + off, sizeof(need) - (size_t)off, ", %d GPU%s", j->gpus,
-                            j->gpus == 1 ? "" : "s");
         if (j->memory_mb > 0 && off > 0 && (size_t)off < sizeof(need))
             snprintf(need + off, sizeof(need) - (size_t)off, ", %lld MiB",
                      (long long)j->memory_mb);
     }
-    if (total == 0)
+    if (gpu_why[0])
+        snprintf(buf, sizeof(buf), "%s%s", need, gpu_why);
+    else if (total == 0)
         snprintf(buf, sizeof(buf), "%s, no workers are connected", need);
     else if (usable == 0)
         snprintf(buf, sizeof(buf), "%s, all %d connected worker%s are draining", need, total,
@@ -1893,23 +2087,30 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
 static json_t *worker_json(struct mge_sched *s, int wi)
 {
     struct worker *w = &s->w[wi];
-    int cpus, gpus, ranks;
+    int cpus, ranks;
+    uint64_t gpus;
     int64_t mem;
     const char *state = worker_state_names[w->state];
     char seen[40];
     time_t t = (time_t)(w->last_seen_wall / 1000);
     struct tm tm;
+    json_t *list = json_array();
     worker_free(s, wi, &cpus, &gpus, &mem, &ranks);
     if (w->state == W_DRAINING && ranks == 0)
         state = "drained";
     gmtime_r(&t, &tm);
     strftime(seen, sizeof(seen), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    for (int k = 0; list && k < w->gpus && k < MGE_GPUS_MAX; k++)
+        json_array_append_new(
+            list, json_pack("{s:i, s:s, s:I, s:b}", "index", k, "name", w->gpu[k].name, "memory_mb",
+                            (json_int_t)w->gpu[k].memory_mb, "free", (int)(gpus >> k & 1)));
     return json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:i, s:I, s:i, s:s}, s:{s:i, s:I, s:i},"
-                     " s:i, s:s}",
+                     " s:o, s:i, s:s}",
                      "id", w->id, "name", w->name, "host", w->host, "state", state, "version",
                      w->version, "slots", "cpus", w->cpus, "memory_mb", (json_int_t)w->memory_mb,
                      "gpus", w->gpus, "device", w->device, "free", "cpus", cpus, "memory_mb",
-                     (json_int_t)mem, "gpus", gpus, "running_ranks", ranks, "last_seen", seen);
+                     (json_int_t)mem, "gpus", mge_gpu_mask_count(gpus), "gpus",
+                     list ? list : json_array(), "running_ranks", ranks, "last_seen", seen);
 }
 
 json_t *mge_sched_workers_json(struct mge_sched *s)

@@ -72,7 +72,9 @@ struct mge_sched_opts {
 struct mge_worker_info {     /* what a worker says about itself; strings borrowed */
     const char *name, *host, *version, *device;
     const char *launch_url;  /* its launch socket for multi-worker jobs; NULL or "" if none */
+    const char *launch_cert; /* that socket's certificate (PEM) when it is tls+tcp:// */
     int cpus, gpus;
+    const struct mge_gpu *gpu; /* @gpus of them (name, memory), NULL when it did not say */
     int64_t memory_mb;
 };
 
@@ -87,11 +89,14 @@ struct mge_rank_report {     /* one rank in a register or heartbeat; strings bor
     int64_t cpu_ms;          /* running: CPU time of its process group, ms (0: unknown) */
 };
 
+#define MGE_SCHED_CERT_MAX 2048 /* a launch socket's certificate, PEM, NUL included */
+
 /* A worker of a multi-rank attempt, as rank 0's worker gets it (worker.proto Peer). */
 struct mge_sched_peer {
     int rank;
     char name[128];
     char launch_url[300];
+    char launch_cert[MGE_SCHED_CERT_MAX]; /* "" for a tcp:// launch socket */
 };
 
 struct mge_sched_assign {
@@ -102,6 +107,7 @@ struct mge_sched_assign {
     char *resume_copy;       /* owned, NULL for none: newest checkpoint in the coordinator's
                               * store (rank 0 only), for a worker that cannot read @resume */
     char launch_token[40];   /* world > 1: the attempt's secret; "" otherwise */
+    char gpu_ids[200];       /* the worker's GPUs the rank gets ("0,1"), "" for none */
     struct mge_sched_peer *peers; /* owned; rank 0 of world > 1: every rank's worker */
     size_t n_peers;
 };
@@ -182,6 +188,10 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *ro
 /* The memory (MiB) of the largest worker that is not lost, 0 when none is known: what a job's
  * memory plan is checked against at submit. */
 int64_t mge_sched_memory_max_mb(struct mge_sched *s);
+
+/* The memory (MiB) of the largest GPU of a worker that is not lost, 0 when none has a GPU:
+ * what a GPU job's memory plan is checked against at submit. */
+int64_t mge_sched_gpu_memory_max_mb(struct mge_sched *s);
 
 /* Workers as a JSON array (caller owns). */
 json_t *mge_sched_workers_json(struct mge_sched *s);

@@ -69,6 +69,11 @@ static const char *const migrations[] = {
     "ALTER TABLE checkpoints ADD COLUMN copy TEXT;",
     /* 6: the memory plan a job is placed by (JSON, see mge_store_job_insert_planned) */
     "ALTER TABLE jobs ADD COLUMN plan TEXT;",
+    /* 7: GPU workers: each GPU's name and memory ("MIB NAME" per line), the GPU indexes a rank
+     * holds ("0,1"), and the memory a GPU job needs of each GPU (its planned peak) */
+    "ALTER TABLE workers ADD COLUMN gpu_list TEXT NOT NULL DEFAULT '';"
+    "ALTER TABLE placements ADD COLUMN gpu_ids TEXT NOT NULL DEFAULT '';"
+    "ALTER TABLE jobs ADD COLUMN gpu_memory_mb INTEGER NOT NULL DEFAULT 0;",
 };
 
 enum sql_id {
@@ -129,14 +134,14 @@ enum sql_id {
 
 static const char *const sql_text[Q__COUNT] = {
     [Q_JOB_INSERT] = "INSERT INTO jobs(name, state, priority, workers_min, workers_max, cpus, gpus,"
-                     " memory_mb, device, total_steps, spec_yaml, spec_json, created_ms, plan)"
-                     " VALUES(?,0,?,?,?,?,?,?,?,?,?,?,?,?)",
+                     " memory_mb, device, total_steps, spec_yaml, spec_json, created_ms, plan,"
+                     " gpu_memory_mb) VALUES(?,0,?,?,?,?,?,?,?,?,?,?,?,?,?)",
     [Q_EVENT_STATE] = "INSERT INTO events(job_id, kind, data, time_ms) VALUES(?, 'state', ?, ?)",
     [Q_JOB_GET] = "SELECT id, name, state, priority, attempt, spec_json, created_ms, started_ms,"
                   " finished_ms, failure_reason, result, total_steps, restarts, plan FROM jobs"
                   " WHERE id = ?",
     [Q_JOB_ROW] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
-                  " memory_mb, device, total_steps FROM jobs WHERE id = ?",
+                  " memory_mb, device, total_steps, gpu_memory_mb FROM jobs WHERE id = ?",
     [Q_JOB_SPEC] = "SELECT spec_yaml FROM jobs WHERE id = ?",
     [Q_JOB_LIST] = "SELECT id, name, state, priority, attempt, created_ms, finished_ms,"
                    " failure_reason FROM jobs WHERE id < ? ORDER BY id DESC LIMIT ?",
@@ -144,13 +149,14 @@ static const char *const sql_text[Q__COUNT] = {
                          " failure_reason FROM jobs WHERE state = ? AND id < ?"
                          " ORDER BY id DESC LIMIT ?",
     [Q_JOBS_QUEUED] = "SELECT id, state, priority, attempt, workers_min, workers_max, cpus, gpus,"
-                      " memory_mb, device, total_steps FROM jobs WHERE state = 0"
+                      " memory_mb, device, total_steps, gpu_memory_mb FROM jobs WHERE state = 0"
                       " ORDER BY priority DESC, id ASC LIMIT ?",
     /* the current attempt of running jobs, and the ranks of the attempt before the current one
      * of a job not ended yet that are not known to have ended (superseded: sched.c fences them
      * and counts their slots until they do) */
     [Q_PLACEMENTS_ACTIVE] = "SELECT p.job_id, p.attempt, p.rank, p.worker_id, p.exited,"
-                            " p.exit_code, p.term_signal, p.attempt < j.attempt FROM placements p"
+                            " p.exit_code, p.term_signal, p.attempt < j.attempt, p.gpu_ids"
+                            " FROM placements p"
                             " JOIN jobs j ON j.id = p.job_id WHERE (j.state = 1 AND p.attempt ="
                             " j.attempt) OR (j.state <= 1 AND p.attempt = j.attempt - 1 AND"
                             " p.exited = 0)",
@@ -163,12 +169,12 @@ static const char *const sql_text[Q__COUNT] = {
                         " ELSE COALESCE(?3, failure_reason) END WHERE id = ?4",
     [Q_JOB_REQUEUE] = "UPDATE jobs SET state = 0, attempt = attempt + 1, failure_reason = ?1,"
                       " started_ms = NULL, restarts = restarts + ?3 WHERE id = ?2",
-    [Q_PLACE_INSERT] = "INSERT OR REPLACE INTO placements(job_id, attempt, rank, worker_id)"
-                       " VALUES(?,?,?,?)",
+    [Q_PLACE_INSERT] = "INSERT OR REPLACE INTO placements(job_id, attempt, rank, worker_id,"
+                       " gpu_ids) VALUES(?,?,?,?,?)",
     [Q_PLACE_EXIT] = "UPDATE placements SET exited = 1, exit_code = ?, term_signal = ?"
                      " WHERE job_id = ? AND attempt = ? AND rank = ?",
     [Q_PLACE_LIST] = "SELECT p.rank, p.worker_id, w.name, p.exited, p.exit_code, p.term_signal,"
-                     " w.host"
+                     " w.host, p.gpu_ids"
                      " FROM placements p LEFT JOIN workers w ON w.id = p.worker_id"
                      " WHERE p.job_id = ? AND p.attempt = ? ORDER BY p.rank",
     [Q_LINE_INSERT] = "INSERT OR IGNORE INTO events(job_id, kind, attempt, rank, seq, stream, data,"
@@ -232,14 +238,14 @@ static const char *const sql_text[Q__COUNT] = {
     [Q_WORKER_BY_NAME] = "SELECT id FROM workers WHERE name = ?",
     [Q_WORKER_INSERT] =
         "INSERT INTO workers(id, name, host, cpus, gpus, memory_mb, device, version,"
-        " state, registered_ms, launch_url) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+        " state, registered_ms, launch_url, gpu_list) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
     [Q_WORKER_UPDATE] = "UPDATE workers SET host = ?, cpus = ?, gpus = ?, memory_mb = ?,"
                         " device = ?, version = ?, state = CASE WHEN state = 'draining'"
-                        " THEN state ELSE 'ready' END, registered_ms = ?, launch_url = ?"
-                        " WHERE id = ?",
+                        " THEN state ELSE 'ready' END, registered_ms = ?, launch_url = ?,"
+                        " gpu_list = ? WHERE id = ?",
     [Q_WORKER_STATE] = "UPDATE workers SET state = ? WHERE id = ?",
     [Q_WORKERS_ALL] = "SELECT id, name, host, cpus, gpus, memory_mb, device, version, state,"
-                      " registered_ms, launch_url FROM workers ORDER BY name",
+                      " registered_ms, launch_url, gpu_list FROM workers ORDER BY name",
     /* an incarnation starts from the checkpoint its Assign resumes (sched.c queue_assign) */
     [Q_INC_INSERT] = "INSERT OR REPLACE INTO incarnations(job_id, attempt, world, start_step,"
                      " started_ms) VALUES(?1, ?2, ?3, CASE WHEN ?2 > 1 THEN COALESCE((SELECT"
@@ -658,8 +664,13 @@ int mge_store_job_insert_planned(struct mge_store *st, const struct mge_jobspec 
     sqlite3_bind_int(s, 4, spec->resources.workers_max);
     sqlite3_bind_int(s, 5, spec->resources.cpus);
     sqlite3_bind_int(s, 6, spec->resources.gpus);
-    sqlite3_bind_int64(s, 7,
-                       plan_mb > spec->resources.memory_mb ? plan_mb : spec->resources.memory_mb);
+    /* a GPU job's plan is device memory: each of its GPUs must have that much */
+    if (spec->resources.device == MGE_DEVICE_GPU)
+        sqlite3_bind_int64(s, 7, spec->resources.memory_mb);
+    else
+        sqlite3_bind_int64(
+            s, 7, plan_mb > spec->resources.memory_mb ? plan_mb : spec->resources.memory_mb);
+    sqlite3_bind_int64(s, 14, spec->resources.device == MGE_DEVICE_GPU ? plan_mb : 0);
     sqlite3_bind_int(s, 8, (int)spec->resources.device);
     sqlite3_bind_int64(s, 9, total_steps);
     sqlite3_bind_text(s, 10, spec->source ? spec->source : "", -1, SQLITE_TRANSIENT);
@@ -689,6 +700,18 @@ out_unlock:
 }
 
 /* Placement of a job's attempt as a new JSON array in *@out. Lock held. */
+/* "0,1" as the JSON array [0, 1] (NULL on OOM; an unreadable list is []). */
+static json_t *gpu_ids_json(const char *ids)
+{
+    json_t *arr = json_array();
+    uint64_t mask = 0;
+    mge_gpu_mask_parse(ids, &mask);
+    for (int i = 0; arr && i < MGE_GPUS_MAX; i++)
+        if (mask >> i & 1)
+            json_array_append_new(arr, json_integer(i));
+    return arr;
+}
+
 static int placement_json(struct mge_store *st, int64_t id, int attempt, json_t **out)
 {
     json_t *arr = json_array();
@@ -709,6 +732,8 @@ static int placement_json(struct mge_store *st, int64_t id, int attempt, json_t 
                               "worker_id", json_text_or_null(s, 1), "worker",
                               json_text_or_null(s, 2), "host", json_text_or_null(s, 6), "exited",
                               sqlite3_column_int(s, 3));
+        if (p && sqlite3_column_text(s, 7) && sqlite3_column_text(s, 7)[0])
+            json_object_set_new(p, "gpus", gpu_ids_json((const char *)sqlite3_column_text(s, 7)));
         if (p && sqlite3_column_int(s, 3)) {
             json_object_set_new(p, "exit_code", json_integer(sqlite3_column_int(s, 4)));
             json_object_set_new(p, "signal", json_integer(sqlite3_column_int(s, 5)));
@@ -873,6 +898,7 @@ static void row_from_stmt(sqlite3_stmt *s, struct mge_job_row *r)
     r->memory_mb = sqlite3_column_int64(s, 8);
     r->device = sqlite3_column_int(s, 9);
     r->total_steps = sqlite3_column_int64(s, 10);
+    r->gpu_memory_mb = sqlite3_column_int64(s, 11);
 }
 
 int mge_store_job_row(struct mge_store *st, int64_t id, struct mge_job_row *out)
@@ -1025,6 +1051,8 @@ int mge_store_placements_active(struct mge_store *st, struct mge_placement **out
         p[k].exit_code = sqlite3_column_int(s, 5);
         p[k].term_signal = sqlite3_column_int(s, 6);
         p[k].superseded = sqlite3_column_int(s, 7) != 0;
+        if (!mge_gpu_mask_parse((const char *)sqlite3_column_text(s, 8), &p[k].gpu_mask))
+            p[k].gpu_mask = 0; /* not ours: the rank holds no GPU the scheduler knows */
         k++;
     }
     sqlite3_reset(s);
@@ -1194,6 +1222,7 @@ out_unlock:
 int mge_store_job_place(struct mge_store *st, int64_t id, int attempt,
                         const struct mge_placement *pl, int n)
 {
+    char ids[200];
     int rc;
     pthread_mutex_lock(&st->mu);
     rc = tx(st, Q_BEGIN);
@@ -1209,6 +1238,8 @@ int mge_store_job_place(struct mge_store *st, int64_t id, int attempt,
         sqlite3_bind_int(s, 2, attempt);
         sqlite3_bind_int(s, 3, pl[i].rank);
         sqlite3_bind_text(s, 4, pl[i].worker_id, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 5, mge_gpu_mask_format(pl[i].gpu_mask, ids, sizeof(ids)), -1,
+                          SQLITE_TRANSIENT);
         rc = exec_stmt(st, s);
     }
     for (enum sql_id q = Q_INC_INSERT; rc == MGE_OK && q <= Q_INC_RESIZED; q++) {
@@ -1855,8 +1886,42 @@ static void random_id(char *buf, size_t n)
              r[6], r[7]);
 }
 
+/* @w's GPUs as the workers.gpu_list column keeps them, "MIB NAME" per line; NULL on OOM. */
+static char *gpu_list_text(const struct mge_worker_row *w)
+{
+    size_t cap = (size_t)(w->gpus > 0 ? w->gpus : 0) * (sizeof(w->gpu[0].name) + 24) + 1, off = 0;
+    char *t = mge_malloc(cap);
+    if (!t)
+        return NULL;
+    t[0] = '\0';
+    for (int i = 0; i < w->gpus && i < MGE_GPUS_MAX; i++) {
+        int k = snprintf(t + off, cap - off, "%s%lld %s", i ? "\n" : "",
+                         (long long)w->gpu[i].memory_mb, w->gpu[i].name);
+        if (k < 0 || (size_t)k >= cap - off)
+            break;
+        off += (size_t)k;
+    }
+    return t;
+}
+
+/* The workers.gpu_list column @t into @w->gpu (at most @w->gpus entries; the rest stay zero). */
+static void gpu_list_parse(const char *t, struct mge_worker_row *w)
+{
+    for (int i = 0; t && *t && i < w->gpus && i < MGE_GPUS_MAX; i++) {
+        const char *nl = strchr(t, '\n'), *sp;
+        size_t len = nl ? (size_t)(nl - t) : strlen(t);
+        w->gpu[i].memory_mb = strtoll(t, NULL, 10);
+        sp = memchr(t, ' ', len);
+        if (sp)
+            snprintf(w->gpu[i].name, sizeof(w->gpu[i].name), "%.*s",
+                     (int)(len - (size_t)(sp + 1 - t)), sp + 1);
+        t = nl ? nl + 1 : t + len;
+    }
+}
+
 int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w)
 {
+    char *gpu_list = NULL;
     sqlite3_stmt *s;
     int rc = MGE_DB;
     bool found = false;
@@ -1875,6 +1940,11 @@ int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w)
     s = stmt_get(st, found ? Q_WORKER_UPDATE : Q_WORKER_INSERT);
     if (!s)
         goto out_unlock;
+    gpu_list = gpu_list_text(w);
+    if (!gpu_list) {
+        rc = MGE_NOMEM;
+        goto out_unlock;
+    }
     if (found) {
         sqlite3_bind_text(s, 1, w->host, -1, SQLITE_TRANSIENT);
         sqlite3_bind_int(s, 2, w->cpus);
@@ -1884,7 +1954,8 @@ int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w)
         sqlite3_bind_text(s, 6, w->version, -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(s, 7, w->registered_ms);
         sqlite3_bind_text(s, 8, w->launch_url, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_text(s, 9, w->id, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 9, gpu_list, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 10, w->id, -1, SQLITE_TRANSIENT);
     } else {
         random_id(w->id, sizeof(w->id));
         sqlite3_bind_text(s, 1, w->id, -1, SQLITE_TRANSIENT);
@@ -1898,10 +1969,12 @@ int mge_store_worker_upsert(struct mge_store *st, struct mge_worker_row *w)
         sqlite3_bind_text(s, 9, "ready", -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 10, w->registered_ms);
         sqlite3_bind_text(s, 11, w->launch_url, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 12, gpu_list, -1, SQLITE_TRANSIENT);
     }
     rc = exec_stmt(st, s);
 out_unlock:
     pthread_mutex_unlock(&st->mu);
+    mge_free(gpu_list);
     return rc;
 }
 
@@ -1950,6 +2023,7 @@ int mge_store_workers_load(struct mge_store *st, struct mge_worker_row **out, in
         snprintf(w[k].state, sizeof(w[k].state), "%s", sqlite3_column_text(s, 8));
         w[k].registered_ms = sqlite3_column_int64(s, 9);
         snprintf(w[k].launch_url, sizeof(w[k].launch_url), "%s", sqlite3_column_text(s, 10));
+        gpu_list_parse((const char *)sqlite3_column_text(s, 11), &w[k]);
         k++;
     }
     sqlite3_reset(s);

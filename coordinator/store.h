@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/gpu.h"
+
 struct mge_store;
 struct mge_jobspec;
 
@@ -43,6 +45,7 @@ struct mge_job_row {
     int workers_min, workers_max;
     int cpus, gpus;          /* per worker */
     int64_t memory_mb;       /* per worker, 0 = any */
+    int64_t gpu_memory_mb;   /* per GPU (device gpu: the planned peak per rank), 0 = any */
     int device;              /* enum mge_device_kind */
     int64_t total_steps;     /* the steps the job trains in all (its progress' total) */
 };
@@ -53,6 +56,7 @@ struct mge_placement {
     int attempt;
     int rank;
     char worker_id[40];
+    uint64_t gpu_mask; /* the worker's GPUs the rank holds (bit i: GPU index i) */
     bool exited;
     int exit_code;
     int term_signal;
@@ -75,6 +79,7 @@ struct mge_worker_row {
     char name[128];
     char host[128];
     int cpus, gpus;
+    struct mge_gpu gpu[MGE_GPUS_MAX]; /* [0, gpus): each GPU's name and memory */
     int64_t memory_mb;
     char device[8];
     char version[32];

@@ -156,6 +156,14 @@ int mge_ckpt_writer_save(struct mge_ckpt_writer *w, const struct mge_ckpt *ck, c
  * none ran), its message in @err. Thread: the owner's. */
 int mge_ckpt_writer_wait(struct mge_ckpt_writer *w, char *err, size_t errlen);
 
+/*
+ * How mge_ckpt_writer_save() copies the live state into its snapshot: @copy (a device's
+ * device -> host copy, when the state lives on one), or memcpy when NULL (the default).
+ * Thread: the thread that saves.
+ */
+void mge_ckpt_writer_set_copy(struct mge_ckpt_writer *w,
+                              void (*copy)(void *dst, const void *src, size_t n));
+
 /* CPU time the writer thread has spent on finished writes, in seconds. Thread: any. */
 double mge_ckpt_writer_cpu_sec(struct mge_ckpt_writer *w);
 

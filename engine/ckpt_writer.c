@@ -31,6 +31,7 @@ struct mge_ckpt_writer {
     char *names;                     /* every tensor name, NUL-separated */
     void *data;                      /* the snapshot: every tensor's bytes, back to back */
     size_t data_bytes;
+    void (*copy)(void *dst, const void *src, size_t n); /* live state -> snapshot, or NULL */
     char path[1280];   /* file of the snapshot being written */
     char latest[1280]; /* symlink pointed at it afterwards; "" for none */
 };
@@ -189,7 +190,9 @@ int mge_ckpt_writer_save(struct mge_ckpt_writer *w, const struct mge_ckpt *ck, c
                      ck->tensors[i].name);
             return MGE_INVAL;
         }
-        if (ck->tensors[i].nbytes)
+        if (ck->tensors[i].nbytes && w->copy)
+            w->copy(w->tensors[i].data, ck->tensors[i].data, ck->tensors[i].nbytes);
+        else if (ck->tensors[i].nbytes)
             memcpy(w->tensors[i].data, ck->tensors[i].data, ck->tensors[i].nbytes);
     }
     w->ck.step = ck->step;
@@ -209,6 +212,12 @@ int mge_ckpt_writer_save(struct mge_ckpt_writer *w, const struct mge_ckpt *ck, c
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return MGE_OK;
+}
+
+void mge_ckpt_writer_set_copy(struct mge_ckpt_writer *w,
+                              void (*copy)(void *dst, const void *src, size_t n))
+{
+    w->copy = copy;
 }
 
 void mge_ckpt_writer_free(struct mge_ckpt_writer *w)

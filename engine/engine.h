@@ -87,7 +87,9 @@ int mge_value_ndim(const struct mge_graph *g, int v);
 const int64_t *mge_value_shape(const struct mge_graph *g, int v);
 int64_t mge_value_numel(const struct mge_graph *g, int v);
 const char *mge_value_name(const struct mge_graph *g, int v);
-/* Data of a value after mge_graph_alloc (NULL before); valid until the graph is freed. */
+/* Data of a value after mge_graph_alloc (NULL before); valid until the graph is freed. It is
+ * device memory: host code reads it only on a host-visible device, else through the device's
+ * copies (engine/device.h: mge_value_read). */
 void *mge_value_data(const struct mge_graph *g, int v);
 
 /* ---- ops (each returns the output value id, or -err) ---------------------------------------- */
@@ -223,7 +225,8 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats);
 int mge_graph_alloc(struct mge_graph *g);
 /* Initialise parameters from @seed (deterministic, PyTorch's default Linear/Conv init). */
 void mge_graph_init_params(struct mge_graph *g, uint64_t seed);
-/* Point input @v at caller memory for the next runs (not copied, not owned). */
+/* Point input @v at caller memory for the next runs (not owned; not copied on the CPU; off the
+ * host each run copies the current batch's rows of it to the device). */
 int mge_graph_bind(struct mge_graph *g, int v, void *data);
 /* Batch size of the next runs: 1..shape[0] of the batched inputs. */
 int mge_graph_set_batch(struct mge_graph *g, int64_t n);
@@ -282,6 +285,42 @@ void mge_graph_set_row_offset(struct mge_graph *g, int64_t rows);
  */
 void mge_graph_set_bf16(struct mge_graph *g, int on);
 
+/* ---- eager mode: the same graph run op by op, every value checked ----------------------- */
+
+struct mge_eager_opts {
+    double max_abs;       /* > 0: a finite |value| above this fails too; 0: NaN and Inf only */
+    const char *dump_dir; /* on a failure, the node's inputs and outputs as .npy files and
+                           * node.json go here (created if missing; its parent must exist);
+                           * NULL: no dump. Copied. */
+};
+
+/*
+ * Eager mode (@opts NULL: defaults): every activation gets an allocation of its own instead of
+ * an offset in the shared arena (filled with a NaN before the first run, so a read of memory no
+ * op wrote shows), no op works in place, and after each op of a run its outputs are checked:
+ * the guard bytes past each output (an op that writes too much), NaN and Inf, and |x| against
+ * @opts->max_abs. The first failure stops the run with MGE_RANGE; mge_graph_eager_report()
+ * names the step, the layer, the op, forward/backward/recompute, the output and the inputs'
+ * largest |x|. Results are bit-identical to the static plan's.
+ * Call before mge_graph_plan() (the plan differs) or, to change @opts only, later but before
+ * mge_graph_alloc(). Returns MGE_OK, MGE_STATE (too late), MGE_NOMEM.
+ */
+int mge_graph_set_eager(struct mge_graph *g, const struct mge_eager_opts *opts);
+/* Whether @g runs in eager mode. */
+int mge_graph_is_eager(const struct mge_graph *g);
+/*
+ * The report of the last eager failure ("step 3, layer `fc2` (op LINEAR, backward): NaN in dW
+ * `dfc2.w` ..."), "" if none; static in @g until the next failure. Steps count from 1 (the
+ * run's @step + 1, as mge-train's step lines). A dump that could not be written is said there.
+ */
+const char *mge_graph_eager_report(const struct mge_graph *g);
+/*
+ * Eager mode, after the optimiser's update of step @step: check every parameter (the trained
+ * ones and buffers) as op outputs are checked; @what names the update in the report
+ * ("optimiser sgd, lr 0.1"). Returns MGE_OK (also when @g is not eager) or MGE_RANGE.
+ */
+int mge_graph_eager_check_params(struct mge_graph *g, int64_t step, const char *what);
+
 /* ---- quantisation (engine/quant.c) --------------------------------------------------------- */
 
 enum mge_quant_mode {
@@ -325,7 +364,8 @@ int mge_graph_profile(struct mge_graph *g, int on);
 /* Print per-op mean times over @runs runs to @fp. */
 void mge_graph_profile_print(const struct mge_graph *g, FILE *fp, int64_t runs);
 
-/* The parameter and gradient arenas (contiguous; NULL before alloc) and their float counts. */
+/* The parameter and gradient arenas (contiguous; NULL before alloc; device memory, as
+ * mge_value_data's) and their float counts. */
 float *mge_graph_params(struct mge_graph *g, int64_t *n);
 float *mge_graph_grads(struct mge_graph *g, int64_t *n);
 int mge_graph_n_params(const struct mge_graph *g);

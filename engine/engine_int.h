@@ -59,6 +59,8 @@ const char *mge__op_name(enum mge_op op);
 #define MGE_NODE_MAX_IN 5
 #define MGE_NODE_MAX_OUT 4
 
+struct mge_device;
+
 struct mge_value {
     enum mge_value_kind kind;
     enum mge_dtype dtype;
@@ -76,6 +78,7 @@ struct mge_value {
     int64_t fan_in;              /* PARAM: for MGE_INIT_UNIFORM_FAN_IN */
     size_t offset;               /* bytes into its arena (PARAM/GRAD/ACT) */
     void *data;                  /* resolved after alloc; INPUT: bound by the caller */
+    void *host;                  /* INPUT on a device that is not host-visible: bound host data */
     int64_t first_use, last_use; /* planner: node indices */
 };
 
@@ -135,6 +138,10 @@ struct mge_graph {
     float loss_scale;            /* backward seed dloss (1 unless set) */
     int64_t row_offset;          /* rows of the global batch before this run's (dropout masks) */
     int bf16;                    /* GEMMs and convs take bf16-rounded inputs (train.precision) */
+    const struct mge_device *dev; /* where the arenas live (engine/device.h); NULL: cpu */
+    unsigned char *input_arena;   /* inputs' device copies, when dev is not host-visible */
+    size_t input_bytes;           /* its planned size (every input at the planned batch) */
+    struct mge__eager *eager;    /* eager mode's state (eager.c), or NULL: the static plan */
     struct mge__quant *quant;    /* mge_graph_set_quant() state, or NULL (quant.c) */
 };
 
@@ -193,6 +200,15 @@ size_t mge__plan_assign(struct mge__plan_item *items, int n);
 /* Largest sum of sizes alive at one time over @items (the arena's lower bound). */
 size_t mge__plan_lower_bound(const struct mge__plan_item *items, int n, int64_t end);
 
+/*
+ * eager.c, for the planner and executor: give every activation its own allocation (called by
+ * mge_graph_alloc once the arenas exist), check the outputs of node @node after it ran
+ * (MGE_RANGE and a report on the first bad value), free the state.
+ */
+int mge__eager_alloc(struct mge_graph *g);
+int mge__eager_check(struct mge_graph *g, int node);
+void mge__eager_free(struct mge_graph *g);
+
 /* The device's kernel for one node: reads and writes the values' data. */
 typedef int (*mge_node_fn)(struct mge_graph *g, const struct mge_node *n);
 struct mge_ops_table {
@@ -200,5 +216,9 @@ struct mge_ops_table {
     mge_node_fn fn[MGE_OP__COUNT];
 };
 extern const struct mge_ops_table mge__cpu_ops;
+/* The graph's device: g->dev, or the CPU device. */
+const struct mge_device *mge__graph_dev(const struct mge_graph *g);
+/* Release every arena of @g through its device (allocated or not). */
+void mge__graph_free_arenas(struct mge_graph *g);
 
 #endif

@@ -8,12 +8,16 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/rng.h"
+#include "engine/device.h"
 #include "engine/engine_int.h"
 
 int mge_graph_bind(struct mge_graph *g, int v, void *data)
 {
     if (v < 0 || v >= g->n_values || g->values[v].kind != MGE_VALUE_INPUT)
         return MGE_ERR(MGE_INVAL, "bind: value %d is not an input", v);
+    g->values[v].host = data;
+    if (g->input_arena) /* off the host: runs copy @data into the input's slot */
+        return MGE_OK;
     g->values[v].data = data;
     for (int a = 0; a < g->n_values; a++)
         if (g->values[a].alias >= 0 && mge__value_root(g, a) == v)
@@ -30,6 +34,23 @@ int mge_graph_set_batch(struct mge_graph *g, int64_t n)
     return MGE_OK;
 }
 
+/*
+ * Off the host, the bound inputs' rows of this run go host -> device into their slots; the
+ * loader's prefetch buffers are the host side's double buffer. NEEDSWORK: a CUDA device wants
+ * pinned staging and two device slots, the copy of batch k+1 on a copy stream during batch k.
+ */
+static void stage_inputs(struct mge_graph *g)
+{
+    if (!g->input_arena)
+        return;
+    for (int v = 0; v < g->n_values; v++) {
+        struct mge_value *val = &g->values[v];
+        if (val->kind == MGE_VALUE_INPUT && val->alias < 0)
+            g->dev->h2d(val->data, val->host,
+                        mge_dtype_size(val->dtype) * (size_t)mge__value_numel_now(g, v));
+    }
+}
+
 int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
 {
     if (!g->allocated)
@@ -38,12 +59,13 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
     if (train && g->loss < 0)
         return MGE_ERR(MGE_STATE, "graph has no backward");
     for (int v = 0; v < g->n_values; v++)
-        if (g->values[v].kind == MGE_VALUE_INPUT && !g->values[v].data)
+        if (g->values[v].kind == MGE_VALUE_INPUT && !g->values[v].host)
             return MGE_ERR(MGE_STATE, "input '%s' not bound", g->values[v].name);
     g->training = mode != MGE_RUN_INFER;
     g->step = step;
     int end = train ? g->n_nodes : g->n_forward;
-    const struct mge_ops_table *ops = &mge__cpu_ops;
+    const struct mge_ops_table *ops = mge__graph_dev(g)->ops;
+    stage_inputs(g);
     size_t reported = 0;
     for (int ni = 0; ni < end; ni++) {
         const struct mge_node *n = &g->nodes[ni];
@@ -62,6 +84,8 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
         if (g->op_fn)
             g->op_fn(g->op_ctx, ni, (double)t0.tv_sec + 1e-9 * (double)t0.tv_nsec,
                      (double)t1.tv_sec + 1e-9 * (double)t1.tv_nsec);
+        if (g->eager && (rc = mge__eager_check(g, ni)) != MGE_OK)
+            return rc;
         if (train && g->ready_fn && g->grad_ready && g->grad_ready[ni] > reported) {
             reported = g->grad_ready[ni];
             g->ready_fn(g->ready_ctx, reported);
@@ -146,12 +170,26 @@ static void rng_normal2(struct mge_rng *rng, float z[2])
     z[1] = (float)(r * sin(t));
 }
 
+/*
+ * Initial values are drawn on the host: in place on a host-visible device, else into a host
+ * copy of the parameter arena that then goes to the device in one copy.
+ */
 void mge_graph_init_params(struct mge_graph *g, uint64_t seed)
 {
+    const struct mge_device *dev = mge__graph_dev(g);
+    unsigned char *host = dev->host_visible
+                              ? (unsigned char *)g->param_arena
+                              : mge_malloc_aligned(g->param_bytes ? g->param_bytes : 64);
     g->seed = seed;
+    if (!host) {
+        mge__graph_fail(g, MGE_NOMEM, "cannot allocate the parameters' host copy");
+        return;
+    }
+    if (!dev->host_visible) /* the padding between parameters is zero on every device */
+        memset(host, 0, g->param_bytes);
     for (int i = 0; i < g->n_params; i++) {
         struct mge_value *p = &g->values[g->params[i]];
-        float *d = p->data;
+        float *d = (float *)(host + p->offset);
         int64_t n = mge_value_numel(g, g->params[i]);
         /* one stream per parameter, so adding a layer does not change the others */
         struct mge_rng rng;
@@ -187,5 +225,9 @@ void mge_graph_init_params(struct mge_graph *g, uint64_t seed)
             break;
         }
         }
+    }
+    if (!dev->host_visible) {
+        dev->h2d(g->param_arena, host, g->param_bytes);
+        mge_free_aligned(host);
     }
 }

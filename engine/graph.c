@@ -5,6 +5,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "engine/device.h"
 #include "engine/engine_int.h"
 #include "kernels/cpu/cpu.h"
 
@@ -55,15 +56,14 @@ void mge_graph_free(struct mge_graph *g)
 {
     if (!g)
         return;
-    mge_free_aligned(g->param_arena);
-    mge_free_aligned(g->grad_arena);
-    mge_free_aligned(g->act_arena);
+    mge__graph_free_arenas(g);
     mge_free(g->values);
     mge_free(g->nodes);
     mge_free(g->params);
     mge_free(g->grads);
     mge_free(g->profile);
     mge_free(g->grad_ready);
+    mge__eager_free(g);
     mge__quant_free(g->quant);
     mge_free(g);
 }

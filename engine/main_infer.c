@@ -11,22 +11,24 @@
 #include "common/err.h"
 #include "common/rng.h"
 #include "engine/ckpt.h"
+#include "engine/device.h"
 #include "engine/train.h"
 #include "kernels/cpu/cpu.h"
 
 static void usage(FILE *fp)
 {
-    fprintf(fp, "usage: mge-infer CKPT [--data test|train] [--json] [--threads N]\n"
-                "                 [--precision fp32|fakequant|int8 [--compare]]\n"
-                "       mge-infer CKPT --generate N [--prompt TEXT] [--seed S] [--temperature T]\n"
-                "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
-                "that the checkpoint's job spec names (a gpt: loss per token and perplexity\n"
-                "over the held-out or training tokens). --generate samples N tokens from a gpt\n"
-                "after the prompt (text: its bytes; default a newline), temperature 1, seed 1337.\n"
-                "--precision: fp32 (default) ignores quantisation; fakequant runs the graph QAT\n"
-                "trained (fp32 ops on fake-quantised values); int8 runs int8 GEMMs and convs with\n"
-                "the checkpoint's observers and weights, no conversion step. --compare (int8)\n"
-                "also runs fakequant and reports the share of samples whose predictions agree.\n");
+    fprintf(fp,
+            "usage: mge-infer CKPT [--data test|train] [--json] [--threads N] [--device cpu|sim]\n"
+            "                 [--precision fp32|fakequant|int8 [--compare]]\n"
+            "       mge-infer CKPT --generate N [--prompt TEXT] [--seed S] [--temperature T]\n"
+            "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
+            "that the checkpoint's job spec names (a gpt: loss per token and perplexity\n"
+            "over the held-out or training tokens). --generate samples N tokens from a gpt\n"
+            "after the prompt (text: its bytes; default a newline), temperature 1, seed 1337.\n"
+            "--precision: fp32 (default) ignores quantisation; fakequant runs the graph QAT\n"
+            "trained (fp32 ops on fake-quantised values); int8 runs int8 GEMMs and convs with\n"
+            "the checkpoint's observers and weights, no conversion step. --compare (int8)\n"
+            "also runs fakequant and reports the share of samples whose predictions agree.\n");
 }
 
 /*
@@ -54,15 +56,31 @@ static int load_params(struct mge_graph *g, const struct mge_ckpt *ck, const cha
                     t ? "does not match the model" : "is missing");
             return 2;
         }
-        memcpy(mge_value_data(g, v), t->data, want);
-        if (mge_quant_is_observer(name) &&
-            mge_quant_observer_check(mge_value_data(g, v), mge_value_numel(g, v), 1, why,
-                                     sizeof(why)) != MGE_OK) {
-            fprintf(stderr, "mge-infer: %s: quantisation field '%s': %s\n", path, name, why);
-            return 2;
+        if (mge_quant_is_observer(name)) {
+            /* checked on a host copy: the value may live on a device */
+            float ob[MGE_QUANT_OBSERVER_LEN];
+            memcpy(ob, t->data, sizeof(ob) < want ? sizeof(ob) : want);
+            if (mge_quant_observer_check(ob, mge_value_numel(g, v), 1, why, sizeof(why))) {
+                fprintf(stderr, "mge-infer: %s: quantisation field '%s': %s\n", path, name, why);
+                return 2;
+            }
         }
+        if (mge_value_write(g, v, t->data, want) != MGE_OK)
+            return 1;
     }
     return 0;
+}
+
+/* --device: where the graphs' arenas live (the CPU unless given). */
+static const struct mge_device *infer_dev = &mge_device_cpu;
+
+/* Plan @g and allocate its arenas on infer_dev. */
+static int plan_alloc(struct mge_graph *g)
+{
+    int rc = mge_graph_plan(g, NULL);
+    if (rc == MGE_OK)
+        rc = mge_graph_set_device(g, infer_dev);
+    return rc == MGE_OK ? mge_graph_alloc(g) : rc;
 }
 
 /* A gpt for batches of @batch windows with @ck's weights in *@gp (freed by the caller, also on
@@ -71,9 +89,8 @@ static int gpt_build(const char *path, const struct mge_ckpt *ck, const struct m
                      int64_t batch, struct mge_graph **gp, struct mge_model *model)
 {
     int rc = mge_graph_new(gp);
-    if (rc == MGE_OK && (rc = mge_model_build(*gp, spec, batch, 0, 0, 0, 0, model)) == MGE_OK &&
-        (rc = mge_graph_plan(*gp, NULL)) == MGE_OK)
-        rc = mge_graph_alloc(*gp);
+    if (rc == MGE_OK && (rc = mge_model_build(*gp, spec, batch, 0, 0, 0, 0, model)) == MGE_OK)
+        rc = plan_alloc(*gp);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-infer: model: %s\n",
                 *gp ? mge_graph_error_msg(*gp) : mge_strerror(rc));
@@ -108,8 +125,9 @@ static int generate(const char *path, const struct mge_ckpt *ck, const struct mg
     int32_t *x = mge_calloc((size_t)T, sizeof(int32_t)),
             *y = mge_calloc((size_t)T, sizeof(int32_t));
     double *p = mge_malloc(sizeof(double) * (size_t)V);
+    float *logits = mge_malloc(sizeof(float) * (size_t)(T * V)); /* a device's, copied */
     int code = 1, rc = MGE_OK;
-    if (!seq || !x || !y || !p) {
+    if (!seq || !x || !y || !p || !logits) {
         fprintf(stderr, "mge-infer: out of memory\n");
         goto out;
     }
@@ -133,7 +151,13 @@ static int generate(const char *path, const struct mge_ckpt *ck, const struct mg
             fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
             goto out;
         }
-        const float *l = (const float *)mge_value_data(g, model.logits) + (n - 1) * V;
+        const float *l = mge_value_host(g, model.logits, logits, sizeof(float) * (size_t)(n * V));
+        if (!l) {
+            rc = MGE_STATE;
+            fprintf(stderr, "mge-infer: failed: cannot read the logits\n");
+            goto out;
+        }
+        l += (n - 1) * V;
         double mx = l[0], sum = 0.0, u;
         for (int64_t v = 1; v < V; v++)
             mx = l[v] > mx ? l[v] : mx;
@@ -164,6 +188,7 @@ out:
     mge_free(x);
     mge_free(y);
     mge_free(p);
+    mge_free(logits);
     return code;
 }
 
@@ -235,9 +260,7 @@ static int eval_as(const char *path, const struct mge_ckpt *ck, const struct mge
     if (rc == MGE_OK)
         rc = mge_model_build(g, spec, batch, ds->c, ds->h, ds->w, ds->classes, &model);
     if (rc == MGE_OK)
-        rc = mge_graph_plan(g, NULL);
-    if (rc == MGE_OK)
-        rc = mge_graph_alloc(g);
+        rc = plan_alloc(g);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-infer: model: %s\n", g ? mge_graph_error_msg(g) : mge_strerror(rc));
         goto out;
@@ -282,12 +305,12 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
         fprintf(stderr, "mge-infer: spec in checkpoint: %s\n", serr.message);
         goto out;
     }
-    if (gen && spec->model.type != MGE_MODEL_GPT) {
+    if (gen && !mge_model_reads_tokens(&spec->model)) {
         fprintf(stderr, "mge-infer: %s: --generate needs a gpt checkpoint, this is a %s\n", path,
                 mge_model_type_name(spec->model.type));
         goto out;
     }
-    if (spec->model.type == MGE_MODEL_GPT) {
+    if (mge_model_reads_tokens(&spec->model)) {
         if (prec != MGE_QUANT_OFF) {
             fprintf(stderr, "mge-infer: --precision %s: only for classifiers, not a gpt\n",
                     precision_names[prec]);
@@ -401,6 +424,11 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            if (!(infer_dev = mge_device_find(argv[++i]))) {
+                fprintf(stderr, "mge-infer: --device: expected cpu or sim, got '%s'\n", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;

@@ -1,4 +1,6 @@
 /* main_train.c: mge-train, one training rank; standalone on a laptop or spawned by mge-worker. */
+#include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,8 @@ static void usage(FILE *fp)
     fprintf(fp,
             "usage: mge-train SPEC.yaml [--set key.path=value]... [--resume CKPT] [--out DIR]\n"
             "                 [--init-from FILE] [--json] [--threads N] [--profile TRACE.json]\n"
+            "                 [--device cpu|sim]\n"
+            "                 [--eager] [--eager-dump DIR] [--eager-max-abs X]\n"
             "       mge-train --plan SPEC.yaml [--set key.path=value]...\n"
             "       mge-train --max-batch SPEC.yaml --set memory.budget_mb=N\n"
             "\n"
@@ -29,6 +33,8 @@ static void usage(FILE *fp)
             "  --out DIR     checkpoint directory (default mge-out/<name>)\n"
             "  --json        stdout carries JSON lines only: steps, evaluations, a summary\n"
             "  --threads N   kernel threads, 1..4096 (default $OMP_NUM_THREADS or all cores)\n"
+            "  --device D    resources.device: cpu, or sim (the simulated accelerator: arenas\n"
+            "                off the host, reached only by copies; bit-identical to cpu)\n"
             "Environment: MGE_DATA_ROOTS=DIR:DIR... (set by mge-worker): data files must lie\n"
             "under one of these, checked on the file opened; unset: any path\n"
             "  --profile F   write a Chrome trace (chrome://tracing, Perfetto) of the first\n"
@@ -37,7 +43,13 @@ static void usage(FILE *fp)
             "\n"
             "Data parallel: mpirun -np N mge-train SPEC.yaml (or srun) trains on N ranks; each\n"
             "takes its share of every global batch (docs/distributed.md).\n"
+            "  --eager       run op by op, every value checked (train.eager: true): the first\n"
+            "                NaN/Inf stops the run naming the step, layer, op and pass (exit 1)\n"
+            "  --eager-dump DIR  --eager, and the failing op's inputs and outputs go to DIR\n"
+            "                as .npy files, with node.json\n"
+            "  --eager-max-abs X  --eager, and a value with |x| > X fails as NaN does\n"
             "  --plan        print the memory plans (chosen, plain, sublinear) as JSON and exit\n"
+            "                (at resources.cpus threads unless --threads is given)\n"
             "  --max-batch   print the largest batch that fits memory.budget_mb, with and\n"
             "                without recomputation, as JSON and exit\n");
 }
@@ -79,6 +91,29 @@ static void omp_policy_reexec(char **argv)
 }
 
 /*
+ * MGE_MEMORY_LIMIT_MB=N caps what the engine allocates (its arenas, data sets, buffers:
+ * mge_alloc_set_limit) at N MiB, so a spec that asks for more memory than that fails its
+ * allocation with a message instead of taking the machine's memory. The coordinator's planner
+ * sets it for its `--plan` child (a spec it is handed at submit is anyone's). Unset: no cap.
+ */
+static bool memory_limit_from_env(void)
+{
+    const char *v = getenv("MGE_MEMORY_LIMIT_MB");
+    char *end;
+    long long mb;
+    if (!v || !*v)
+        return true;
+    errno = 0;
+    mb = strtoll(v, &end, 10);
+    if (errno || *end || mb <= 0 || mb > (1LL << 40)) {
+        fprintf(stderr, "mge-train: MGE_MEMORY_LIMIT_MB: '%s' is not a number of MiB\n", v);
+        return false;
+    }
+    mge_alloc_set_limit(mb << 20);
+    return true;
+}
+
+/*
  * A worker passes its --data-root directories in MGE_DATA_ROOTS: every data file is then
  * checked where it is opened (common/dataroot.h), so a path that changes after the worker's
  * own check cannot make this rank read outside them. Unset: any path (mge-train on a laptop).
@@ -102,6 +137,8 @@ int main(int argc, char **argv)
     static struct mge_data_roots roots; /* lives as long as the loads that check it */
     struct mge_train_opts o = {0};
     omp_policy_reexec(argv);
+    if (!memory_limit_from_env())
+        return 2;
     mge_alloc_keep_memory();
     const char **sets = mge_calloc((size_t)argc, sizeof(*sets));
     int code;
@@ -129,8 +166,29 @@ int main(int argc, char **argv)
                 mge_free(sets);
                 return 2;
             }
+        } else if (!strcmp(a, "--device") && has_val) {
+            /* the spec key itself, so the spec's checks and messages apply */
+            static char dev_set[128];
+            snprintf(dev_set, sizeof(dev_set), "resources.device=%s", argv[++i]);
+            sets[o.n_overrides++] = dev_set;
         } else if (!strcmp(a, "--profile") && has_val) {
             o.profile_path = argv[++i];
+        } else if (!strcmp(a, "--eager")) {
+            o.eager = 1;
+        } else if (!strcmp(a, "--eager-dump") && has_val) {
+            o.eager = 1;
+            o.eager_dump = argv[++i];
+        } else if (!strcmp(a, "--eager-max-abs") && has_val) {
+            char *end;
+            o.eager = 1;
+            o.eager_max_abs = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !(o.eager_max_abs > 0) || isinf(o.eager_max_abs)) {
+                fprintf(stderr,
+                        "mge-train: --eager-max-abs: expected a positive number, got '%s'\n",
+                        argv[i]);
+                mge_free(sets);
+                return 2;
+            }
         } else if (!strcmp(a, "--json")) {
             o.json = 1;
         } else if (!strcmp(a, "--plan")) {

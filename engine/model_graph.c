@@ -17,6 +17,7 @@ struct gbuild {
     const struct mge_graphspec *gs;
     int *val;   /* value id of each node's output */
     int *users; /* nodes that read each node's output */
+    int *param; /* embedding nodes: the value id of their weight (tied_linear reuses it) */
 };
 
 static int param(struct gbuild *b, const struct mge_gnode *nd, const char *what, int ndim,
@@ -73,8 +74,18 @@ static int build_linear(struct gbuild *b, const struct mge_gnode *nd, int x, enu
     const int64_t *xs = mge_value_shape(b->g, x);
     int64_t in = xs[mge_value_ndim(b->g, x) - 1];
     int64_t ws[2] = {nd->features, in}, bs[1] = {nd->features};
-    int w = param(b, nd, "weight", 2, ws, MGE_INIT_UNIFORM_FAN_IN, in);
-    int bias = nd->bias ? param(b, nd, "bias", 1, bs, MGE_INIT_UNIFORM_FAN_IN, in) : -1;
+    int w, bias = -1;
+    if (nd->init == MGE_GINIT_NORMAL) {
+        /* GPT-2: N(0, 0.02^2), residual projections N(0, 0.02^2 / (2 layers)), bias 0 */
+        int64_t fan = nd->residual_layers ? 2 * (int64_t)nd->residual_layers : 1;
+        w = param(b, nd, "weight", 2, ws, MGE_INIT_NORMAL_GPT, fan);
+        if (nd->bias)
+            bias = param(b, nd, "bias", 1, bs, MGE_INIT_ZERO, 1);
+    } else {
+        w = param(b, nd, "weight", 2, ws, MGE_INIT_UNIFORM_FAN_IN, in);
+        if (nd->bias)
+            bias = param(b, nd, "bias", 1, bs, MGE_INIT_UNIFORM_FAN_IN, in);
+    }
     return mge_linear(b->g, x, w, bias, act);
 }
 
@@ -178,6 +189,30 @@ static int build_node(struct gbuild *b, const struct mge_jobspec *spec, int64_t 
         y = mge_concat(g, in, nd->n_inputs, axis);
         break;
     }
+    case MGE_GOP_TOKENS:
+        shape[0] = batch;
+        shape[1] = nd->context;
+        y = m->x = mge_input(g, nd->name, MGE_DTYPE_I32, 2, shape, 1);
+        break;
+    case MGE_GOP_EMBEDDING:
+        /* GPT-2's N(0, 0.02^2), as the zoo's wte */
+        shape[0] = nd->vocab;
+        shape[1] = nd->d_model;
+        b->param[i] = param(b, nd, "weight", 2, shape, MGE_INIT_NORMAL_GPT, 1);
+        y = mge_embedding(g, x, b->param[i]);
+        break;
+    case MGE_GOP_POS_EMBEDDING:
+        /* windows are always context tokens long: the table is added whole (broadcast) */
+        shape[0] = nd->context;
+        shape[1] = mge_value_shape(g, x)[2];
+        y = mge_add(g, x, param(b, nd, "weight", 2, shape, MGE_INIT_NORMAL_GPT, 1));
+        break;
+    case MGE_GOP_CAUSAL_ATTENTION:
+        y = mge_causal_attention(g, x, nd->heads);
+        break;
+    case MGE_GOP_TIED_LINEAR:
+        y = mge_linear(g, x, b->param[nd->tied], -1, MGE_ACT_NONE);
+        break;
     case MGE_GOP_CROSS_ENTROPY:
         m->logits = x;
         y = m->loss = mge_cross_entropy_smoothed(g, x, m->y, (float)spec->train.label_smoothing);
@@ -204,6 +239,8 @@ static int check_data(struct mge_graph *g, const struct mge_graphspec *gs, int c
     const struct mge_gnode *x = &gs->nodes[gs->input], *loss = &gs->nodes[gs->loss];
     const struct mge_gnode *logits = &gs->nodes[loss->inputs[0]];
     int64_t n = mge_graphspec_input_numel(gs), dim = (int64_t)c * h * w;
+    if (mge_graphspec_reads_tokens(gs))
+        return MGE_OK;            /* token windows: the spec's checks are all there is */
     bool flat = c == 1 && h == 1; /* synthetic data for a graph is flat: any shape of dim */
     if (n != dim ||
         (!flat && x->ndim == 3 && (x->shape[0] != c || x->shape[1] != h || x->shape[2] != w)))
@@ -225,7 +262,7 @@ int mge__model_graph_build(struct mge_graph *g, const struct mge_jobspec *spec, 
 {
     const struct mge_graphspec *gs = spec->model.graph;
     struct gbuild b = {.g = g, .gs = gs};
-    int64_t ys[1] = {batch};
+    int64_t ys[2] = {batch, 0};
     int rc;
 
     if (!gs) {
@@ -236,7 +273,8 @@ int mge__model_graph_build(struct mge_graph *g, const struct mge_jobspec *spec, 
         return mge_graph_error(g);
     b.val = mge_calloc((size_t)gs->n, sizeof(int));
     b.users = mge_calloc((size_t)gs->n, sizeof(int));
-    if (!b.val || !b.users) {
+    b.param = mge_calloc((size_t)gs->n, sizeof(int));
+    if (!b.val || !b.users || !b.param) {
         mge__graph_fail(g, MGE_NOMEM, "cannot allocate the graph's node table");
         rc = MGE_NOMEM;
         goto out_free;
@@ -245,12 +283,15 @@ int mge__model_graph_build(struct mge_graph *g, const struct mge_jobspec *spec, 
         for (int k = 0; k < gs->nodes[i].n_inputs; k++)
             b.users[gs->nodes[i].inputs[k]]++;
     /* labels first, as the zoo makes them last: the loss node needs them, inputs are not ops */
-    m->y = mge_input(g, "y", MGE_DTYPE_I32, 1, ys, 1);
+    if (mge_graphspec_reads_tokens(gs)) /* the next token at each place of the window */
+        ys[1] = gs->nodes[gs->input].context;
+    m->y = mge_input(g, "y", MGE_DTYPE_I32, ys[1] ? 2 : 1, ys, 1);
     rc = mge_graph_error(g);
     for (int pos = 0; pos < gs->n && rc == MGE_OK; pos++)
         rc = build_node(&b, spec, batch, pos, m);
 out_free:
     mge_free(b.val);
     mge_free(b.users);
+    mge_free(b.param);
     return rc;
 }

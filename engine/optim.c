@@ -6,36 +6,49 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "engine/device.h"
 #include "kernels/cpu/cpu.h"
 
 int mge_optim_init(struct mge_optim *o, const struct mge_optim_spec *os,
                    const struct mge_sched_spec *ss, int64_t total_steps, int64_t n)
 {
+    return mge_optim_init_on(o, os, ss, total_steps, n, &mge_device_cpu);
+}
+
+int mge_optim_init_on(struct mge_optim *o, const struct mge_optim_spec *os,
+                      const struct mge_sched_spec *ss, int64_t total_steps, int64_t n,
+                      const struct mge_device *dev)
+{
+    size_t bytes = sizeof(float) * (size_t)n;
     memset(o, 0, sizeof(*o));
     o->spec = *os;
     o->sched = *ss;
     o->total_steps = total_steps;
     o->n = n;
+    o->dev = dev;
     int need_m = os->type != MGE_OPTIM_SGD || os->momentum > 0.0;
     int need_v = os->type != MGE_OPTIM_SGD;
-    if (need_m && !(o->m = mge_malloc_aligned(sizeof(float) * (size_t)n)))
+    if (need_m && !(o->m = dev->alloc(bytes)))
         goto err_nomem;
-    if (need_v && !(o->v = mge_malloc_aligned(sizeof(float) * (size_t)n)))
+    if (need_v && !(o->v = dev->alloc(bytes)))
         goto err_nomem;
     if (o->m)
-        memset(o->m, 0, sizeof(float) * (size_t)n);
+        dev->memset(o->m, 0, bytes);
     if (o->v)
-        memset(o->v, 0, sizeof(float) * (size_t)n);
+        dev->memset(o->v, 0, bytes);
     return MGE_OK;
 err_nomem:
     mge_optim_fini(o);
-    return MGE_ERR(MGE_NOMEM, "cannot allocate optimiser state (%lld floats)", (long long)n);
+    return MGE_ERR(MGE_NOMEM, "cannot allocate optimiser state (%lld floats) on %s", (long long)n,
+                   dev->name);
 }
 
 void mge_optim_fini(struct mge_optim *o)
 {
-    mge_free_aligned(o->m);
-    mge_free_aligned(o->v);
+    if (o->dev) {
+        o->dev->free(o->m, sizeof(float) * (size_t)o->n);
+        o->dev->free(o->v, sizeof(float) * (size_t)o->n);
+    }
     mge_free(o->no_decay);
     o->m = o->v = NULL;
     o->no_decay = NULL;

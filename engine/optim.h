@@ -6,11 +6,14 @@
 
 #include "common/jobspec.h"
 
+struct mge_device;
+
 struct mge_optim {
     struct mge_optim_spec spec;
     struct mge_sched_spec sched;
     int64_t total_steps;  /* for cosine */
     int64_t n;            /* floats in the parameter arena */
+    const struct mge_device *dev; /* where m and v live (engine/device.h) */
     float *m;             /* sgd momentum buffer or adam first moment (n), NULL if unused */
     float *v;             /* adam second moment (n), NULL if unused */
     int64_t t;            /* updates applied so far */
@@ -28,6 +31,14 @@ struct mge_optim_span {
  */
 int mge_optim_init(struct mge_optim *o, const struct mge_optim_spec *os,
                    const struct mge_sched_spec *ss, int64_t total_steps, int64_t n);
+/*
+ * The same with the state buffers on @dev (one allocation each, zeroed through the device):
+ * the update functions below then read and write device memory, so on a device that is not
+ * host-visible they must run as its kernels (mge_device.kernel).
+ */
+int mge_optim_init_on(struct mge_optim *o, const struct mge_optim_spec *os,
+                      const struct mge_sched_spec *ss, int64_t total_steps, int64_t n,
+                      const struct mge_device *dev);
 void mge_optim_fini(struct mge_optim *o);
 /* Learning rate at 0-based @step under the schedule. */
 double mge_optim_lr(const struct mge_optim *o, int64_t step);

@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/rng.h"
+#include "engine/device.h"
 #include "engine/engine_int.h"
 
 #define PLAN_ALIGN 64
@@ -715,7 +716,7 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
         return MGE_ERR(MGE_STATE, "graph already planned");
     if (g->n_forward == 0 && g->loss < 0)
         g->n_forward = g->n_nodes;
-    if ((rc = plan_inplace(g)) != MGE_OK)
+    if (!g->eager && (rc = plan_inplace(g)) != MGE_OK) /* eager: every value its own memory */
         return rc;
 
     /* lifetimes over the execution order */
@@ -832,26 +833,51 @@ out_free:
     return rc;
 }
 
+void mge__graph_free_arenas(struct mge_graph *g)
+{
+    const struct mge_device *dev = mge__graph_dev(g);
+    dev->free(g->param_arena, g->param_bytes);
+    dev->free(g->grad_arena, g->grad_bytes);
+    dev->free(g->act_arena, g->act_bytes);
+    dev->free(g->input_arena, g->input_bytes);
+    g->param_arena = g->grad_arena = NULL;
+    g->act_arena = g->input_arena = NULL;
+}
+
+/* Off the host (a device that is not host-visible): every input gets a slot of its planned
+ * size in one input arena, which each run fills from the bound host memory. */
+static size_t plan_inputs(struct mge_graph *g)
+{
+    size_t off = 0;
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].kind == MGE_VALUE_INPUT && g->values[v].alias < 0) {
+            g->values[v].offset = off;
+            off += align_up(mge__value_bytes(g, v));
+        }
+    return off;
+}
+
 int mge_graph_alloc(struct mge_graph *g)
 {
+    const struct mge_device *dev = mge__graph_dev(g);
     if (!g->planned)
         return MGE_ERR(MGE_STATE, "graph not planned");
     if (g->allocated)
         return MGE_OK;
-    g->param_arena = mge_malloc_aligned(g->param_bytes ? g->param_bytes : 64);
-    g->grad_arena = mge_malloc_aligned(g->grad_bytes ? g->grad_bytes : 64);
-    g->act_arena = mge_malloc_aligned(g->act_bytes ? g->act_bytes : 64);
-    if (!g->param_arena || !g->grad_arena || !g->act_arena) {
-        mge_free_aligned(g->param_arena);
-        mge_free_aligned(g->grad_arena);
-        mge_free_aligned(g->act_arena);
-        g->param_arena = g->grad_arena = NULL;
-        g->act_arena = NULL;
-        return MGE_ERR(MGE_NOMEM, "cannot allocate arenas (%zu + %zu + %zu bytes)",
-                       g->param_bytes, g->grad_bytes, g->act_bytes);
+    g->input_bytes = dev->host_visible ? 0 : plan_inputs(g);
+    g->param_arena = dev->alloc(g->param_bytes ? g->param_bytes : 64);
+    g->grad_arena = dev->alloc(g->grad_bytes ? g->grad_bytes : 64);
+    g->act_arena = dev->alloc(g->act_bytes ? g->act_bytes : 64);
+    if (!dev->host_visible)
+        g->input_arena = dev->alloc(g->input_bytes ? g->input_bytes : 64);
+    if (!g->param_arena || !g->grad_arena || !g->act_arena ||
+        (!dev->host_visible && !g->input_arena)) {
+        mge__graph_free_arenas(g);
+        return MGE_ERR(MGE_NOMEM, "cannot allocate arenas on %s (%zu + %zu + %zu + %zu bytes)",
+                       dev->name, g->param_bytes, g->grad_bytes, g->act_bytes, g->input_bytes);
     }
-    memset(g->param_arena, 0, g->param_bytes);
-    memset(g->grad_arena, 0, g->grad_bytes);
+    dev->memset(g->param_arena, 0, g->param_bytes);
+    dev->memset(g->grad_arena, 0, g->grad_bytes);
     /* the activation arena is left untouched: pages are mapped on first write (RSS = use) */
     for (int v = 0; v < g->n_values; v++) {
         struct mge_value *val = &g->values[v];
@@ -867,12 +893,19 @@ int mge_graph_alloc(struct mge_graph *g)
                 val->data = g->act_arena + val->offset;
             break;
         case MGE_VALUE_INPUT:
+            if (g->input_arena && val->alias < 0)
+                val->data = g->input_arena + val->offset;
             break;
         }
     }
     for (int v = 0; v < g->n_values; v++)
         if (g->values[v].alias >= 0)
             g->values[v].data = g->values[mge__value_root(g, v)].data;
+    if (g->eager) {
+        int rc = mge__eager_alloc(g);
+        if (rc != MGE_OK)
+            return rc;
+    }
     g->allocated = 1;
     g->batch = g->batch_max > 0 ? g->batch_max : 1;
     return MGE_OK;

@@ -127,7 +127,7 @@ static int scratch(struct mge_graph *g, size_t bytes)
 {
     int64_t n = (int64_t)((bytes + 64 + 3) / 4);
     char name[64];
-    snprintf(name, sizeof(name), "qscratch.%d", g->n_values);
+    snprintf(name, sizeof(name), "scratch.int8.%d", g->n_values); /* eager mode: "scratch" */
     return mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, 1, &n, 0, name);
 }
 

@@ -96,10 +96,11 @@ int mge__graph_clone(const struct mge_graph *g, struct mge_graph **out)
     c->params = mge_malloc(sizeof(int) * (size_t)(g->cap_params ? g->cap_params : 1));
     c->grads = g->grads ? mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1)) : NULL;
     c->param_arena = c->grad_arena = NULL;
-    c->act_arena = NULL;
+    c->act_arena = c->input_arena = NULL;
     c->profile = NULL;
     c->quant = NULL; /* the original owns it */
     c->grad_ready = NULL;
+    c->eager = NULL; /* the IR only: eager state stays with @g */
     c->allocated = 0;
     if (!c->values || !c->nodes || !c->params || (g->grads && !c->grads)) {
         mge_graph_free(c);

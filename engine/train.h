@@ -22,6 +22,9 @@ struct mge_train_opts {
     int plan_only;                  /* --plan: print the memory plan as JSON and stop */
     int max_batch;                  /* --max-batch: largest batch fitting memory.budget_mb */
     const char *profile_path;       /* --profile: Chrome trace of the first steps, or NULL */
+    int eager;                      /* --eager: as train.eager: true */
+    const char *eager_dump;         /* --eager-dump: where a failing op's values go, or NULL */
+    double eager_max_abs;           /* --eager-max-abs: > 0: bound on |x|; 0: off */
 };
 
 /* Run mge-train with @o. Returns the process exit code: 0 ok, 2 bad input, 1 failure. */

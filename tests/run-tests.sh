@@ -16,6 +16,12 @@ for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     run_one "$(basename "$t")" "$t"
 done
+# the GPU suites are built only with nvcc (and NCCL): say so when they are not (make test-gpu)
+for t in test_cuda test_comm_nccl; do
+    [ -x "$BUILD/tests/$t" ] && continue
+    echo "== $t"; echo "skip - $t: not built (no nvcc or NCCL: a CPU-only build)"
+    skipped=$((skipped + 1))
+done
 for t in tests/integration/*.sh; do
     [ -f "$t" ] || continue
     run_one "$(basename "$t" .sh)" sh "$t" "$BUILD"

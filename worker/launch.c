@@ -1,13 +1,18 @@
 /* launch.c: the worker's launch socket (see launch.h). */
 #include "launch.h"
 
+#include <gnutls/crypto.h>
+#include <gnutls/gnutls.h>
+#include <gnutls/x509.h>
 #include <netinet/in.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -18,11 +23,99 @@
 
 #define LAUNCH_MSG_MAX (1 << 20) /* an orted command line is a few KiB */
 
+#define CERT_DAYS 3650 /* the certificate lives as long as the process; no expiry to manage */
+
 struct mge_launch {
     nng_socket rep;
     pthread_t thread;
     struct mge_ranks *rs;
+    nng_tls_config *tls; /* tls+tcp://, or NULL */
 };
+
+/*
+ * A fresh ECDSA P-256 key and a self-signed certificate for MGE_LAUNCH_TLS_NAME (serverAuth,
+ * not a CA): the certificate's PEM into @cert (MGE_LAUNCH_CERT_MAX bytes), the key's into @key
+ * of @key_len bytes. Returns MGE_OK or MGE_INTERNAL with GnuTLS's reason.
+ */
+static int launch_cert_new(char *cert, char *key, size_t key_len)
+{
+    gnutls_x509_privkey_t pk = NULL;
+    gnutls_x509_crt_t crt = NULL;
+    gnutls_datum_t c = {NULL, 0}, k = {NULL, 0};
+    unsigned char serial[16];
+    time_t now = time(NULL);
+    int rv, rc = MGE_OK;
+    const char *what = "make a key";
+
+    if ((rv = gnutls_x509_privkey_init(&pk)) < 0 ||
+        (rv = gnutls_x509_privkey_generate(
+             pk, GNUTLS_PK_ECDSA, GNUTLS_CURVE_TO_BITS(GNUTLS_ECC_CURVE_SECP256R1), 0)) < 0)
+        goto fail;
+    what = "make a certificate";
+    if ((rv = gnutls_rnd(GNUTLS_RND_NONCE, serial, sizeof(serial))) < 0)
+        goto fail;
+    serial[0] &= 0x7f; /* a positive serial number */
+    if ((rv = gnutls_x509_crt_init(&crt)) < 0 || (rv = gnutls_x509_crt_set_version(crt, 3)) < 0 ||
+        (rv = gnutls_x509_crt_set_serial(crt, serial, sizeof(serial))) < 0 ||
+        (rv = gnutls_x509_crt_set_activation_time(crt, now - 3600)) < 0 ||
+        (rv = gnutls_x509_crt_set_expiration_time(crt, now + (time_t)CERT_DAYS * 86400)) < 0 ||
+        (rv =
+             gnutls_x509_crt_set_dn_by_oid(crt, GNUTLS_OID_X520_COMMON_NAME, 0, MGE_LAUNCH_TLS_NAME,
+                                           (unsigned)strlen(MGE_LAUNCH_TLS_NAME))) < 0 ||
+        (rv = gnutls_x509_crt_set_subject_alt_name(crt, GNUTLS_SAN_DNSNAME, MGE_LAUNCH_TLS_NAME,
+                                                   (unsigned)strlen(MGE_LAUNCH_TLS_NAME),
+                                                   GNUTLS_FSAN_SET)) < 0 ||
+        (rv = gnutls_x509_crt_set_basic_constraints(crt, 0, -1)) < 0 ||
+        (rv = gnutls_x509_crt_set_key_usage(crt, GNUTLS_KEY_DIGITAL_SIGNATURE)) < 0 ||
+        (rv = gnutls_x509_crt_set_key_purpose_oid(crt, GNUTLS_KP_TLS_WWW_SERVER, 0)) < 0 ||
+        (rv = gnutls_x509_crt_set_key(crt, pk)) < 0 ||
+        (rv = gnutls_x509_crt_sign2(crt, crt, pk, GNUTLS_DIG_SHA256, 0)) < 0)
+        goto fail;
+    what = "write the certificate";
+    if ((rv = gnutls_x509_crt_export2(crt, GNUTLS_X509_FMT_PEM, &c)) < 0 ||
+        (rv = gnutls_x509_privkey_export2(pk, GNUTLS_X509_FMT_PEM, &k)) < 0)
+        goto fail;
+    if (c.size + 1 > MGE_LAUNCH_CERT_MAX || k.size + 1 > key_len) {
+        rc = MGE_ERR(MGE_INTERNAL,
+                     "launch socket: the certificate (%u bytes) or key (%u) is "
+                     "larger than expected",
+                     c.size, k.size);
+        goto out;
+    }
+    memcpy(cert, c.data, c.size);
+    cert[c.size] = '\0';
+    memcpy(key, k.data, k.size);
+    key[k.size] = '\0';
+    goto out;
+fail:
+    rc = MGE_ERR(MGE_INTERNAL, "launch socket: cannot %s: %s", what, gnutls_strerror(rv));
+out:
+    if (k.data) {
+        gnutls_memset(k.data, 0, k.size);
+        gnutls_free(k.data);
+    }
+    gnutls_free(c.data);
+    if (crt)
+        gnutls_x509_crt_deinit(crt);
+    if (pk)
+        gnutls_x509_privkey_deinit(pk);
+    return rc;
+}
+
+/* l->tls: the server side of a tls+tcp:// launch socket, its certificate's PEM into @cert. */
+static int launch_tls_new(struct mge_launch *l, char *cert)
+{
+    char key[1024];
+    int rv, rc = launch_cert_new(cert, key, sizeof(key));
+    if (rc != MGE_OK)
+        return rc;
+    if ((rv = nng_tls_config_alloc(&l->tls, NNG_TLS_MODE_SERVER)) != 0 ||
+        (rv = nng_tls_config_own_cert(l->tls, cert, key, NULL)) != 0)
+        rc = MGE_ERR(MGE_NET, "launch socket: NNG's TLS refuses its certificate: %s",
+                     nng_strerror(rv));
+    memset(key, 0, sizeof(key));
+    return rc;
+}
 
 static int pack_reply(bool ok, const char *error, uint8_t **out, size_t *out_len)
 {
@@ -86,19 +179,31 @@ static void *launch_main(void *arg)
     return NULL;
 }
 
-int mge_launch_start(const char *listen_url, const char *advertise_host, struct mge_ranks *rs,
-                     char *url, size_t url_len, struct mge_launch **out)
+int mge_launch_start(const char *listen_url, const char *advertise_host, bool tls,
+                     struct mge_ranks *rs, char *url, size_t url_len, char *cert,
+                     struct mge_launch **out)
 {
     struct mge_launch *l;
     nng_listener lst;
-    char host[200] = "127.0.0.1";
+    char host[200] = "127.0.0.1", real[320];
+    const char *scheme = tls ? "tls+tcp" : "tcp";
     int rv, port = 0, rc;
 
     *out = NULL;
+    cert[0] = '\0';
+    /* the scheme follows the worker link's; --launch-listen names the address */
+    if (!strncmp(listen_url, "tcp://", 6))
+        snprintf(real, sizeof(real), "%s://%s", scheme, listen_url + 6);
+    else if (!strncmp(listen_url, "tls+tcp://", 10))
+        snprintf(real, sizeof(real), "%s://%s", scheme, listen_url + 10);
+    else
+        return MGE_ERR(MGE_INVAL, "launch socket '%s': give tcp://ADDR:PORT", listen_url);
     l = mge_calloc(1, sizeof(*l));
     if (!l)
         return MGE_NOMEM;
     l->rs = rs;
+    if (tls && (rc = launch_tls_new(l, cert)) != MGE_OK)
+        goto err_free;
     if ((rv = nng_rep0_open(&l->rep)) != 0) {
         rc = MGE_ERR(MGE_NET, "cannot open the launch socket: %s", nng_strerror(rv));
         goto err_free;
@@ -106,16 +211,18 @@ int mge_launch_start(const char *listen_url, const char *advertise_host, struct 
     nng_socket_set_size(l->rep, NNG_OPT_RECVMAXSZ, LAUNCH_MSG_MAX);
     nng_socket_set_ms(l->rep, NNG_OPT_RECVTIMEO, 200);
     nng_socket_set_ms(l->rep, NNG_OPT_SENDTIMEO, 2000);
-    if ((rv = nng_listen(l->rep, listen_url, &lst, 0)) != 0 ||
+    if ((rv = nng_listener_create(&lst, l->rep, real)) != 0 ||
+        (l->tls && (rv = nng_listener_set_ptr(lst, NNG_OPT_TLS_CONFIG, l->tls)) != 0) ||
+        (rv = nng_listener_start(lst, 0)) != 0 ||
         (rv = nng_listener_get_int(lst, NNG_OPT_TCP_BOUND_PORT, &port)) != 0) {
-        rc = MGE_ERR(MGE_NET, "cannot listen on '%s': %s", listen_url, nng_strerror(rv));
+        rc = MGE_ERR(MGE_NET, "cannot listen on '%s': %s", real, nng_strerror(rv));
         goto err_close;
     }
     mge_url_host(listen_url, host, sizeof(host));
     if (advertise_host && *advertise_host &&
         (!strcmp(host, "0.0.0.0") || !strcmp(host, "*") || !strcmp(host, "[::]")))
         snprintf(host, sizeof(host), "%s", advertise_host);
-    snprintf(url, url_len, "tcp://%s:%d", host, port);
+    snprintf(url, url_len, "%s://%s:%d", scheme, host, port);
     if (pthread_create(&l->thread, NULL, launch_main, l) != 0) {
         rc = MGE_ERR(MGE_INTERNAL, "cannot start the launch thread");
         goto err_close;
@@ -127,7 +234,10 @@ int mge_launch_start(const char *listen_url, const char *advertise_host, struct 
 err_close:
     nng_close(l->rep);
 err_free:
+    if (l->tls)
+        nng_tls_config_free(l->tls);
     mge_free(l);
+    cert[0] = '\0';
     return rc;
 }
 
@@ -151,5 +261,7 @@ void mge_launch_stop(struct mge_launch *l)
         return;
     nng_close(l->rep);
     pthread_join(l->thread, NULL);
+    if (l->tls)
+        nng_tls_config_free(l->tls);
     mge_free(l);
 }

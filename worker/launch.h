@@ -8,25 +8,41 @@
  * only the attempt's workers were told, in their authenticated Assigns (worker/link.c).
  * Anything else is refused with the reason and runs nothing.
  *
+ * TLS: when the worker link is tls+tcp://, the launch socket is too. The worker makes a key
+ * pair and a self-signed certificate for "mge-launch" at start (memory only, never on disk)
+ * and sends the certificate in its authenticated Register; the coordinator hands it to rank
+ * 0's worker with the peers, and mge-launch accepts only that very certificate (it is the
+ * whole trust list of its dial). So the launch token never crosses the network in clear and
+ * mge-launch hands its command to the worker the coordinator placed the rank on, nobody else.
+ *
  * Thread: the socket has one thread of its own; mge_ranks_launch() takes the table's lock.
  */
 #ifndef MGE_WORKER_LAUNCH_H
 #define MGE_WORKER_LAUNCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct mge_ranks;
 struct mge_launch;
 
+/* The server name in every launch socket's certificate (mge-launch checks it). */
+#define MGE_LAUNCH_TLS_NAME "mge-launch"
+/* Room for a launch socket's certificate (PEM, NUL included): an ECDSA P-256 one is ~600. */
+#define MGE_LAUNCH_CERT_MAX 2048
+
 /*
  * Listen on @listen_url ("tcp://ADDR:PORT", port 0 for any) for @rs (borrowed, must outlive
  * the server). @advertise_host: the host others reach us by when ADDR is 0.0.0.0 (NULL: ADDR).
- * The URL to give others (with the port bound) goes to @url of @url_len bytes. On MGE_OK stop
- * with mge_launch_stop().
+ * @tls: listen on tls+tcp:// with a certificate made now, whose PEM goes to @cert of
+ * MGE_LAUNCH_CERT_MAX bytes (@cert is "" without @tls). The URL to give others (with the port
+ * bound; tls+tcp:// with @tls) goes to @url of @url_len bytes. On MGE_OK stop with
+ * mge_launch_stop().
  */
-int mge_launch_start(const char *listen_url, const char *advertise_host, struct mge_ranks *rs,
-                     char *url, size_t url_len, struct mge_launch **out);
+int mge_launch_start(const char *listen_url, const char *advertise_host, bool tls,
+                     struct mge_ranks *rs, char *url, size_t url_len, char *cert,
+                     struct mge_launch **out);
 /*
  * The launch socket's address when none is given (--launch-listen), for a worker whose
  * coordinator is @coordinator ("tcp://HOST:PORT"): "tcp://127.0.0.1:0" when HOST is this

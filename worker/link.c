@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/crypto.h"
 #include "common/err.h"
+#include "common/gpu.h"
 #include "common/log.h"
 #include "common/url.h"
 #include "engine/ckpt.h"
@@ -29,8 +30,10 @@
 
 #define HB_MAX_LINES 2000      /* lines per heartbeat; the rest go in the next one */
 #define HB_MIN_GAP_MS 20       /* at most ~50 heartbeats a second, so output is batched */
+#define XFER_GAP_MS 50         /* checkpoint pieces: at most 20 MiB/s, so a rank's own CPU and
+                                  the coordinator's disk are not swamped by its uploads */
 #define RPC_TIMEOUT_MS 3000
-#define CKPT_CHUNK ((size_t)1 << 20) /* checkpoint bytes per heartbeat, both ways */
+#define CKPT_CHUNK ((size_t)1 << 20) /* checkpoint bytes per frame, both ways */
 
 /* A checkpoint file on its way to or from the coordinator's store (link thread only). */
 struct xfer {
@@ -64,6 +67,7 @@ struct mge_link {
     uint8_t nonce[MGE_NONCE_LEN];     /* client nonce of the last Register */
     struct xfer up, down;             /* checkpoint upload and fetch in progress */
     uint8_t *chunk;                   /* CKPT_CHUNK bytes: the upload's next piece */
+    bool xfer_next;                   /* a transfer is under way: its next piece is due soon */
 };
 
 static int64_t mono_ms(void)
@@ -293,12 +297,14 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
                                      .spec_yaml = a->spec_yaml,
                                      .resume = a->resume,
                                      .resume_copy = a->resume_copy,
-                                     .launch_token = a->launch_token};
+                                     .launch_token = a->launch_token,
+                                     .gpu_ids = a->gpu_ids};
         struct mge_peer *peers = a->n_peers ? mge_calloc(a->n_peers, sizeof(*peers)) : NULL;
         for (size_t k = 0; peers && k < a->n_peers; k++) {
             peers[k].rank = a->peers[k]->rank;
             peers[k].name = a->peers[k]->name;
             peers[k].launch_url = a->peers[k]->launch_url;
+            peers[k].launch_cert = a->peers[k]->launch_cert;
         }
         ra.peers = peers;
         ra.n_peers = peers ? a->n_peers : 0;
@@ -563,6 +569,7 @@ static int exchange(struct mge_link *l)
     Mge__Register reg = MGE__REGISTER__INIT;
     Mge__Heartbeat hb = MGE__HEARTBEAT__INIT;
     Mge__Slots slots = MGE__SLOTS__INIT;
+    Mge__Gpu gpus[MGE_GPUS_MAX], *gpup[MGE_GPUS_MAX];
     Mge__CkptChunk chunk;
     Mge__CkptFetch fetch;
     Mge__LinkReply *lr;
@@ -578,10 +585,19 @@ static int exchange(struct mge_link *l)
         slots.gpus = l->o.gpus;
         slots.memory_mb = l->o.memory_mb;
         slots.device = l->o.gpus > 0 ? (char *)"gpu" : (char *)"cpu";
+        for (int i = 0; i < l->o.gpus && i < MGE_GPUS_MAX && l->o.gpu; i++) {
+            mge__gpu__init(&gpus[i]);
+            gpus[i].name = (char *)l->o.gpu[i].name;
+            gpus[i].memory_mb = l->o.gpu[i].memory_mb;
+            gpup[i] = &gpus[i];
+            slots.n_gpu_list = (size_t)i + 1;
+        }
+        slots.gpu_list = gpup;
         reg.name = (char *)l->o.name;
         reg.host = (char *)l->o.host;
         reg.version = (char *)l->o.version;
         reg.launch_url = (char *)(l->o.launch_url ? l->o.launch_url : "");
+        reg.launch_cert = (char *)(l->o.launch_cert ? l->o.launch_cert : "");
         reg.slots = &slots;
         msg.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
         msg.register_ = &reg;
@@ -650,6 +666,9 @@ static int exchange(struct mge_link *l)
     if (tw->fetched)
         fetch_answer(l, tw->fetched);
     mge__to_worker__free_unpacked(tw, NULL);
+    /* a checkpoint on its way: the next piece goes XFER_GAP_MS later, not at the next
+     * heartbeat (a 15 MB checkpoint took 15 heartbeats: 7.5 s at 500 ms, 15 s at the default) */
+    l->xfer_next = l->up.active || l->down.active;
     return MGE_OK;
 }
 
@@ -667,8 +686,9 @@ static void *link_main(void *arg)
                 mge_log_info("coordinator reachable again");
             was_down = false;
             backoff = 100;
-            /* wait for the interval or something to send, but not less than the gap */
-            if (!link_wait(l, l->hb_ms - (mono_ms() - last)))
+            /* wait for the interval or something to send, but not less than the gap; a
+             * checkpoint piece to send next waits XFER_GAP_MS only */
+            if (!link_wait(l, (l->xfer_next ? XFER_GAP_MS : l->hb_ms) - (mono_ms() - last)))
                 break;
             now = mono_ms();
             if (now - last < HB_MIN_GAP_MS) {

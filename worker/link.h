@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+struct mge_gpu;
 struct mge_ranks;
 struct mge_link;
 
@@ -20,7 +21,9 @@ struct mge_link_opts {
     const char *join_token;  /* proven in every Register, never sent */
     const char *name, *host, *version;
     const char *launch_url;  /* the launch socket (launch.h), NULL if none */
+    const char *launch_cert; /* its certificate (PEM) when tls+tcp://, else NULL or "" */
     int cpus, gpus;
+    const struct mge_gpu *gpu; /* @gpus of them, in index order (common/gpu.h) */
     int64_t memory_mb;
     int heartbeat_ms;        /* default 1000 (the coordinator may ask for another) */
     const char *cacert;      /* CA file (PEM) a tls+tcp:// coordinator's certificate must

@@ -1,5 +1,4 @@
-/* main.c: mge-worker: flags, slots (CPU, memory, CUDA devices), the libuv loop and the link. */
-#include <dlfcn.h>
+/* main.c: mge-worker: flags, slots (CPU, memory, GPUs: gpus.h), the libuv loop and the link. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -16,6 +15,7 @@
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "gpus.h"
 #include "launch.h"
 #include "link.h"
 #include "ranks.h"
@@ -48,26 +48,11 @@ static void usage(FILE *f)
                "  --mpirun PATH     Open MPI's mpirun (default: mpirun.openmpi or mpirun on PATH)\n"
                "  --mpi-if CIDR     network the jobs' MPI traffic uses (Open MPI's\n"
                "                    oob_tcp_if_include and btl_tcp_if_include)\n");
-}
-
-/* CUDA devices through the runtime, when it is installed; 0 otherwise. */
-static int cuda_device_count(void)
-{
-    static const char *const libs[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                                       "libcudart.so.11.0"};
-    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]); i++) {
-        void *h = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
-        int (*get)(int *);
-        int n = 0;
-        if (!h)
-            continue;
-        *(void **)&get = dlsym(h, "cudaGetDeviceCount");
-        if (!get || get(&n) != 0)
-            n = 0;
-        dlclose(h);
-        return n;
-    }
-    return 0;
+    fputs("GPUs: every device the CUDA runtime (libcudart, loaded at run time) sees; each\n"
+          "rank gets the ones the coordinator gave it as CUDA_VISIBLE_DEVICES. Test hook:\n"
+          "MGE_FAKE_GPUS=\"2x NAME:MIB[,1x NAME:MIB]\" advertises those GPUs instead\n"
+          "(docs/operations.md, GPU workers).\n",
+          f);
 }
 
 /* @name as an executable: a path as it is, else the first match on PATH (into @out). */
@@ -134,11 +119,15 @@ int main(int argc, char **argv)
     const char *train_bin = NULL, *launch_listen = NULL, *mpirun = NULL;
     const char *mpi_if = NULL;
     char mpirun_found[PATH_MAX], launch_bin[PATH_MAX + 16], launch_url[300], launch_default[300];
+    static char launch_cert[MGE_LAUNCH_CERT_MAX];
     struct mge_data_roots roots = {0};
     int cpus = 0, hb_ms = 0, rc;
     long long memory_mb = 0;
     char exe[PATH_MAX], train_default[PATH_MAX + 16], work_default[PATH_MAX], work_real[PATH_MAX];
     char host[256] = "localhost", join[1024] = "";
+    static struct mge_gpu gpus[MGE_GPUS_MAX];
+    char gpu_source[64], gpu_why[256];
+    int n_gpus = 0;
     struct mge_ranks_opts ro;
     struct mge_link_opts lo;
     uv_loop_t *loop = uv_default_loop();
@@ -247,6 +236,11 @@ int main(int argc, char **argv)
         cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (memory_mb <= 0)
         memory_mb = (long long)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / (1024 * 1024);
+    if (mge_gpus_detect(gpus, &n_gpus, gpu_source, sizeof(gpu_source), gpu_why, sizeof(gpu_why)) !=
+        MGE_OK) {
+        fprintf(stderr, "mge-worker: bad %s: %s\n", MGE_FAKE_GPUS_ENV, gpu_why);
+        return 2;
+    }
     signal(SIGPIPE, SIG_IGN);
 
     memset(&ro, 0, sizeof(ro));
@@ -255,6 +249,7 @@ int main(int argc, char **argv)
     ro.launch_bin = access(launch_bin, X_OK) == 0 ? launch_bin : NULL;
     ro.mpi_if = mpi_if;
     ro.work_dir = work_real;
+    ro.gpus = n_gpus;
     ro.data_roots = &roots;
     rc = mge_ranks_init(&g_ranks, loop, &ro);
     if (rc != MGE_OK)
@@ -263,20 +258,23 @@ int main(int argc, char **argv)
         mge_launch_default_url(coordinator, launch_default, sizeof(launch_default));
         launch_listen = launch_default;
     }
-    rc = mge_launch_start(launch_listen, host, &g_ranks, launch_url, sizeof(launch_url), &g_launch);
+    rc = mge_launch_start(launch_listen, host, !strncmp(coordinator, "tls+tcp://", 10), &g_ranks,
+                          launch_url, sizeof(launch_url), launch_cert, &g_launch);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-worker: cannot open the launch socket on '%s'\n", launch_listen);
         return 1;
     }
     memset(&lo, 0, sizeof(lo));
     lo.launch_url = launch_url;
+    lo.launch_cert = launch_cert;
     lo.coordinator = coordinator;
     lo.join_token = join;
     lo.name = name;
     lo.host = host;
     lo.version = MGE_VERSION;
     lo.cpus = cpus;
-    lo.gpus = cuda_device_count();
+    lo.gpus = n_gpus;
+    lo.gpu = gpus;
     lo.memory_mb = memory_mb;
     lo.heartbeat_ms = hb_ms;
     lo.cacert = cacert;
@@ -289,8 +287,10 @@ int main(int argc, char **argv)
     uv_signal_init(loop, &g_sigterm);
     uv_signal_start(&g_sigint, on_signal, SIGINT);
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);
-    mge_log_info("mge-worker %s '%s': %d cpus, %lld MiB, %d gpus, %d data root(s), train %s",
-                 MGE_VERSION, name, cpus, memory_mb, lo.gpus, roots.n, train_bin);
+    mge_log_info("mge-worker %s '%s': %d cpus, %lld MiB, %d gpus (%s), %d data root(s), train %s",
+                 MGE_VERSION, name, cpus, memory_mb, lo.gpus, gpu_source, roots.n, train_bin);
+    for (int i = 0; i < n_gpus; i++)
+        mge_log_info("gpu %d: %s, %lld MiB", i, gpus[i].name, (long long)gpus[i].memory_mb);
     if (!ro.mpirun_bin || !ro.launch_bin)
         mge_log_warn("multi-worker jobs will be refused here: %s not found",
                      !ro.mpirun_bin ? "Open MPI's mpirun" : launch_bin);

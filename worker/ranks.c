@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "common/log.h"
+#include "gpus.h"
 
 #define LINE_MAX_BYTES 65536       /* longer lines are split */
 #define LINES_BUFFER_MAX 200000    /* per rank; log lines beyond are dropped (metrics kept) */
@@ -492,6 +493,7 @@ static void strv_push(struct strv *a, const char *s)
 struct spawn_bufs {
     char spec_path[1100], map_path[1100], threads[16], np[16], worker_pid[16];
     char env_job[64], env_rank[64], env_world[64], env_attempt[64], env_omp[64];
+    char env_cuda[300];
     char *env_spec, *env_map, *env_token, *env_roots, *env_tmp, *hosts;
 };
 
@@ -536,6 +538,21 @@ static void guard_push(struct mge_ranks *rs, struct spawn_bufs *b, struct strv *
     strv_push(a, b->worker_pid);
 }
 
+/*
+ * On a worker with GPUs, the rank's CUDA_VISIBLE_DEVICES into @b->env_cuda: the devices the
+ * scheduler gave it, none ("") for a rank without GPUs, so that it cannot take another's.
+ * Whether it is set (the worker's own value is then not passed on).
+ */
+static bool cuda_env(const struct mge_ranks *rs, const struct mge_rank *r, struct spawn_bufs *b)
+{
+    char v[256];
+    if (rs->opts.gpus <= 0 && !r->gpu_ids[0])
+        return false;
+    mge_gpus_visible(r->gpu_ids, getenv("CUDA_VISIBLE_DEVICES"), v, sizeof(v));
+    snprintf(b->env_cuda, sizeof(b->env_cuda), "CUDA_VISIBLE_DEVICES=%s", v);
+    return true;
+}
+
 /* Environment variables a rank's process gets from us, not from the worker's environment. */
 static bool env_ours(const char *e)
 {
@@ -550,28 +567,38 @@ static bool env_ours(const char *e)
 }
 
 /*
- * mpirun's launch map: "NAME RANK URL" per line, which mge-launch reads to find the worker
- * of the host mpirun asks it to start a daemon on. mu held.
+ * mpirun's launch map: "NAME RANK URL CERT" per line, which mge-launch reads to find the worker
+ * of the host mpirun asks it to start a daemon on. CERT is the file holding the certificate
+ * that worker's tls+tcp:// launch socket must show (written beside the map), or "-". mu held.
  */
 static int write_launch_map(const struct mge_rank *r, const char *path, char *why, size_t why_len)
 {
-    char *text = NULL;
+    char *text = NULL, cert_path[1200];
     size_t len = 0;
-    int rc;
+    int rc = MGE_OK;
     FILE *f = open_memstream(&text, &len);
     if (!f) {
         snprintf(why, why_len, "out of memory");
         return MGE_NOMEM;
     }
-    for (size_t i = 0; i < r->n_peers; i++)
-        fprintf(f, "%s %d %s\n", r->peers[i].name, r->peers[i].rank,
-                r->peers[i].launch_url && *r->peers[i].launch_url ? r->peers[i].launch_url : "-");
+    for (size_t i = 0; i < r->n_peers && rc == MGE_OK; i++) {
+        const struct mge_peer *p = &r->peers[i];
+        snprintf(cert_path, sizeof(cert_path), "-");
+        if (p->launch_cert && *p->launch_cert) {
+            snprintf(cert_path, sizeof(cert_path), "%s.rank%d.pem", path, p->rank);
+            rc = file_write_all(cert_path, "launch certificate", p->launch_cert,
+                                strlen(p->launch_cert), why, why_len);
+        }
+        fprintf(f, "%s %d %s %s\n", p->name, p->rank,
+                p->launch_url && *p->launch_url ? p->launch_url : "-", cert_path);
+    }
     if (fclose(f) != 0 || !text) {
         free(text);
         snprintf(why, why_len, "out of memory");
         return MGE_NOMEM;
     }
-    rc = file_write_all(path, "launch map", text, len, why, why_len);
+    if (rc == MGE_OK)
+        rc = file_write_all(path, "launch map", text, len, why, why_len);
     free(text); /* open_memstream's buffer comes from malloc, not mge_malloc */
     return rc;
 }
@@ -667,7 +694,7 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     char why[512];
     const char *resume_from = NULL, *what;
     int rv, cpus;
-    bool paths_ok;
+    bool paths_ok, cuda_set;
 
     memset(&b, 0, sizeof(b));
     r->spawned = true;
@@ -753,9 +780,21 @@ static void spawn_rank(struct mge_ranks *rs, struct mge_rank *r)
     }
 
     /* OpenMP and BLAS threads follow OMP_NUM_THREADS: ours replaces the worker's own */
+    cuda_set = cuda_env(rs, r, &b);
     for (char **e = environ; *e; e++)
-        if (!env_ours(*e) || (mode == SPAWN_TRAIN && !strncmp(*e, "TMPDIR=", 7)))
+        if ((!env_ours(*e) || (mode == SPAWN_TRAIN && !strncmp(*e, "TMPDIR=", 7))) &&
+            !(cuda_set && !strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21)))
             strv_push(&env, *e);
+    if (cuda_set) {
+        strv_push(&env, b.env_cuda);
+        /* the job's log says which devices it got (the ranks mpirun or orted start here
+         * inherit them) */
+        snprintf(why, sizeof(why), "mge-worker: rank %d gets GPU index(es) '%s': %.200s", r->rank,
+                 r->gpu_ids, b.env_cuda);
+        line_push(r, 1, why, strlen(why));
+        mge_log_info("job %lld attempt %d rank %d: %s", (long long)r->job_id, r->attempt, r->rank,
+                     b.env_cuda);
+    }
     snprintf(b.env_job, sizeof(b.env_job), "MGE_JOB_ID=%lld", (long long)r->job_id);
     snprintf(b.env_attempt, sizeof(b.env_attempt), "MGE_ATTEMPT=%d", r->attempt);
     snprintf(b.env_omp, sizeof(b.env_omp), "OMP_NUM_THREADS=%d", cpus);
@@ -872,6 +911,7 @@ static void rank_free(struct mge_rank *r)
     for (size_t i = 0; i < r->n_peers; i++) {
         mge_free(r->peers[i].name);
         mge_free(r->peers[i].launch_url);
+        mge_free(r->peers[i].launch_cert);
     }
     mge_free(r->peers);
     mge_free(r);
@@ -1072,6 +1112,7 @@ int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a)
     r->attempt = a->attempt;
     r->rank = a->rank;
     r->world = a->world;
+    snprintf(r->gpu_ids, sizeof(r->gpu_ids), "%s", a->gpu_ids ? a->gpu_ids : "");
     r->spec_yaml = mge_strdup(a->spec_yaml ? a->spec_yaml : "");
     r->resume = a->resume && *a->resume ? mge_strdup(a->resume) : NULL;
     r->launch_token = mge_strdup(a->launch_token ? a->launch_token : "");
@@ -1090,8 +1131,10 @@ int mge_ranks_assign(struct mge_ranks *rs, const struct mge_rank_assign *a)
         r->peers[i].rank = a->peers[i].rank;
         r->peers[i].name = mge_strdup(a->peers[i].name ? a->peers[i].name : "");
         r->peers[i].launch_url = mge_strdup(a->peers[i].launch_url ? a->peers[i].launch_url : "");
+        r->peers[i].launch_cert =
+            mge_strdup(a->peers[i].launch_cert ? a->peers[i].launch_cert : "");
         r->n_peers = i + 1;
-        oom |= !r->peers[i].name || !r->peers[i].launch_url;
+        oom |= !r->peers[i].name || !r->peers[i].launch_url || !r->peers[i].launch_cert;
     }
     r->state = MGE_RANK_STARTING;
     r->owner = rs;

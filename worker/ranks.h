@@ -40,6 +40,7 @@ struct mge_peer {
     int rank;
     char *name;              /* the host name mpirun is given */
     char *launch_url;
+    char *launch_cert; /* PEM, the only certificate mge-launch accepts there; "" if none */
 };
 
 /* What mge_ranks_assign() copies. Strings and @peers are borrowed. */
@@ -53,6 +54,7 @@ struct mge_rank_assign {
     const char *launch_token; /* world > 1: the attempt's secret for LaunchRequests */
     const struct mge_peer *peers; /* rank 0 of world > 1: every rank's worker, rank order */
     size_t n_peers;
+    const char *gpu_ids; /* this worker's GPUs the rank gets ("0,1"), NULL or "" for none */
 };
 
 struct mge_rank {
@@ -64,6 +66,7 @@ struct mge_rank {
     char *launch_token;      /* owned, NULL for single-rank attempts */
     struct mge_peer *peers;  /* owned (and their strings); rank 0 of world > 1 only */
     size_t n_peers;
+    char gpu_ids[200]; /* the scheduler's GPU indexes ("0,1"), "" for none */
     /* [mu] */
     char *command;           /* owned: the orted command a LaunchRequest handed us (rank > 0) */
     enum mge_rank_state state;
@@ -105,6 +108,8 @@ struct mge_ranks_opts {
     const char *launch_bin;  /* mge-launch (absolute path): mpirun's plm_rsh_agent */
     const char *mpi_if;      /* CIDR the job's MPI traffic uses (oob and btl tcp), or NULL */
     const char *work_dir;    /* job directories go under it */
+    int gpus;                /* GPUs this worker offers: when > 0, every rank gets its
+                              * CUDA_VISIBLE_DEVICES (its Assign's gpu_ids, "" for none) */
     const struct mge_data_roots *data_roots; /* data paths must lie under one; passed to
                                               * every rank in MGE_DATA_ROOTS, checked there
                                               * on the file opened */

@@ -14,7 +14,7 @@ echo "== int8 vs fp32 inference (mge-infer --precision, PyTorch int8 beside)"
 /usr/bin/python3 tests/bench/quant.py "$BUILD" "${MGE_BENCH_THREADS:-2}" "${MGE_BENCH_ROUNDS:-3}"
 echo "== checkpoints: background every 20 steps vs off"
 /usr/bin/python3 tests/bench/ckpt.py "$BUILD" "${MGE_BENCH_THREADS:-2}"
-for b in tests/bench/control.sh tests/bench/comm.sh tests/bench/det.sh; do
+for b in tests/bench/control.sh tests/bench/comm.sh tests/bench/det.sh tests/bench/eager.sh; do
     [ -f "$b" ] || continue
     echo "== $(basename "$b" .sh)"
     sh "$b" "$BUILD"

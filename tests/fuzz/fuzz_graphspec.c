@@ -1,10 +1,12 @@
 /*
  * fuzz_graphspec.c: libFuzzer target for model.nodes (common/graphspec.c), what strangers POST
  * as a graph model. The input is the value of `nodes:` under a fixed spec, so every run
- * exercises the graph reader rather than the rest of the spec. Beyond "no crash, no leak": a
- * graph that parses must come back the same from its canonical source and from its JSON, its
- * order must put every node after its inputs, and every shape must be positive.
+ * exercises the graph reader rather than the rest of the spec; an input that starts with
+ * "# text" gets a spec of text data instead (token windows: the GPT nodes). Beyond "no crash, no
+ * leak": a graph that parses must come back the same from its canonical source and from its JSON,
+ * its order must put every node after its inputs, and every shape must be positive.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,12 @@ static const char HEAD[] = "name: fuzz\n"
                            "model:\n"
                            "  type: graph\n"
                            "  nodes: ";
+static const char HEAD_TEXT[] = "name: fuzz\n"
+                                "data: {format: text, train_files: [t.txt]}\n"
+                                "train: {steps: 1, batch_size: 2, optimizer: {lr: 0.1}}\n"
+                                "model:\n"
+                                "  type: graph\n"
+                                "  nodes: ";
 
 static void check_order(const struct mge_graphspec *gs)
 {
@@ -75,7 +83,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct mge_jobspec *spec = NULL;
     struct mge_spec_error err;
-    size_t head = sizeof(HEAD) - 1;
+    bool tokens = size >= 6 && !memcmp(data, "# text", 6);
+    const char *h = tokens ? HEAD_TEXT : HEAD;
+    size_t head = strlen(h);
     char *text;
 
     if (size > 65536)
@@ -83,7 +93,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     text = malloc(head + size);
     if (!text)
         return 0;
-    memcpy(text, HEAD, head);
+    memcpy(text, h, head);
     memcpy(text + head, data, size);
     if (mge_jobspec_parse("fuzz.yaml", text, head + size, NULL, 0, &spec, &err) == MGE_OK)
         check_spec(spec);

@@ -39,8 +39,8 @@ deps_worker_frame=$deps_control
 libs_worker_frame=$libs_control
 
 # the worker's launch socket: LaunchRequest frames into worker/launch.c and worker/ranks.c
-deps_launch_request='worker/launch.c worker/ranks.c common/*.c $BUILD/gen/proto/worker.pb-c.c'
-libs_launch_request='-lnng -luv -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
+deps_launch_request='worker/launch.c worker/ranks.c worker/gpus.c common/*.c $BUILD/gen/proto/worker.pb-c.c'
+libs_launch_request='-lnng -lgnutls -luv -lprotobuf-c -lyaml -ljansson -lz -lm -lpthread -lcrypto'
 
 # the .npy reader: header parser and loader (engine/data_npy.c with the module it belongs to)
 deps_npy='engine/data_npy.c engine/data_idx.c engine/data.c common/*.c'

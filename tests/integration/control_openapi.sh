@@ -6,6 +6,7 @@ python3 -c 'import yaml' 2>/dev/null || { echo "SKIP: python3 with PyYAML needed
 
 start_coord
 start_worker w1
+MGE_FAKE_GPUS="1x NVIDIA H100 80GB HBM3:81559" start_worker g1 # a worker with GPUs: its gpus[] items
 REC="$T/records.tsv"
 : >"$REC"
 n=0

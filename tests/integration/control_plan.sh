@@ -24,6 +24,22 @@ Y
 }
 post() { api POST /api/v1/jobs -H 'Content-Type: application/yaml' --data-binary "@$T/$1.yaml"; }
 
+# --- the plan is the run's: at resources.cpus threads (convolutions' scratch space grows with
+# the threads), the planner's peak is the peak the rank runs with ---
+cat >"$T/conv.yaml" <<Y
+name: conv
+model: {type: lenet}
+data: {format: synthetic, train_size: 256, test_size: 0, image: [1, 28, 28], classes: 10}
+resources: {cpus: 2}
+train: {steps: 2, batch_size: 128, optimizer: {type: sgd, lr: 0.01}}
+Y
+planned=$(OMP_NUM_THREADS=1 "$MGE_TRAIN_BIN" --plan "$T/conv.yaml" | jq .peak_bytes)
+planned1=$(OMP_NUM_THREADS=1 "$MGE_TRAIN_BIN" --plan "$T/conv.yaml" --set resources.cpus=1 | jq .peak_bytes)
+ran=$("$MGE_TRAIN_BIN" "$T/conv.yaml" --threads 2 --json --out "$T/conv-out" 2>/dev/null |
+    jq 'select(.summary) | .peak_bytes')
+check "a LeNet of 2 CPUs: --plan's peak ($planned; $planned1 at 1 CPU) is the 2-thread run's ($ran)" \
+    sh -c "[ -n '$ran' ] && [ '$planned' = '$ran' ] && [ '$planned1' != '$ran' ]"
+
 # --- fits nowhere as planned, but would with recomputation: 422 naming both ---
 deep big 4096 false
 post big >"$T/big.json"
@@ -78,6 +94,25 @@ check "... its plan names the reason (outside the data roots), nothing of the fi
     .plan.error | test("outside") and (test("root:") | not)' "$T/j3.json"
 jq -r '"     " + .plan.error' "$T/j3.json"
 api POST "/api/v1/jobs/$J3/cancel" >/dev/null
+
+# --- a spec whose data would take 60 GB: the planner child hits its memory cap at once ---
+cat >"$T/huge.yaml" <<Y
+name: huge
+model: {type: mlp, hidden: [32]}
+data: {format: synthetic, train_size: 20000000, input_dim: 784, classes: 10}
+train: {steps: 1, batch_size: 8, optimizer: {type: sgd, lr: 0.01}}
+Y
+t0=$(date +%s.%N)
+J4=$(post huge | jq -r .id)
+secs_huge=$(secs "$t0" "$(date +%s.%N)")
+check "a spec whose synthetic data set would take 60 GB is answered in $secs_huge s (<= 5), unplanned" \
+    sh -c "[ '$(status)' = 201 ] && awk 'BEGIN { exit !($secs_huge <= 5) }'"
+api GET "/api/v1/jobs/$J4" >"$T/j4.json"
+check "... its plan says the planner ran out of its memory" jq -e '.plan.error | test("out of memory")' \
+    "$T/j4.json"
+jq -r '"     " + .plan.error' "$T/j4.json"
+check "... and the coordinator is still up" sh -c "curl -sf '$URL/healthz' >/dev/null"
+api POST "/api/v1/jobs/$J4/cancel" >/dev/null
 
 # --- the pending reason's ETA: when the running jobs' speed says the slots come free ---
 eta_job() { # NAME STEPS

@@ -6,7 +6,9 @@
 # of its spec (bit-identical). A job of the same priority never preempts.
 . "$(dirname "$0")/lib/control.sh"
 
-STEPS=400
+# long enough that the low job is still running when the high one arrives, however fast the
+# machine (at 400 steps a fast CI machine finished it before the preemption could happen)
+STEPS=1500
 CKPT=50
 start_coord
 start_worker wa
@@ -43,12 +45,14 @@ else
     fail "the priority-10 job does not run 5 s after its submission"
 fi
 api GET "/api/v1/jobs/$LOW" >"$T/low.json"
+jq -c '{state, attempt, restarts, incarnations: [.incarnations[] | {start_step, reason, infra}]}' \
+    "$T/low.json" | sed 's/^/     /'
 check "the priority-0 job was requeued, preempted by job $HIGH, not charged" jq -e --argjson h "$HIGH" '
     .attempt >= 2 and .restarts == 0 and
     (.incarnations[0].reason | startswith("preempted by job \($h) (priority 10)")) and
     .incarnations[0].infra == true' "$T/low.json"
 check "the priority-10 job succeeds" wait_until 60 state_is "$HIGH" succeeded
-check "then the preempted job resumes and succeeds" wait_until 120 state_is "$LOW" succeeded
+check "then the preempted job resumes and succeeds" wait_until 300 state_is "$LOW" succeeded
 api GET "/api/v1/jobs/$LOW" >"$T/low.json"
 check "... from its last checkpoint before the preemption" jq -e '
     .incarnations[-1].start_step > 0 and .incarnations[-1].start_step % 50 == 0 and

@@ -16,54 +16,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # no test set: the twins compare training only (ResNet's evaluation would take most of the time)
 NO_TEST="--set data.test_images= --set data.test_labels="
 
-# the loss of every step line of a --json run, one per line
-losses() { python3 -c '
-import json, sys
-for l in open(sys.argv[1]):
-    d = json.loads(l)
-    if "step" in d and "loss" in d and "final_loss" not in d:
-        print(d["step"], d["loss"])' "$1"; }
-
-# the tensors of a safetensors file (name, dtype, shape, raw bytes) equal in both files
-same_weights() { python3 -c '
-import json, struct, sys
-def read(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
-    return {k: (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
-            for k, v in h.items()}
-a, b = read(sys.argv[1]), read(sys.argv[2])
-if sorted(a) != sorted(b):
-    sys.exit("names differ: %s" % sorted(set(a) ^ set(b)))
-diff = [k for k in a if a[k] != b[k]]
-if diff:
-    sys.exit("%d of %d tensors differ, first %s" % (len(diff), len(a), diff[0]))
-print(len(a))' "$1" "$2"; }
-
-# twin NAME ZOO GRAPH SETS...: both train with the same sets; losses and weights must agree
-twin() {
-    name=$1; zoo=$2; graph=$3; shift 3
-    for m in zoo graph; do
-        spec=$zoo; [ $m = graph ] && spec=$graph
-        "$BIN/mge-train" "$spec" --json --out "$T/$name-$m" --set train.checkpoint_every=0 "$@" \
-            > "$T/$name-$m.out" 2>"$T/$name-$m.err" || { bad "$name $m exited $?"; cat "$T/$name-$m.err"; }
-        "$BIN/mge-export" "$T/$name-$m/latest.mgeckpt" --format safetensors \
-            --output "$T/$name-$m.safetensors" 2>>"$T/$name-$m.err" || bad "$name $m: mge-export exited $?"
-    done
-    losses "$T/$name-zoo.out" > "$T/$name-zoo.loss"
-    losses "$T/$name-graph.out" > "$T/$name-graph.loss"
-    n=$(wc -l < "$T/$name-zoo.loss")
-    [ "$n" -gt 0 ] && cmp -s "$T/$name-zoo.loss" "$T/$name-graph.loss" &&
-        ok "$name: the graph's loss equals the zoo's at each of $n steps (last $(tail -1 "$T/$name-zoo.loss"))" ||
-        { bad "$name: losses differ"; diff "$T/$name-zoo.loss" "$T/$name-graph.loss" | head -5; }
-    if k=$(same_weights "$T/$name-zoo.safetensors" "$T/$name-graph.safetensors"); then
-        ok "$name: all $k tensors (PyTorch names) bit-identical after the run"
-    else
-        bad "$name: weights differ: $k"
-    fi
-}
-
 echo "-- MLP with GELU and dropout, Adam, synthetic data: zoo and graph (fused activations, same masks)"
 DATA='data: {format: synthetic, input_dim: 100, classes: 5, train_size: 512, test_size: 64}'
 TRAIN='train: {steps: 30, batch_size: 32, optimizer: {type: adam, lr: 0.001}}'
@@ -95,36 +47,7 @@ twin resnet20 "$ROOT/examples/fmnist-resnet20.yaml" "$ROOT/examples/fmnist-resne
     --set train.steps=3 --set train.batch_size=16 $NO_TEST
 
 echo "-- every op in one graph (branches, broadcasting, concat, norms) trains; recomputation keeps it bit-identical"
-cat > "$T/allops.yaml" <<'Y'
-name: allops
-data: {format: synthetic, image: [1, 8, 8], classes: 4, train_size: 256, test_size: 64}
-train: {steps: 20, batch_size: 16, optimizer: {lr: 0.05, momentum: 0.9}, checkpoint_every: 0}
-model:
-  type: graph
-  nodes:
-    - {name: x, op: input, shape: [1, 8, 8]}
-    - {name: c1, op: conv2d, inputs: x, out_channels: 8, kernel: 3, padding: 1}
-    - {name: b1, op: batchnorm2d, inputs: c1}
-    - {name: r1, op: relu, inputs: b1}
-    - {name: sq, op: global_avgpool, inputs: r1}          # squeeze-and-excitation gate
-    - {name: e1, op: linear, inputs: sq, out_features: 2}
-    - {name: e1r, op: relu, inputs: e1}
-    - {name: e2, op: linear, inputs: e1r, out_features: 8}
-    - {name: gate, op: sigmoid, inputs: e2}
-    - {name: g4, op: reshape, inputs: gate, shape: [8, 1, 1]}
-    - {name: scaled, op: mul, inputs: [r1, g4]}           # [16,8,8,8] * [16,8,1,1]
-    - {name: br, op: avgpool, inputs: x, kernel: 3, stride: 1, padding: 1}
-    - {name: cat, op: concat, inputs: [scaled, br], axis: 1}
-    - {name: p, op: maxpool, inputs: cat, kernel: 2}
-    - {name: d, op: sub, inputs: [p, p2]}
-    - {name: p2, op: tanh, inputs: p}
-    - {name: f, op: flatten, inputs: d}
-    - {name: ln, op: layernorm, inputs: f}
-    - {name: dr, op: dropout, inputs: ln, p: 0.2}
-    - {name: fc, op: linear, inputs: dr, out_features: 4}
-    - {name: g, op: gelu, inputs: fc}
-    - {name: loss, op: cross_entropy, inputs: g}
-Y
+cp "$(dirname "$0")/lib/allops.yaml" "$T/allops.yaml"
 "$BIN/mge-train" "$T/allops.yaml" --json --out "$T/allops" > "$T/allops.out" 2>"$T/err" || { bad "allops exited $?"; cat "$T/err"; }
 MGE_REMAT_FORCE=1 "$BIN/mge-train" "$T/allops.yaml" --json --out "$T/allops-r" --set memory.sublinear=true \
     > "$T/allops-r.out" 2>"$T/err" || { bad "allops (sublinear) exited $?"; cat "$T/err"; }

@@ -4,7 +4,9 @@
  * Without a CUDA device every test is skipped, visibly, and the binary exits 77.
  */
 #include <check.h>
+#include <cuda_runtime_api.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,14 @@
 #include "common/rng.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
+#include "worker/gpus.h"
+
+/* the worker reads cudaDeviceProp without CUDA's headers (worker/gpus.c): its offsets hold */
+_Static_assert(offsetof(struct cudaDeviceProp, totalGlobalMem) == MGE_CUDA_PROP_TOTAL_MEM_OFF,
+               "cudaDeviceProp.totalGlobalMem moved: update MGE_CUDA_PROP_TOTAL_MEM_OFF");
+_Static_assert(offsetof(struct cudaDeviceProp, name) == 0 &&
+                   sizeof(((struct cudaDeviceProp *)0)->name) == MGE_CUDA_PROP_NAME_LEN,
+               "cudaDeviceProp.name moved: update MGE_CUDA_PROP_NAME_LEN");
 
 #define N_TESTS 8 /* 4 GEMM transpose cases, bias_act, relu backward, cross-entropy, sgd */
 

@@ -41,18 +41,54 @@ static const char *const NODES[] = {
 };
 enum { N_NODES = sizeof(NODES) / sizeof(NODES[0]) };
 
-/* GHEAD and NODES with node @replace (-1: none) swapped for @with (NULL: dropped) and @extra
- * appended (NULL: nothing). */
-static char *graph_text(int replace, const char *with, const char *extra)
+/* Lines 1-6 of a language model on text; the nodes start at line 7. */
+#define GPT_HEAD                                                                                   \
+    "name: g\n"                                                /* 1 */                             \
+    "data: {format: text, train_files: [t.txt]}\n"             /* 2 */                             \
+    "train: {steps: 1, batch_size: 2, optimizer: {lr: 0.1}}\n" /* 3 */                             \
+    "model:\n"                                                 /* 4 */                             \
+    "  type: graph\n"                                          /* 5 */                             \
+    "  nodes:\n"                                               /* 6 */
+
+/* One GPT block (attention only) with position embeddings and a tied output layer. */
+static const char *const GPT_NODES[] = {
+    "    - {name: idx, op: tokens, context: 8, vocab: 16}\n",                      /* 7 */
+    "    - {name: wte, op: embedding, inputs: idx, vocab: 16, d_model: 12}\n",     /* 8 */
+    "    - {name: wpe, op: pos_embedding, inputs: wte, context: 8}\n",             /* 9 */
+    "    - {name: ln, op: layernorm, inputs: wpe}\n",                              /* 10 */
+    "    - {name: qkv, op: linear, inputs: ln, out_features: 36, init: normal}\n", /* 11 */
+    "    - {name: attn, op: causal_attention, inputs: qkv, heads: 2}\n",           /* 12 */
+    "    - {name: proj, op: linear, inputs: attn, out_features: 12, init: normal, "
+    "residual_layers: 1}\n",                                            /* 13 */
+    "    - {name: res, op: add, inputs: [wpe, proj]}\n",                /* 14 */
+    "    - {name: head, op: tied_linear, inputs: res, tied_to: wte}\n", /* 15 */
+    "    - {name: loss, op: cross_entropy, inputs: head}\n",            /* 16 */
+};
+enum { N_GPT_NODES = sizeof(GPT_NODES) / sizeof(GPT_NODES[0]) };
+
+/* @head and the @n @nodes with node @replace (-1: none) swapped for @with (NULL: dropped) and
+ * @extra appended (NULL: nothing). */
+static char *graph_text_of(const char *head, const char *const *nodes, int n, int replace,
+                           const char *with, const char *extra)
 {
     static char buf[8192];
-    snprintf(buf, sizeof(buf), "%s", GHEAD);
-    for (int i = 0; i < N_NODES; i++)
+    snprintf(buf, sizeof(buf), "%s", head);
+    for (int i = 0; i < n; i++)
         if (i != replace || with)
-            strncat(buf, i == replace ? with : NODES[i], sizeof(buf) - strlen(buf) - 1);
+            strncat(buf, i == replace ? with : nodes[i], sizeof(buf) - strlen(buf) - 1);
     if (extra)
         strncat(buf, extra, sizeof(buf) - strlen(buf) - 1);
     return buf;
+}
+
+static char *graph_text(int replace, const char *with, const char *extra)
+{
+    return graph_text_of(GHEAD, NODES, N_NODES, replace, with, extra);
+}
+
+static char *gpt_text(int replace, const char *with, const char *extra)
+{
+    return graph_text_of(GPT_HEAD, GPT_NODES, N_GPT_NODES, replace, with, extra);
 }
 
 static struct mge_jobspec *parse_ok(const char *text)
@@ -296,10 +332,137 @@ static const struct err_case err_cases[] = {
      "node `extra`: does not lead to the loss node `loss`"},
 };
 
+enum { N_ERR_CASES = sizeof(err_cases) / sizeof(err_cases[0]) };
+
+/* The GPT nodes: shapes, attributes, and model.context / model.vocab from the tokens node. */
+START_TEST(test_graphspec_gpt_parse)
+{
+    struct mge_jobspec *s = parse_ok(gpt_text(-1, NULL, NULL));
+    const struct mge_graphspec *gs = s->model.graph;
+    ck_assert(mge_graphspec_reads_tokens(gs));
+    ck_assert(mge_model_reads_tokens(&s->model));
+    ck_assert_str_eq(gs->nodes[gs->input].name, "idx");
+    ck_assert_int_eq(s->model.context, 8);
+    ck_assert_int_eq(s->model.vocab, 16);
+    assert_shape(node(gs, "idx"), 2, (int64_t[]){2, 8});
+    assert_shape(node(gs, "wte"), 3, (int64_t[]){2, 8, 12});
+    assert_shape(node(gs, "wpe"), 3, (int64_t[]){2, 8, 12});
+    assert_shape(node(gs, "qkv"), 3, (int64_t[]){2, 8, 36});
+    assert_shape(node(gs, "attn"), 3, (int64_t[]){2, 8, 12});
+    assert_shape(node(gs, "head"), 3, (int64_t[]){2, 8, 16});
+    ck_assert_int_eq(node(gs, "head")->tied, 1);
+    ck_assert_int_eq(node(gs, "wte")->tied, -1);
+    ck_assert_int_eq(node(gs, "attn")->heads, 2);
+    ck_assert_int_eq(node(gs, "qkv")->init, MGE_GINIT_NORMAL);
+    ck_assert_int_eq(node(gs, "qkv")->residual_layers, 0);
+    ck_assert_int_eq(node(gs, "proj")->residual_layers, 1);
+    mge_jobspec_free(s);
+    /* an image graph does not read tokens */
+    s = parse_ok(graph_text(-1, NULL, NULL));
+    ck_assert(!mge_graphspec_reads_tokens(s->model.graph));
+    ck_assert(!mge_model_reads_tokens(&s->model));
+    ck_assert_int_eq(node(s->model.graph, "fc")->init, MGE_GINIT_UNIFORM);
+    mge_jobspec_free(s);
+}
+END_TEST
+
+static const struct err_case gpt_err_cases[] = {
+    /* vocab and context must agree with the tokens node and the input */
+    {1, "    - {name: wte, op: embedding, inputs: idx, vocab: 17, d_model: 12}\n", NULL, 8,
+     "model.nodes[1].vocab",
+     "node `wte`: vocab 17 does not match the vocab of tokens node `idx` (16)"},
+    {2, "    - {name: wpe, op: pos_embedding, inputs: wte, context: 9}\n", NULL, 9,
+     "model.nodes[2].context",
+     "node `wpe`: context 9, but input `wte` of shape [2,8,12] has 8 tokens per window"},
+    {0, "    - {name: idx, op: tokens, context: 8, vocab: 1}\n", NULL, 7, "model.nodes[0].vocab",
+     "node `idx`: expected an integer between 2 and 16777216, got '1'"},
+    {1, "    - {name: wte, op: embedding, inputs: idx, vocab: 16}\n", NULL, 8,
+     "model.nodes[1].d_model", "node `wte`: required key is missing"},
+    /* wrong input ranks */
+    {2, "    - {name: wpe, op: pos_embedding, inputs: flat, context: 8}\n",
+     "    - {name: flat, op: flatten, inputs: wte}\n", 9, "model.nodes[2].inputs",
+     "node `wpe`: input `flat` has shape [2,96]; pos_embedding takes 3 dims (N, context, d_model)"},
+    {1, "    - {name: wte, op: embedding, inputs: e0, vocab: 16, d_model: 12}\n",
+     "    - {name: e0, op: embedding, inputs: idx, vocab: 16, d_model: 12}\n", 8,
+     "model.nodes[1].inputs",
+     "node `wte`: input `e0` has shape [2,8,12]; embedding takes the token ids [batch, context] "
+     "of a tokens node"},
+    {3, "    - {name: ln, op: layernorm, inputs: idx}\n", NULL, 10, "model.nodes[3].inputs",
+     "node `ln`: input `idx` holds token ids: only an embedding node reads them"},
+    {4, "    - {name: qkv, op: linear, inputs: ln, out_features: 35, init: normal}\n", NULL, 12,
+     "model.nodes[5].inputs",
+     "node `attn`: input `qkv` has shape [2,8,35]; causal_attention takes 3 dims (N, T, 3 "
+     "d_model)"},
+    {5, "    - {name: attn, op: causal_attention, inputs: qkv, heads: 5}\n", NULL, 12,
+     "model.nodes[5].heads",
+     "node `attn`: d_model 12 (a third of input `qkv`'s last dim) is not a multiple of heads 5"},
+    {8, "    - {name: head, op: relu, inputs: res}\n", NULL, 16, "model.nodes[9].inputs",
+     "node `loss`: input `head` has shape [2,8,12]; the loss takes logits [2,8,16] (batch, "
+     "context and vocab of tokens node `idx`)"},
+    /* the tied output */
+    {8, "    - {name: head, op: tied_linear, inputs: res, tied_to: ln}\n", NULL, 15,
+     "model.nodes[8].tied_to",
+     "node `head`: `ln` is a layernorm node, not an embedding: tied_to names the embedding"},
+    {8, "    - {name: head, op: tied_linear, inputs: res, tied_to: nowhere}\n", NULL, 15,
+     "model.nodes[8].tied_to", "node `head`: tied_to 'nowhere' is not a node of the graph"},
+    {8, "    - {name: head, op: tied_linear, inputs: res}\n", NULL, 15, "model.nodes[8].tied_to",
+     "node `head`: required key is missing (expected the name of an embedding node)"},
+    {8, "    - {name: head, op: linear, inputs: res, out_features: 16, tied_to: wte}\n", NULL, 15,
+     "model.nodes[8].tied_to", "node `head`: not used by op 'linear'"},
+    {8,
+     "    - {name: head0, op: tied_linear, inputs: res, tied_to: e2}\n"
+     "    - {name: e2, op: embedding, inputs: idx, vocab: 16, d_model: 16}\n"
+     "    - {name: head, op: add, inputs: [head0, e2]}\n",
+     NULL, 15, "model.nodes[8].tied_to", "node `head0`: embedding `e2` does not run before"},
+    {7, "    - {name: res, op: concat, inputs: [wpe, proj], axis: 2}\n", NULL, 15,
+     "model.nodes[8].inputs",
+     "node `head`: input `res` has shape [2,8,24]; the embedding `wte` it is tied to has d_model "
+     "12"},
+    /* linear's init */
+    {6, "    - {name: proj, op: linear, inputs: attn, out_features: 12, residual_layers: 1}\n",
+     NULL, 13, "model.nodes[6].residual_layers", "node `proj`: scales init normal"},
+    {4, "    - {name: qkv, op: linear, inputs: ln, out_features: 36, init: kaiming_normal}\n", NULL,
+     11, "model.nodes[4].init", "node `qkv`: expected uniform or normal, got 'kaiming_normal'"},
+    /* one input node */
+    {-1, NULL, "    - {name: x2, op: input, shape: [8]}\n", 17, "model.nodes[10].op",
+     "node `x2`: a second input node (the first is `idx`)"},
+};
+
+enum { N_GPT_ERR_CASES = sizeof(gpt_err_cases) / sizeof(gpt_err_cases[0]) };
+
+/* err_cases on graph_text, then gpt_err_cases on gpt_text */
 START_TEST(test_graphspec_errors)
 {
-    const struct err_case *tc = &err_cases[_i];
-    assert_refused(_i, graph_text(tc->replace, tc->with, tc->extra), tc->line, tc->key, tc->msg);
+    bool gpt = _i >= N_ERR_CASES;
+    const struct err_case *tc = gpt ? &gpt_err_cases[_i - N_ERR_CASES] : &err_cases[_i];
+    char *text = gpt ? gpt_text(tc->replace, tc->with, tc->extra)
+                     : graph_text(tc->replace, tc->with, tc->extra);
+    assert_refused(_i, text, tc->line, tc->key, tc->msg);
+}
+END_TEST
+
+/* Token ids come from data.format tokens or text, and only through op tokens. */
+START_TEST(test_graphspec_gpt_data)
+{
+    char text[4096];
+    /* op tokens on image data */
+    snprintf(text, sizeof(text), "%s",
+             graph_text(0, "    - {name: x, op: tokens, context: 8, vocab: 16}\n", NULL));
+    assert_refused(0, text, 7, "model.nodes[0].op",
+                   "node `x`: op tokens reads data.format tokens or text");
+    /* op input on text */
+    snprintf(text, sizeof(text), "%s",
+             gpt_text(0, "    - {name: idx, op: input, shape: [8]}\n", NULL));
+    assert_refused(
+        1, text, 7, "model.nodes[0].op",
+        "node `idx`: data.format tokens and text give token ids: read them with op tokens");
+    /* windows are drawn by step */
+    const char *gpt = gpt_text(-1, NULL, NULL), *at = strstr(gpt, "steps: 1");
+    snprintf(text, sizeof(text), "%.*sepochs: 1%s", (int)(at - gpt), gpt, at + 8);
+    ck_assert_ptr_nonnull(strstr(text, "train: {epochs: 1, batch_size"));
+    assert_refused(
+        2, text, 7, "model.nodes[0].op",
+        "node `idx`: op tokens draws random windows: give train.steps, not train.epochs");
 }
 END_TEST
 
@@ -331,30 +494,51 @@ START_TEST(test_graphspec_model_keys)
 END_TEST
 
 /* The canonical source and the JSON form (submitted again) give the same graph. */
+static const struct {
+    int gpt; /* gpt_text rather than graph_text */
+    int n_nodes;
+    const char *has[4]; /* in the JSON */
+} round_trips[] = {
+    {0, N_NODES, {"\"nodes\":[{\"name\":\"x\",\"op\":\"input\"", "\"init\":\"kaiming_normal\""}},
+    {1,
+     N_GPT_NODES,
+     {"{\"name\":\"idx\",\"op\":\"tokens\",\"inputs\":[],\"vocab\":16,\"context\":8}",
+      "\"tied_to\":\"wte\"", "\"init\":\"normal\",\"residual_layers\":1", "\"heads\":2"}},
+};
+
 START_TEST(test_graphspec_round_trip)
 {
-    struct mge_jobspec *s = parse_ok(graph_text(-1, NULL, NULL)), *again, *from_json;
+    const char *text = round_trips[_i].gpt ? gpt_text(-1, NULL, NULL) : graph_text(-1, NULL, NULL);
+    struct mge_jobspec *s = parse_ok(text), *again, *from_json;
     char *j1 = mge_jobspec_to_json(s), *j2, *j3;
     ck_assert_ptr_nonnull(j1);
-    ck_assert_ptr_nonnull(strstr(j1, "\"nodes\":[{\"name\":\"x\",\"op\":\"input\""));
-    ck_assert_ptr_nonnull(strstr(j1, "\"init\":\"kaiming_normal\""));
+    for (int k = 0; k < 4 && round_trips[_i].has[k]; k++)
+        ck_assert_msg(strstr(j1, round_trips[_i].has[k]), "%s lacks %s", j1,
+                      round_trips[_i].has[k]);
     again = parse_ok(s->source);
     from_json = parse_ok(j1);
     j2 = mge_jobspec_to_json(again);
     j3 = mge_jobspec_to_json(from_json);
     ck_assert_str_eq(j1, j2);
     ck_assert_str_eq(j1, j3);
-    ck_assert_int_eq(from_json->model.graph->n, N_NODES);
+    ck_assert_int_eq(from_json->model.graph->n, round_trips[_i].n_nodes);
+    ck_assert_int_eq(from_json->model.context, s->model.context); /* the tokens node's */
     mge_free(j1);
     mge_free(j2);
     mge_free(j3);
     mge_jobspec_free(s);
     mge_jobspec_free(again);
     mge_jobspec_free(from_json);
-    /* other types say "nodes": null */
-    s = parse_ok("name: m\nmodel: {type: mlp, hidden: [4]}\ndata: {format: synthetic}\n"
+}
+END_TEST
+
+/* Other model types say "nodes": null. */
+START_TEST(test_graphspec_json_null)
+{
+    struct mge_jobspec *s =
+        parse_ok("name: m\nmodel: {type: mlp, hidden: [4]}\ndata: {format: synthetic}\n"
                  "train: {steps: 1, batch_size: 4, optimizer: {lr: 0.1}}\n");
-    j1 = mge_jobspec_to_json(s);
+    char *j1 = mge_jobspec_to_json(s);
     ck_assert_ptr_nonnull(strstr(j1, "\"nodes\":null"));
     mge_free(j1);
     mge_jobspec_free(s);
@@ -363,7 +547,7 @@ END_TEST
 
 START_TEST(test_graphspec_alloc_failures)
 {
-    const char *text = graph_text(-1, NULL, NULL);
+    const char *text = _i ? gpt_text(-1, NULL, NULL) : graph_text(-1, NULL, NULL);
     long n;
     for (n = 0; n < 100000; n++) {
         struct mge_jobspec *s = NULL;
@@ -384,17 +568,33 @@ START_TEST(test_graphspec_alloc_failures)
 END_TEST
 
 /* The engine builds the nodes with PyTorch's parameter names, shapes and kinds. */
+struct want_param {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+    int buffer;
+};
+
+/* The parameters of @g are @want, in order: names, shapes, buffer or not. */
+static void assert_params(const struct mge_graph *g, const struct want_param *want, int n)
+{
+    ck_assert_int_eq(mge_graph_n_params(g), n);
+    for (int i = 0; i < n; i++) {
+        int v = mge_graph_param(g, i);
+        ck_assert_str_eq(mge_value_name(g, v), want[i].name);
+        ck_assert_int_eq(mge_value_ndim(g, v), want[i].ndim);
+        for (int d = 0; d < want[i].ndim; d++)
+            ck_assert_int_eq(mge_value_shape(g, v)[d], want[i].shape[d]);
+        ck_assert_int_eq(mge_value_is_buffer(g, v), want[i].buffer);
+    }
+}
+
 START_TEST(test_graphspec_build)
 {
     struct mge_jobspec *s = parse_ok(graph_text(-1, NULL, NULL));
     struct mge_graph *g = NULL;
     struct mge_model m;
-    static const struct {
-        const char *name;
-        int ndim;
-        int64_t shape[4];
-        int buffer;
-    } want[] = {
+    static const struct want_param want[] = {
         {"c1.weight", 4, {4, 1, 3, 3}, 0},
         {"c1.bias", 1, {4}, 0},
         {"b1.weight", 1, {4}, 0},
@@ -409,15 +609,7 @@ START_TEST(test_graphspec_build)
     };
     ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
     ck_assert_int_eq(mge_model_build(g, s, 4, 1, 8, 8, 4, &m), MGE_OK);
-    ck_assert_int_eq(mge_graph_n_params(g), (int)(sizeof(want) / sizeof(want[0])));
-    for (int i = 0; i < mge_graph_n_params(g); i++) {
-        int v = mge_graph_param(g, i);
-        ck_assert_str_eq(mge_value_name(g, v), want[i].name);
-        ck_assert_int_eq(mge_value_ndim(g, v), want[i].ndim);
-        for (int d = 0; d < want[i].ndim; d++)
-            ck_assert_int_eq(mge_value_shape(g, v)[d], want[i].shape[d]);
-        ck_assert_int_eq(mge_value_is_buffer(g, v), want[i].buffer);
-    }
+    assert_params(g, want, (int)(sizeof(want) / sizeof(want[0])));
     ck_assert_int_eq(mge_value_ndim(g, m.logits), 2);
     ck_assert_int_eq(mge_value_shape(g, m.logits)[1], 4);
     ck_assert_int_eq(mge_value_numel(g, m.loss), 1);
@@ -449,6 +641,31 @@ static int count_ops(const struct mge_graph *g, const char *op)
         n += !strcmp(mge_graph_node_op(g, i, NULL), op);
     return n;
 }
+
+/* The GPT nodes build with nanoGPT's layout: one embedding table used twice (tied). */
+START_TEST(test_graphspec_gpt_build)
+{
+    struct mge_jobspec *s = parse_ok(gpt_text(-1, NULL, NULL));
+    struct mge_graph *g = NULL;
+    struct mge_model m;
+    static const struct want_param want[] = {
+        {"wte.weight", 2, {16, 12}, 0},  {"wpe.weight", 2, {8, 12}, 0},  {"ln.weight", 1, {12}, 0},
+        {"ln.bias", 1, {12}, 0},         {"qkv.weight", 2, {36, 12}, 0}, {"qkv.bias", 1, {36}, 0},
+        {"proj.weight", 2, {12, 12}, 0}, {"proj.bias", 1, {12}, 0},
+    };
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    ck_assert_int_eq(mge_model_build(g, s, 2, 0, 0, 0, 0, &m), MGE_OK);
+    assert_params(g, want, (int)(sizeof(want) / sizeof(want[0])));
+    ck_assert_int_eq(mge_value_ndim(g, m.x), 2);
+    ck_assert_int_eq(mge_value_ndim(g, m.y), 2); /* the next token at each place */
+    ck_assert_int_eq(mge_value_shape(g, m.y)[1], 8);
+    ck_assert_int_eq(mge_value_ndim(g, m.logits), 3);
+    ck_assert_int_eq(mge_value_shape(g, m.logits)[2], 16);
+    ck_assert_int_eq(mge_graph_backward(g, m.loss), MGE_OK);
+    mge_graph_free(g);
+    mge_jobspec_free(s);
+}
+END_TEST
 
 /* A linear followed by its only reader, an activation, runs as one fused op (as the zoo's). */
 START_TEST(test_graphspec_build_fuses_activation)
@@ -487,17 +704,21 @@ static Suite *graphspec_suite(void)
     tcase_add_test(tc, test_graphspec_parse_and_shapes);
     tcase_add_test(tc, test_graphspec_order);
     tcase_add_test(tc, test_graphspec_reshape_and_broadcast);
-    tcase_add_test(tc, test_graphspec_round_trip);
+    tcase_add_loop_test(tc, test_graphspec_round_trip, 0, 2);
+    tcase_add_test(tc, test_graphspec_json_null);
     tcase_add_test(tc, test_graphspec_large);
+    tcase_add_test(tc, test_graphspec_gpt_parse);
     suite_add_tcase(s, tc);
     tc = tcase_create("errors");
-    tcase_add_loop_test(tc, test_graphspec_errors, 0, sizeof(err_cases) / sizeof(err_cases[0]));
+    tcase_add_loop_test(tc, test_graphspec_errors, 0, N_ERR_CASES + N_GPT_ERR_CASES);
     tcase_add_test(tc, test_graphspec_model_keys);
-    tcase_add_test(tc, test_graphspec_alloc_failures);
+    tcase_add_test(tc, test_graphspec_gpt_data);
+    tcase_add_loop_test(tc, test_graphspec_alloc_failures, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("build");
     tcase_add_test(tc, test_graphspec_build);
     tcase_add_test(tc, test_graphspec_build_fuses_activation);
+    tcase_add_test(tc, test_graphspec_gpt_build);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -375,6 +375,21 @@ START_TEST(test_jobspec_clip_smoothing_decay)
 }
 END_TEST
 
+/* train.eager: off by default, true parsed and exported (the coordinator keeps the spec's JSON) */
+START_TEST(test_jobspec_eager)
+{
+    struct mge_jobspec *s = parse_ok(HEAD TRAIN "    type: sgd\n", NULL, 0);
+    ck_assert_int_eq(s->train.eager, 0);
+    mge_jobspec_free(s);
+    s = parse_ok(HEAD TRAIN "    type: sgd\n  eager: true\n", NULL, 0);
+    ck_assert_int_eq(s->train.eager, 1);
+    char *json = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(json, "\"eager\":true"));
+    mge_free(json);
+    mge_jobspec_free(s);
+}
+END_TEST
+
 START_TEST(test_jobspec_classes_limit_is_the_engines)
 {
     struct mge_spec_error err;
@@ -410,6 +425,19 @@ START_TEST(test_jobspec_defaults_dependent)
     ck_assert_double_eq(s->train.optim.weight_decay, 0.01);
     ck_assert_double_eq(s->train.optim.eps, 1e-8);
     ck_assert_int_eq(s->memory.sublinear, MGE_SUBLINEAR_OFF);
+    mge_jobspec_free(s);
+}
+END_TEST
+
+START_TEST(test_jobspec_device_sim)
+{
+    /* the engine's simulated accelerator: no GPUs, shown by name in the JSON form */
+    struct mge_jobspec *s = parse_ok(HEAD TRAIN "resources: {device: sim, workers: 2}\n", NULL, 0);
+    ck_assert_int_eq(s->resources.device, MGE_DEVICE_SIM);
+    ck_assert_int_eq(s->resources.gpus, 0);
+    char *json = mge_jobspec_to_json(s);
+    ck_assert_ptr_nonnull(strstr(json, "\"device\":\"sim\""));
+    mge_free(json);
     mge_jobspec_free(s);
 }
 END_TEST
@@ -571,6 +599,10 @@ static const struct err_case err_cases[] = {
      "expected 0 with resources.device cpu, got '1'"},
     {HEAD TRAIN "distributed: {backend: nccl}\n", MGE_SPEC, 12, "distributed.backend",
      "with resources.device cpu, got 'nccl'"},
+    {HEAD TRAIN "resources: {device: sim, gpus: 1}\n", MGE_SPEC, 12, "resources.gpus",
+     "expected 0 with resources.device sim, got '1'"},
+    {HEAD TRAIN "resources: {device: sim}\ndistributed: {backend: nccl}\n", MGE_SPEC, 13,
+     "distributed.backend", "with resources.device sim, got 'nccl'"},
     {"name: t\nmodel: {type: mlp, hidden: [2]}\ndata: {format: synthetic}\n"
      "train: {epochs: 1, batch_size: 8, optimizer: {lr: 1}}\n"
      "resources: {workers: 2}\ndistributed:\n  backend: local\n",
@@ -1358,8 +1390,10 @@ static Suite *jobspec_suite(void)
     tc = tcase_create("defaults");
     tcase_add_test(tc, test_jobspec_defaults);
     tcase_add_test(tc, test_jobspec_clip_smoothing_decay);
+    tcase_add_test(tc, test_jobspec_eager);
     tcase_add_test(tc, test_jobspec_precision);
     tcase_add_test(tc, test_jobspec_defaults_dependent);
+    tcase_add_test(tc, test_jobspec_device_sim);
     tcase_add_test(tc, test_jobspec_classes_limit_is_the_engines);
     suite_add_tcase(s, tc);
 

@@ -73,23 +73,44 @@ static void teardown(void)
     ck_assert_int_eq(rmdir(g_dir), 0); /* nothing else was left there */
 }
 
-/* A job of @workers ("2" or "{min: 2, max: 3}") workers with @cpus CPUs each; its id. */
-static int64_t job_add_workers(const char *workers, int cpus)
+/* A job with the resources @resources ("workers: 2, cpus: 1") and priority @priority, planned at
+ * @plan_mb per rank (0: unplanned); its id. */
+static int64_t job_add_resources(const char *resources, int priority, int64_t plan_mb)
 {
     char yaml[512];
     struct mge_jobspec *spec = NULL;
     struct mge_spec_error err;
     int64_t id = 0;
     snprintf(yaml, sizeof(yaml),
-             "name: t\nmodel: {type: mlp, hidden: [8]}\n"
+             "name: t\npriority: %d\nmodel: {type: mlp, hidden: [8]}\n"
              "data: {format: synthetic, train_size: 64, input_dim: 4, classes: 2}\n"
-             "resources: {workers: %s, cpus: %d}\n"
+             "resources: {%s}\n"
              "train: {steps: 1000, batch_size: 8, optimizer: {lr: 0.1}}\n",
-             workers, cpus);
+             priority, resources);
     ck_assert_int_eq(mge_jobspec_parse("<test>", yaml, strlen(yaml), NULL, 0, &spec, &err), MGE_OK);
-    ck_assert_int_eq(mge_store_job_insert(g_st, spec, "{}", 1000, &id), MGE_OK);
+    ck_assert_int_eq(mge_store_job_insert_planned(g_st, spec, "{}", 1000, NULL, plan_mb, &id),
+                     MGE_OK);
     mge_jobspec_free(spec);
     return id;
+}
+
+/* A job of @workers ("2" or "{min: 2, max: 3}") workers with @cpus CPUs each; its id. */
+static int64_t job_add_spec(const char *workers, int cpus, int priority)
+{
+    char res[128];
+    snprintf(res, sizeof(res), "workers: %s, cpus: %d", workers, cpus);
+    return job_add_resources(res, priority, 0);
+}
+
+static int64_t job_add_workers(const char *workers, int cpus)
+{
+    return job_add_spec(workers, cpus, 0);
+}
+
+/* A 1-worker job of @cpus CPUs and priority @priority. */
+static int64_t job_add_priority(int cpus, int priority)
+{
+    return job_add_spec("1", cpus, priority);
 }
 
 static int64_t job_add(int workers, int cpus)
@@ -258,6 +279,15 @@ static int64_t gang_placed(char w1[40], char w2[40])
     return job_add_tick(2, 1, MGE_JOB_RUNNING);
 }
 
+static void assert_reason(int64_t job, const char *want)
+{
+    struct mge_job_row row = job_row(job);
+    char *why = mge_sched_pending_reason(g_s, &row);
+    ck_assert_ptr_nonnull(why);
+    ck_assert_str_eq(why, want);
+    mge_free(why);
+}
+
 /* ---- placement ---- */
 
 START_TEST(test_sched_place_one_rank)
@@ -301,15 +331,6 @@ END_TEST
 
 /* ---- pending reasons ---- */
 
-static void assert_reason(int64_t job, const char *want)
-{
-    struct mge_job_row row = job_row(job);
-    char *why = mge_sched_pending_reason(g_s, &row);
-    ck_assert_ptr_nonnull(why);
-    ck_assert_str_eq(why, want);
-    mge_free(why);
-}
-
 START_TEST(test_sched_pending_reasons)
 {
     char w1[40];
@@ -341,6 +362,220 @@ START_TEST(test_sched_pending_reasons)
     ck_assert_int_eq(mge_sched_worker_drain(g_s, "w1", &out), MGE_OK);
     json_decref(out);
     assert_reason(next, "needs 1 worker with 1 CPU, all 1 connected worker are draining");
+}
+END_TEST
+
+/* The ETA counts the queued jobs ahead: they take the slots first, as the passes would. */
+START_TEST(test_sched_pending_eta_queue)
+{
+    char w1[40], w2[40], want[200];
+    int64_t a, b, c, e, now;
+    struct mge_store_line l[2];
+    struct mge_rank_report r;
+    worker_add("w1", false, w1);
+    a = job_add(1, 2);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(a).state, MGE_JOB_RUNNING);
+    b = job_add(1, 2); /* first in the queue */
+    c = job_add(1, 1); /* behind it */
+    /* a: 100 steps in 10 s, 800 of its 1000 to go: w1 is free in about 80 s */
+    now = mge_now_ms();
+    r = running(a, 1, 0);
+    l[0] = line(a, 1, 0, 1, 2, "{\"step\":100,\"loss\":1.0}", now - 10000);
+    l[1] = line(a, 1, 0, 2, 2, "{\"step\":200,\"loss\":1.0}", now);
+    beat_quiet(w1, &r, 1, l, 2);
+    snprintf(want, sizeof(want), "needs 1 worker with 2 CPUs, 0 free; about 80 s (job %lld ends)",
+             (long long)a);
+    assert_reason(b, want);
+    /* c fits where a ends too, but b comes first and takes all of w1 */
+    snprintf(want, sizeof(want),
+             "needs 1 worker with 1 CPU, 0 free; no estimate: 1 queued job ahead (job %lld "
+             "first) takes the slots it needs",
+             (long long)b);
+    assert_reason(c, want);
+    /* a second worker: b starts there; e, of a higher priority, is ahead of c and takes w2
+     * when b ends (in about 40 s), so c waits for w1 (80 s) */
+    worker_add("w2", false, w2);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(b).state, MGE_JOB_RUNNING);
+    r = running(b, 1, 0);
+    l[0] = line(b, 1, 0, 1, 2, "{\"step\":100,\"loss\":1.0}", now - 10000);
+    l[1] = line(b, 1, 0, 2, 2, "{\"step\":280,\"loss\":1.0}", now);
+    beat_quiet(w2, &r, 1, l, 2);
+    snprintf(want, sizeof(want), "needs 1 worker with 1 CPU, 0 free; about 40 s (job %lld ends)",
+             (long long)b);
+    assert_reason(c, want);
+    e = job_add_priority(2, 5);
+    snprintf(want, sizeof(want),
+             "needs 1 worker with 1 CPU, 0 free; about 80 s (job %lld ends; 1 queued job ahead "
+             "starts first)",
+             (long long)a);
+    assert_reason(c, want);
+    snprintf(want, sizeof(want), "needs 1 worker with 2 CPUs, 0 free; about 40 s (job %lld ends)",
+             (long long)b);
+    assert_reason(e, want);
+}
+END_TEST
+
+/* ---- GPU placement ---- */
+
+/* A `device: gpu` job of one worker with @gpus GPUs, planned at @plan_mb per rank; its id. */
+static int64_t gpu_job_add(int gpus, int64_t plan_mb)
+{
+    char res[128];
+    snprintf(res, sizeof(res), "device: gpu, gpus: %d, cpus: 1", gpus);
+    return job_add_resources(res, 0, plan_mb);
+}
+
+/* Register worker @name with 4 CPUs and the GPUs of @list (mge_gpus_parse's format). */
+static void gpu_worker_add(const char *name, const char *list, char id[40])
+{
+    struct mge_gpu gpus[MGE_GPUS_MAX];
+    struct mge_sched_cmds cmds;
+    char why[200];
+    int n = 0;
+    struct mge_worker_info info = {
+        .name = name, .host = "h", .version = "t", .launch_url = "", .cpus = 4, .memory_mb = 1024};
+    ck_assert_int_eq(mge_gpus_parse(list, gpus, &n, why, sizeof(why)), MGE_OK);
+    info.device = n ? "gpu" : "cpu";
+    info.gpus = n;
+    info.gpu = gpus;
+    ck_assert_int_eq(mge_sched_worker_register(g_s, &info, NULL, 0, id, &cmds), MGE_OK);
+    mge_sched_cmds_fini(&cmds);
+}
+
+/* The next heartbeat of @wid carries the Assign of @job (with those of the jobs placed there
+ * before, which it does not report yet), with GPU indexes @ids. */
+static void assert_gpus_assigned(const char *wid, int64_t job, const char *ids)
+{
+    struct mge_sched_cmds c;
+    size_t found = 0;
+    ck_assert_int_eq(beat(wid, NULL, 0, NULL, 0, &c), MGE_OK);
+    for (size_t i = 0; i < c.n_assign; i++) {
+        if (c.assign[i].job_id != job)
+            continue;
+        ck_assert_str_eq(c.assign[i].gpu_ids, ids);
+        found++;
+    }
+    ck_assert_uint_eq(found, 1);
+    mge_sched_cmds_fini(&c);
+}
+
+/* The GPUs of worker @name as GET /api/v1/workers shows them: "0:NAME:MB:free,1:..." */
+static void assert_worker_gpus(const char *name, const char *want)
+{
+    json_t *arr = mge_sched_workers_json(g_s), *w, *g;
+    char got[400] = "";
+    size_t i, k;
+    json_array_foreach(arr, i, w)
+    {
+        if (strcmp(json_string_value(json_object_get(w, "name")), name) != 0)
+            continue;
+        json_array_foreach(json_object_get(w, "gpus"), k, g)
+        {
+            size_t off = strlen(got);
+            snprintf(got + off, sizeof(got) - off, "%s%lld:%s:%lld:%s", k ? "," : "",
+                     (long long)json_integer_value(json_object_get(g, "index")),
+                     json_string_value(json_object_get(g, "name")),
+                     (long long)json_integer_value(json_object_get(g, "memory_mb")),
+                     json_is_true(json_object_get(g, "free")) ? "free" : "taken");
+        }
+    }
+    json_decref(arr);
+    ck_assert_str_eq(got, want);
+}
+
+START_TEST(test_sched_gpu_indexes)
+{
+    char wc[40], wg[40];
+    int64_t a, b, c;
+    struct mge_rank_report r[2];
+    gpu_worker_add("cpu", "", wc);
+    gpu_worker_add("g", "2x NVIDIA H100 80GB HBM3:81559", wg);
+    assert_worker_gpus("g",
+                       "0:NVIDIA H100 80GB HBM3:81559:free,1:NVIDIA H100 80GB HBM3:81559:free");
+    assert_worker_gpus("cpu", "");
+    /* two 1-GPU jobs on the 2-GPU worker get different devices; the CPU worker gets none */
+    a = gpu_job_add(1, 300);
+    mge_sched_tick(g_s);
+    assert_gpus_assigned(wg, a, "0");
+    b = gpu_job_add(1, 300);
+    mge_sched_tick(g_s);
+    assert_gpus_assigned(wg, b, "1");
+    assert_worker_gpus("g",
+                       "0:NVIDIA H100 80GB HBM3:81559:taken,1:NVIDIA H100 80GB HBM3:81559:taken");
+    c = gpu_job_add(1, 300);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(c).state, MGE_JOB_QUEUED);
+    assert_reason(c, "needs 1 worker with 1 GPU of 300 MiB, 0 free; no estimate yet (2 running "
+                     "jobs have not reported their speed)");
+    /* a restarted scheduler knows which GPUs the running ranks hold (the store's placements) */
+    mge_sched_free(g_s);
+    sched_start();
+    r[0] = running(a, 1, 0);
+    r[1] = running(b, 1, 0);
+    {
+        struct mge_sched_cmds cmds;
+        struct mge_worker_info info = {.name = "g",
+                                       .host = "h",
+                                       .version = "t",
+                                       .device = "gpu",
+                                       .launch_url = "",
+                                       .cpus = 4,
+                                       .memory_mb = 1024,
+                                       .gpus = 2};
+        struct mge_gpu gpus[2] = {{"NVIDIA H100 80GB HBM3", 81559},
+                                  {"NVIDIA H100 80GB HBM3", 81559}};
+        info.gpu = gpus;
+        ck_assert_int_eq(mge_sched_worker_register(g_s, &info, r, 2, wg, &cmds), MGE_OK);
+        ck_assert_uint_eq(cmds.n_cancel, 0);
+        mge_sched_cmds_fini(&cmds);
+    }
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(c).state, MGE_JOB_QUEUED);
+    /* job b's rank ends: its GPU 1 goes to the waiting job */
+    r[1] = exited(b, 1, 0, 0, 0);
+    beat_quiet(wg, r, 2, NULL, 0);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(c).state, MGE_JOB_RUNNING);
+    assert_gpus_assigned(wg, c, "1");
+}
+END_TEST
+
+START_TEST(test_sched_gpu_memory)
+{
+    char wc[40], wg[40];
+    int64_t big, small, huge, two;
+    /* no worker has a GPU yet */
+    huge = gpu_job_add(1, 0);
+    assert_reason(huge, "needs 1 worker with 1 GPU; no registered worker has a GPU");
+    gpu_worker_add("cpu", "", wc);
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(huge).state, MGE_JOB_QUEUED);
+    assert_reason(huge, "needs 1 worker with 1 GPU; no registered worker has a GPU");
+    mge_sched_job_cancel(g_s, huge);
+    /* GPUs of two sizes: a job takes the smallest GPU that holds its plan */
+    gpu_worker_add("g", "1x NVIDIA A100 80GB:81920,1x NVIDIA T4:15360", wg);
+    ck_assert_int_eq(mge_sched_gpu_memory_max_mb(g_s), 81920);
+    big = gpu_job_add(1, 40000);
+    mge_sched_tick(g_s);
+    assert_gpus_assigned(wg, big, "0");
+    big = gpu_job_add(1, 40000); /* only the A100 holds it, and it is taken */
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(job_row(big).state, MGE_JOB_QUEUED);
+    small = gpu_job_add(1, 10000);
+    mge_sched_tick(g_s);
+    assert_gpus_assigned(wg, small, "1");
+    mge_sched_job_cancel(g_s, big);
+    /* more memory than any GPU has: the reason names both numbers */
+    huge = gpu_job_add(1, 90000);
+    assert_reason(huge, "needs 1 worker with 1 GPU of 90000 MiB; no GPU has 90000 MiB: the "
+                        "largest has 81920 MiB (worker 'g')");
+    mge_sched_job_cancel(g_s, huge);
+    /* two GPUs of 40000 MiB: the worker has one such */
+    two = gpu_job_add(2, 40000);
+    assert_reason(two, "needs 1 worker with 2 GPUs of 40000 MiB; the most such GPUs a worker has "
+                       "is 1");
 }
 END_TEST
 
@@ -1303,6 +1538,9 @@ static Suite *sched_suite(void)
         {"place", test_sched_place_one_rank, 1},
         {"place_gang", test_sched_place_gang, 1},
         {"pending", test_sched_pending_reasons, 1},
+        {"pending_eta_queue", test_sched_pending_eta_queue, 1},
+        {"gpu_indexes", test_sched_gpu_indexes, 1},
+        {"gpu_memory", test_sched_gpu_memory, 1},
         {"requeue", test_sched_requeue_worker_lost, 1},
         {"fence", test_sched_fence_stale_attempt, 1},
         {"fence_ended", test_sched_fence_ended_job, 1},

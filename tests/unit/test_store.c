@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/alloc.h"
 #include "common/err.h"
 #include "common/jobspec.h"
 #include "common/log.h"
@@ -353,15 +354,29 @@ START_TEST(test_store_events_hook)
 }
 END_TEST
 
+/* What migration 7 added (GPU workers), as SQL that removes it. */
+#define UNDO_MIGRATION_7                                                                           \
+    " ALTER TABLE workers DROP COLUMN gpu_list; ALTER TABLE placements DROP COLUMN gpu_ids;"       \
+    " ALTER TABLE jobs DROP COLUMN gpu_memory_mb;"
+
+/* Run @sql on the closed store's mge.db directly (to make it an older schema). */
+static void db_exec(const char *sql)
+{
+    char db[128];
+    sqlite3 *o = NULL;
+    path_in(db, sizeof(db), "mge.db");
+    ck_assert_int_eq(sqlite3_open_v2(db, &o, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(o, sql, NULL, NULL, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_close(o), SQLITE_OK);
+}
+
 /* A database of schema version 3 (no incarnations, no restarts column), made by undoing
- * migrations 4 to 6 on a store with a running job, opens at version 4: the job is kept, it has no
+ * migrations 4 to 7 on a store with a running job, opens at version 4: the job is kept, it has no
  * incarnation rows and no restarts, and requeueing and placing it write them. */
 START_TEST(test_store_migrates_v3)
 {
     struct mge_store *st = NULL;
     struct mge_placement pl = {.rank = 0, .worker_id = "w-1"};
-    char db[128];
-    sqlite3 *o = NULL;
     json_t *j = NULL, *inc;
     bool requeued = false;
     int64_t id;
@@ -371,15 +386,9 @@ START_TEST(test_store_migrates_v3)
     pl.attempt = 1;
     ck_assert_int_eq(mge_store_job_place(st, id, 1, &pl, 1), MGE_OK);
     mge_store_close(st);
-    path_in(db, sizeof(db), "mge.db");
-    ck_assert_int_eq(sqlite3_open_v2(db, &o, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_exec(o,
-                                  "DROP TABLE incarnations; ALTER TABLE jobs DROP COLUMN"
-                                  " restarts; ALTER TABLE checkpoints DROP COLUMN copy;"
-                                  " ALTER TABLE jobs DROP COLUMN plan; PRAGMA user_version=3;",
-                                  NULL, NULL, NULL),
-                     SQLITE_OK);
-    ck_assert_int_eq(sqlite3_close(o), SQLITE_OK);
+    db_exec("DROP TABLE incarnations; ALTER TABLE jobs DROP COLUMN restarts;"
+            " ALTER TABLE checkpoints DROP COLUMN copy; ALTER TABLE jobs DROP COLUMN "
+            "plan;" UNDO_MIGRATION_7 " PRAGMA user_version=3;");
 
     ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
     ck_assert_int_eq(mge_store_job_get(st, id, &j), MGE_OK);
@@ -397,6 +406,74 @@ START_TEST(test_store_migrates_v3)
     ck_assert_int_eq(json_integer_value(json_object_get(inc, "incarnation")), 2);
     ck_assert_int_eq(json_integer_value(json_object_get(inc, "world")), 1);
     ck_assert(json_is_null(json_object_get(inc, "ended")));
+    json_decref(j);
+    mge_store_close(st);
+}
+END_TEST
+
+/* GPU workers: a database of schema version 6 (no GPU columns) opens at version 7 with its
+ * placements holding no GPU; then a worker's GPUs (names with spaces) and a rank's GPU indexes
+ * are kept, read back by a restarted coordinator and shown in the job's placement. */
+START_TEST(test_store_gpus)
+{
+    struct mge_store *st = NULL;
+    struct mge_worker_row w, *rows = NULL;
+    struct mge_placement pl = {.rank = 0}, *act = NULL;
+    json_t *j = NULL, *p;
+    bool requeued = false;
+    int64_t id;
+    int n = 0;
+    memset(&w, 0, sizeof(w));
+    snprintf(w.name, sizeof(w.name), "g1");
+    snprintf(w.device, sizeof(w.device), "cpu");
+    ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
+    ck_assert_int_eq(mge_store_worker_upsert(st, &w), MGE_OK);
+    id = job_add(st, 1, 0);
+    pl.job_id = id;
+    pl.attempt = 1;
+    snprintf(pl.worker_id, sizeof(pl.worker_id), "%s", w.id);
+    ck_assert_int_eq(mge_store_job_place(st, id, 1, &pl, 1), MGE_OK);
+    mge_store_close(st);
+    db_exec(UNDO_MIGRATION_7 " PRAGMA user_version=6;");
+
+    ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
+    ck_assert_int_eq(mge_store_placements_active(st, &act, &n), MGE_OK);
+    ck_assert_int_eq(n, 1);
+    ck_assert_uint_eq(act[0].gpu_mask, 0);
+    mge_free(act);
+    /* the worker registers again, with two GPUs; the job's next attempt holds GPU 1 */
+    w.gpus = 2;
+    snprintf(w.device, sizeof(w.device), "gpu");
+    snprintf(w.gpu[0].name, sizeof(w.gpu[0].name), "NVIDIA A100-SXM4-80GB");
+    w.gpu[0].memory_mb = 81920;
+    snprintf(w.gpu[1].name, sizeof(w.gpu[1].name), "NVIDIA T4");
+    w.gpu[1].memory_mb = 15360;
+    ck_assert_int_eq(mge_store_worker_upsert(st, &w), MGE_OK);
+    ck_assert_int_eq(mge_store_job_requeue(st, id, 1, "worker lost: g1", false, &requeued), MGE_OK);
+    pl.attempt = 2;
+    pl.gpu_mask = 0x2;
+    ck_assert_int_eq(mge_store_job_place(st, id, 2, &pl, 1), MGE_OK);
+    mge_store_close(st);
+
+    ck_assert_int_eq(mge_store_open(g_dir, &st), MGE_OK);
+    ck_assert_int_eq(mge_store_workers_load(st, &rows, &n), MGE_OK);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(rows[0].gpus, 2);
+    ck_assert_str_eq(rows[0].gpu[0].name, "NVIDIA A100-SXM4-80GB");
+    ck_assert_int_eq(rows[0].gpu[0].memory_mb, 81920);
+    ck_assert_str_eq(rows[0].gpu[1].name, "NVIDIA T4");
+    ck_assert_int_eq(rows[0].gpu[1].memory_mb, 15360);
+    mge_free(rows);
+    /* attempt 1's rank, not known to have ended, is superseded; attempt 2's holds GPU 1 */
+    ck_assert_int_eq(mge_store_placements_active(st, &act, &n), MGE_OK);
+    ck_assert_int_eq(n, 2);
+    for (int i = 0; i < n; i++)
+        ck_assert_uint_eq(act[i].gpu_mask, act[i].attempt == 2 ? 0x2 : 0);
+    mge_free(act);
+    ck_assert_int_eq(mge_store_job_get(st, id, &j), MGE_OK);
+    p = json_array_get(json_object_get(j, "placement"), 0);
+    ck_assert_uint_eq(json_array_size(json_object_get(p, "gpus")), 1);
+    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(p, "gpus"), 0)), 1);
     json_decref(j);
     mge_store_close(st);
 }
@@ -420,6 +497,7 @@ static Suite *store_suite(void)
     tc = tcase_create("migrate");
     tcase_add_checked_fixture(tc, dir_setup, dir_teardown);
     tcase_add_test(tc, test_store_migrates_v3);
+    tcase_add_test(tc, test_store_gpus);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,7 +7,9 @@
  * connection.
  *
  * Environment (set by the worker for mpirun, inherited from it): MGE_LAUNCH_MAP (a file of
- * "NAME RANK URL" lines), MGE_LAUNCH_TOKEN, MGE_JOB_ID, MGE_ATTEMPT.
+ * "NAME RANK URL CERT" lines), MGE_LAUNCH_TOKEN, MGE_JOB_ID, MGE_ATTEMPT. A tls+tcp:// URL is
+ * dialled trusting only the certificate in the file CERT (the one that worker registered with
+ * the coordinator: worker/launch.h), for the name "mge-launch".
  * Exit: 0 started, 1 refused or unreachable, 2 usage (messages on stderr, which mpirun shows).
  *
  * "mge-launch --guard WORKER_PID PROGRAM [ARG...]" is how the worker starts mpirun and the
@@ -19,6 +21,7 @@
 #include <errno.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +34,8 @@
 #include "proto/worker.pb-c.h"
 
 #define LAUNCH_TIMEOUT_MS 15000
+#define LAUNCH_TLS_NAME "mge-launch" /* MGE_LAUNCH_TLS_NAME of worker/launch.h */
+#define CERT_MAX 8192
 
 static const char *env_or_die(const char *name)
 {
@@ -43,10 +48,12 @@ static const char *env_or_die(const char *name)
     return v;
 }
 
-/* Find @host in the launch map at @path: its rank and URL (into @url). 0 on success. */
-static int map_lookup(const char *path, const char *host, int *rank, char *url, size_t url_len)
+/* Find @host in the launch map at @path: its rank, URL (into @url) and certificate file (into
+ * @cert, "-" for none). 0 on success. */
+static int map_lookup(const char *path, const char *host, int *rank, char *url, size_t url_len,
+                      char *cert, size_t cert_len)
 {
-    char line[1024], name[256], u[512];
+    char line[2048], name[256], u[512], c[1200];
     FILE *f = fopen(path, "r");
     int found = -1;
     if (!f) {
@@ -54,10 +61,13 @@ static int map_lookup(const char *path, const char *host, int *rank, char *url, 
         return -1;
     }
     while (found < 0 && fgets(line, sizeof(line), f)) {
-        int r;
-        if (sscanf(line, "%255s %d %511s", name, &r, u) == 3 && !strcmp(name, host)) {
+        int r, n;
+        snprintf(c, sizeof(c), "-"); /* a map of "NAME RANK URL" lines: no certificates */
+        n = sscanf(line, "%255s %d %511s %1199s", name, &r, u, c);
+        if (n >= 3 && !strcmp(name, host)) {
             *rank = r;
             snprintf(url, url_len, "%s", u);
+            snprintf(cert, cert_len, "%s", c);
             found = 0;
         }
     }
@@ -66,6 +76,46 @@ static int map_lookup(const char *path, const char *host, int *rank, char *url, 
         fprintf(stderr, "mge-launch: host '%s' is not a worker of this job (map '%s')\n", host,
                 path);
     return found;
+}
+
+/*
+ * Dial @url from @sock; a tls+tcp:// one trusting only the certificate in the file @cert_path
+ * for LAUNCH_TLS_NAME. Returns NNG's code, or NNG_EINVAL (with a message) when the file is
+ * missing or unreadable.
+ */
+static int launch_dial(nng_socket sock, const char *url, const char *cert_path)
+{
+    nng_dialer d;
+    nng_tls_config *tls = NULL;
+    char *pem = NULL;
+    size_t n = 0;
+    FILE *f;
+    int rv;
+    if (strncmp(url, "tls+tcp://", 10) != 0)
+        return nng_dial(sock, url, NULL, 0);
+    if (!strcmp(cert_path, "-") || !(f = fopen(cert_path, "r"))) {
+        fprintf(stderr, "mge-launch: no certificate for the tls+tcp:// launch socket %s (%s)\n",
+                url, cert_path);
+        return NNG_EINVAL;
+    }
+    pem = mge_malloc(CERT_MAX);
+    if (pem)
+        n = fread(pem, 1, CERT_MAX - 1, f);
+    fclose(f);
+    if (!pem)
+        return NNG_ENOMEM;
+    pem[n] = '\0';
+    if ((rv = nng_dialer_create(&d, sock, url)) == 0 &&
+        (rv = nng_tls_config_alloc(&tls, NNG_TLS_MODE_CLIENT)) == 0 &&
+        (rv = nng_tls_config_ca_chain(tls, pem, NULL)) == 0 &&
+        (rv = nng_tls_config_auth_mode(tls, NNG_TLS_AUTH_MODE_REQUIRED)) == 0 &&
+        (rv = nng_tls_config_server_name(tls, LAUNCH_TLS_NAME)) == 0 &&
+        (rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls)) == 0)
+        rv = nng_dialer_start(d, 0);
+    if (tls)
+        nng_tls_config_free(tls); /* the dialer holds its own reference */
+    mge_free(pem);
+    return rv;
 }
 
 static void on_parent_death(int sig)
@@ -122,7 +172,7 @@ int main(int argc, char **argv)
     Mge__LaunchReply *rep;
     nng_socket sock;
     nng_msg *m = NULL;
-    char url[512], *cmd;
+    char url[512], cert[1200], *cmd;
     size_t len = 0, off = 0;
     uint8_t *buf;
     int rank = -1, rv, code = 1;
@@ -134,7 +184,8 @@ int main(int argc, char **argv)
                         "       mge-launch --guard WORKER_PID PROGRAM [ARG...]\n");
         return 2;
     }
-    if (map_lookup(env_or_die("MGE_LAUNCH_MAP"), argv[1], &rank, url, sizeof(url)) != 0)
+    if (map_lookup(env_or_die("MGE_LAUNCH_MAP"), argv[1], &rank, url, sizeof(url), cert,
+                   sizeof(cert)) != 0)
         return 1;
     for (int i = 2; i < argc; i++)
         len += strlen(argv[i]) + 1;
@@ -163,7 +214,7 @@ int main(int argc, char **argv)
     }
     nng_socket_set_ms(sock, NNG_OPT_SENDTIMEO, LAUNCH_TIMEOUT_MS);
     nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, LAUNCH_TIMEOUT_MS);
-    if ((rv = nng_dial(sock, url, NULL, 0)) != 0 || (rv = nng_send(sock, buf, len, 0)) != 0 ||
+    if ((rv = launch_dial(sock, url, cert)) != 0 || (rv = nng_send(sock, buf, len, 0)) != 0 ||
         (rv = nng_recvmsg(sock, &m, 0)) != 0) {
         fprintf(stderr, "mge-launch: worker '%s' at %s: %s\n", argv[1], url, nng_strerror(rv));
         goto out_close;

@@ -229,8 +229,14 @@ export function jobPage(main, params, id) {
             live.className = `live ${s}`;
             if (s === 'live') refreshJob();
         });
-        // the header's progress and ETA between state events
-        const tick = () => { if (job && !TERMINAL.has(job.state)) renderHead(); refreshTimer = setTimeout(tick, 1000); };
+        // the header's progress and ETA between state events; a queued job's pending reason
+        // (what it waits for, when it may start) is fetched again every 3 s
+        let ticks = 0;
+        const tick = () => {
+            if (job && job.state === 'queued' && ++ticks % 3 === 0) refreshJob();
+            else if (job && !TERMINAL.has(job.state)) renderHead();
+            refreshTimer = setTimeout(tick, 1000);
+        };
         refreshTimer = setTimeout(tick, 1000);
     })();
 

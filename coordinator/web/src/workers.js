@@ -1,4 +1,4 @@
-// workers.js: workers with their slots, free slots, running ranks, last heartbeat; drain.
+// workers.js: workers with their slots, free slots, GPUs, running ranks, last heartbeat; drain.
 import { api, get } from './api.js';
 import { h, clear, fmtAgo } from './dom.js';
 
@@ -7,9 +7,15 @@ export function workersPage(main) {
     const body = h('tbody#workers-body');
     const status = h('span.muted');
     clear(main).append(h('section.card', {}, h('div.toolbar', {}, h('h2', {}, 'Workers'), status),
-        h('table', {}, h('thead', {}, h('tr', {}, ['Name', 'Host', 'State', 'Slots', 'Free', 'Running ranks', 'Last heartbeat', 'Version', ''].map((t) => h('th', {}, t)))), body)));
+        h('table', {}, h('thead', {}, h('tr', {}, ['Name', 'Host', 'State', 'Slots', 'Free', 'GPUs', 'Running ranks', 'Last heartbeat', 'Version', ''].map((t) => h('th', {}, t)))), body)));
 
     const slots = (s) => s ? `${s.cpus} CPU · ${s.memory_mb} MB${s.gpus ? ` · ${s.gpus} GPU` : ''}${s.device ? ` (${s.device})` : ''}` : '–';
+
+    // each GPU on a line: "0 · NVIDIA H100 80GB HBM3 · 81559 MiB · free"
+    const gpus = (list) => list && list.length
+        ? h('ul.gpus', {}, list.map((g) => h('li', { dataset: { gpu: String(g.index), free: String(g.free) } },
+            `${g.index} · ${g.name} · ${g.memory_mb} MiB · ${g.free ? 'free' : 'in use'}`)))
+        : '–';
 
     async function refresh() {
         clearTimeout(timer);
@@ -18,7 +24,7 @@ export function workersPage(main) {
             if (stopped) return;
             clear(body).append(...r.workers.map((w) => h('tr', { dataset: { name: w.name, state: w.state } },
                 h('td', {}, w.name), h('td', {}, w.host), h('td', {}, h(`span.badge.w-${/^[a-z]+$/.test(w.state) ? w.state : 'x'}`, {}, w.state)),
-                h('td', {}, slots(w.slots)), h('td', {}, slots(w.free)), h('td.num', {}, String(w.running_ranks)),
+                h('td', {}, slots(w.slots)), h('td', {}, slots(w.free)), h('td.gpus', {}, gpus(w.gpus)), h('td.num', {}, String(w.running_ranks)),
                 h('td', {}, fmtAgo(w.last_seen)), h('td', {}, w.version),
                 h('td', {}, w.state === 'ready' ? h('button', {
                     onclick: async (ev) => {
@@ -28,7 +34,7 @@ export function workersPage(main) {
                         refresh();
                     },
                 }, 'Drain') : ''))));
-            if (!r.workers.length) body.append(h('tr', {}, h('td.muted', { colspan: 9 }, 'No workers.')));
+            if (!r.workers.length) body.append(h('tr', {}, h('td.muted', { colspan: 10 }, 'No workers.')));
             status.textContent = `updated ${new Date().toLocaleTimeString('en-GB')}`;
         } catch (e) { status.textContent = e.message; }
         if (!stopped) timer = setTimeout(refresh, 2000);

@@ -161,6 +161,8 @@ rank_cmdlines() {
     for d in /proc/[0-9]*; do
         [ "$(cat "$d/comm" 2>/dev/null)" = mge-train ] || continue
         cmd=$(tr '\0' ' ' 2>/dev/null <"$d/cmdline")
+        # this run's ranks only (their --out lies under $T): not another run's job of that id
+        case $cmd in *"$T"*) ;; *) continue ;; esac
         case $cmd in *"$1"*) echo "${d#/proc/} $cmd" ;; esac
     done
 }

@@ -1,0 +1,70 @@
+/*
+ * device.h: the engine's device seam: where the arenas live, how bytes cross between host and
+ * device, and which ops table runs the kernels. The planner sizes the parameter, gradient,
+ * activation and input arenas; each is one allocation through the graph's device (one
+ * cudaMalloc per arena on a GPU). Host code touches device memory only through these copies.
+ *
+ * Devices: "cpu" (host memory; copies are memcpy or pointer hand-offs) and "sim", a simulated
+ * accelerator for tests: its memory is host memory mapped PROT_NONE except while one of its
+ * kernels or copies runs, so host code that reads or writes device memory outside the seam
+ * faults (SIGSEGV). It runs the CPU kernels, so results are bit-identical to "cpu".
+ * Threads: a device's calls may come from any thread; the sim device's window is one for the
+ * whole process (opened by the first kernel or copy in, closed by the last one out).
+ */
+#ifndef MGE_ENGINE_DEVICE_H
+#define MGE_ENGINE_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct mge_graph;
+struct mge_ops_table;
+
+struct mge_device {
+    const char *name;                /* "cpu", "sim" */
+    int host_visible;                /* device memory is ordinary host memory (cpu) */
+    const struct mge_ops_table *ops; /* the kernels, reading and writing device memory */
+    /* One arena of @bytes (page or 64-byte aligned, contents undefined), or NULL on OOM. */
+    void *(*alloc)(size_t bytes);
+    /* Release an arena from alloc() (with its size); NULL does nothing. */
+    void (*free)(void *p, size_t bytes);
+    void (*h2d)(void *dst, const void *src, size_t n); /* host -> device */
+    void (*d2h)(void *dst, const void *src, size_t n); /* device -> host */
+    void (*d2d)(void *dst, const void *src, size_t n);
+    void (*memset)(void *dst, int c, size_t n);
+    /* Wait until every kernel and copy issued so far is done (both devices run synchronously). */
+    void (*sync)(void);
+    /*
+     * Run @fn(@ctx), a CPU kernel over device memory (the optimiser, gradient clipping), as the
+     * device runs its own kernels. NEEDSWORK: a CUDA device needs its own optimiser kernels.
+     */
+    void (*kernel)(void (*fn)(void *ctx), void *ctx);
+};
+
+extern const struct mge_device mge_device_cpu;
+extern const struct mge_device mge_device_sim;
+
+/* The device named @name ("cpu", "sim"), or NULL. */
+const struct mge_device *mge_device_find(const char *name);
+
+/*
+ * Put @g's arenas on @dev (default: mge_device_cpu). Before mge_graph_alloc(); MGE_STATE after.
+ * On a device that is not host-visible the graph also gets an input arena: mge_graph_bind()
+ * then names host memory that each mge_graph_run() copies in (the current batch's bytes).
+ */
+int mge_graph_set_device(struct mge_graph *g, const struct mge_device *dev);
+const struct mge_device *mge_graph_device(const struct mge_graph *g);
+
+/*
+ * Copy @bytes between value @v's device memory (from its first byte) and host memory @host.
+ * MGE_RANGE if @bytes exceeds the value's planned size; MGE_STATE before mge_graph_alloc().
+ */
+int mge_value_read(const struct mge_graph *g, int v, void *host, size_t bytes);
+int mge_value_write(struct mge_graph *g, int v, const void *host, size_t bytes);
+/*
+ * Host-readable bytes of value @v: on a host-visible device its data itself (no copy), else
+ * @scratch (at least @bytes) after a device -> host copy of its first @bytes.
+ */
+const void *mge_value_host(const struct mge_graph *g, int v, void *scratch, size_t bytes);
+
+#endif
