@@ -46,7 +46,7 @@ def train(spec, out, steps, extra):
 
 def infer(ckpt, precision):
     cmd = [os.path.join(BUILD, "bin", "mge-infer"), ckpt, "--json", "--threads", str(THREADS),
-           "--precision", precision]
+           "--precision", precision, "--timing"]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     d = last_json(r.stdout)
     return d["samples_per_sec"], d["test_accuracy"]
