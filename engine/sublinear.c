@@ -271,7 +271,57 @@ struct remat_ctx {
     char *must_keep; /* per value: cannot be recomputed (multi-producer, kept outputs) */
     size_t *bytes;   /* per forward node: bytes of its needed outputs */
     size_t total;    /* sum of bytes[] */
+    char *cut;       /* per forward node: the rest of the forward pass reads only its outputs */
+    size_t *kept;    /* per forward node: bytes of all its outputs (what keeping it costs) */
 };
+
+/*
+ * Cut points: forward node p is one when no activation made before p is read after it, so the
+ * forward pass from p on can be redone from p's outputs alone (values kept anyway aside). In a
+ * chain every node is one; in residual networks only the block boundaries (the add that ends
+ * a block, in a GPT also the one between attention and MLP) are: a checkpoint elsewhere would
+ * also need the residual stream that runs beside it to recompute the next segment.
+ */
+static int ctx_find_cuts(struct remat_ctx *c)
+{
+    const struct mge_graph *g = c->g;
+    int *last = mge_malloc(sizeof(int) * (size_t)(g->n_values + 1));
+    int *crossing = mge_calloc((size_t)g->n_forward + 1, sizeof(int));
+    int *own = mge_calloc((size_t)g->n_forward + 1, sizeof(int));
+    int rc = MGE_OK;
+    if (!last || !crossing || !own) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
+        goto out_free;
+    }
+    for (int v = 0; v < g->n_values; v++)
+        last[v] = -1;
+    for (int ni = 0; ni < g->n_forward; ni++)
+        for (int i = 0; i < g->nodes[ni].n_in; i++)
+            if (g->nodes[ni].in[i] >= 0)
+                last[mge__value_root(g, g->nodes[ni].in[i])] = ni;
+    /* crossing[p]: values made at or before p and read after it; own[p]: of those, p's */
+    for (int v = 0; v < g->n_values; v++) {
+        const struct mge_value *x = &g->values[v];
+        if (x->kind != MGE_VALUE_ACT || x->alias >= 0 || x->producer < 0 ||
+            x->producer >= g->n_forward || c->must_keep[v] || last[v] <= x->producer)
+            continue;
+        crossing[x->producer]++;
+        crossing[last[v]]--;
+        own[x->producer]++;
+    }
+    for (int ni = 0, run = 0; ni < g->n_forward; ni++) {
+        run += crossing[ni];
+        c->cut[ni] = run == own[ni];
+        for (int i = 0; i < g->nodes[ni].n_out; i++)
+            if (g->nodes[ni].out[i] >= 0)
+                c->kept[ni] += mge__value_bytes(g, g->nodes[ni].out[i]);
+    }
+out_free:
+    mge_free(last);
+    mge_free(crossing);
+    mge_free(own);
+    return rc;
+}
 
 static int ctx_init(struct remat_ctx *c, const struct mge_graph *g)
 {
@@ -280,8 +330,10 @@ static int ctx_init(struct remat_ctx *c, const struct mge_graph *g)
     c->needed = mge_calloc((size_t)g->n_values + 1, 1);
     c->must_keep = mge_calloc((size_t)g->n_values + 1, 1);
     c->bytes = mge_calloc((size_t)g->n_forward + 1, sizeof(size_t));
+    c->cut = mge_calloc((size_t)g->n_forward + 1, 1);
+    c->kept = mge_calloc((size_t)g->n_forward + 1, sizeof(size_t));
     int *producers = mge_calloc((size_t)g->n_values + 1, sizeof(int));
-    if (!c->needed || !c->must_keep || !c->bytes || !producers) {
+    if (!c->needed || !c->must_keep || !c->bytes || !c->cut || !c->kept || !producers) {
         mge_free(producers);
         return MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
     }
@@ -311,7 +363,7 @@ static int ctx_init(struct remat_ctx *c, const struct mge_graph *g)
         }
         c->total += c->bytes[ni];
     }
-    return MGE_OK;
+    return ctx_find_cuts(c);
 }
 
 static void ctx_fini(struct remat_ctx *c)
@@ -319,6 +371,8 @@ static void ctx_fini(struct remat_ctx *c)
     mge_free(c->needed);
     mge_free(c->must_keep);
     mge_free(c->bytes);
+    mge_free(c->cut);
+    mge_free(c->kept);
 }
 
 static void keep_outputs(const struct mge_graph *g, int ni, char *keep)
@@ -380,6 +434,42 @@ static void keep_budget(const struct remat_ctx *c, size_t budget, char *keep)
     }
 }
 
+/*
+ * Budget segmentation on cut points only: a segment ends at the last cut point before it would
+ * pass @budget, and what is kept there is that node's outputs whole. On residual networks this
+ * keeps the residual stream at block boundaries and recomputes each block from it, where
+ * keep_budget() would end segments inside blocks and need the stream beside each checkpoint.
+ */
+static void keep_cuts(const struct remat_ctx *c, size_t budget, char *keep)
+{
+    const struct mge_graph *g = c->g;
+    size_t ckpt = 0, run = 0, since = 0, rest = c->total;
+    int cut = -1; /* the open segment's last cut point */
+    memcpy(keep, c->must_keep, (size_t)g->n_values);
+    for (int ni = 0; ni < g->n_forward; ni++) {
+        if (c->bytes[ni] == 0 && !c->cut[ni])
+            continue;
+        if (cut >= 0 && ckpt + run + c->bytes[ni] > budget) {
+            keep_outputs(g, cut, keep);
+            ckpt += c->kept[cut];
+            run = since;
+            cut = -1;
+        }
+        if (ckpt + rest <= budget) {
+            for (; ni < g->n_forward; ni++)
+                keep_outputs(g, ni, keep);
+            break;
+        }
+        run += c->bytes[ni];
+        since += c->bytes[ni];
+        rest -= c->bytes[ni];
+        if (c->cut[ni]) {
+            cut = ni;
+            since = 0;
+        }
+    }
+}
+
 static void keep_light(const struct remat_ctx *c, char *keep)
 {
     const struct mge_graph *g = c->g;
@@ -438,7 +528,7 @@ double mge_graph_flops(const struct mge_graph *g)
  * the 2 sqrt(n) of Chen's equal segments, and within it the least recomputation wins.
  */
 
-enum keep_family { KEEP_ALL, KEEP_LIGHT, KEEP_THRESHOLD, KEEP_BUDGET };
+enum keep_family { KEEP_ALL, KEEP_LIGHT, KEEP_THRESHOLD, KEEP_BUDGET, KEEP_CUTS };
 
 struct cand {
     enum keep_family fam;
@@ -470,6 +560,9 @@ static void cand_keep(const struct search *s, enum keep_family fam, size_t param
     case KEEP_BUDGET:
         keep_budget(&s->ctx, param, keep);
         break;
+    case KEEP_CUTS:
+        keep_cuts(&s->ctx, param, keep);
+        break;
     }
 }
 
@@ -477,7 +570,7 @@ static void cand_keep(const struct search *s, enum keep_family fam, size_t param
 static int search_try(struct search *s, enum keep_family fam, size_t param, int *at)
 {
     static const enum mge_remat modes[] = {MGE_REMAT_NONE, MGE_REMAT_LIGHT, MGE_REMAT_SUBLINEAR,
-                                           MGE_REMAT_SUBLINEAR};
+                                           MGE_REMAT_SUBLINEAR, MGE_REMAT_SUBLINEAR};
     if (mge_array_grow((void **)&s->c, &s->cap, (size_t)s->n + 1, sizeof(*s->c)) != MGE_OK)
         return MGE_ERR(MGE_NOMEM, "cannot allocate recompute search");
     struct cand *c = &s->c[s->n];
@@ -562,67 +655,88 @@ static int best_slack(const struct search *s, double flops)
     return best;
 }
 
-/* The largest budget parameter tried below @below (0 if none). */
-static size_t budget_below(const struct search *s, size_t below)
+/* The largest @fam parameter tried below @below (0 if none). */
+static size_t budget_below(const struct search *s, enum keep_family fam, size_t below)
 {
     size_t p = 0;
     for (int i = 0; i < s->n; i++)
-        if (s->c[i].fam == KEEP_BUDGET && s->c[i].param < below && s->c[i].param > p)
+        if (s->c[i].fam == fam && s->c[i].param < below && s->c[i].param > p)
             p = s->c[i].param;
     return p;
 }
 
+/* The plan of family @fam with the smallest arena (ties: less recomputation), or -1. */
+static int smallest_of(const struct search *s, enum keep_family fam)
+{
+    int best = -1;
+    for (int i = 0; i < s->n; i++) {
+        if (s->c[i].fam != fam)
+            continue;
+        const struct mge_remat_plan *a = &s->c[i].p;
+        if (best < 0 || a->activation_bytes < s->c[best].p.activation_bytes ||
+            (a->activation_bytes == s->c[best].p.activation_bytes &&
+             a->recompute_flops < s->c[best].p.recompute_flops))
+            best = i;
+    }
+    return best;
+}
+
 /*
- * Budget segmentations from coarse to fine. Above the smallest feasible parameter the arena
- * grows with it; below, segments get too short and checkpoints pile up, so the arena jumps.
- * A geometric sweep brackets both ends of interest and bisection narrows them: the smallest
- * arena, then the largest parameter whose arena fits @limit (0: MGE__SUBLINEAR_SLACK times the
- * smallest arena of all plans). Every plan tried stays a candidate, so where the arena is not
- * monotone in the parameter the search loses precision, not plans.
+ * Budget segmentations (@fam: KEEP_BUDGET or KEEP_CUTS) from coarse to fine. Above the smallest
+ * feasible parameter the arena grows with it; below, segments get too short and checkpoints
+ * pile up, so the arena jumps. A geometric sweep brackets both ends of interest and bisection
+ * narrows them: search_sweep() the smallest arena, search_limit() the largest parameter whose
+ * arena fits @limit. Every plan tried stays a candidate, so where the arena is not monotone in
+ * the parameter the search loses precision, not plans.
  */
-static int search_budget(struct search *s, size_t limit)
+static int search_sweep(struct search *s, enum keep_family fam)
 {
     int rc, at, rising = 0;
     size_t bottom = s->ctx.total / 4096 + 1, prev = (size_t)-1, lo, hi, a;
     /* down until the arena has grown three times running: past the smallest feasible */
     for (size_t b = s->ctx.total; b >= bottom && rising < 3; b = b / 5 * 4) {
-        if ((rc = search_try(s, KEEP_BUDGET, b, &at)) != MGE_OK)
+        if ((rc = search_try(s, fam, b, &at)) != MGE_OK)
             return rc;
         rising = s->c[at].p.activation_bytes > prev ? rising + 1 : 0;
         prev = s->c[at].p.activation_bytes;
     }
-    at = smallest(s);
-    if (s->c[at].fam == KEEP_BUDGET) {
-        hi = s->c[at].param;
-        lo = budget_below(s, hi);
-        a = s->c[at].p.activation_bytes;
-        for (int it = 0; it < 12 && hi - lo >= hi / 256 + 1; it++) {
-            size_t mid = lo + (hi - lo) / 2;
-            if ((rc = search_try(s, KEEP_BUDGET, mid, &at)) != MGE_OK)
-                return rc;
-            if (s->c[at].p.activation_bytes <= a) {
-                a = s->c[at].p.activation_bytes;
-                hi = mid;
-            } else {
-                lo = mid;
-            }
+    if ((at = smallest_of(s, fam)) < 0)
+        return MGE_OK;
+    hi = s->c[at].param;
+    lo = budget_below(s, fam, hi);
+    a = s->c[at].p.activation_bytes;
+    for (int it = 0; it < 12 && hi - lo >= hi / 256 + 1; it++) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((rc = search_try(s, fam, mid, &at)) != MGE_OK)
+            return rc;
+        if (s->c[at].p.activation_bytes <= a) {
+            a = s->c[at].p.activation_bytes;
+            hi = mid;
+        } else {
+            lo = mid;
         }
     }
+    return MGE_OK;
+}
+
+/* @limit 0: MGE__SUBLINEAR_SLACK times the smallest arena of all plans. */
+static int search_limit(struct search *s, enum keep_family fam, size_t limit)
+{
+    int rc, at;
+    size_t lo = 0, hi = (size_t)-1;
     if (limit == 0)
         limit = (size_t)((double)s->c[smallest(s)].p.activation_bytes * MGE__SUBLINEAR_SLACK);
-    lo = 0;
     for (int i = 0; i < s->n; i++)
-        if (s->c[i].fam == KEEP_BUDGET && s->c[i].p.activation_bytes <= limit && s->c[i].param > lo)
+        if (s->c[i].fam == fam && s->c[i].p.activation_bytes <= limit && s->c[i].param > lo)
             lo = s->c[i].param;
-    hi = (size_t)-1;
     for (int i = 0; i < s->n; i++)
-        if (s->c[i].fam == KEEP_BUDGET && s->c[i].param > lo && s->c[i].param < hi)
+        if (s->c[i].fam == fam && s->c[i].param > lo && s->c[i].param < hi)
             hi = s->c[i].param;
     if (lo == 0 || hi == (size_t)-1)
         return MGE_OK;
     for (int it = 0; it < 12 && hi - lo >= hi / 256 + 1; it++) {
         size_t mid = lo + (hi - lo) / 2;
-        if ((rc = search_try(s, KEEP_BUDGET, mid, &at)) != MGE_OK)
+        if ((rc = search_try(s, fam, mid, &at)) != MGE_OK)
             return rc;
         if (s->c[at].p.activation_bytes <= limit)
             lo = mid;
@@ -669,7 +783,10 @@ int mge_graph_sublinear(struct mge_graph *g, enum mge_remat mode, size_t budget,
             if ((rc = search_try(&s, KEEP_THRESHOLD, thr, NULL)) != MGE_OK)
                 goto out;
         }
-        if ((rc = search_budget(&s, budget)) != MGE_OK)
+        if ((rc = search_sweep(&s, KEEP_BUDGET)) != MGE_OK ||
+            (rc = search_sweep(&s, KEEP_CUTS)) != MGE_OK ||
+            (rc = search_limit(&s, KEEP_BUDGET, budget)) != MGE_OK ||
+            (rc = search_limit(&s, KEEP_CUTS, budget)) != MGE_OK)
             goto out;
     }
     if (search && getenv("MGE_REMAT_FORCE") && !strcmp(getenv("MGE_REMAT_FORCE"), "1"))
