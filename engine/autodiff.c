@@ -418,6 +418,10 @@ static int ad_forward_node(struct ad *ad, int ni)
     }
     case MGE_OP_CONV2D: {
         int x = f.in[0], w = f.in[1], b = f.in[2], scratch = f.out[1];
+        /* backward's own workspace: the forward's would live from forward to backward (all of
+         * a network's at once) though no kernel reads what the other left there */
+        if (scratch >= 0 && (scratch = ad_temp(ad, scratch, "scratch")) < 0)
+            return scratch;
         struct mge_node n = {.op = MGE_OP_CONV2D_GRAD, .in = {dy, x, w}, .n_in = 3,
                              .out = {-1, -1, -1, scratch}, .n_out = 4};
         n.a.conv = f.a.conv;
