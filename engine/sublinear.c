@@ -272,6 +272,7 @@ struct remat_ctx {
     size_t *bytes;   /* per forward node: bytes of its needed outputs */
     size_t total;    /* sum of bytes[] */
     char *cut;       /* per forward node: the rest of the forward pass reads only its outputs */
+    int all_cuts;    /* every node with needed outputs is a cut point (a chain) */
     size_t *kept;    /* per forward node: bytes of all its outputs (what keeping it costs) */
 };
 
@@ -309,9 +310,12 @@ static int ctx_find_cuts(struct remat_ctx *c)
         crossing[last[v]]--;
         own[x->producer]++;
     }
+    c->all_cuts = 1;
     for (int ni = 0, run = 0; ni < g->n_forward; ni++) {
         run += crossing[ni];
         c->cut[ni] = run == own[ni];
+        if (c->bytes[ni] > 0 && !c->cut[ni])
+            c->all_cuts = 0;
         for (int i = 0; i < g->nodes[ni].n_out; i++)
             if (g->nodes[ni].out[i] >= 0)
                 c->kept[ni] += mge__value_bytes(g, g->nodes[ni].out[i]);
@@ -783,10 +787,12 @@ int mge_graph_sublinear(struct mge_graph *g, enum mge_remat mode, size_t budget,
             if ((rc = search_try(&s, KEEP_THRESHOLD, thr, NULL)) != MGE_OK)
                 goto out;
         }
+        /* on a chain both segmentations are one: search it once */
+        int cuts = !s.ctx.all_cuts;
         if ((rc = search_sweep(&s, KEEP_BUDGET)) != MGE_OK ||
-            (rc = search_sweep(&s, KEEP_CUTS)) != MGE_OK ||
+            (cuts && (rc = search_sweep(&s, KEEP_CUTS)) != MGE_OK) ||
             (rc = search_limit(&s, KEEP_BUDGET, budget)) != MGE_OK ||
-            (rc = search_limit(&s, KEEP_CUTS, budget)) != MGE_OK)
+            (cuts && (rc = search_limit(&s, KEEP_CUTS, budget)) != MGE_OK))
             goto out;
     }
     if (search && getenv("MGE_REMAT_FORCE") && !strcmp(getenv("MGE_REMAT_FORCE"), "1"))

@@ -5,6 +5,8 @@
  * the least recomputation within MGE__SUBLINEAR_SLACK of that; budgets choose the least
  * recomputation that fits or fail clearly; in-place reuse shares storage without changing
  * results. Causal attention (NET_GPT) is recomputed from its qkv when its output is dropped.
+ * The zoo's 8-layer GPT and ResNet-56: bit-identical with recomputation, and at their benchmark
+ * sizes the default plan keeps at most 30 % of the plain activations.
  */
 #include <check.h>
 #include <stdio.h>
@@ -17,6 +19,7 @@
 #include "common/rng.h"
 #include "engine/engine.h"
 #include "engine/engine_int.h"
+#include "engine/model.h"
 #include "tests/unit/support/check_run.h"
 
 enum net { NET_CHAIN, NET_DROPOUT, NET_CONV, NET_BRANCHES, NET_RESNET, NET_GPT };
@@ -360,11 +363,140 @@ START_TEST(test_alloc_failures)
 }
 END_TEST
 
+/* ---- the zoo's GPT and ResNet-56 ---- */
+
+enum zoo { ZOO_GPT, ZOO_RESNET56 };
+
+struct zoo_built {
+    struct mge_graph *g;
+    struct mge_model m;
+    struct mge_remat_plan chosen, plain;
+    int64_t batch;
+};
+
+/*
+ * @z at its benchmark size (@full: 8-layer GPT, d 128, 4 heads, 16 x 128 tokens, vocab 256;
+ * ResNet-56 of width 16 on 128 1x28x28 images) or a small one with the same structure (8
+ * layers of d 16 with dropout; ResNet-56 of width 4 on 4 1x8x8 images). Differentiated and
+ * passed through mge_graph_sublinear(@mode); allocated only when not @full.
+ */
+static void zoo_build(enum zoo z, int full, enum mge_remat mode, struct zoo_built *b)
+{
+    struct mge_jobspec spec;
+    int hw = full ? 28 : 8;
+    memset(&spec, 0, sizeof(spec));
+    memset(b, 0, sizeof(*b));
+    if (z == ZOO_GPT) {
+        spec.model.type = MGE_MODEL_GPT;
+        spec.model.layers = 8;
+        spec.model.heads = full ? 4 : 2;
+        spec.model.d_model = full ? 128 : 16;
+        spec.model.context = full ? 128 : 16;
+        spec.model.vocab = full ? 256 : 32;
+        spec.model.dropout = full ? 0.0f : 0.1f;
+        b->batch = full ? 16 : 4;
+    } else {
+        spec.model.type = MGE_MODEL_RESNET;
+        spec.model.depth = 56;
+        spec.model.width = full ? 16 : 4;
+        b->batch = full ? 128 : 4;
+    }
+    ck_assert_int_eq(mge_graph_new(&b->g), MGE_OK);
+    int rc = mge_model_build(b->g, &spec, b->batch, 1, hw, hw, full ? 10 : 3, &b->m);
+    ck_assert_msg(rc == MGE_OK, "%s", mge_graph_error_msg(b->g));
+    ck_assert_int_eq(mge_graph_backward(b->g, b->m.loss), MGE_OK);
+    ck_assert_int_eq(mge_graph_sublinear(b->g, mode, 0, &b->chosen, &b->plain), MGE_OK);
+    if (!full) {
+        ck_assert_int_eq(mge_graph_plan(b->g, NULL), MGE_OK);
+        ck_assert_int_eq(mge_graph_alloc(b->g), MGE_OK);
+    }
+}
+
+/* Two training steps (SGD on the gradients in between) on fixed data; the losses out. */
+static void zoo_steps(enum zoo z, struct zoo_built *b, float loss[2])
+{
+    static float x[4 * 8 * 8];
+    static int32_t tok[4 * 16], y[4 * 16];
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 99);
+    for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
+        x[i] = mge_rng_float(&rng);
+    for (size_t i = 0; i < sizeof(tok) / sizeof(tok[0]); i++) {
+        tok[i] = (int32_t)mge_rng_below(&rng, 32);
+        y[i] = (int32_t)mge_rng_below(&rng, z == ZOO_GPT ? 32 : 3);
+    }
+    mge_graph_init_params(b->g, 7);
+    ck_assert_int_eq(mge_graph_bind(b->g, b->m.x, z == ZOO_GPT ? (void *)tok : (void *)x), MGE_OK);
+    ck_assert_int_eq(mge_graph_bind(b->g, b->m.y, y), MGE_OK);
+    for (int s = 0; s < 2; s++) {
+        ck_assert_int_eq(mge_graph_run(b->g, MGE_RUN_TRAIN, s + 1), MGE_OK);
+        loss[s] = *(float *)mge_value_data(b->g, b->m.loss);
+        int64_t np, ng;
+        float *p = mge_graph_params(b->g, &np);
+        const float *d = mge_graph_grads(b->g, &ng);
+        for (int64_t i = 0; i < ng && s == 0; i++) /* trained floats come first */
+            p[i] -= 0.1f * d[i];
+    }
+}
+
+START_TEST(test_zoo_bit_identical)
+{
+    /* _i: enum zoo; the default sublinear plan against the plain one, two steps */
+    enum zoo z = (enum zoo)_i;
+    struct zoo_built plain, sub;
+    float l0[2], l1[2];
+    zoo_build(z, 0, MGE_REMAT_NONE, &plain);
+    zoo_build(z, 0, MGE_REMAT_SUBLINEAR, &sub);
+    ck_assert_msg(sub.chosen.recompute_ops > 0, "sublinear recomputed nothing");
+    zoo_steps(z, &plain, l0);
+    zoo_steps(z, &sub, l1);
+    ck_assert_mem_eq(l0, l1, sizeof(l0));
+    int64_t n0, n1, p0, p1;
+    const float *g0 = mge_graph_grads(plain.g, &n0), *g1 = mge_graph_grads(sub.g, &n1);
+    ck_assert_int_eq(n0, n1);
+    ck_assert_mem_eq(g0, g1, sizeof(float) * (size_t)n0);
+    const float *pa0 = mge_graph_params(plain.g, &p0), *pa1 = mge_graph_params(sub.g, &p1);
+    ck_assert_int_eq(p0, p1);
+    ck_assert_mem_eq(pa0, pa1, sizeof(float) * (size_t)p0); /* batch norms' running stats too */
+    int attn = 0;
+    for (int ni = sub.g->n_forward; ni < sub.g->n_nodes; ni++)
+        attn += sub.g->nodes[ni].op == MGE_OP_ATTENTION;
+    if (z == ZOO_GPT) /* blocks are recomputed whole, fused attention included */
+        ck_assert_msg(attn > 0, "sublinear recomputed no attention");
+    mge_graph_free(plain.g);
+    mge_graph_free(sub.g);
+}
+END_TEST
+
+START_TEST(test_zoo_memory_goal)
+{
+    /* _i: enum zoo; at the benchmark sizes (docs/benchmarks.md): at most 30 % of the plain
+     * activations, for at most a quarter of the step's FLOPs recomputed (each block about
+     * once: a forward pass is about a third of a step) */
+    enum zoo z = (enum zoo)_i;
+    struct zoo_built b;
+    zoo_build(z, 1, MGE_REMAT_SUBLINEAR, &b);
+    double ratio = (double)b.chosen.activation_bytes / (double)b.plain.activation_bytes;
+    double flops = b.chosen.recompute_flops / (mge_graph_flops(b.g) - b.chosen.recompute_flops);
+    ck_assert_msg(ratio <= 0.30, "%s keeps %.1f %% of the plain activations (%zu of %zu bytes)",
+                  z == ZOO_GPT ? "gpt" : "resnet-56", 100.0 * ratio, b.chosen.activation_bytes,
+                  b.plain.activation_bytes);
+    ck_assert_msg(flops <= 0.25, "%s recomputes %.1f %% of the step's FLOPs",
+                  z == ZOO_GPT ? "gpt" : "resnet-56", 100.0 * flops);
+    mge_graph_free(b.g);
+}
+END_TEST
+
 static Suite *sublinear_suite(void)
 {
     Suite *s = suite_create("sublinear");
     TCase *tc = tcase_create("identical");
     tcase_add_loop_test(tc, test_bit_identical, NET_CHAIN, NET_GPT + 1);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("zoo");
+    tcase_set_timeout(tc, 120); /* searching ResNet-56's plans: seconds on a busy machine */
+    tcase_add_loop_test(tc, test_zoo_bit_identical, ZOO_GPT, ZOO_RESNET56 + 1);
+    tcase_add_loop_test(tc, test_zoo_memory_goal, ZOO_GPT, ZOO_RESNET56 + 1);
     suite_add_tcase(s, tc);
     tc = tcase_create("plans");
     tcase_add_test(tc, test_chain_memory_shrinks);
