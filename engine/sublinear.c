@@ -9,7 +9,8 @@
  * Plans: "light" recomputes only cheap ops (elementwise, activations, pooling, normalisation);
  * "sublinear" splits the forward pass into segments and keeps only segment boundaries, either
  * equal segments at byte thresholds (Chen et al. 2016) or segments that shrink along the pass
- * as checkpoints accumulate (budget segmentation, below); the parameters are searched, each
+ * as checkpoints accumulate (budget segmentation, below), the latter also with segments that end
+ * only at cut points (block boundaries of residual networks); the parameters are searched, each
  * candidate scored by the real planner on a copy of the graph (MegEngine's
  * seq_sublinear_memory searches thresholds the same way).
  */
