@@ -30,6 +30,8 @@ struct mge_launch {
     pthread_t thread;
     struct mge_ranks *rs;
     nng_tls_config *tls; /* tls+tcp://, or NULL */
+    void (*kick)(void *); /* mge_launch_set_kick; set before requests come, read after */
+    void *kick_arg;
 };
 
 /*
@@ -117,10 +119,11 @@ static int launch_tls_new(struct mge_launch *l, char *cert)
     return rc;
 }
 
-static int pack_reply(bool ok, const char *error, uint8_t **out, size_t *out_len)
+static int pack_reply(bool ok, bool unknown_rank, const char *error, uint8_t **out, size_t *out_len)
 {
     Mge__LaunchReply rep = MGE__LAUNCH_REPLY__INIT;
     rep.ok = ok;
+    rep.unknown_rank = unknown_rank;
     rep.error = (char *)(error ? error : "");
     *out_len = mge__launch_reply__get_packed_size(&rep);
     *out = mge_malloc(*out_len ? *out_len : 1);
@@ -140,7 +143,7 @@ int mge_launch_handle(struct mge_ranks *rs, const uint8_t *buf, size_t len, uint
     *reply_len = 0;
     if (!req) {
         mge_log_warn("launch socket: malformed request ignored");
-        return pack_reply(false, "malformed LaunchRequest", reply, reply_len) == MGE_OK
+        return pack_reply(false, false, "malformed LaunchRequest", reply, reply_len) == MGE_OK
                    ? MGE_PROTO
                    : MGE_NOMEM;
     }
@@ -153,7 +156,8 @@ int mge_launch_handle(struct mge_ranks *rs, const uint8_t *buf, size_t len, uint
         mge_log_warn("job %lld attempt %d rank %d: launch refused: %s", (long long)req->job_id,
                      req->attempt, req->rank, why);
     mge__launch_request__free_unpacked(req, NULL);
-    if (pack_reply(rc == MGE_OK, rc == MGE_OK ? NULL : why, reply, reply_len) != MGE_OK)
+    if (pack_reply(rc == MGE_OK, rc == MGE_NOENT, rc == MGE_OK ? NULL : why, reply, reply_len) !=
+        MGE_OK)
         return MGE_NOMEM;
     return rc;
 }
@@ -170,7 +174,12 @@ static void *launch_main(void *arg)
             continue;
         if (rv != 0)
             break; /* closed */
-        mge_launch_handle(l->rs, nng_msg_body(m), nng_msg_len(m), &out, &out_len);
+        if (mge_launch_handle(l->rs, nng_msg_body(m), nng_msg_len(m), &out, &out_len) ==
+            MGE_NOENT) {
+            void (*kick)(void *) = __atomic_load_n(&l->kick, __ATOMIC_ACQUIRE);
+            if (kick) /* the rank's Assign may be on its way: fetch the commands now */
+                kick(l->kick_arg);
+        }
         nng_msg_free(m);
         if (out)
             nng_send(l->rep, out, out_len, 0);
@@ -253,6 +262,12 @@ int mge_launch_default_url(const char *coordinator, char *url, size_t len)
         mge_log_warn("launch socket on 127.0.0.1: multi-worker jobs across hosts need "
                      "--launch-listen");
     return rc;
+}
+
+void mge_launch_set_kick(struct mge_launch *l, void (*kick)(void *), void *arg)
+{
+    l->kick_arg = arg;
+    __atomic_store_n(&l->kick, kick, __ATOMIC_RELEASE); /* kick_arg is seen with it */
 }
 
 void mge_launch_stop(struct mge_launch *l)

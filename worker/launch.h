@@ -52,14 +52,19 @@ int mge_launch_start(const char *listen_url, const char *advertise_host, bool tl
  * mge_url_route_source() (logged), with the loopback default in @url. Thread: any.
  */
 int mge_launch_default_url(const char *coordinator, char *url, size_t len);
+/* Call @kick(@arg) from the socket's thread when a request names a rank this worker does not
+ * hold (yet): the worker's link then asks the coordinator for its commands at once
+ * (mge_link_kick), so an Assign still on its way arrives before mge-launch asks again. */
+void mge_launch_set_kick(struct mge_launch *l, void (*kick)(void *), void *arg);
 /* Stop the thread, close the socket, free; NULL does nothing. */
 void mge_launch_stop(struct mge_launch *l);
 
 /*
  * Handle one LaunchRequest frame (@buf, @len: untrusted bytes) for @rs and pack the
  * LaunchReply into *@reply (mge_malloc'ed, caller frees) of *@reply_len bytes. Returns the
- * result of mge_ranks_launch(), or MGE_PROTO for a frame that does not parse, MGE_NOMEM when
- * no reply could be made (*@reply NULL). Any thread; never crashes on any input (fuzzed).
+ * result of mge_ranks_launch() (MGE_NOENT: no such rank here yet, the reply says
+ * unknown_rank), or MGE_PROTO for a frame that does not parse, MGE_NOMEM when no reply could be
+ * made (*@reply NULL). Any thread; never crashes on any input (fuzzed).
  */
 int mge_launch_handle(struct mge_ranks *rs, const uint8_t *buf, size_t len, uint8_t **reply,
                       size_t *reply_len);

@@ -103,10 +103,10 @@ static void on_signal(uv_signal_t *s, int sig)
 {
     (void)s;
     mge_log_info("signal %d: stopping", sig);
+    mge_launch_stop(g_launch); /* first: its thread may kick the link */
+    g_launch = NULL;
     mge_link_stop(g_link);
     g_link = NULL;
-    mge_launch_stop(g_launch);
-    g_launch = NULL;
     mge_ranks_stop(&g_ranks);
     uv_close((uv_handle_t *)&g_sigint, NULL);
     uv_close((uv_handle_t *)&g_sigterm, NULL);
@@ -283,6 +283,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "mge-worker: cannot reach '%s'\n", coordinator);
         return 1;
     }
+    mge_launch_set_kick(g_launch, mge_link_kick, g_link);
     uv_signal_init(loop, &g_sigint);
     uv_signal_init(loop, &g_sigterm);
     uv_signal_start(&g_sigint, on_signal, SIGINT);

@@ -99,4 +99,17 @@ MGE_LAUNCH_MAP="$T/real-map" MGE_LAUNCH_TOKEN=wrong MGE_JOB_ID="$TWO" MGE_ATTEMP
     timeout 30 "$BIN/mge-launch" "$R1" "touch $T/pwned-token" >"$T/real-launch.out" 2>&1; rc=$?
 check "over TLS with the real certificate a wrong token is refused by the worker (exit $rc)" \
     sh -c "[ $rc = 1 ] && grep -q \"refused rank 1\" '$T/real-launch.out' && [ ! -e '$T/pwned-token' ]"
+
+# a rank the worker does not hold: its Assign may still be on its way, so mge-launch asks again
+# (and the worker fetches its commands at each ask) for 5 s before it gives up
+t0=$(date +%s.%N)
+MGE_LAUNCH_MAP="$T/real-map" MGE_LAUNCH_TOKEN=x MGE_JOB_ID=999 MGE_ATTEMPT=1 \
+    timeout 30 "$BIN/mge-launch" "$R1" "touch $T/pwned-999" >"$T/late.out" 2>&1; rc=$?
+took=$(secs "$t0" "$(date +%s.%N)")
+asks=$(grep -c "job 999 attempt 1 rank 1: launch refused: job 999 attempt 1 has no rank 1" \
+    "$T/worker-$R1.log")
+check "a rank the worker does not hold is asked for again ($asks asks in $took s), then refused" \
+    sh -c "[ $rc = 1 ] && [ $asks -ge 10 ] && awk 'BEGIN { exit !($took >= 4) }' &&
+           grep -q 'refused rank 1: job 999 attempt 1 has no rank 1' '$T/late.out' &&
+           [ ! -e '$T/pwned-999' ]"
 finish

@@ -23,11 +23,13 @@
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/tls/tls.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -36,6 +38,8 @@
 #define LAUNCH_TIMEOUT_MS 15000
 #define LAUNCH_TLS_NAME "mge-launch" /* MGE_LAUNCH_TLS_NAME of worker/launch.h */
 #define CERT_MAX 8192
+#define UNKNOWN_TRIES 25    /* "no such rank here" is asked again this many times, */
+#define UNKNOWN_WAIT_MS 200 /* this far apart: 5 s for a late Assign */
 
 static const char *env_or_die(const char *name)
 {
@@ -214,22 +218,34 @@ int main(int argc, char **argv)
     }
     nng_socket_set_ms(sock, NNG_OPT_SENDTIMEO, LAUNCH_TIMEOUT_MS);
     nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, LAUNCH_TIMEOUT_MS);
-    if ((rv = launch_dial(sock, url, cert)) != 0 || (rv = nng_send(sock, buf, len, 0)) != 0 ||
-        (rv = nng_recvmsg(sock, &m, 0)) != 0) {
+    if ((rv = launch_dial(sock, url, cert)) != 0) {
         fprintf(stderr, "mge-launch: worker '%s' at %s: %s\n", argv[1], url, nng_strerror(rv));
         goto out_close;
     }
-    rep = mge__launch_reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
-    if (!rep) {
-        fprintf(stderr, "mge-launch: worker '%s' at %s: malformed reply\n", argv[1], url);
-    } else if (!rep->ok) {
-        fprintf(stderr, "mge-launch: worker '%s' refused rank %d: %s\n", argv[1], rank,
-                rep->error);
-    } else {
-        code = 0;
+    /* a worker that holds no such rank yet may not have its Assign yet (rank 0's worker got
+     * its own first): it fetches its commands when asked, so ask again for a while */
+    for (int tries = 0;; tries++) {
+        bool again;
+        if ((rv = nng_send(sock, buf, len, 0)) != 0 || (rv = nng_recvmsg(sock, &m, 0)) != 0) {
+            fprintf(stderr, "mge-launch: worker '%s' at %s: %s\n", argv[1], url, nng_strerror(rv));
+            goto out_close;
+        }
+        rep = mge__launch_reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+        again = rep && !rep->ok && rep->unknown_rank && tries < UNKNOWN_TRIES;
+        if (!rep) {
+            fprintf(stderr, "mge-launch: worker '%s' at %s: malformed reply\n", argv[1], url);
+        } else if (rep->ok) {
+            code = 0;
+        } else if (!again) {
+            fprintf(stderr, "mge-launch: worker '%s' refused rank %d: %s\n", argv[1], rank,
+                    rep->error);
+        }
+        mge__launch_reply__free_unpacked(rep, NULL);
+        nng_msg_free(m);
+        if (!again)
+            break;
+        nanosleep(&(struct timespec){0, UNKNOWN_WAIT_MS * 1000000L}, NULL);
     }
-    mge__launch_reply__free_unpacked(rep, NULL);
-    nng_msg_free(m);
 out_close:
     nng_close(sock);
 out_buf:
