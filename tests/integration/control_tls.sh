@@ -117,6 +117,7 @@ wstart() { # NAME FLAGS...: a worker that is not expected to join
 }
 WRONG=$(wstart wrongca --cacert "$T/otherca.pem")
 PLAIN=$(wstart plain --coordinator "tcp://${TLS_WORKER_URL#tls+tcp://}")
+PIDS="$PIDS $WRONG $PLAIN" # wstart ran in a subshell: its PIDS did not reach this one
 sleep 4
 unjoined() { ! worker_ready "$1" 2>/dev/null && kill -0 "$2"; } # NAME PID: up, not registered
 # the workers listed: w2 (and w1 of the plain-HTTP part, lost since the restart), not those two
