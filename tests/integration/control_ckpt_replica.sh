@@ -81,8 +81,12 @@ check "... and the last incarnation trained only the steps after its start" \
 check "loss steps 1..$STEPS are all stored once" loss_steps_exact "$JOB" "$STEPS"
 api GET "/api/v1/jobs/$JOB/checkpoints/$name" >"$T/served"
 check "GET /jobs/$JOB/checkpoints/$name serves a checkpoint" sh -c "[ \"\$(cat '$T/status')\" = 200 ] && head -c 8 '$T/served' | grep -q MGECKPT1"
-n_copies=$(find "$T/state/checkpoints/job-$JOB" -name 'ckpt-*.mgeckpt' | wc -l)
-check "the coordinator keeps at most 2 copies ($n_copies)" test "$n_copies" -le 2 -a "$n_copies" -ge 1
+# (an upload still arriving when the job ends puts a third copy in place a moment before the
+# oldest is pruned: the count settles)
+copies() { find "$T/state/checkpoints/job-$JOB" -name 'ckpt-*.mgeckpt' | wc -l; }
+copies_kept() { n=$(copies); [ "$n" -le 2 ] && [ "$n" -ge 1 ]; }
+wait_until 10 copies_kept
+check "the coordinator keeps at most 2 copies ($(copies))" copies_kept
 
 # --- forged uploads: refused, nothing stored ---
 last=$(jq -r '.placement[] | select(.rank == 0) | .worker' "$T/job.json")
