@@ -286,7 +286,10 @@ $(BUILD)/bench/bench_planner: $(call obj,tests/bench/bench_planner.c) $(ENGINE_L
 BENCH_TOOLS += $(BUILD)/bench/bench_planner
 bench-tools: $(BENCH_TOOLS)
 
-bench: deps
+# the references run side by side: PyTorch 1.13, on OpenBLAS built with OpenMP (Debian's torch
+# otherwise runs on the reference BLAS; the pthread OpenBLAS fights torch's OpenMP pool)
+bench:
+	$(Q)MGE_EXTRA_PKGS="python3-torch libopenblas0-openmp" sh deploy/install-deps.sh
 	$(Q)$(MAKE) --no-print-directory binaries bench-tools
 	$(Q)sh tests/bench/run.sh $(BUILD)
 
