@@ -22,6 +22,9 @@
 #include "store.h"
 
 #define RPC_MAX_RANKS 4096
+#define RPC_MAX_CPUS 65536                       /* cores one worker may offer */
+#define RPC_MAX_MEMORY_MB ((int64_t)1 << 30)     /* 1 PiB, in MiB */
+#define RPC_MAX_GPU_MEMORY_MB ((int64_t)1 << 24) /* 16 TiB per GPU, in MiB */
 #define RPC_MAX_ACKS 4096
 #define RPC_SEEN_NONCES 8 /* client nonces of a name's recent Registers, refused if seen again */
 #define RPC_REFUSALS_LOGGED 20 /* refused frames logged per second; a flood is counted instead */
@@ -213,6 +216,45 @@ static int cancels_to_pb(const struct mge_sched_cmds *cmds, Mge__Cancel **cs, Mg
     return MGE_OK;
 }
 
+static bool refusal_logged(struct mge_rpc *r);
+
+/* Whether @s has a control character (names reach logs, the store and the dashboard). */
+static bool has_control(const char *s)
+{
+    for (; s && *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return true;
+    return false;
+}
+
+/*
+ * Why the coordinator refuses @reg's claims, or NULL: a worker that holds the join token is
+ * still believed only within what a machine can have (no negative or absurd cores, memory or
+ * GPUs, a device it knows, a printable name), so a forged or broken frame cannot skew the
+ * scheduler's arithmetic or what operators see.
+ */
+static const char *register_refusal(const Mge__Register *reg)
+{
+    const Mge__Slots *sl = reg->slots;
+    if (has_control(reg->name))
+        return "bad register frame: the name has control characters";
+    if (!sl)
+        return NULL;
+    if (sl->cpus < 0 || sl->cpus > RPC_MAX_CPUS)
+        return "bad register frame: slots.cpus out of range (0-65536)";
+    if (sl->memory_mb < 0 || sl->memory_mb > RPC_MAX_MEMORY_MB)
+        return "bad register frame: slots.memory_mb out of range (0 to 1 PiB)";
+    if (sl->device && *sl->device && strcmp(sl->device, "cpu") != 0 &&
+        strcmp(sl->device, "gpu") != 0)
+        return "bad register frame: slots.device must be \"cpu\" or \"gpu\"";
+    if (sl->gpus < 0 || sl->gpus > MGE_GPUS_MAX || sl->n_gpu_list > (size_t)sl->gpus)
+        return "bad register frame: gpus out of range";
+    for (size_t i = 0; i < sl->n_gpu_list; i++)
+        if (sl->gpu_list[i]->memory_mb < 0 || sl->gpu_list[i]->memory_mb > RPC_MAX_GPU_MEMORY_MB)
+            return "bad register frame: a GPU's memory_mb out of range (0 to 16 TiB)";
+    return NULL;
+}
+
 /* Register @reg (its join token proven by the caller); its id into @id (or "" if refused). */
 static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], uint8_t **reply,
                            size_t *len)
@@ -223,11 +265,19 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
     struct mge_rank_report *reps = NULL;
     struct mge_sched_cmds cmds;
     Mge__Cancel *cs = NULL, **csp = NULL;
+    const char *why;
     int rc;
 
     id[0] = '\0';
     if (!reg->name || !*reg->name || strlen(reg->name) > 120 || reg->n_ranks > RPC_MAX_RANKS)
         return reply_error("bad register frame", false, reply, len);
+    if ((why = register_refusal(reg)) != NULL) {
+        if (refusal_logged(r))
+            mge_log_warn("worker link: refused the Register of '%.40s': %s",
+                         has_control(reg->name) ? "(a name with control characters)" : reg->name,
+                         why);
+        return reply_error(why, false, reply, len);
+    }
     memset(&info, 0, sizeof(info));
     info.name = reg->name;
     info.host = reg->host;
@@ -239,8 +289,6 @@ static int handle_register(struct mge_rpc *r, Mge__Register *reg, char id[40], u
         info.gpus = reg->slots->gpus;
         info.memory_mb = reg->slots->memory_mb;
         info.device = reg->slots->device;
-        if (info.gpus < 0 || info.gpus > MGE_GPUS_MAX || reg->slots->n_gpu_list > (size_t)info.gpus)
-            return reply_error("bad register frame: gpus out of range", false, reply, len);
         if (reg->slots->n_gpu_list) {
             gpus = mge_calloc((size_t)info.gpus, sizeof(*gpus));
             if (!gpus)

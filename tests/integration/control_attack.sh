@@ -9,6 +9,8 @@
 #  2. a forged Register without the join token: refused
 #  3. replays in a genuine session (the Register again, a frame again, a changed body, an old
 #     counter): refused, and the session goes on; after a new Register the old key is dead
+#  3b. Registers with the join token that claim what no machine has (negative cores, memory or
+#     GPUs, an unknown device, a name with a newline): refused with their reasons
 #  4. launch requests to the worker that holds rank 1 of a 2-rank attempt, waiting for its
 #     launch: a wrong token, a rank it does not hold, a job it does not hold: refused, the
 #     command never ran; the attempt's real token still works (so the refusals mean something)
@@ -123,6 +125,24 @@ check "a replayed Register, replayed, altered and old-counter frames are refused
            grep -q 'changed body: mac=0 error=\"bad frame MAC\"' '$T/forge-replay'"
 check "the coordinator logged the replays, naming the worker" \
     grep -q "worker 'replayer' (.*): replayed frame refused" "$T/coordinator.log"
+
+# --- 3b. a Register with the join token that claims what no machine has ---
+"$FORGE" slots "$WORKER_URL" "$(cat "$T/join")" claimer >"$T/forge-slots" 2>&1
+rc=$?
+sed 's/^/     /' "$T/forge-slots"
+check "Registers claiming negative or absurd cores, memory, GPUs, an unknown device or a name with a newline are refused, each with its reason; sane claims are accepted (exit $rc)" \
+    sh -c "[ $rc -eq 0 ] && [ \$(grep -c 'genuine register: failed (bad register frame' '$T/forge-slots') -eq 11 ] &&
+           grep -q 'negative cpus: genuine register: failed (bad register frame: slots.cpus out of range' '$T/forge-slots' &&
+           grep -q 'unknown device: genuine register: failed (bad register frame: slots.device must be' '$T/forge-slots' &&
+           grep -q 'absurd memory: genuine register: failed (bad register frame: a GPU.s memory_mb' '$T/forge-slots' &&
+           grep -q 'newline: genuine register: failed (bad register frame: the name has control' '$T/forge-slots' &&
+           grep -q 'sane claims: genuine register: accepted' '$T/forge-slots'"
+claims_kept() {
+    ro GET /api/v1/workers | jq -e '[.workers[] | select(.name == "claimer")] | length == 1 and
+        (.[0].slots.gpus == 1) and (.[0].slots.cpus == 0) and (.[0].gpus[0].memory_mb == 81920)' >/dev/null &&
+    ro GET /api/v1/workers | jq -e 'all(.workers[]; (.name | test("evil")) | not)' >/dev/null
+}
+check "... the coordinator lists 'claimer' with only its sane claims (1 GPU, no cores) and no 'evil' worker" claims_kept
 
 # --- 4. the launch socket ---
 cat >"$T/two.yaml" <<Y

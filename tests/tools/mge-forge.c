@@ -19,6 +19,12 @@
  *       NAME: a frame under the old key is refused, one under the new key accepted. Exit 0 when
  *       all of that holds.
  *       NAME registers with no slots, so nothing is ever placed on it.
+ *   mge-forge slots WORKER_URL JOIN NAME
+ *       genuine Registers of NAME (this tool knows the join token) that claim what no machine
+ *       has: negative or absurd cores, memory or GPUs, an unknown device, a GPU list longer
+ *       than its count, GPUs with negative or absurd memory, a name with a newline. Each must
+ *       be refused; then NAME registers with sane claims (one 80 GiB GPU, no cores, so nothing
+ *       is placed on it). Exit 0 when so.
  *   mge-forge launch LAUNCH_URL JOB ATTEMPT RANK TOKEN COMMAND
  *       a LaunchRequest to a worker's launch socket. Exit 0 when refused, 1 when accepted.
  *   mge-forge upload WORKER_URL JOIN NAME JOB ATTEMPT CKPT_NAME FILE [SIZE]
@@ -279,8 +285,9 @@ static uint8_t *session_frame(const struct session *se, uint64_t counter, bool t
  * Register @name with the join token @join on @s: the session into @se, the Register frame
  * sent into *@frame (malloc'ed, caller frees). 0 on success (the reply's MAC verified).
  */
-static int session_register(nng_socket s, const char *join, const char *name, struct session *se,
-                            uint8_t **frame, size_t *frame_len)
+static int session_register_slots(nng_socket s, const char *join, const char *name,
+                                  Mge__Slots *claim, struct session *se, uint8_t **frame,
+                                  size_t *frame_len)
 {
     Mge__ToCoordinator m = MGE__TO_COORDINATOR__INIT;
     Mge__Register reg = MGE__REGISTER__INIT;
@@ -294,7 +301,7 @@ static int session_register(nng_socket s, const char *join, const char *name, st
 
     slots.device = (char *)"cpu"; /* no cpus, no memory: nothing fits here */
     reg.name = (char *)name;
-    reg.slots = &slots;
+    reg.slots = claim ? claim : &slots;
     m.msg_case = MGE__TO_COORDINATOR__MSG_REGISTER;
     m.register_ = &reg;
     body = pack_to_coordinator(&m, &body_len);
@@ -322,6 +329,65 @@ static int session_register(nng_socket s, const char *join, const char *name, st
     mge__link_reply__free_unpacked(lr, NULL);
     nng_msg_free(rep);
     return rc;
+}
+
+static int session_register(nng_socket s, const char *join, const char *name, struct session *se,
+                            uint8_t **frame, size_t *frame_len)
+{
+    return session_register_slots(s, join, name, NULL, se, frame, frame_len);
+}
+
+/*
+ * Genuine Registers (the join token is known) whose claims no machine has: each must be
+ * refused with a reason, none may start a session; then NAME with sane claims is accepted.
+ */
+static int forge_slots(const char *url, const char *join, const char *name)
+{
+    struct claim {
+        const char *what, *name, *device;
+        int cpus, gpus, n_gpu;
+        int64_t memory_mb, gpu_mb;
+    } claims[] = {
+        {"negative cpus", name, "cpu", -8, 0, 0, 1024, 0},
+        {"absurd cpus", name, "cpu", 1 << 30, 0, 0, 1024, 0},
+        {"negative memory", name, "cpu", 2, 0, 0, -1, 0},
+        {"absurd memory", name, "cpu", 2, 0, 0, (int64_t)1 << 50, 0},
+        {"unknown device", name, "tpu", 2, 0, 0, 1024, 0},
+        {"negative gpus", name, "gpu", 2, -1, 0, 1024, 0},
+        {"more gpus than a worker may have", name, "gpu", 2, 65, 0, 1024, 0},
+        {"a gpu list longer than its count", name, "gpu", 2, 1, 2, 1024, 80000},
+        {"a gpu with negative memory", name, "gpu", 2, 1, 1, 1024, -5},
+        {"a gpu with absurd memory", name, "gpu", 2, 1, 1, 1024, (int64_t)1 << 40},
+        {"a name with a newline", "evil\nworker", "cpu", 2, 0, 0, 1024, 0},
+        {"sane claims", name, "gpu", 0, 1, 1, 0, 81920}, /* no cores: nothing is placed */
+    };
+    size_t n = sizeof(claims) / sizeof(claims[0]);
+    nng_socket s = dial(url);
+    bool good = true;
+    for (size_t i = 0; i < n; i++) {
+        Mge__Slots sl = MGE__SLOTS__INIT;
+        Mge__Gpu g[2] = {MGE__GPU__INIT, MGE__GPU__INIT}, *gp[2] = {&g[0], &g[1]};
+        struct session se;
+        uint8_t *frame;
+        size_t frame_len;
+        int rc;
+        sl.cpus = claims[i].cpus;
+        sl.memory_mb = claims[i].memory_mb;
+        sl.gpus = claims[i].gpus;
+        sl.device = (char *)claims[i].device;
+        for (int k = 0; k < claims[i].n_gpu; k++) {
+            g[k].name = (char *)"Forged GPU";
+            g[k].memory_mb = claims[i].gpu_mb;
+        }
+        sl.n_gpu_list = (size_t)claims[i].n_gpu;
+        sl.gpu_list = claims[i].n_gpu ? gp : NULL;
+        printf("register with %s: ", claims[i].what);
+        rc = session_register_slots(s, join, claims[i].name, &sl, &se, &frame, &frame_len);
+        free(frame);
+        good &= i + 1 < n ? rc != 0 : rc == 0; /* all refused but the last, which is accepted */
+    }
+    nng_close(s);
+    return good ? 0 : 1;
 }
 
 static int forge_replay(const char *url, const char *join, const char *name)
@@ -487,6 +553,8 @@ int main(int argc, char **argv)
         return forge_flood(argv[2], argv[3], atoi(argv[4]));
     if (argc == 4 && !strcmp(argv[1], "register"))
         return forge_register(argv[2], argv[3]);
+    if (argc == 5 && !strcmp(argv[1], "slots"))
+        return forge_slots(argv[2], argv[3], argv[4]);
     if (argc == 5 && !strcmp(argv[1], "replay"))
         return forge_replay(argv[2], argv[3], argv[4]);
     if ((argc == 9 || argc == 10) && !strcmp(argv[1], "upload"))
