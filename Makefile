@@ -37,7 +37,14 @@ HAVE_NCCL   := $(if $(NVCC),$(if $(wildcard $(CUDA_HOME)/include/nccl.h),1,),)
 ifneq ($(HAVE_NCCL),)
 NCCL_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart
 endif
-LIBS_COMM   := $(MPI_LIBS) $(NCCL_LIBS)
+# The cuda device (engine/device_cuda.c, kernels/cuda/*.cu: cuBLAS and cuDNN) is built with nvcc
+# and cuDNN; without them device_cuda_none.c says "no CUDA" and nothing links a CUDA library.
+HAVE_CUDA   := $(if $(NVCC),$(if $(wildcard $(CUDA_HOME)/include/cudnn.h),1,),)
+ifneq ($(HAVE_CUDA),)
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lcudart -lstdc++
+endif
+# every program that links the engine links its devices' and collectives' libraries
+LIBS_COMM   := $(MPI_LIBS) $(NCCL_LIBS) $(CUDA_LIBS)
 
 ifneq ($(filter true 1,$(CI)),)
 DEVELOPER = 1
@@ -80,12 +87,15 @@ $(BUILD)/gen/proto/%.pb-c.c $(BUILD)/gen/proto/%.pb-c.h: proto/%.proto
 COMMON_SRC  := $(wildcard common/*.c)
 KERNEL_SRC  := $(sort $(wildcard kernels/*.c kernels/cpu/*.c))
 ENGINE_MAIN := engine/main_train.c engine/main_infer.c engine/main_export.c engine/main_quantize.c
-# engine/comm: each backend that needs a library has a stub twin; exactly one of each is built
+# engine/comm and the cuda device: each piece that needs a library has a stub twin; exactly one
+# of each is built
 COMM_ALT    := engine/comm/comm_mpi.c engine/comm/comm_mpi_none.c \
-               engine/comm/comm_nccl.c engine/comm/comm_nccl_none.c
+               engine/comm/comm_nccl.c engine/comm/comm_nccl_none.c \
+               engine/device_cuda.c engine/device_cuda_none.c
 ENGINE_SRC  := $(filter-out $(ENGINE_MAIN) $(COMM_ALT),$(wildcard engine/*.c engine/*/*.c)) \
                $(if $(HAVE_MPI),engine/comm/comm_mpi.c,engine/comm/comm_mpi_none.c) \
-               $(if $(HAVE_NCCL),engine/comm/comm_nccl.c,engine/comm/comm_nccl_none.c)
+               $(if $(HAVE_NCCL),engine/comm/comm_nccl.c,engine/comm/comm_nccl_none.c) \
+               $(if $(HAVE_CUDA),engine/device_cuda.c,engine/device_cuda_none.c)
 COORD_SRC   := $(wildcard coordinator/*.c)
 WORKER_SRC  := $(wildcard worker/*.c)
 CLI_SRC     := $(wildcard cli/*.c)
@@ -130,7 +140,8 @@ $(BUILD)/lib/%.a:
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-ENGINE_LIBS = $(LIB_ENGINE) $(LIB_KERN) $(LIB_PROTO) $(LIB_COMMON)
+LIB_CUDA := $(BUILD)/lib/libmgecuda.a
+ENGINE_LIBS = $(LIB_ENGINE) $(if $(HAVE_CUDA),$(LIB_CUDA)) $(LIB_KERN) $(LIB_PROTO) $(LIB_COMMON)
 BIN := $(BUILD)/bin
 
 $(BIN)/mge-train: $(call obj,engine/main_train.c) $(ENGINE_LIBS)
@@ -171,7 +182,7 @@ $(BIN)/mgectl: $(call obj,$(CLI_SRC)) $(LIB_COMMON)
 BINARIES += $(BIN)/mgectl
 endif
 
-# ---- CUDA: compiled and linked when nvcc exists; nothing needs a GPU to build or test ----
+# ---- CUDA: compiled and linked when nvcc and cuDNN exist; nothing needs a GPU to build or test ----
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 # GPU architectures the kernels are built for: machine code for each (T4, A100, A10/3090, L4/4090,
 # H100, B200, RTX 50) plus PTX of the newest, which the driver compiles for GPUs newer still.
@@ -179,21 +190,20 @@ CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 CUDA_ARCHS ?= 75 80 86 89 90 100 120
 NVCC_ARCH := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
              -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
-LIB_CUDA := $(BUILD)/lib/libmgecuda.a
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
-ifneq ($(NVCC),)
+NVCC_WARN := -Xcompiler -Wall,-Wextra $(if $(DEVELOPER),-Werror all-warnings -Xcompiler -Werror)
+ifneq ($(HAVE_CUDA),)
 ifneq ($(CUDA_SRC),)
 CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC))
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
-	$(Q)$(NVCC) -O2 -std=c++17 -I. $(NVCC_ARCH) -Xcompiler -Wall -c $< -o $@
+	$(Q)$(NVCC) -O2 -std=c++17 -I. $(NVCC_ARCH) $(NVCC_WARN) -MMD -MP -c $< -o $@
 $(LIB_CUDA): $(CUDA_OBJ)
 BINARIES += $(LIB_CUDA)
 endif
 endif
 cuda:
-	@if [ -z "$(NVCC)" ]; then echo "nvcc not found: CPU-only build"; fi
+	@if [ -z "$(HAVE_CUDA)" ]; then echo "nvcc or cuDNN not found: CPU-only build"; fi
 
 binaries: $(BINARIES)
 
@@ -217,10 +227,11 @@ UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 TEST_SUPPORT := $(wildcard tests/unit/support/*.c)
 TEST_LIBS = $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON) $(shell pkg-config --libs check) \
             -lsqlite3 -lnng -lcurl
-$(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(LIB_CUDA) $(ENGINE_LIBS)
+$(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(call obj,$(TEST_SUPPORT)) \
+    $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(CUDA_LIBS)
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS)
 # tests of the coordinator's modules (store, scheduler) link them from one library, without main.c
 LIB_COORD := $(BUILD)/lib/libmgecoord.a
 $(LIB_COORD): $(call obj,$(filter-out coordinator/main.c,$(COORD_SRC)))
@@ -301,11 +312,10 @@ test-gpu: deps
 	$(Q)sh tests/run-gpu.sh $(BUILD)
 
 ifneq ($(CUDA_OBJ),)
-$(BUILD)/bench/bench_cuda: $(call obj,tests/bench/bench_cuda.c) $(LIB_CUDA) $(ENGINE_LIBS)
+$(BUILD)/bench/bench_cuda: $(call obj,tests/bench/bench_cuda.c) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON) \
-	    $(CUDA_LIBS)
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON)
 bench-gpu: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/bench_cuda
 	$(Q)$(BUILD)/bench/bench_cuda

@@ -6,6 +6,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "engine/engine_int.h"
+#include "kernels/cpu/cpu.h"
 
 static void *cpu_alloc(size_t bytes)
 {
@@ -39,6 +40,7 @@ static void cpu_kernel(void (*fn)(void *ctx), void *ctx)
 const struct mge_device mge_device_cpu = {
     .name = "cpu",
     .host_visible = 1,
+    .bf16 = 1,
     .ops = &mge__cpu_ops,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -48,13 +50,17 @@ const struct mge_device mge_device_cpu = {
     .memset = cpu_memset,
     .sync = cpu_sync,
     .kernel = cpu_kernel,
+    .sgd_update = mge_cpu_sgd_update,
+    .adam_update = mge_cpu_adam_update,
+    .l2_norm = mge_cpu_l2_norm,
+    .scale = mge_cpu_scale,
 };
 
 const struct mge_device *mge_device_find(const char *name)
 {
-    static const struct mge_device *const all[] = {&mge_device_cpu, &mge_device_sim};
+    const struct mge_device *all[] = {&mge_device_cpu, &mge_device_sim, mge_device_cuda()};
     for (size_t i = 0; name && i < sizeof(all) / sizeof(all[0]); i++)
-        if (!strcmp(all[i]->name, name))
+        if (all[i] && !strcmp(all[i]->name, name))
             return all[i];
     return NULL;
 }
@@ -68,6 +74,21 @@ int mge_graph_set_device(struct mge_graph *g, const struct mge_device *dev)
 {
     if (g->allocated)
         return MGE_ERR(MGE_STATE, "device: the graph's arenas are allocated already");
+    if (!dev)
+        dev = &mge_device_cpu;
+    if (g->bf16 && !dev->bf16) {
+        mge__graph_fail(g, MGE_UNSUPPORTED,
+                        "train.precision: bf16 runs on the cpu device only, not on '%s'",
+                        dev->name);
+        return MGE_UNSUPPORTED;
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!dev->ops->fn[g->nodes[i].op]) {
+            mge__graph_fail(g, MGE_UNSUPPORTED, "op %s (node %d%s) has no kernel on device '%s'",
+                            mge__op_name(g->nodes[i].op), i,
+                            g->nodes[i].backward ? ", backward" : "", dev->name);
+            return MGE_UNSUPPORTED;
+        }
     g->dev = dev;
     return MGE_OK;
 }

@@ -4,10 +4,12 @@
  * activation and input arenas; each is one allocation through the graph's device (one
  * cudaMalloc per arena on a GPU). Host code touches device memory only through these copies.
  *
- * Devices: "cpu" (host memory; copies are memcpy or pointer hand-offs) and "sim", a simulated
+ * Devices: "cpu" (host memory; copies are memcpy or pointer hand-offs); "sim", a simulated
  * accelerator for tests: its memory is host memory mapped PROT_NONE except while one of its
  * kernels or copies runs, so host code that reads or writes device memory outside the seam
- * faults (SIGSEGV). It runs the CPU kernels, so results are bit-identical to "cpu".
+ * faults (SIGSEGV). It runs the CPU kernels, so results are bit-identical to "cpu"; and "cuda"
+ * (engine/device_cuda.c, in builds with nvcc): device 0 of CUDA_VISIBLE_DEVICES, one cudaMalloc
+ * per arena, the kernels of kernels/cuda/.
  * Threads: a device's calls may come from any thread; the sim device's window is one for the
  * whole process (opened by the first kernel or copy in, closed by the last one out).
  */
@@ -21,8 +23,9 @@ struct mge_graph;
 struct mge_ops_table;
 
 struct mge_device {
-    const char *name;                /* "cpu", "sim" */
+    const char *name;                /* "cpu", "sim", "cuda" */
     int host_visible;                /* device memory is ordinary host memory (cpu) */
+    int bf16;                        /* runs bf16 graphs (mge_graph_set_bf16: the CPU kernels) */
     const struct mge_ops_table *ops; /* the kernels, reading and writing device memory */
     /* One arena of @bytes (page or 64-byte aligned, contents undefined), or NULL on OOM. */
     void *(*alloc)(size_t bytes);
@@ -32,23 +35,42 @@ struct mge_device {
     void (*d2h)(void *dst, const void *src, size_t n); /* device -> host */
     void (*d2d)(void *dst, const void *src, size_t n);
     void (*memset)(void *dst, int c, size_t n);
-    /* Wait until every kernel and copy issued so far is done (both devices run synchronously). */
+    /* Wait until every kernel and copy issued so far is done (cpu and sim run synchronously). */
     void (*sync)(void);
     /*
-     * Run @fn(@ctx), a CPU kernel over device memory (the optimiser, gradient clipping), as the
-     * device runs its own kernels. NEEDSWORK: a CUDA device needs its own optimiser kernels.
+     * Run @fn(@ctx), host code that calls this device's optimiser kernels below over device
+     * memory (the update, gradient clipping), as the device runs its own kernels.
      */
     void (*kernel)(void (*fn)(void *ctx), void *ctx);
+    /*
+     * MGE_OK when the device can be used in this process, else an error with the reason in @err
+     * (at most @errlen bytes): a cuda device with no GPU. NULL: always usable.
+     */
+    int (*probe)(char *err, size_t errlen);
+    /* The optimiser's kernels over device memory (arguments as mge_cpu_* in kernels/cpu/cpu.h). */
+    void (*sgd_update)(float *p, const float *g, float *v, int64_t n, float lr, float mu, float wd,
+                       int nesterov);
+    void (*adam_update)(float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                        float beta1, float beta2, float eps, float wd, int adamw, int64_t t);
+    double (*l2_norm)(const float *g, int64_t n);
+    void (*scale)(float *out, const float *inp, float s, int64_t n);
 };
 
 extern const struct mge_device mge_device_cpu;
 extern const struct mge_device mge_device_sim;
 
-/* The device named @name ("cpu", "sim"), or NULL. */
+/*
+ * The device named @name ("cpu", "sim", "cuda"), or NULL: an unknown name, or "cuda" in a build
+ * without nvcc (mge_device_cuda() says which).
+ */
 const struct mge_device *mge_device_find(const char *name);
+/* The cuda device of this build, or NULL when it was built without nvcc (device_cuda_none.c). */
+const struct mge_device *mge_device_cuda(void);
 
 /*
  * Put @g's arenas on @dev (default: mge_device_cpu). Before mge_graph_alloc(); MGE_STATE after.
+ * MGE_UNSUPPORTED (and the graph's error message, naming the op) when a node of @g has no
+ * kernel in @dev's ops table, or needs what the device lacks (bf16 GEMMs off the CPU).
  * On a device that is not host-visible the graph also gets an input arena: mge_graph_bind()
  * then names host memory that each mge_graph_run() copies in (the current batch's bytes).
  */

@@ -2,22 +2,12 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "engine/device_int.h"
 #include "engine/engine_int.h"
 #include "kernels/cpu/cpu.h"
 
-#define F(g, v) ((float *)(g)->values[(v)].data)
-#define FOPT(g, v) ((v) >= 0 ? F(g, v) : NULL)
-
-static int64_t last_dim(const struct mge_graph *g, int v)
-{
-    const struct mge_value *x = &g->values[v];
-    return x->ndim ? x->shape[x->ndim - 1] : 1;
-}
-
-static int64_t rows_now(const struct mge_graph *g, int v)
-{
-    return mge__value_numel_now(g, v) / last_dim(g, v);
-}
+#define F MGE__F
+#define FOPT MGE__FOPT
 
 /* The GEMM of MATMUL and LINEAR: fp32, or bf16 inputs with fp32 sums (mge_graph_set_bf16). */
 static void gemm(const struct mge_graph *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
@@ -35,7 +25,8 @@ static void gemm(const struct mge_graph *g, int ta, int tb, int64_t M, int64_t N
 static int cpu_matmul(struct mge_graph *g, const struct mge_node *n)
 {
     int a = n->in[0], b = n->in[1], c = n->out[0];
-    int64_t ra = rows_now(g, a), la = last_dim(g, a), rb = rows_now(g, b), lb = last_dim(g, b);
+    int64_t ra = mge__rows_now(g, a), la = mge__last_dim(g, a), rb = mge__rows_now(g, b),
+            lb = mge__last_dim(g, b);
     int64_t M = n->a.mm.ta ? la : ra, K = n->a.mm.ta ? ra : la;
     int64_t N = n->a.mm.tb ? rb : lb;
     gemm(g, n->a.mm.ta, n->a.mm.tb, M, N, K, 1.0f, F(g, a), la, F(g, b), lb, n->acc ? 1.0f : 0.0f,
@@ -46,7 +37,7 @@ static int cpu_matmul(struct mge_graph *g, const struct mge_node *n)
 static int cpu_linear(struct mge_graph *g, const struct mge_node *n)
 {
     int x = n->in[0], w = n->in[1], b = n->in[2], y = n->out[0], pre = n->out[1];
-    int64_t rows = rows_now(g, x), K = last_dim(g, x), N = g->values[w].shape[0];
+    int64_t rows = mge__rows_now(g, x), K = mge__last_dim(g, x), N = g->values[w].shape[0];
     float *dst = pre >= 0 ? F(g, pre) : F(g, y);
     gemm(g, 0, 1, rows, N, K, 1.0f, F(g, x), K, F(g, w), K, 0.0f, dst, N);
     if (pre >= 0) {
@@ -61,37 +52,17 @@ static int cpu_linear(struct mge_graph *g, const struct mge_node *n)
 static int cpu_bias_act(struct mge_graph *g, const struct mge_node *n)
 {
     int x = n->in[0], b = n->n_in > 1 ? n->in[1] : -1;
-    mge_cpu_bias_act_forward(n->a.act.act, F(g, n->out[0]), F(g, x), FOPT(g, b), rows_now(g, x),
-                             last_dim(g, x));
+    mge_cpu_bias_act_forward(n->a.act.act, F(g, n->out[0]), F(g, x), FOPT(g, b),
+                             mge__rows_now(g, x), mge__last_dim(g, x));
     return MGE_OK;
 }
 
 static int cpu_bias_grad(struct mge_graph *g, const struct mge_node *n)
 {
     int dy = n->in[0];
-    mge_cpu_bias_backward(F(g, n->out[0]), F(g, dy), rows_now(g, dy), last_dim(g, dy), n->acc);
+    mge_cpu_bias_backward(F(g, n->out[0]), F(g, dy), mge__rows_now(g, dy), mge__last_dim(g, dy),
+                          n->acc);
     return MGE_OK;
-}
-
-/* Strides of @v right-aligned to an @ndim shape @shape, 0 where @v broadcasts. */
-static void broadcast_strides(const struct mge_graph *g, int v, const int64_t *shape, int ndim,
-                              int64_t *stride)
-{
-    int64_t vs[MGE_MAX_DIMS];
-    const struct mge_value *x = &g->values[v];
-    mge__value_shape_now(g, v, vs);
-    int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        int iv = i - (ndim - x->ndim);
-        if (iv < 0 || vs[iv] == 1 || (vs[iv] != shape[i])) {
-            stride[i] = 0;
-            if (iv >= 0)
-                s *= vs[iv];
-        } else {
-            stride[i] = s;
-            s *= vs[iv];
-        }
-    }
 }
 
 static int cpu_binary(struct mge_graph *g, const struct mge_node *n)
@@ -100,8 +71,8 @@ static int cpu_binary(struct mge_graph *g, const struct mge_node *n)
     int64_t shape[MGE_MAX_DIMS], sa[MGE_MAX_DIMS], sb[MGE_MAX_DIMS];
     int nd = g->values[c].ndim;
     mge__value_shape_now(g, c, shape);
-    broadcast_strides(g, n->in[0], shape, nd, sa);
-    broadcast_strides(g, n->in[1], shape, nd, sb);
+    mge__broadcast_strides(g, n->in[0], shape, nd, sa);
+    mge__broadcast_strides(g, n->in[1], shape, nd, sb);
     if (nd == 0) {
         shape[0] = 1;
         sa[0] = sb[0] = 0;
@@ -118,7 +89,7 @@ static int cpu_sum_to(struct mge_graph *g, const struct mge_node *n)
     int64_t shape[MGE_MAX_DIMS], so[MGE_MAX_DIMS];
     int nd = g->values[src].ndim;
     mge__value_shape_now(g, src, shape);
-    broadcast_strides(g, dst, shape, nd, so);
+    mge__broadcast_strides(g, dst, shape, nd, so);
     mge_cpu_sum_to(F(g, dst), so, F(g, src), shape, nd, n->acc);
     return MGE_OK;
 }
@@ -141,9 +112,10 @@ static int cpu_softmax(struct mge_graph *g, const struct mge_node *n)
 {
     int x = n->in[0];
     if (n->op == MGE_OP_SOFTMAX)
-        mge_cpu_softmax_forward(F(g, n->out[0]), F(g, x), rows_now(g, x), last_dim(g, x));
+        mge_cpu_softmax_forward(F(g, n->out[0]), F(g, x), mge__rows_now(g, x), mge__last_dim(g, x));
     else
-        mge_cpu_log_softmax_forward(F(g, n->out[0]), F(g, x), rows_now(g, x), last_dim(g, x));
+        mge_cpu_log_softmax_forward(F(g, n->out[0]), F(g, x), mge__rows_now(g, x),
+                                    mge__last_dim(g, x));
     return MGE_OK;
 }
 
@@ -151,11 +123,11 @@ static int cpu_softmax_grad(struct mge_graph *g, const struct mge_node *n)
 {
     int dy = n->in[0], y = n->in[1];
     if (n->op == MGE_OP_SOFTMAX_GRAD)
-        mge_cpu_softmax_backward(F(g, n->out[0]), F(g, dy), F(g, y), rows_now(g, y),
-                                 last_dim(g, y), n->acc);
+        mge_cpu_softmax_backward(F(g, n->out[0]), F(g, dy), F(g, y), mge__rows_now(g, y),
+                                 mge__last_dim(g, y), n->acc);
     else
-        mge_cpu_log_softmax_backward(F(g, n->out[0]), F(g, dy), F(g, y), rows_now(g, y),
-                                     last_dim(g, y), n->acc);
+        mge_cpu_log_softmax_backward(F(g, n->out[0]), F(g, dy), F(g, y), mge__rows_now(g, y),
+                                     mge__last_dim(g, y), n->acc);
     return MGE_OK;
 }
 
@@ -164,41 +136,24 @@ static int cpu_xent(struct mge_graph *g, const struct mge_node *n)
     int logits = n->in[0], labels = n->in[1];
     mge_cpu_softmax_xent_smooth_forward(
         F(g, n->out[0]), F(g, n->out[1]), F(g, logits), (const int32_t *)g->values[labels].data,
-        rows_now(g, logits), last_dim(g, logits), n->a.xent.smoothing);
+        mge__rows_now(g, logits), mge__last_dim(g, logits), n->a.xent.smoothing);
     return MGE_OK;
 }
 
 static int cpu_xent_grad(struct mge_graph *g, const struct mge_node *n)
 {
     int probs = n->in[1], labels = n->in[2];
-    mge_cpu_softmax_xent_smooth_backward(
-        F(g, n->out[0]), F(g, probs), (const int32_t *)g->values[labels].data, rows_now(g, probs),
-        last_dim(g, probs), F(g, n->in[0])[0], n->a.xent.smoothing, n->acc);
+    mge_cpu_softmax_xent_smooth_backward(F(g, n->out[0]), F(g, probs),
+                                         (const int32_t *)g->values[labels].data,
+                                         mge__rows_now(g, probs), mge__last_dim(g, probs),
+                                         F(g, n->in[0])[0], n->a.xent.smoothing, n->acc);
     return MGE_OK;
-}
-
-static void reduce_geometry(const struct mge_graph *g, int x, int axis, int64_t *outer,
-                            int64_t *len, int64_t *inner)
-{
-    int64_t shape[MGE_MAX_DIMS];
-    const struct mge_value *v = &g->values[x];
-    mge__value_shape_now(g, x, shape);
-    *outer = *inner = 1;
-    if (axis < 0) {
-        *len = mge__value_numel_now(g, x);
-        return;
-    }
-    *len = shape[axis];
-    for (int i = 0; i < axis; i++)
-        *outer *= shape[i];
-    for (int i = axis + 1; i < v->ndim; i++)
-        *inner *= shape[i];
 }
 
 static int cpu_reduce(struct mge_graph *g, const struct mge_node *n)
 {
     int64_t outer, len, inner;
-    reduce_geometry(g, n->in[0], n->a.red.axis, &outer, &len, &inner);
+    mge__reduce_geometry(g, n->in[0], n->a.red.axis, &outer, &len, &inner);
     float scale = n->a.red.scale < 0 ? 1.0f / (float)len : n->a.red.scale;
     mge_cpu_reduce_sum(F(g, n->out[0]), F(g, n->in[0]), outer, len, inner, scale);
     return MGE_OK;
@@ -207,7 +162,7 @@ static int cpu_reduce(struct mge_graph *g, const struct mge_node *n)
 static int cpu_reduce_grad(struct mge_graph *g, const struct mge_node *n)
 {
     int64_t outer, len, inner;
-    reduce_geometry(g, n->out[0], n->a.red.axis, &outer, &len, &inner);
+    mge__reduce_geometry(g, n->out[0], n->a.red.axis, &outer, &len, &inner);
     float scale = n->a.red.scale < 0 ? 1.0f / (float)len : n->a.red.scale;
     mge_cpu_reduce_sum_backward(F(g, n->out[0]), F(g, n->in[0]), outer, len, inner, scale, n->acc);
     return MGE_OK;
@@ -230,43 +185,19 @@ static int cpu_copy_axis(struct mge_graph *g, const struct mge_node *n)
         mge_cpu_copy_axis(F(g, dst), 1, 0, F(g, src), 1, 0, 1, 1, len, n->acc);
         return MGE_OK;
     }
-    int64_t ss[MGE_MAX_DIMS], ds[MGE_MAX_DIMS], outer = 1, inner = 1;
-    mge__value_shape_now(g, src, ss);
-    mge__value_shape_now(g, dst, ds);
-    for (int i = 0; i < axis; i++)
-        outer *= ss[i];
-    for (int i = axis + 1; i < g->values[src].ndim; i++)
-        inner *= ss[i];
+    int64_t outer, inner, slen, dlen;
+    mge__copy_axis_geometry(g, n, &outer, &inner, &slen, &dlen);
     if (n->a.copy.zero_first && !n->acc)
         memset(F(g, dst), 0, sizeof(float) * (size_t)mge__value_numel_now(g, dst));
-    mge_cpu_copy_axis(F(g, dst), ds[axis], n->a.copy.dstart, F(g, src), ss[axis],
-                      n->a.copy.sstart, n->a.copy.len, outer, inner, n->acc);
+    mge_cpu_copy_axis(F(g, dst), dlen, n->a.copy.dstart, F(g, src), slen, n->a.copy.sstart,
+                      n->a.copy.len, outer, inner, n->acc);
     return MGE_OK;
-}
-
-static void conv_geometry(const struct mge_graph *g, int x, int w, int stride, int pad,
-                          struct mge_cpu_conv *cv)
-{
-    int64_t xs[MGE_MAX_DIMS];
-    mge__value_shape_now(g, x, xs);
-    const int64_t *ws = g->values[w].shape;
-    memset(cv, 0, sizeof(*cv));
-    cv->N = (int)xs[0];
-    cv->C = (int)xs[1];
-    cv->H = (int)xs[2];
-    cv->W = (int)xs[3];
-    cv->K = (int)ws[0];
-    cv->R = (int)ws[2];
-    cv->S = (int)ws[3];
-    cv->stride = stride;
-    cv->pad = pad;
-    mge_cpu_conv_init(cv);
 }
 
 static int cpu_conv2d(struct mge_graph *g, const struct mge_node *n)
 {
     struct mge_cpu_conv cv;
-    conv_geometry(g, n->in[0], n->in[1], n->a.conv.stride, n->a.conv.pad, &cv);
+    mge__conv_geometry(g, n->in[0], n->in[1], n->a.conv.stride, n->a.conv.pad, &cv);
     if (g->bf16)
         mge_cpu_conv2d_forward_bf16(&cv, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]),
                                     FOPT(g, n->in[2]), FOPT(g, n->out[1]));
@@ -279,7 +210,7 @@ static int cpu_conv2d(struct mge_graph *g, const struct mge_node *n)
 static int cpu_conv2d_grad(struct mge_graph *g, const struct mge_node *n)
 {
     struct mge_cpu_conv cv;
-    conv_geometry(g, n->in[1], n->in[2], n->a.conv.stride, n->a.conv.pad, &cv);
+    mge__conv_geometry(g, n->in[1], n->in[2], n->a.conv.stride, n->a.conv.pad, &cv);
     if (g->bf16)
         mge_cpu_conv2d_backward_bf16(&cv, FOPT(g, n->out[0]), FOPT(g, n->out[1]),
                                      FOPT(g, n->out[2]), F(g, n->in[0]), F(g, n->in[1]),
@@ -291,26 +222,10 @@ static int cpu_conv2d_grad(struct mge_graph *g, const struct mge_node *n)
     return MGE_OK;
 }
 
-static void pool_geometry(const struct mge_graph *g, const struct mge_node *n, int x,
-                          struct mge_cpu_pool *pl)
-{
-    int64_t xs[MGE_MAX_DIMS];
-    mge__value_shape_now(g, x, xs);
-    memset(pl, 0, sizeof(*pl));
-    pl->N = (int)xs[0];
-    pl->C = (int)xs[1];
-    pl->H = (int)xs[2];
-    pl->W = (int)xs[3];
-    pl->R = pl->S = n->a.pool.k;
-    pl->stride = n->a.pool.stride;
-    pl->pad = n->a.pool.pad;
-    mge_cpu_pool_init(pl);
-}
-
 static int cpu_pool(struct mge_graph *g, const struct mge_node *n)
 {
     struct mge_cpu_pool pl;
-    pool_geometry(g, n, n->in[0], &pl);
+    mge__pool_geometry(g, n, n->in[0], &pl);
     if (n->a.pool.max)
         mge_cpu_maxpool_forward(&pl, F(g, n->out[0]), F(g, n->in[0]));
     else
@@ -321,7 +236,7 @@ static int cpu_pool(struct mge_graph *g, const struct mge_node *n)
 static int cpu_pool_grad(struct mge_graph *g, const struct mge_node *n)
 {
     struct mge_cpu_pool pl;
-    pool_geometry(g, n, n->in[1], &pl);
+    mge__pool_geometry(g, n, n->in[1], &pl);
     if (n->a.pool.max)
         mge_cpu_maxpool_backward(&pl, F(g, n->out[0]), F(g, n->in[0]), F(g, n->in[1]), n->acc);
     else
@@ -329,25 +244,12 @@ static int cpu_pool_grad(struct mge_graph *g, const struct mge_node *n)
     return MGE_OK;
 }
 
-static uint64_t dropout_seed(const struct mge_graph *g, const struct mge_node *n)
-{
-    return g->seed ^ n->a.drop.salt ^ ((uint64_t)g->step * 0xD1B54A32D192ED03ull);
-}
-
-/* Index of the first element of @v's mask: rows before this run's in the global batch. */
-static int64_t dropout_first(const struct mge_graph *g, int v)
-{
-    if (!g->values[v].batched || g->row_offset == 0 || g->batch <= 0)
-        return 0;
-    return g->row_offset * (mge__value_numel_now(g, v) / g->batch);
-}
-
 static int cpu_dropout(struct mge_graph *g, const struct mge_node *n)
 {
     int64_t len = mge__value_numel_now(g, n->in[0]);
     if (g->training && n->a.drop.p > 0.0f)
         mge_cpu_dropout_forward(F(g, n->out[0]), F(g, n->in[0]), len, n->a.drop.p,
-                                dropout_seed(g, n), dropout_first(g, n->in[0]));
+                                mge__dropout_seed(g, n), mge__dropout_first(g, n->in[0]));
     else
         memcpy(F(g, n->out[0]), F(g, n->in[0]), sizeof(float) * (size_t)len);
     return MGE_OK;
@@ -356,7 +258,7 @@ static int cpu_dropout(struct mge_graph *g, const struct mge_node *n)
 static int cpu_dropout_grad(struct mge_graph *g, const struct mge_node *n)
 {
     mge_cpu_dropout_backward(F(g, n->out[0]), F(g, n->in[0]), mge__value_numel_now(g, n->in[0]),
-                             n->a.drop.p, dropout_seed(g, n), dropout_first(g, n->in[0]),
+                             n->a.drop.p, mge__dropout_seed(g, n), mge__dropout_first(g, n->in[0]),
                              n->acc);
     return MGE_OK;
 }
@@ -365,8 +267,8 @@ static int cpu_layernorm(struct mge_graph *g, const struct mge_node *n)
 {
     int x = n->in[0];
     mge_cpu_layernorm_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, n->out[2]), F(g, x),
-                              F(g, n->in[1]), F(g, n->in[2]), rows_now(g, x), last_dim(g, x),
-                              n->a.ln.eps);
+                              F(g, n->in[1]), F(g, n->in[2]), mge__rows_now(g, x),
+                              mge__last_dim(g, x), n->a.ln.eps);
     return MGE_OK;
 }
 
@@ -375,18 +277,8 @@ static int cpu_layernorm_grad(struct mge_graph *g, const struct mge_node *n)
     int x = n->in[1];
     mge_cpu_layernorm_backward(FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
                                F(g, n->in[0]), F(g, x), F(g, n->in[2]), F(g, n->in[3]),
-                               F(g, n->in[4]), rows_now(g, x), last_dim(g, x), n->acc);
+                               F(g, n->in[4]), mge__rows_now(g, x), mge__last_dim(g, x), n->acc);
     return MGE_OK;
-}
-
-/* x (N, C, H, W) as (N, C, HW) at the current batch size. */
-static void bn_geometry(const struct mge_graph *g, int x, int64_t *N, int64_t *C, int64_t *HW)
-{
-    int64_t xs[MGE_MAX_DIMS];
-    mge__value_shape_now(g, x, xs);
-    *N = xs[0];
-    *C = xs[1];
-    *HW = xs[2] * xs[3];
 }
 
 /*
@@ -397,7 +289,7 @@ static int cpu_batchnorm(struct mge_graph *g, const struct mge_node *n)
 {
     int64_t N, C, HW;
     int running = !g->training || !n->backward; /* read (inference) or updated (training) */
-    bn_geometry(g, n->in[0], &N, &C, &HW);
+    mge__bn_geometry(g, n->in[0], &N, &C, &HW);
     mge_cpu_batchnorm_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, n->out[2]), F(g, n->in[0]),
                               FOPT(g, n->in[1]), FOPT(g, n->in[2]), running ? F(g, n->in[3]) : NULL,
                               running ? F(g, n->in[4]) : NULL, N, C, HW, n->a.bn.eps,
@@ -408,7 +300,7 @@ static int cpu_batchnorm(struct mge_graph *g, const struct mge_node *n)
 static int cpu_batchnorm_grad(struct mge_graph *g, const struct mge_node *n)
 {
     int64_t N, C, HW;
-    bn_geometry(g, n->in[1], &N, &C, &HW);
+    mge__bn_geometry(g, n->in[1], &N, &C, &HW);
     mge_cpu_batchnorm_backward(FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
                                F(g, n->in[0]), F(g, n->in[1]), FOPT(g, n->in[2]), F(g, n->in[3]),
                                F(g, n->in[4]), N, C, HW, n->acc);
@@ -418,8 +310,8 @@ static int cpu_batchnorm_grad(struct mge_graph *g, const struct mge_node *n)
 static int cpu_embedding(struct mge_graph *g, const struct mge_node *n)
 {
     int ids = n->in[0], table = n->in[1];
-    mge_cpu_embedding_forward(F(g, n->out[0]), (const int32_t *)g->values[ids].data,
-                              F(g, table), mge__value_numel_now(g, ids), last_dim(g, table));
+    mge_cpu_embedding_forward(F(g, n->out[0]), (const int32_t *)g->values[ids].data, F(g, table),
+                              mge__value_numel_now(g, ids), mge__last_dim(g, table));
     return MGE_OK;
 }
 
@@ -428,7 +320,7 @@ static int cpu_embedding_grad(struct mge_graph *g, const struct mge_node *n)
     int ids = n->in[1], dt = n->out[0];
     mge_cpu_embedding_backward(F(g, dt), F(g, n->in[0]), (const int32_t *)g->values[ids].data,
                                mge__value_numel_now(g, ids), g->values[dt].shape[0],
-                               last_dim(g, dt), n->acc);
+                               mge__last_dim(g, dt), n->acc);
     return MGE_OK;
 }
 

@@ -14,6 +14,7 @@
 #include "common/err.h"
 #include "engine/device.h"
 #include "engine/engine_int.h"
+#include "kernels/cpu/cpu.h"
 
 struct sim_region {
     void *p;
@@ -148,6 +149,7 @@ static const struct mge_ops_table sim_ops = {
 const struct mge_device mge_device_sim = {
     .name = "sim",
     .host_visible = 0,
+    .bf16 = 1,
     .ops = &sim_ops,
     .alloc = sim_alloc,
     .free = sim_free,
@@ -157,4 +159,9 @@ const struct mge_device mge_device_sim = {
     .memset = sim_memset,
     .sync = sim_sync,
     .kernel = sim_kernel,
+    /* the CPU's, run inside the window by sim_kernel() */
+    .sgd_update = mge_cpu_sgd_update,
+    .adam_update = mge_cpu_adam_update,
+    .l2_norm = mge_cpu_l2_norm,
+    .scale = mge_cpu_scale,
 };

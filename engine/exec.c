@@ -72,6 +72,9 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
         struct timespec t0, t1;
         if (g->profile || g->op_fn)
             clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (!ops->fn[n->op]) /* mge_graph_set_device() refuses such a graph: a node added since */
+            return MGE_ERR(MGE_UNSUPPORTED, "op %d (%s) has no kernel on device '%s'", ni,
+                           mge__op_name(n->op), ops->device);
         int rc = ops->fn[n->op](g, n);
         if (rc != MGE_OK)
             return MGE_ERR(rc, "op %d (%s) failed", ni, mge__op_name(n->op));

@@ -84,12 +84,17 @@ int mge_optim_exclude_decay(struct mge_optim *o, int64_t first, int64_t count)
 
 double mge_optim_clip(float *grads, int64_t n, double max_norm)
 {
-    double norm = mge_cpu_l2_norm(grads, n);
+    return mge_optim_clip_on(&mge_device_cpu, grads, n, max_norm);
+}
+
+double mge_optim_clip_on(const struct mge_device *dev, float *grads, int64_t n, double max_norm)
+{
+    double norm = dev->l2_norm(grads, n);
     /* as torch: the coefficient in fp32, applied even when clamped to 1 (a no-op multiply) */
     if (max_norm > 0.0) {
         float coef = (float)max_norm / ((float)norm + 1e-6f);
         if (coef < 1.0f)
-            mge_cpu_scale(grads, grads, coef, n);
+            dev->scale(grads, grads, coef, n);
     }
     return norm;
 }
@@ -124,15 +129,16 @@ static void update(struct mge_optim *o, float *params, const float *grads, float
                    int64_t count, float wd)
 {
     const struct mge_optim_spec *s = &o->spec;
+    const struct mge_device *dev = o->dev ? o->dev : &mge_device_cpu;
     float *m = o->m ? o->m + first : NULL, *v = o->v ? o->v + first : NULL;
     if (count <= 0)
         return;
     if (s->type == MGE_OPTIM_SGD)
-        mge_cpu_sgd_update(params + first, grads + first, m, count, lr, (float)s->momentum, wd,
-                           s->nesterov);
+        dev->sgd_update(params + first, grads + first, m, count, lr, (float)s->momentum, wd,
+                        s->nesterov);
     else
-        mge_cpu_adam_update(params + first, grads + first, m, v, count, lr, (float)s->beta1,
-                            (float)s->beta2, (float)s->eps, wd, s->type == MGE_OPTIM_ADAMW, o->t);
+        dev->adam_update(params + first, grads + first, m, v, count, lr, (float)s->beta1,
+                         (float)s->beta2, (float)s->eps, wd, s->type == MGE_OPTIM_ADAMW, o->t);
 }
 
 void mge_optim_step_range(struct mge_optim *o, float *params, const float *grads, int64_t step,

@@ -33,8 +33,8 @@ int mge_optim_init(struct mge_optim *o, const struct mge_optim_spec *os,
                    const struct mge_sched_spec *ss, int64_t total_steps, int64_t n);
 /*
  * The same with the state buffers on @dev (one allocation each, zeroed through the device):
- * the update functions below then read and write device memory, so on a device that is not
- * host-visible they must run as its kernels (mge_device.kernel).
+ * the update functions below then read and write device memory through @dev's optimiser
+ * kernels (on sim they must run inside mge_device.kernel).
  */
 int mge_optim_init_on(struct mge_optim *o, const struct mge_optim_spec *os,
                       const struct mge_sched_spec *ss, int64_t total_steps, int64_t n,
@@ -66,6 +66,8 @@ int mge_optim_exclude_decay(struct mge_optim *o, int64_t first, int64_t count);
  * that update in ranges clip first and update after every range has arrived.
  */
 double mge_optim_clip(float *grads, int64_t n, double max_norm);
+/* The same over device memory of @dev (through its l2_norm and scale kernels). */
+double mge_optim_clip_on(const struct mge_device *dev, float *grads, int64_t n, double max_norm);
 /* Number of state buffers (0, 1 or 2) and the i-th one's name ("m", "v") and data. */
 int mge_optim_n_states(const struct mge_optim *o);
 float *mge_optim_state(struct mge_optim *o, int i, const char **name);

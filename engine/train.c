@@ -1020,7 +1020,7 @@ static void clip_grads(struct trainer *t, float *grads, int64_t n_grads)
 {
     double max_norm = t->spec->train.clip_grad_norm;
     if (max_norm > 0.0)
-        t->grad_norm = mge_optim_clip(grads, n_grads, max_norm);
+        t->grad_norm = mge_optim_clip_on(t->dev, grads, n_grads, max_norm);
 }
 
 /* ---- the device seam: the optimiser as a device kernel, results back by copy ---- */
@@ -1634,18 +1634,26 @@ int mge_train_main(const struct mge_train_opts *o)
     }
     t.spec->train.eager |= o->eager;
     /* the memory plan is the device's too: --plan answers for a GPU job (the coordinator
-     * places it by that peak per GPU) */
-    if (t.spec->resources.device == MGE_DEVICE_GPU && !o->plan_only) {
-        /* NEEDSWORK: a CUDA ops table for the executor; kernels/cuda has the first kernels */
-        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-        fprintf(stderr,
-                "mge-train: %s: resources.device: gpu: this build's engine has no CUDA "
-                "ops table (CPU only; CUDA_VISIBLE_DEVICES=%s); use device: cpu\n",
-                o->spec_path, vis ? vis : "(unset)");
-        code = 2;
-        goto out;
-    }
+     * places it by that peak per GPU), planned on the host */
     t.dev = t.spec->resources.device == MGE_DEVICE_SIM ? &mge_device_sim : &mge_device_cpu;
+    if (t.spec->resources.device == MGE_DEVICE_GPU && !o->plan_only) {
+        /* a GPU rank trains on device 0 of the CUDA_VISIBLE_DEVICES its worker gave it */
+        if (!(t.dev = mge_device_cuda())) {
+            const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+            fprintf(stderr,
+                    "mge-train: %s: resources.device: gpu: this build has no CUDA (built "
+                    "without nvcc; CUDA_VISIBLE_DEVICES=%s): rebuild with the CUDA toolkit, or "
+                    "use device: cpu\n",
+                    o->spec_path, vis ? vis : "(unset)");
+            code = 2;
+            goto out;
+        }
+        if (t.dev->probe && t.dev->probe(err, sizeof(err)) != MGE_OK) {
+            fprintf(stderr, "mge-train: %s: resources.device: gpu: %s\n", o->spec_path, err);
+            code = 2;
+            goto out;
+        }
+    }
     /* --plan answers for the job as a worker runs it: one thread per CPU of resources.cpus
      * (the kernels' scratch space grows with the threads: ResNet-20's peak is 3.5% larger at
      * 2 threads than at 1) */
@@ -1664,6 +1672,17 @@ int mge_train_main(const struct mge_train_opts *o)
             prctl(PR_SET_PDEATHSIG, SIGKILL);
         enum mge_backend be = mge_comm_backend_resolve(t.spec->distributed.backend,
                                                        t.spec->resources.device, &t.env);
+        /* NEEDSWORK: NCCL over the cuda arenas (its stream waiting on the kernels, the state
+         * broadcasts in device memory); until then GPU ranks all-reduce host copies over MPI */
+        if (be == MGE_BACKEND_NCCL && t.dev == mge_device_cuda()) {
+            fprintf(stderr,
+                    "mge-train: %s: distributed.backend: nccl: the trainer does not drive NCCL "
+                    "over the cuda device yet; set distributed.backend: mpi (gradients are "
+                    "all-reduced through host copies)\n",
+                    o->spec_path);
+            code = 2;
+            goto out;
+        }
         if ((rc = mge_comm_open(&t.comm, be, &t.env, err, sizeof(err))) != MGE_OK) {
             fprintf(stderr, "mge-train: %s: %s\n", o->spec_path, err);
             code = 2;

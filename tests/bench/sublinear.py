@@ -98,10 +98,16 @@ def main():
                 d["activation_bytes"] / d["lower_bound_bytes"]))
     bench = os.path.join(BUILD, "bench", "bench_planner")
     os.makedirs(os.path.dirname(bench), exist_ok=True)
+    # a build with nvcc has the cuda device in libmge.a: its kernels and libraries come along
+    cuda = os.path.join(BUILD, "lib", "libmgecuda.a")
+    cuda_libs = [cuda, "-L/usr/local/cuda/lib64", "-Wl,-rpath,/usr/local/cuda/lib64", "-lcudnn",
+                 "-lcublas", "-lcudart", "-lstdc++"] if os.path.exists(cuda) else []
     subprocess.run(["cc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-fopenmp", "-I", ROOT,
                     os.path.join(HERE, "bench_planner.c"), "-o", bench,
-                    os.path.join(BUILD, "lib", "libmge.a"), os.path.join(BUILD, "lib", "libmgekernels.a"),
-                    os.path.join(BUILD, "lib", "libmgecommon.a"), "-ldnnl", "-lopenblas", "-lm"], check=True)
+                    os.path.join(BUILD, "lib", "libmge.a")] + cuda_libs[:1] +
+                   [os.path.join(BUILD, "lib", "libmgekernels.a"),
+                    os.path.join(BUILD, "lib", "libmgecommon.a"), "-ldnnl", "-lopenblas", "-lm"] +
+                   cuda_libs[1:], check=True)
     sys.stdout.flush()
     subprocess.run([bench], check=True)
     return 0

@@ -3,8 +3,9 @@
 # fake GPUs through their test hook MGE_FAKE_GPUS (docs/operations.md, GPU workers); a real
 # coordinator places `device: gpu` jobs by free GPUs and by each GPU's memory against the job's
 # planned peak (mge-train --plan), gives each rank its GPU indexes, and the worker sets the
-# rank's CUDA_VISIBLE_DEVICES from them. The ranks are the real mge-train, which says that this
-# build has no CUDA ops table (exit 2) and names the CUDA_VISIBLE_DEVICES it was given; a
+# rank's CUDA_VISIBLE_DEVICES from them. The ranks are the real mge-train, which says that it
+# has no usable CUDA device, or that this build has no CUDA (exit 2 either way), and names the
+# CUDA_VISIBLE_DEVICES it was given; a
 # wrapper holds each rank until the test has seen two jobs hold a GPU each at the same time.
 . "$(dirname "$0")/lib/control.sh"
 
@@ -95,10 +96,10 @@ api GET /api/v1/workers >"$T/w3.json"
 check "GET /api/v1/workers shows both of big's GPUs taken" jq -e '
     .workers[] | select(.name == "big") | .free.gpus == 0 and ([.gpus[].free] == [false, false])' "$T/w3.json"
 
-# --- the ranks run: each sees its own device; this engine has no CUDA ops table ---
+# --- the ranks run: each sees its own device; there is no GPU behind it ---
 touch "$T/release"
 failed() { state_is "$1" failed; }
-check "job $G0 ends (mge-train exits 2: no CUDA ops table)" wait_until 30 failed "$G0"
+check "job $G0 ends (mge-train exits 2: no usable CUDA device)" wait_until 30 failed "$G0"
 check "job $G2 ends the same way" wait_until 30 failed "$G2"
 logs() { api GET "/api/v1/jobs/$1/logs" | jq -r '.lines[].text'; }
 logs "$G0" >"$T/g0.log"
@@ -107,10 +108,10 @@ check "job $G0's rank got GPU 0 as CUDA_VISIBLE_DEVICES=0 (the worker's line in 
     grep -qF "gets GPU index(es) '0': CUDA_VISIBLE_DEVICES=0" "$T/g0.log"
 check "job $G2's rank got GPU 1 as CUDA_VISIBLE_DEVICES=1" \
     grep -qF "gets GPU index(es) '1': CUDA_VISIBLE_DEVICES=1" "$T/g2.log"
-check "job $G0: mge-train saw CUDA_VISIBLE_DEVICES=0 and says it has no CUDA ops table" \
-    grep -q "no CUDA ops table (CPU only; CUDA_VISIBLE_DEVICES=0)" "$T/g0.log"
+check "job $G0: mge-train saw CUDA_VISIBLE_DEVICES=0 and says it has no usable CUDA device" \
+    grep -Eq "resources.device: gpu: (no usable CUDA device|this build has no CUDA) .*CUDA_VISIBLE_DEVICES=0\)" "$T/g0.log"
 check "job $G2: mge-train saw CUDA_VISIBLE_DEVICES=1" \
-    grep -q "no CUDA ops table (CPU only; CUDA_VISIBLE_DEVICES=1)" "$T/g2.log"
+    grep -Eq "resources.device: gpu: (no usable CUDA device|this build has no CUDA) .*CUDA_VISIBLE_DEVICES=1\)" "$T/g2.log"
 sed 's/^/     /' "$T/g2.log"
 check "the queued 76 MiB job then gets a freed large GPU" wait_until 30 sh -c \
     "curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/jobs/$G4' | jq -e '.placement[0].worker == \"big\"'"
