@@ -1,7 +1,19 @@
 /*
- * test_cuda.c: each CUDA kernel against its CPU kernel (the oracle). Tolerances: GEMM
- * 1e-4 * K relative to the output scale, elementwise 1e-5, cross-entropy 1e-5.
- * Without a CUDA device every test is skipped, visibly, and the binary exits 77.
+ * test_cuda.c: the cuda device against the CPU (the oracle), in two layers.
+ * Kernels: each CUDA kernel against its CPU kernel on random inputs. Tolerances: GEMM 1e-4 * K
+ * relative to the output scale; elementwise, cross-entropy, optimisers 1e-5 (1e-6 where the
+ * arithmetic is the same op for op).
+ * Graphs: small MLP, LeNet-like, ResNet-like, GPT-like and "misc" graphs that together hold
+ * every op the cuda ops table has, forward and backward, built once on the cpu device and once
+ * on cuda with the same parameters and inputs; one training step, then an AdamW step after
+ * clipping by global norm, and an inference run: loss, output, every gradient and every
+ * parameter (batch-norm running statistics included) compared, each tensor by its largest
+ * difference relative to its largest magnitude. Bounds: 1e-4 for graphs of GEMMs and
+ * elementwise ops (cuBLAS sums in another order), 1e-3 for graphs with cuDNN convolutions and
+ * batch norm (another summation order over N*H*W).
+ * Without a GPU: the checks that need none run (every op of the table is covered by the graphs;
+ * the cuda device refuses a graph with an op it has no kernel for, naming it), then the GPU
+ * tests are skipped, visibly, with their count, and the binary exits 77.
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
@@ -13,6 +25,10 @@
 
 #include "common/err.h"
 #include "common/rng.h"
+#include "engine/device.h"
+#include "engine/engine.h"
+#include "engine/engine_int.h"
+#include "engine/optim.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
 #include "worker/gpus.h"
@@ -24,7 +40,8 @@ _Static_assert(offsetof(struct cudaDeviceProp, name) == 0 &&
                    sizeof(((struct cudaDeviceProp *)0)->name) == MGE_CUDA_PROP_NAME_LEN,
                "cudaDeviceProp.name moved: update MGE_CUDA_PROP_NAME_LEN");
 
-#define N_TESTS 8 /* 4 GEMM transpose cases, bias_act, relu backward, cross-entropy, sgd */
+/* 4 GEMM transpose cases, bias_act, relu backward, cross-entropy, sgd, adam, l2 norm, 5 graphs */
+#define N_GPU_TESTS 15
 
 static struct mge_rng rng;
 
@@ -57,8 +74,10 @@ static void expect_close(const float *gpu_dev, const float *cpu, int64_t n, doub
 START_TEST(test_cuda_sgemm)
 {
     int ta = _i & 1, tb = (_i >> 1) & 1, M = 37, N = 53, K = 129;
-    float *A = rand_host((int64_t)M * K), *B = rand_host((int64_t)K * N), *C = rand_host((int64_t)M * N);
-    float *dA = dev_copy(A, sizeof(float) * (size_t)M * K), *dB = dev_copy(B, sizeof(float) * (size_t)K * N);
+    float *A = rand_host((int64_t)M * K), *B = rand_host((int64_t)K * N),
+          *C = rand_host((int64_t)M * N);
+    float *dA = dev_copy(A, sizeof(float) * (size_t)M * K),
+          *dB = dev_copy(B, sizeof(float) * (size_t)K * N);
     float *dC = dev_copy(C, sizeof(float) * (size_t)M * N);
     int lda = ta ? M : K, ldb = tb ? K : N;
     mge_cpu_sgemm_ref(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.5f, C, N);
@@ -76,11 +95,14 @@ END_TEST
 START_TEST(test_cuda_bias_act)
 {
     int64_t rows = 33, cols = 70;
-    float *x = rand_host(rows * cols), *b = rand_host(cols), *y = malloc(sizeof(float) * (size_t)(rows * cols));
-    float *dx = dev_copy(x, sizeof(float) * (size_t)(rows * cols)), *db = dev_copy(b, sizeof(float) * (size_t)cols);
+    float *x = rand_host(rows * cols), *b = rand_host(cols),
+          *y = malloc(sizeof(float) * (size_t)(rows * cols));
+    float *dx = dev_copy(x, sizeof(float) * (size_t)(rows * cols)),
+          *db = dev_copy(b, sizeof(float) * (size_t)cols);
     for (int act = MGE_CPU_IDENTITY; act <= MGE_CPU_SIGMOID; act++) {
         float *dy = NULL;
-        ck_assert_int_eq(mge_cuda_malloc((void **)&dy, sizeof(float) * (size_t)(rows * cols)), MGE_OK);
+        ck_assert_int_eq(mge_cuda_malloc((void **)&dy, sizeof(float) * (size_t)(rows * cols)),
+                         MGE_OK);
         mge_cpu_bias_act_forward(act, y, x, b, rows, cols);
         ck_assert_int_eq(mge_cuda_bias_act_forward(act, dy, dx, db, rows, cols), MGE_OK);
         expect_close(dy, y, rows * cols, 1e-5);
@@ -127,8 +149,10 @@ START_TEST(test_cuda_softmax_xent)
     ck_assert_int_eq(mge_cuda_malloc((void **)&d_loss, sizeof(float)), MGE_OK);
     mge_cpu_softmax_xent_forward(&loss, probs, logits, labels, B, V);
     mge_cpu_softmax_xent_backward(dl, probs, labels, B, V, 1.0f, 0);
-    ck_assert_int_eq(mge_cuda_softmax_xent_forward(d_loss, d_probs, d_logits, d_labels, B, V), MGE_OK);
-    ck_assert_int_eq(mge_cuda_softmax_xent_backward(d_dl, d_probs, d_labels, B, V, 1.0f, 0), MGE_OK);
+    ck_assert_int_eq(mge_cuda_softmax_xent_forward(d_loss, d_probs, d_logits, d_labels, B, V),
+                     MGE_OK);
+    ck_assert_int_eq(mge_cuda_softmax_xent_backward(d_dl, d_probs, d_labels, B, V, 1.0f, 0),
+                     MGE_OK);
     expect_close(d_loss, &loss, 1, 1e-5);
     expect_close(d_probs, probs, B * V, 1e-5);
     expect_close(d_dl, dl, B * V, 1e-5);
@@ -145,7 +169,8 @@ START_TEST(test_cuda_sgd)
 {
     int64_t n = 777;
     float *p = rand_host(n), *g = rand_host(n), *v = rand_host(n);
-    float *dp = dev_copy(p, sizeof(float) * n), *dg = dev_copy(g, sizeof(float) * n), *dv = dev_copy(v, sizeof(float) * n);
+    float *dp = dev_copy(p, sizeof(float) * n), *dg = dev_copy(g, sizeof(float) * n),
+          *dv = dev_copy(v, sizeof(float) * n);
     mge_cpu_sgd_update(p, g, v, n, 0.1f, 0.9f, 0.01f, 1);
     ck_assert_int_eq(mge_cuda_sgd_update(dp, dg, dv, n, 0.1f, 0.9f, 0.01f, 1), MGE_OK);
     expect_close(dp, p, n, 1e-6);
@@ -159,29 +184,453 @@ START_TEST(test_cuda_sgd)
 }
 END_TEST
 
+START_TEST(test_cuda_adam)
+{
+    int64_t n = 1001;
+    float *p = rand_host(n), *g = rand_host(n), *m = rand_host(n), *v = rand_host(n);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    float *dp = dev_copy(p, sizeof(float) * n), *dg = dev_copy(g, sizeof(float) * n);
+    float *dm = dev_copy(m, sizeof(float) * n), *dv = dev_copy(v, sizeof(float) * n);
+    mge_cpu_adam_update(p, g, m, v, n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1, 3);
+    ck_assert_int_eq(
+        mge_cuda_adam_update(dp, dg, dm, dv, n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1, 3), MGE_OK);
+    expect_close(dp, p, n, 1e-5);
+    expect_close(dm, m, n, 1e-6);
+    expect_close(dv, v, n, 1e-6);
+    double nc = mge_cpu_l2_norm(g, n), ng = 0.0;
+    ck_assert_int_eq(mge_cuda_l2_norm(&ng, dg, n), MGE_OK);
+    ck_assert_msg(fabs(nc - ng) <= 1e-12 * nc, "l2 norm: gpu %.17g cpu %.17g", ng, nc);
+    mge_cuda_free(dp);
+    mge_cuda_free(dg);
+    mge_cuda_free(dm);
+    mge_cuda_free(dv);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+}
+END_TEST
+
+/* ---- graphs: the ops table, op by op, through the engine ---- */
+
+enum { MAX_INPUTS = 4 };
+
+struct built {
+    int loss, out;         /* scalar loss; the output compared after each run */
+    int in[MAX_INPUTS];    /* inputs, filled with random data */
+    int range[MAX_INPUTS]; /* int32 inputs: ids in [0, range); 0: f32 in [-1, 1) */
+    int n_in;
+    int64_t batch; /* batch size of the batched inputs, 0: none */
+};
+
+typedef void (*build_fn)(struct mge_graph *g, struct built *b);
+
+static int add_input(struct mge_graph *g, struct built *b, const char *name, int ndim,
+                     const int64_t *shape, int range, int batched)
+{
+    int v = mge_input(g, name, range ? MGE_DTYPE_I32 : MGE_DTYPE_F32, ndim, shape, batched);
+    b->in[b->n_in] = v;
+    b->range[b->n_in++] = range;
+    if (batched)
+        b->batch = shape[0];
+    return v;
+}
+
+static int param(struct mge_graph *g, const char *name, int ndim, const int64_t *shape, int64_t fan)
+{
+    return mge_param(g, name, ndim, shape, MGE_INIT_UNIFORM_FAN_IN, fan);
+}
+
+/* MLP: linear + relu, linear + gelu (its pre-activation kept), tanh, sigmoid, cross-entropy. */
+static void build_mlp(struct mge_graph *g, struct built *b)
+{
+    int x = add_input(g, b, "x", 2, (int64_t[]){16, 24}, 0, 1);
+    int y = add_input(g, b, "y", 1, (int64_t[]){16}, 10, 1);
+    int h = mge_linear(g, x, param(g, "w1", 2, (int64_t[]){32, 24}, 24),
+                       param(g, "b1", 1, (int64_t[]){32}, 24), MGE_ACT_FN_RELU);
+    h = mge_linear(g, h, param(g, "w2", 2, (int64_t[]){32, 32}, 32),
+                   param(g, "b2", 1, (int64_t[]){32}, 32), MGE_ACT_FN_GELU);
+    h = mge_tanh(g, h);
+    h = mge_sigmoid(g,
+                    mge_linear(g, h, param(g, "w3", 2, (int64_t[]){32, 32}, 32), -1, MGE_ACT_NONE));
+    b->out = mge_linear(g, h, param(g, "w4", 2, (int64_t[]){10, 32}, 32),
+                        param(g, "b4", 1, (int64_t[]){10}, 32), MGE_ACT_NONE);
+    b->loss = mge_cross_entropy(g, b->out, y);
+}
+
+/* LeNet-like: conv + bias, relu, 2x2 max pool, strided padded conv, batch norm, padded average
+ * pool, overlapping max pool, linear, cross-entropy with label smoothing. */
+static void build_lenet(struct mge_graph *g, struct built *b)
+{
+    int x = add_input(g, b, "x", 4, (int64_t[]){8, 3, 12, 12}, 0, 1);
+    int y = add_input(g, b, "y", 1, (int64_t[]){8}, 10, 1);
+    int h = mge_conv2d(g, x, param(g, "c1", 4, (int64_t[]){6, 3, 3, 3}, 27),
+                       param(g, "c1b", 1, (int64_t[]){6}, 27), 1, 1);
+    h = mge_maxpool2d(g, mge_relu(g, h), 2, 2, 0);
+    h = mge_conv2d(g, h, param(g, "c2", 4, (int64_t[]){8, 6, 3, 3}, 54), -1, 2, 1);
+    h = mge_batchnorm2d(g, h, mge_param(g, "bw", 1, (int64_t[]){8}, MGE_INIT_ONE, 1),
+                        mge_param(g, "bb", 1, (int64_t[]){8}, MGE_INIT_ZERO, 1),
+                        mge_buffer(g, "rm", 1, (int64_t[]){8}, MGE_INIT_ZERO),
+                        mge_buffer(g, "rv", 1, (int64_t[]){8}, MGE_INIT_ONE), 1e-5f, 0.1f);
+    h = mge_avgpool2d(g, mge_relu(g, h), 3, 1, 1);
+    h = mge_maxpool2d(g, h, 3, 2, 1);
+    b->out = mge_linear(g, mge_flatten(g, h), param(g, "fc", 2, (int64_t[]){10, 32}, 32),
+                        param(g, "fcb", 1, (int64_t[]){10}, 32), MGE_ACT_NONE);
+    b->loss = mge_cross_entropy_smoothed(g, b->out, y, 0.1f);
+}
+
+static int bn(struct mge_graph *g, int x, int c, const char *name)
+{
+    char n[4][32];
+    for (int i = 0; i < 4; i++)
+        snprintf(n[i], sizeof(n[i]), "%s.%d", name, i);
+    return mge_batchnorm2d(g, x, mge_param(g, n[0], 1, (int64_t[]){c}, MGE_INIT_ONE, 1),
+                           mge_param(g, n[1], 1, (int64_t[]){c}, MGE_INIT_ZERO, 1),
+                           mge_buffer(g, n[2], 1, (int64_t[]){c}, MGE_INIT_ZERO),
+                           mge_buffer(g, n[3], 1, (int64_t[]){c}, MGE_INIT_ONE), 1e-5f, 0.1f);
+}
+
+/* ResNet-like: a basic block with a 1x1 projection shortcut, global average pool, linear. */
+static void build_resnet(struct mge_graph *g, struct built *b)
+{
+    int x = add_input(g, b, "x", 4, (int64_t[]){4, 4, 8, 8}, 0, 1);
+    int y = add_input(g, b, "y", 1, (int64_t[]){4}, 5, 1);
+    int h = mge_conv2d(g, x, param(g, "c1", 4, (int64_t[]){8, 4, 3, 3}, 36), -1, 1, 1);
+    h = mge_relu(g, bn(g, h, 8, "bn1"));
+    h = bn(g, mge_conv2d(g, h, param(g, "c2", 4, (int64_t[]){8, 8, 3, 3}, 72), -1, 1, 1), 8, "bn2");
+    int sc = mge_conv2d(g, x, param(g, "p", 4, (int64_t[]){8, 4, 1, 1}, 4), -1, 1, 0);
+    h = mge_relu(g, mge_add(g, h, sc));
+    b->out = mge_linear(g, mge_global_avgpool2d(g, h), param(g, "fc", 2, (int64_t[]){5, 8}, 8),
+                        param(g, "fcb", 1, (int64_t[]){5}, 8), MGE_ACT_NONE);
+    b->loss = mge_cross_entropy(g, b->out, y);
+}
+
+/* GPT-like: token and position embeddings, layer norm, fused causal attention over 2 heads,
+ * residuals, a GELU MLP with dropout, cross-entropy over every token. */
+static void build_gpt(struct mge_graph *g, struct built *b)
+{
+    enum { Bt = 2, T = 8, C = 16, V = 13 };
+    int ids = add_input(g, b, "ids", 2, (int64_t[]){Bt, T}, V, 1);
+    int y = add_input(g, b, "y", 2, (int64_t[]){Bt, T}, V, 1);
+    int pos = add_input(g, b, "pos", 1, (int64_t[]){T}, T, 0);
+    int x = mge_add(g, mge_embedding(g, ids, param(g, "wte", 2, (int64_t[]){V, C}, C)),
+                    mge_embedding(g, pos, param(g, "wpe", 2, (int64_t[]){T, C}, C)));
+    int ln = mge_layernorm(g, x, mge_param(g, "l1w", 1, (int64_t[]){C}, MGE_INIT_ONE, 1),
+                           mge_param(g, "l1b", 1, (int64_t[]){C}, MGE_INIT_ZERO, 1), 1e-5f);
+    int qkv = mge_linear(g, ln, param(g, "wqkv", 2, (int64_t[]){3 * C, C}, C),
+                         param(g, "bqkv", 1, (int64_t[]){3 * C}, C), MGE_ACT_NONE);
+    int att = mge_causal_attention(g, qkv, 2);
+    x = mge_add(g, x,
+                mge_linear(g, att, param(g, "wo", 2, (int64_t[]){C, C}, C), -1, MGE_ACT_NONE));
+    ln = mge_layernorm(g, x, mge_param(g, "l2w", 1, (int64_t[]){C}, MGE_INIT_ONE, 1),
+                       mge_param(g, "l2b", 1, (int64_t[]){C}, MGE_INIT_ZERO, 1), 1e-5f);
+    int m = mge_linear(g, ln, param(g, "wfc", 2, (int64_t[]){4 * C, C}, C), -1, MGE_ACT_FN_GELU);
+    m = mge_dropout(g, m, 0.25f);
+    x = mge_add(
+        g, x, mge_linear(g, m, param(g, "wp", 2, (int64_t[]){C, 4 * C}, 4 * C), -1, MGE_ACT_NONE));
+    b->out = mge_linear(g, x, param(g, "wlm", 2, (int64_t[]){V, C}, C), -1, MGE_ACT_NONE);
+    b->loss = mge_cross_entropy(g, b->out, y);
+}
+
+/* The ops the models above leave out: broadcasting sub/mul/div, bias add, softmax, log-softmax,
+ * concat, transpose, slice, matmul with each transpose, sums and means over an axis and over all.
+ */
+static void build_misc(struct mge_graph *g, struct built *b)
+{
+    int a = add_input(g, b, "a", 2, (int64_t[]){4, 6}, 0, 0);
+    int w = param(g, "w", 1, (int64_t[]){6}, 6), c = param(g, "c", 2, (int64_t[]){4, 1}, 1);
+    int one = mge_param(g, "one", 1, (int64_t[]){6}, MGE_INIT_ONE, 1);
+    int d = mge_sub(g, mge_mul(g, a, w), c);
+    d = mge_div(g, d, mge_add(g, mge_sigmoid(g, w), one));
+    d = mge_bias_add(g, d, param(g, "bias", 1, (int64_t[]){6}, 6));
+    int s = mge_concat(g, (int[]){mge_softmax(g, d), mge_log_softmax(g, d)}, 2, 1); /* (4, 12) */
+    int tr = mge_transpose(g, s, 0, 1);                                             /* (12, 4) */
+    int m1 = mge_matmul(g, tr, param(g, "m1", 2, (int64_t[]){4, 5}, 4), 0, 0);      /* (12, 5) */
+    int m2 = mge_matmul(g, s, param(g, "m2", 2, (int64_t[]){5, 12}, 12), 0, 1);     /* (4, 5) */
+    int m3 = mge_matmul(g, s, param(g, "m3", 2, (int64_t[]){4, 3}, 4), 1, 0);       /* (12, 3) */
+    int m4 = mge_matmul(g, m2, param(g, "m4", 2, (int64_t[]){3, 5}, 5), 0, 1);      /* (4, 3) */
+    int sl = mge_slice(g, s, 1, 2, 6);                                              /* (4, 6) */
+    b->out = mge_sum(g, m1, 1);                                                     /* (12) */
+    int l = mge_add(g, mge_mean(g, b->out, -1), mge_mean(g, mge_mul(g, sl, sl), -1));
+    l = mge_add(g, l, mge_sum(g, mge_mean(g, m3, 0), -1));
+    b->loss = mge_add(g, l, mge_mean(g, mge_mean(g, m4, 1), -1));
+}
+
+struct run {
+    struct mge_graph *g;
+    struct built b;
+    float loss, *out, *grads, *params, *infer_out; /* host copies */
+    int64_t n_out, n_grads, n_params;
+};
+
+struct update {
+    const struct mge_device *dev;
+    struct mge_optim o;
+    float *params, *grads; /* device memory */
+    int64_t n;
+};
+
+static void update_run(void *ctx)
+{
+    struct update *u = ctx;
+    mge_optim_clip_on(u->dev, u->grads, u->n, 0.5);
+    mge_optim_step(&u->o, u->params, u->grads, 0);
+}
+
+/* Build @build's graph on @dev, train one step on @inputs, clip and AdamW, infer once. */
+static void run_graph(build_fn build, const struct mge_device *dev, void *const *inputs,
+                      struct run *r)
+{
+    memset(r, 0, sizeof(*r));
+    ck_assert_int_eq(mge_graph_new(&r->g), MGE_OK);
+    build(r->g, &r->b);
+    ck_assert_msg(mge_graph_error(r->g) == MGE_OK, "build: %s", mge_graph_error_msg(r->g));
+    ck_assert_int_eq(mge_graph_backward(r->g, r->b.loss), MGE_OK);
+    ck_assert_int_eq(mge_graph_keep(r->g, r->b.out), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(r->g, NULL), MGE_OK);
+    ck_assert_msg(mge_graph_set_device(r->g, dev) == MGE_OK, "%s", mge_graph_error_msg(r->g));
+    ck_assert_int_eq(mge_graph_alloc(r->g), MGE_OK);
+    mge_graph_init_params(r->g, 7);
+    for (int i = 0; i < r->b.n_in; i++)
+        ck_assert_int_eq(mge_graph_bind(r->g, r->b.in[i], inputs[i]), MGE_OK);
+    if (r->b.batch)
+        ck_assert_int_eq(mge_graph_set_batch(r->g, r->b.batch), MGE_OK);
+    ck_assert_int_eq(mge_graph_run(r->g, MGE_RUN_TRAIN, 3), MGE_OK);
+
+    float *p = mge_graph_params(r->g, &r->n_params), *gr = mge_graph_grads(r->g, &r->n_grads);
+    r->n_out = mge_value_numel(r->g, r->b.out);
+    size_t ob = sizeof(float) * (size_t)r->n_out;
+    r->out = malloc(ob);
+    r->infer_out = malloc(ob);
+    r->grads = malloc(sizeof(float) * (size_t)r->n_grads);
+    r->params = malloc(sizeof(float) * (size_t)r->n_params);
+    ck_assert_int_eq(mge_value_read(r->g, r->b.loss, &r->loss, sizeof(float)), MGE_OK);
+    ck_assert_int_eq(mge_value_read(r->g, r->b.out, r->out, ob), MGE_OK);
+    dev->d2h(r->grads, gr, sizeof(float) * (size_t)r->n_grads);
+
+    /* the optimiser through the device: clip by global norm, then AdamW with weight decay */
+    struct mge_optim_spec os = {.type = MGE_OPTIM_ADAMW,
+                                .lr = 1e-2,
+                                .weight_decay = 0.1,
+                                .beta1 = 0.9,
+                                .beta2 = 0.999,
+                                .eps = 1e-8};
+    struct mge_sched_spec ss = {.type = MGE_SCHED_CONSTANT};
+    struct update u = {.dev = dev, .params = p, .grads = gr, .n = r->n_grads};
+    ck_assert_int_eq(mge_optim_init_on(&u.o, &os, &ss, 10, r->n_grads, dev), MGE_OK);
+    dev->kernel(update_run, &u); /* as mge-train runs it */
+    mge_optim_fini(&u.o);
+    dev->d2h(r->params, p, sizeof(float) * (size_t)r->n_params);
+
+    ck_assert_int_eq(mge_graph_run(r->g, MGE_RUN_INFER, 4), MGE_OK);
+    ck_assert_int_eq(mge_value_read(r->g, r->b.out, r->infer_out, ob), MGE_OK);
+}
+
+static void run_free(struct run *r)
+{
+    mge_graph_free(r->g);
+    free(r->out);
+    free(r->infer_out);
+    free(r->grads);
+    free(r->params);
+}
+
+/* Largest |gpu - cpu| over the largest |cpu|, within @tol. */
+static void expect_rel(const char *graph, const char *what, const float *gpu, const float *cpu,
+                       int64_t n, double tol)
+{
+    double diff = 0.0, mag = 0.0;
+    int64_t worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)gpu[i] - (double)cpu[i]);
+        ck_assert_msg(isfinite(gpu[i]), "%s: %s[%lld] is %g on cuda", graph, what, (long long)i,
+                      gpu[i]);
+        if (d > diff) {
+            diff = d;
+            worst = i;
+        }
+        mag = fabs(cpu[i]) > mag ? fabs(cpu[i]) : mag;
+    }
+    double rel = mag > 0.0 ? diff / mag : diff;
+    printf("  %-7s %-11s %6lld values: max rel diff %.2e (bound %.0e)\n", graph, what, (long long)n,
+           rel, tol);
+    ck_assert_msg(rel <= tol, "%s: %s[%lld]: cuda %.9g, cpu %.9g (%.2e of the max %.3g)", graph,
+                  what, (long long)worst, gpu[worst], cpu[worst], rel, mag);
+}
+
+static const struct {
+    const char *name;
+    build_fn build;
+    double tol;
+} graphs[] = {
+    {"mlp", build_mlp, 1e-4}, {"lenet", build_lenet, 1e-3}, {"resnet", build_resnet, 1e-3},
+    {"gpt", build_gpt, 1e-4}, {"misc", build_misc, 1e-4},
+};
+#define N_GRAPHS ((int)(sizeof(graphs) / sizeof(graphs[0])))
+
+/* Random inputs for @build's graph into @inputs (malloc'd); returns how many. */
+static int graph_inputs(build_fn build, void **inputs)
+{
+    struct built probe = {0};
+    struct mge_graph *pg = NULL;
+    ck_assert_int_eq(mge_graph_new(&pg), MGE_OK);
+    build(pg, &probe);
+    for (int i = 0; i < probe.n_in; i++) {
+        int64_t n = mge_value_numel(pg, probe.in[i]);
+        if (probe.range[i]) {
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+            for (int64_t k = 0; k < n; k++)
+                ids[k] = (int32_t)mge_rng_below(&rng, (uint64_t)probe.range[i]);
+            inputs[i] = ids;
+        } else {
+            inputs[i] = rand_host(n);
+        }
+    }
+    mge_graph_free(pg);
+    return probe.n_in;
+}
+
+/* Graph @k on the cpu and on @dev: every result within @tol (0: bit-identical). */
+static void compare_on(int k, const struct mge_device *dev, double tol)
+{
+    struct run c, d;
+    void *inputs[MAX_INPUTS] = {0};
+    int n_in = graph_inputs(graphs[k].build, inputs);
+    const char *nm = graphs[k].name;
+    run_graph(graphs[k].build, &mge_device_cpu, inputs, &c);
+    run_graph(graphs[k].build, dev, inputs, &d);
+    ck_assert(c.loss > 0.0f);
+    expect_rel(nm, "loss", &d.loss, &c.loss, 1, tol);
+    expect_rel(nm, "output", d.out, c.out, c.n_out, tol);
+    expect_rel(nm, "gradients", d.grads, c.grads, c.n_grads, tol);
+    expect_rel(nm, "parameters", d.params, c.params, c.n_params, tol);
+    expect_rel(nm, "inference", d.infer_out, c.infer_out, c.n_out, tol);
+    run_free(&c);
+    run_free(&d);
+    for (int i = 0; i < n_in; i++)
+        free(inputs[i]);
+}
+
+START_TEST(test_cuda_graph)
+{
+    compare_on(_i, mge_device_cuda(), graphs[_i].tol);
+}
+END_TEST
+
+/* ---- what needs no GPU ---- */
+
+/* The harness itself, on the simulated accelerator: bit-identical to the CPU (every transfer
+ * explicit), so a difference on cuda is the kernels'. */
+START_TEST(test_graph_harness_on_sim)
+{
+    compare_on(_i, &mge_device_sim, 0.0);
+}
+END_TEST
+
+/* The graphs above hold every op that has a kernel on the cuda device, forward and backward. */
+START_TEST(test_cuda_graphs_cover_the_table)
+{
+    const struct mge_device *dev = mge_device_cuda();
+    int seen[MGE_OP__COUNT] = {0};
+    ck_assert_ptr_nonnull(dev);
+    ck_assert_ptr_eq(mge_device_find("cuda"), dev);
+    ck_assert(!dev->host_visible && !dev->bf16);
+    for (int k = 0; k < N_GRAPHS; k++) {
+        struct mge_graph *g = NULL;
+        struct built b = {0};
+        ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+        graphs[k].build(g, &b);
+        ck_assert_msg(mge_graph_error(g) == MGE_OK, "%s: %s", graphs[k].name,
+                      mge_graph_error_msg(g));
+        ck_assert_int_eq(mge_graph_backward(g, b.loss), MGE_OK);
+        ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+        /* setting the device checks every node against the table; it allocates nothing */
+        ck_assert_msg(mge_graph_set_device(g, dev) == MGE_OK, "%s", mge_graph_error_msg(g));
+        for (int i = 0; i < g->n_nodes; i++)
+            seen[g->nodes[i].op] = 1;
+        mge_graph_free(g);
+    }
+    char missing[512] = "";
+    for (int op = 0; op < MGE_OP__COUNT; op++)
+        if (dev->ops->fn[op] && !seen[op])
+            snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing), " %s",
+                     mge__op_name(op));
+    ck_assert_msg(!missing[0], "ops with a cuda kernel that no graph of test_cuda runs:%s",
+                  missing);
+}
+END_TEST
+
+/* A graph with an op the table lacks (a quantised linear layer) is refused, naming the op. */
+START_TEST(test_cuda_refuses_missing_op)
+{
+    struct mge_graph *g = NULL;
+    struct mge_quant_opts qo;
+    memset(&qo, 0, sizeof(qo));
+    qo.mode = MGE_QUANT_FAKE;
+    qo.momentum = 0.01f;
+    qo.percentile = 99.99f;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    ck_assert_int_eq(mge_graph_set_quant(g, &qo), MGE_OK);
+    int x = mge_input(g, "x", MGE_DTYPE_F32, 2, (int64_t[]){4, 8}, 1);
+    int y = mge_input(g, "y", MGE_DTYPE_I32, 1, (int64_t[]){4}, 1);
+    int h = mge_linear(g, x, param(g, "w", 2, (int64_t[]){3, 8}, 8), -1, MGE_ACT_NONE);
+    ck_assert_int_eq(mge_graph_backward(g, mge_cross_entropy(g, h, y)), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_set_device(g, mge_device_cuda()), MGE_UNSUPPORTED);
+    ck_assert_msg(strstr(mge_graph_error_msg(g), "FAKE_QUANT") &&
+                      strstr(mge_graph_error_msg(g), "no kernel on device 'cuda'"),
+                  "message: %s", mge_graph_error_msg(g));
+    mge_graph_free(g);
+    /* bf16 GEMMs are the CPU's */
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    mge_graph_set_bf16(g, 1);
+    x = mge_input(g, "x", MGE_DTYPE_F32, 2, (int64_t[]){4, 8}, 1);
+    ck_assert_int_ge(mge_relu(g, x), 0);
+    ck_assert_int_eq(mge_graph_set_device(g, mge_device_cuda()), MGE_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(mge_graph_error_msg(g), "bf16"));
+    mge_graph_free(g);
+}
+END_TEST
+
 int main(void)
 {
-    if (mge_cuda_device_count() == 0) {
-        printf("Running suite(s): cuda\nSKIP: %d CUDA kernel tests skipped: no CUDA device "
-               "(built with nvcc; the CPU kernels are checked by test_kernels)\n",
-               N_TESTS);
-        return 77;
-    }
-    char name[256];
-    mge_cuda_device_name(name, sizeof(name));
-    printf("cuda device: %s\n", name);
     mge_rng_seed(&rng, 2024);
     Suite *s = suite_create("cuda");
-    TCase *tc = tcase_create("kernels");
-    tcase_add_loop_test(tc, test_cuda_sgemm, 0, 4);
-    tcase_add_test(tc, test_cuda_bias_act);
-    tcase_add_test(tc, test_cuda_relu_backward);
-    tcase_add_test(tc, test_cuda_softmax_xent);
-    tcase_add_test(tc, test_cuda_sgd);
-    suite_add_tcase(s, tc);
+    TCase *host = tcase_create("without a gpu");
+    tcase_add_test(host, test_cuda_graphs_cover_the_table);
+    tcase_add_test(host, test_cuda_refuses_missing_op);
+    tcase_add_loop_test(host, test_graph_harness_on_sim, 0, N_GRAPHS);
+    suite_add_tcase(s, host);
+    int gpu = mge_cuda_device_count() > 0;
+    if (gpu) {
+        char name[256];
+        mge_cuda_device_name(name, sizeof(name));
+        printf("cuda device: %s\n", name);
+        TCase *tc = tcase_create("kernels");
+        tcase_add_loop_test(tc, test_cuda_sgemm, 0, 4);
+        tcase_add_test(tc, test_cuda_bias_act);
+        tcase_add_test(tc, test_cuda_relu_backward);
+        tcase_add_test(tc, test_cuda_softmax_xent);
+        tcase_add_test(tc, test_cuda_sgd);
+        tcase_add_test(tc, test_cuda_adam);
+        suite_add_tcase(s, tc);
+        TCase *tg = tcase_create("graphs");
+        tcase_set_timeout(tg, 120);
+        tcase_add_loop_test(tg, test_cuda_graph, 0, N_GRAPHS);
+        suite_add_tcase(s, tg);
+    }
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    return failed ? 1 : 0;
+    if (failed)
+        return 1;
+    if (!gpu) {
+        printf("skip - %d CUDA tests skipped: no CUDA device (built with nvcc; the CPU kernels "
+               "are checked by test_kernels)\n",
+               N_GPU_TESTS);
+        return 77;
+    }
+    return 0;
 }
