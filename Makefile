@@ -308,7 +308,7 @@ bench:
 # succeeds on a machine without nvcc or without a device ----
 GPU_TESTS := $(filter $(BUILD)/tests/test_cuda $(BUILD)/tests/test_comm_nccl,$(UNIT_BIN))
 test-gpu: deps
-	$(Q)$(if $(GPU_TESTS),$(MAKE) --no-print-directory $(GPU_TESTS),true)
+	$(Q)$(MAKE) --no-print-directory binaries $(GPU_TESTS)
 	$(Q)sh tests/run-gpu.sh $(BUILD)
 
 ifneq ($(CUDA_OBJ),)

@@ -1,6 +1,7 @@
 #!/bin/sh
-# run-gpu.sh: the tests that need a GPU (`make test-gpu`): each CUDA kernel against its CPU
-# kernel (test_cuda), the NCCL backend on one rank, and on two processes when there are two
+# run-gpu.sh: the tests that need a GPU (`make test-gpu`): each CUDA kernel and every op of the
+# cuda device against the CPU (test_cuda), the MLP and LeNet examples trained on cuda against
+# cpu (train_cuda.sh), the NCCL backend on one rank, and on two processes when there are two
 # GPUs and Open MPI. Without nvcc or without a device it prints a "skip - ..." line with the
 # number of suites skipped and exits 0; a suite that runs and fails exits 1.
 BUILD=${1:-build}
@@ -20,6 +21,7 @@ if [ -x "$BUILD/tests/test_cuda" ]; then
 else
     skip "test_cuda: not built (nvcc not found: CPU-only build)"
 fi
+run train_cuda sh tests/integration/train_cuda.sh "$BUILD"
 if [ -x "$BUILD/tests/test_comm_nccl" ]; then
     run "test_comm_nccl (1 rank)" "$BUILD/tests/test_comm_nccl"
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
