@@ -67,30 +67,18 @@ static int cpu_bias_grad(struct mge_graph *g, const struct mge_node *n)
 
 static int cpu_binary(struct mge_graph *g, const struct mge_node *n)
 {
-    int c = n->out[0];
     int64_t shape[MGE_MAX_DIMS], sa[MGE_MAX_DIMS], sb[MGE_MAX_DIMS];
-    int nd = g->values[c].ndim;
-    mge__value_shape_now(g, c, shape);
-    mge__broadcast_strides(g, n->in[0], shape, nd, sa);
-    mge__broadcast_strides(g, n->in[1], shape, nd, sb);
-    if (nd == 0) {
-        shape[0] = 1;
-        sa[0] = sb[0] = 0;
-        nd = 1;
-    }
-    mge_cpu_binary_forward(n->a.bin.op, F(g, c), F(g, n->in[0]), sa, F(g, n->in[1]), sb, shape,
-                           nd);
+    int nd = mge__binary_geometry(g, n, shape, sa, sb);
+    mge_cpu_binary_forward(n->a.bin.op, F(g, n->out[0]), F(g, n->in[0]), sa, F(g, n->in[1]), sb,
+                           shape, nd);
     return MGE_OK;
 }
 
 static int cpu_sum_to(struct mge_graph *g, const struct mge_node *n)
 {
-    int src = n->in[0], dst = n->out[0];
     int64_t shape[MGE_MAX_DIMS], so[MGE_MAX_DIMS];
-    int nd = g->values[src].ndim;
-    mge__value_shape_now(g, src, shape);
-    mge__broadcast_strides(g, dst, shape, nd, so);
-    mge_cpu_sum_to(F(g, dst), so, F(g, src), shape, nd, n->acc);
+    int nd = mge__sum_to_geometry(g, n, shape, so);
+    mge_cpu_sum_to(F(g, n->out[0]), so, F(g, n->in[0]), shape, nd, n->acc);
     return MGE_OK;
 }
 

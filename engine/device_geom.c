@@ -124,3 +124,27 @@ void mge__copy_axis_geometry(const struct mge_graph *g, const struct mge_node *n
     *slen = ss[axis];
     *dlen = ds[axis];
 }
+
+int mge__binary_geometry(const struct mge_graph *g, const struct mge_node *n, int64_t *shape,
+                         int64_t *sa, int64_t *sb)
+{
+    int c = n->out[0], nd = g->values[c].ndim;
+    mge__value_shape_now(g, c, shape);
+    mge__broadcast_strides(g, n->in[0], shape, nd, sa);
+    mge__broadcast_strides(g, n->in[1], shape, nd, sb);
+    if (nd == 0) {
+        shape[0] = 1;
+        sa[0] = sb[0] = 0;
+        nd = 1;
+    }
+    return nd;
+}
+
+int mge__sum_to_geometry(const struct mge_graph *g, const struct mge_node *n, int64_t *shape,
+                         int64_t *so)
+{
+    int src = n->in[0], nd = g->values[src].ndim;
+    mge__value_shape_now(g, src, shape);
+    mge__broadcast_strides(g, n->out[0], shape, nd, so);
+    return nd;
+}

@@ -21,6 +21,15 @@ int64_t mge__rows_now(const struct mge_graph *g, int v);
 /* Strides of @v right-aligned to an @ndim shape @shape, 0 where @v broadcasts. */
 void mge__broadcast_strides(const struct mge_graph *g, int v, const int64_t *shape, int ndim,
                             int64_t *stride);
+/*
+ * BINARY's output shape and its inputs' broadcast strides at the current batch size; returns
+ * the number of dims (a scalar as one dim of 1, strides 0).
+ */
+int mge__binary_geometry(const struct mge_graph *g, const struct mge_node *n, int64_t *shape,
+                         int64_t *sa, int64_t *sb);
+/* SUM_TO's source shape and the destination's strides over it (0 where summed); the dims. */
+int mge__sum_to_geometry(const struct mge_graph *g, const struct mge_node *n, int64_t *shape,
+                         int64_t *so);
 /* REDUCE over @axis of @x (-1: all) as (outer, len, inner). */
 void mge__reduce_geometry(const struct mge_graph *g, int x, int axis, int64_t *outer, int64_t *len,
                           int64_t *inner);

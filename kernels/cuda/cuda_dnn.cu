@@ -27,20 +27,28 @@ static cudnnHandle_t dnn_handle(void)
     return made ? h : NULL;
 }
 
-/* The process's workspace, at least @bytes, or NULL (logged). */
-static void *workspace(size_t bytes)
+/*
+ * The process's workspace of at least *@bytes into *@ws, given the status of the cuDNN query
+ * that sized it (@st) for @what: MGE_OK, or MGE_DEVICE / MGE_NOMEM (logged).
+ */
+static int workspace(cudnnStatus_t st, const size_t *bytes, const char *what, void **ws)
 {
-    static void *ws;
+    static void *have_ws;
     static size_t have;
-    if (bytes <= have)
-        return ws;
-    mge_cuda_free(ws);
-    ws = NULL;
-    have = 0;
-    if (mge_cuda_malloc(&ws, bytes) != MGE_OK)
-        return NULL;
-    have = bytes;
-    return ws;
+    int rc = mge_err_from_cudnn(st, what);
+    *ws = NULL;
+    if (rc != MGE_OK)
+        return rc;
+    if (*bytes > have) {
+        mge_cuda_free(have_ws);
+        have_ws = NULL;
+        have = 0;
+        if (mge_cuda_malloc(&have_ws, *bytes) != MGE_OK)
+            return MGE_ERR(MGE_NOMEM, "%s: no %zu-byte cuDNN workspace", what, *bytes);
+        have = *bytes;
+    }
+    *ws = have_ws;
+    return MGE_OK;
 }
 
 /* The four descriptors of one convolution. */
@@ -104,15 +112,9 @@ __global__ static void conv_dbias_kernel(float *dbias, const float *dout, int64_
     float s = 0.0f;
     for (int64_t i = threadIdx.x; i < cnt; i += DB_THREADS)
         s += dout[(i / PQ * K + k) * PQ + i % PQ];
-    red[threadIdx.x] = s;
-    __syncthreads();
-    for (int h = DB_THREADS / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h)
-            red[threadIdx.x] += red[threadIdx.x + h];
-        __syncthreads();
-    }
+    s = mge__block_reduce<float, DB_THREADS>(s, red, 0);
     if (threadIdx.x == 0)
-        dbias[k] = acc ? dbias[k] + red[0] : red[0];
+        dbias[k] = acc ? dbias[k] + s : s;
 }
 
 int mge_cuda_conv2d_forward(const struct mge_cuda_conv *cv, float *out, const float *inp,
@@ -128,12 +130,9 @@ int mge_cuda_conv2d_forward(const struct mge_cuda_conv *cv, float *out, const fl
     int rc = dnn_conv_init(&d, cv);
     if (rc != MGE_OK)
         return rc;
-    rc = mge_err_from_cudnn(
-        cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, algo, &bytes),
-        "conv2d forward workspace");
-    void *ws = rc == MGE_OK ? workspace(bytes) : NULL;
-    if (rc == MGE_OK && bytes && !ws)
-        rc = MGE_ERR(MGE_NOMEM, "conv2d: no %zu-byte cuDNN workspace", bytes);
+    void *ws;
+    rc = workspace(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, algo, &bytes),
+                   &bytes, "conv2d forward workspace", &ws);
     if (rc == MGE_OK)
         rc = mge_err_from_cudnn(cudnnConvolutionForward(h, &one, d.x, inp, d.w, w, d.conv, algo, ws,
                                                         bytes, &zero, d.y, out),
@@ -163,12 +162,10 @@ int mge_cuda_conv2d_backward(const struct mge_cuda_conv *cv, float *dinp, float 
         return rc;
     if (dinp) {
         size_t bytes = 0;
-        rc = mge_err_from_cudnn(
+        void *ws;
+        rc = workspace(
             cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, dalgo, &bytes),
-            "conv2d backward-data workspace");
-        void *ws = rc == MGE_OK ? workspace(bytes) : NULL;
-        if (rc == MGE_OK && bytes && !ws)
-            rc = MGE_ERR(MGE_NOMEM, "conv2d: no %zu-byte cuDNN workspace", bytes);
+            &bytes, "conv2d backward-data workspace", &ws);
         if (rc == MGE_OK)
             rc =
                 mge_err_from_cudnn(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, dout, d.conv,
@@ -177,12 +174,10 @@ int mge_cuda_conv2d_backward(const struct mge_cuda_conv *cv, float *dinp, float 
     }
     if (rc == MGE_OK && dw) {
         size_t bytes = 0;
-        rc = mge_err_from_cudnn(
+        void *ws;
+        rc = workspace(
             cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, walgo, &bytes),
-            "conv2d backward-filter workspace");
-        void *ws = rc == MGE_OK ? workspace(bytes) : NULL;
-        if (rc == MGE_OK && bytes && !ws)
-            rc = MGE_ERR(MGE_NOMEM, "conv2d: no %zu-byte cuDNN workspace", bytes);
+            &bytes, "conv2d backward-filter workspace", &ws);
         if (rc == MGE_OK)
             rc = mge_err_from_cudnn(cudnnConvolutionBackwardFilter(h, &one, d.x, inp, d.y, dout,
                                                                    d.conv, walgo, ws, bytes, &beta,

@@ -39,6 +39,27 @@ static inline unsigned mge__cuda_grid(int64_t n)
     return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }
 
+/*
+ * Block-wide sum (or max, @is_max) of every thread's @v by a fixed tree over @red (THREADS
+ * elements of shared memory; blockDim.x == THREADS, a power of 2): the same order every run.
+ * Every thread gets the result; @red may be reused right after.
+ */
+template <typename T, int THREADS>
+__device__ static inline T mge__block_reduce(T v, T *red, int is_max)
+{
+    int t = threadIdx.x;
+    red[t] = v;
+    __syncthreads();
+    for (int s = THREADS / 2; s > 0; s >>= 1) {
+        if (t < s)
+            red[t] = is_max ? (red[t + s] > red[t] ? red[t + s] : red[t]) : red[t] + red[t + s];
+        __syncthreads();
+    }
+    T r = red[0];
+    __syncthreads();
+    return r;
+}
+
 #define MGE__GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define MGE__GELU_C 0.044715f
 

@@ -222,22 +222,6 @@ int mge_cuda_fill(float *out, float v, int64_t n)
 
 #define ROW_THREADS 256
 
-/* Block-wide max or sum of @v (every thread gets it); @red: ROW_THREADS floats of shared memory. */
-__device__ static float block_reduce(float v, float *red, int is_max)
-{
-    int t = threadIdx.x;
-    red[t] = v;
-    __syncthreads();
-    for (int s = ROW_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s)
-            red[t] = is_max ? fmaxf(red[t], red[t + s]) : red[t] + red[t + s];
-        __syncthreads();
-    }
-    float r = red[0];
-    __syncthreads();
-    return r;
-}
-
 __global__ static void softmax_forward_kernel(float *out, const float *inp, int64_t cols, int log)
 {
     __shared__ float red[ROW_THREADS];
@@ -246,10 +230,10 @@ __global__ static void softmax_forward_kernel(float *out, const float *inp, int6
     float m = -INFINITY, s = 0.0f;
     for (int64_t j = threadIdx.x; j < cols; j += ROW_THREADS)
         m = fmaxf(m, x[j]);
-    m = block_reduce(m, red, 1);
+    m = mge__block_reduce<float, ROW_THREADS>(m, red, 1);
     for (int64_t j = threadIdx.x; j < cols; j += ROW_THREADS)
         s += expf(x[j] - m);
-    s = block_reduce(s, red, 0);
+    s = mge__block_reduce<float, ROW_THREADS>(s, red, 0);
     float lse = logf(s) + m, inv = 1.0f / s;
     for (int64_t j = threadIdx.x; j < cols; j += ROW_THREADS)
         y[j] = log ? x[j] - lse : expf(x[j] - m) * inv;
@@ -283,7 +267,7 @@ __global__ static void softmax_backward_kernel(float *dinp, const float *dout, c
     float s = 0.0f;
     for (int64_t j = threadIdx.x; j < cols; j += ROW_THREADS)
         s += log ? dy[j] : dy[j] * y[j];
-    s = block_reduce(s, red, 0);
+    s = mge__block_reduce<float, ROW_THREADS>(s, red, 0);
     for (int64_t j = threadIdx.x; j < cols; j += ROW_THREADS) {
         float g = log ? dy[j] - expf(y[j]) * s : y[j] * (dy[j] - s);
         dx[j] = acc ? dx[j] + g : g;
@@ -641,21 +625,6 @@ int mge_cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *
 
 #define BN_THREADS 256
 
-__device__ static double block_sum_d(double v, double *red)
-{
-    int t = threadIdx.x;
-    red[t] = v;
-    __syncthreads();
-    for (int s = BN_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s)
-            red[t] += red[t + s];
-        __syncthreads();
-    }
-    double r = red[0];
-    __syncthreads();
-    return r;
-}
-
 __global__ static void batchnorm_forward_kernel(float *out, float *mean, float *rstd,
                                                 const float *inp, const float *w, const float *b,
                                                 float *rmean, float *rvar, int64_t N, int64_t C,
@@ -668,13 +637,13 @@ __global__ static void batchnorm_forward_kernel(float *out, float *mean, float *
         double sum = 0.0, sq = 0.0;
         for (int64_t k = threadIdx.x; k < cnt; k += BN_THREADS)
             sum += (double)inp[(k / HW * C + c) * HW + k % HW];
-        sum = block_sum_d(sum, red);
+        sum = mge__block_reduce<double, BN_THREADS>(sum, red, 0);
         m = (float)(sum / (double)cnt);
         for (int64_t k = threadIdx.x; k < cnt; k += BN_THREADS) {
             float d = inp[(k / HW * C + c) * HW + k % HW] - m;
             sq += (double)(d * d);
         }
-        sq = block_sum_d(sq, red);
+        sq = mge__block_reduce<double, BN_THREADS>(sq, red, 0);
         double var = sq / (double)cnt;
         s = (float)(1.0 / sqrt(var + (double)eps));
         if (threadIdx.x == 0) {
@@ -727,8 +696,8 @@ __global__ static void batchnorm_backward_kernel(float *dinp, float *dw, float *
         sdy += (double)dout[idx];
         sdyx += (double)(dout[idx] * (inp[idx] - m));
     }
-    sdy = block_sum_d(sdy, red);
-    sdyx = block_sum_d(sdyx, red);
+    sdy = mge__block_reduce<double, BN_THREADS>(sdy, red, 0);
+    sdyx = mge__block_reduce<double, BN_THREADS>(sdyx, red, 0);
     float gsum = (float)sdy, gxhat = (float)(sdyx * (double)s);
     if (threadIdx.x == 0) {
         if (dw)

@@ -181,15 +181,7 @@ __global__ static void xent_forward_kernel(double *rowloss, float *probs, const 
     float m = -INFINITY;
     for (int64_t j = t; j < V; j += XENT_THREADS)
         m = fmaxf(m, x[j]);
-    red[t] = m;
-    __syncthreads();
-    for (int s = XENT_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s)
-            red[t] = fmaxf(red[t], red[t + s]);
-        __syncthreads();
-    }
-    m = red[0];
-    __syncthreads();
+    m = mge__block_reduce<float, XENT_THREADS>(m, red, 1);
     float sum = 0.0f;
     double xs = 0.0;
     for (int64_t j = t; j < V; j += XENT_THREADS) {
@@ -198,17 +190,8 @@ __global__ static void xent_forward_kernel(double *rowloss, float *probs, const 
         sum += e;
         xs += (double)x[j];
     }
-    red[t] = sum;
-    redd[t] = xs;
-    __syncthreads();
-    for (int s = XENT_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s) {
-            red[t] += red[t + s];
-            redd[t] += redd[t + s];
-        }
-        __syncthreads();
-    }
-    sum = red[0];
+    sum = mge__block_reduce<float, XENT_THREADS>(sum, red, 0);
+    xs = mge__block_reduce<double, XENT_THREADS>(xs, redd, 0);
     float inv = 1.0f / sum;
     for (int64_t j = t; j < V; j += XENT_THREADS)
         p[j] *= inv;
@@ -216,7 +199,7 @@ __global__ static void xent_forward_kernel(double *rowloss, float *probs, const 
         float lse = logf(sum) + m;
         double l = (double)(lse - x[labels[r]]);
         if (eps != 0.0f)
-            l = (1.0 - (double)eps) * l + (double)eps * ((double)lse - redd[0] / (double)V);
+            l = (1.0 - (double)eps) * l + (double)eps * ((double)lse - xs / (double)V);
         rowloss[r] = l;
     }
 }
@@ -353,15 +336,9 @@ __global__ static void l2_chunks_kernel(double *part, const float *g, int64_t n,
     double s = 0.0;
     for (int64_t i = i0 + threadIdx.x; i < i1; i += NORM_THREADS)
         s += (double)g[i] * (double)g[i];
-    red[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = NORM_THREADS / 2; k > 0; k >>= 1) {
-        if ((int)threadIdx.x < k)
-            red[threadIdx.x] += red[threadIdx.x + k];
-        __syncthreads();
-    }
+    s = mge__block_reduce<double, NORM_THREADS>(s, red, 0);
     if (threadIdx.x == 0)
-        part[blockIdx.x] = red[0];
+        part[blockIdx.x] = s;
 }
 
 int mge_cuda_l2_norm(double *norm, const float *g, int64_t n)
