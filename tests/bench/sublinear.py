@@ -101,7 +101,7 @@ def main():
     # a build with nvcc has the cuda device in libmge.a: its kernels and libraries come along
     cuda = os.path.join(BUILD, "lib", "libmgecuda.a")
     cuda_libs = [cuda, "-L/usr/local/cuda/lib64", "-Wl,-rpath,/usr/local/cuda/lib64", "-lcudnn",
-                 "-lcublas", "-lcudart", "-lstdc++"] if os.path.exists(cuda) else []
+                 "-lcudart", "-ldl", "-lstdc++"] if os.path.exists(cuda) else []
     subprocess.run(["cc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-fopenmp", "-I", ROOT,
                     os.path.join(HERE, "bench_planner.c"), "-o", bench,
                     os.path.join(BUILD, "lib", "libmge.a")] + cuda_libs[:1] +
