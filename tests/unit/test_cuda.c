@@ -5,15 +5,18 @@
  * arithmetic is the same op for op).
  * Graphs: small MLP, LeNet-like, ResNet-like, GPT-like and "misc" graphs that together hold
  * every op the cuda ops table has, forward and backward, built once on the cpu device and once
- * on cuda with the same parameters and inputs; one training step, then an AdamW step after
- * clipping by global norm, and an inference run: loss, output, every gradient and every
- * parameter (batch-norm running statistics included) compared, each tensor by its largest
- * difference relative to its largest magnitude. Bounds: 1e-4 for graphs of GEMMs and
+ * on cuda with the same parameters and inputs; one training step, then an SGD step (Nesterov,
+ * weight decay) after clipping by global norm, and an inference run: loss, output, every
+ * gradient and every parameter (batch-norm running statistics included) compared, each tensor
+ * by its largest difference relative to its largest magnitude. Bounds: 1e-4 for graphs of GEMMs and
  * elementwise ops (cuBLAS sums in another order), 1e-3 for graphs with cuDNN convolutions and
  * batch norm (another summation order over N*H*W).
+ * The engine's AdamW (with clipping and a no-decay span) runs on both devices from the same
+ * parameters and gradients: 1e-5.
  * Without a GPU: the checks that need none run (every op of the table is covered by the graphs;
- * the cuda device refuses a graph with an op it has no kernel for, naming it), then the GPU
- * tests are skipped, visibly, with their count, and the binary exits 77.
+ * the cuda device refuses a graph with an op it has no kernel for, naming it; the graph harness
+ * on the sim device is bit-identical to the CPU), then the GPU tests are skipped, visibly, with
+ * their count, and the binary exits 77.
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
@@ -40,7 +43,8 @@ _Static_assert(offsetof(struct cudaDeviceProp, name) == 0 &&
                    sizeof(((struct cudaDeviceProp *)0)->name) == MGE_CUDA_PROP_NAME_LEN,
                "cudaDeviceProp.name moved: update MGE_CUDA_PROP_NAME_LEN");
 
-/* 4 GEMM transpose cases, bias_act, relu backward, cross-entropy, sgd, adam, l2 norm, 5 graphs */
+/* 4 GEMM transpose cases, bias_act, relu backward, cross-entropy, sgd, adam and l2 norm, the
+ * engine's optimiser, 5 graphs */
 #define N_GPU_TESTS 15
 
 static struct mge_rng rng;
@@ -212,6 +216,90 @@ START_TEST(test_cuda_adam)
 }
 END_TEST
 
+/* Largest |gpu - cpu| over the largest |cpu|, within @tol. */
+static void expect_rel(const char *graph, const char *what, const float *gpu, const float *cpu,
+                       int64_t n, double tol)
+{
+    double diff = 0.0, mag = 0.0;
+    int64_t worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)gpu[i] - (double)cpu[i]);
+        ck_assert_msg(isfinite(gpu[i]), "%s: %s[%lld] is %g on cuda", graph, what, (long long)i,
+                      gpu[i]);
+        if (d > diff) {
+            diff = d;
+            worst = i;
+        }
+        mag = fabs(cpu[i]) > mag ? fabs(cpu[i]) : mag;
+    }
+    double rel = mag > 0.0 ? diff / mag : diff;
+    printf("  %-7s %-11s %6lld values: max rel diff %.2e (bound %.0e)\n", graph, what, (long long)n,
+           rel, tol);
+    ck_assert_msg(rel <= tol, "%s: %s[%lld]: cuda %.9g, cpu %.9g (%.2e of the max %.3g)", graph,
+                  what, (long long)worst, gpu[worst], cpu[worst], rel, mag);
+}
+
+struct optim_run {
+    const struct mge_device *dev;
+    struct mge_optim *o;
+    float *p, *g; /* device memory */
+    int64_t n;
+    double norm;
+};
+
+static void optim_run_fn(void *ctx)
+{
+    struct optim_run *r = ctx;
+    r->norm = mge_optim_clip_on(r->dev, r->g, r->n, 1.0);
+    for (int64_t step = 0; step < 3; step++)
+        mge_optim_step(r->o, r->p, r->g, step);
+}
+
+/* AdamW through the engine's optimiser on each device (a no-decay span, clipping, 3 steps) from
+ * the same parameters and gradients: the same parameters and state after. */
+START_TEST(test_cuda_optim)
+{
+    int64_t n = 5000;
+    float *p = rand_host(n), *g = rand_host(n), *hp = malloc(sizeof(float) * n);
+    float *hm = malloc(sizeof(float) * n), *gm = malloc(sizeof(float) * n);
+    struct mge_optim_spec os = {.type = MGE_OPTIM_ADAMW,
+                                .lr = 1e-2,
+                                .weight_decay = 0.1,
+                                .beta1 = 0.9,
+                                .beta2 = 0.999,
+                                .eps = 1e-8};
+    struct mge_sched_spec ss = {.type = MGE_SCHED_COSINE, .warmup_steps = 1, .min_lr = 1e-4};
+    const struct mge_device *devs[2] = {&mge_device_cpu, mge_device_cuda()};
+    double norm[2];
+    for (int k = 0; k < 2; k++) {
+        const struct mge_device *dev = devs[k];
+        struct mge_optim o;
+        float *dp = dev->alloc(sizeof(float) * n), *dg = dev->alloc(sizeof(float) * n);
+        dev->h2d(dp, p, sizeof(float) * n);
+        dev->h2d(dg, g, sizeof(float) * n);
+        ck_assert_int_eq(mge_optim_init_on(&o, &os, &ss, 10, n, dev), MGE_OK);
+        ck_assert_int_eq(mge_optim_exclude_decay(&o, 100, 900), MGE_OK);
+        struct optim_run r = {dev, &o, dp, dg, n, 0.0};
+        dev->kernel(optim_run_fn, &r);
+        norm[k] = r.norm;
+        dev->d2h(k ? hp : p, dp, sizeof(float) * n);
+        dev->d2h(k ? gm : hm, o.m, sizeof(float) * n);
+        mge_optim_fini(&o);
+        dev->free(dp, sizeof(float) * n);
+        dev->free(dg, sizeof(float) * n);
+    }
+    ck_assert_msg(fabs(norm[0] - norm[1]) <= 1e-12 * norm[0], "norm: cpu %.17g cuda %.17g", norm[0],
+                  norm[1]);
+    expect_rel("optim", "parameters", hp, p, n, 1e-5);
+    expect_rel("optim", "first moment", gm, hm, n, 1e-5);
+    free(p);
+    free(g);
+    free(hp);
+    free(hm);
+    free(gm);
+}
+END_TEST
+
 /* ---- graphs: the ops table, op by op, through the engine ---- */
 
 enum { MAX_INPUTS = 4 };
@@ -378,7 +466,7 @@ static void update_run(void *ctx)
     mge_optim_step(&u->o, u->params, u->grads, 0);
 }
 
-/* Build @build's graph on @dev, train one step on @inputs, clip and AdamW, infer once. */
+/* Build @build's graph on @dev, train one step on @inputs, clip and SGD, infer once. */
 static void run_graph(build_fn build, const struct mge_device *dev, void *const *inputs,
                       struct run *r)
 {
@@ -409,13 +497,11 @@ static void run_graph(build_fn build, const struct mge_device *dev, void *const 
     ck_assert_int_eq(mge_value_read(r->g, r->b.out, r->out, ob), MGE_OK);
     dev->d2h(r->grads, gr, sizeof(float) * (size_t)r->n_grads);
 
-    /* the optimiser through the device: clip by global norm, then AdamW with weight decay */
-    struct mge_optim_spec os = {.type = MGE_OPTIM_ADAMW,
-                                .lr = 1e-2,
-                                .weight_decay = 0.1,
-                                .beta1 = 0.9,
-                                .beta2 = 0.999,
-                                .eps = 1e-8};
+    /* the optimiser through the device: clip by global norm, then SGD with Nesterov momentum and
+     * weight decay (linear in the gradients: Adam's first step, lr * sign(g), would turn a
+     * rounding difference in a near-zero gradient into a full step; test_cuda_optim checks it) */
+    struct mge_optim_spec os = {
+        .type = MGE_OPTIM_SGD, .lr = 0.1, .momentum = 0.9, .nesterov = 1, .weight_decay = 0.01};
     struct mge_sched_spec ss = {.type = MGE_SCHED_CONSTANT};
     struct update u = {.dev = dev, .params = p, .grads = gr, .n = r->n_grads};
     ck_assert_int_eq(mge_optim_init_on(&u.o, &os, &ss, 10, r->n_grads, dev), MGE_OK);
@@ -434,29 +520,6 @@ static void run_free(struct run *r)
     free(r->infer_out);
     free(r->grads);
     free(r->params);
-}
-
-/* Largest |gpu - cpu| over the largest |cpu|, within @tol. */
-static void expect_rel(const char *graph, const char *what, const float *gpu, const float *cpu,
-                       int64_t n, double tol)
-{
-    double diff = 0.0, mag = 0.0;
-    int64_t worst = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)gpu[i] - (double)cpu[i]);
-        ck_assert_msg(isfinite(gpu[i]), "%s: %s[%lld] is %g on cuda", graph, what, (long long)i,
-                      gpu[i]);
-        if (d > diff) {
-            diff = d;
-            worst = i;
-        }
-        mag = fabs(cpu[i]) > mag ? fabs(cpu[i]) : mag;
-    }
-    double rel = mag > 0.0 ? diff / mag : diff;
-    printf("  %-7s %-11s %6lld values: max rel diff %.2e (bound %.0e)\n", graph, what, (long long)n,
-           rel, tol);
-    ck_assert_msg(rel <= tol, "%s: %s[%lld]: cuda %.9g, cpu %.9g (%.2e of the max %.3g)", graph,
-                  what, (long long)worst, gpu[worst], cpu[worst], rel, mag);
 }
 
 static const struct {
@@ -614,6 +677,7 @@ int main(void)
         tcase_add_test(tc, test_cuda_softmax_xent);
         tcase_add_test(tc, test_cuda_sgd);
         tcase_add_test(tc, test_cuda_adam);
+        tcase_add_test(tc, test_cuda_optim);
         suite_add_tcase(s, tc);
         TCase *tg = tcase_create("graphs");
         tcase_set_timeout(tg, 120);

@@ -62,6 +62,7 @@ START_TEST(test_find)
     ck_assert_ptr_eq(mge_device_find("cpu"), &mge_device_cpu);
     ck_assert_ptr_eq(mge_device_find("sim"), &mge_device_sim);
     ck_assert_ptr_null(mge_device_find("tpu"));
+    ck_assert_ptr_eq(mge_device_find("cuda"), mge_device_cuda()); /* NULL without nvcc */
     ck_assert_ptr_null(mge_device_find(NULL));
     ck_assert(mge_device_cpu.host_visible && !mge_device_sim.host_visible);
 }
