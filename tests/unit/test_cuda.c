@@ -260,8 +260,9 @@ static void optim_run_fn(void *ctx)
 START_TEST(test_cuda_optim)
 {
     int64_t n = 5000;
-    float *p = rand_host(n), *g = rand_host(n), *hp = malloc(sizeof(float) * n);
-    float *hm = malloc(sizeof(float) * n), *gm = malloc(sizeof(float) * n);
+    float *p = rand_host(n), *g = rand_host(n);
+    float *cp = malloc(sizeof(float) * n), *gp = malloc(sizeof(float) * n); /* results */
+    float *cm = malloc(sizeof(float) * n), *gm = malloc(sizeof(float) * n);
     struct mge_optim_spec os = {.type = MGE_OPTIM_ADAMW,
                                 .lr = 1e-2,
                                 .weight_decay = 0.1,
@@ -282,20 +283,21 @@ START_TEST(test_cuda_optim)
         struct optim_run r = {dev, &o, dp, dg, n, 0.0};
         dev->kernel(optim_run_fn, &r);
         norm[k] = r.norm;
-        dev->d2h(k ? hp : p, dp, sizeof(float) * n);
-        dev->d2h(k ? gm : hm, o.m, sizeof(float) * n);
+        dev->d2h(k ? gp : cp, dp, sizeof(float) * n);
+        dev->d2h(k ? gm : cm, o.m, sizeof(float) * n);
         mge_optim_fini(&o);
         dev->free(dp, sizeof(float) * n);
         dev->free(dg, sizeof(float) * n);
     }
     ck_assert_msg(fabs(norm[0] - norm[1]) <= 1e-12 * norm[0], "norm: cpu %.17g cuda %.17g", norm[0],
                   norm[1]);
-    expect_rel("optim", "parameters", hp, p, n, 1e-5);
-    expect_rel("optim", "first moment", gm, hm, n, 1e-5);
+    expect_rel("optim", "parameters", gp, cp, n, 1e-5);
+    expect_rel("optim", "first moment", gm, cm, n, 1e-5);
     free(p);
     free(g);
-    free(hp);
-    free(hm);
+    free(cp);
+    free(gp);
+    free(cm);
     free(gm);
 }
 END_TEST
