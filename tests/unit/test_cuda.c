@@ -255,9 +255,9 @@ static void optim_run_fn(void *ctx)
         mge_optim_step(r->o, r->p, r->g, step);
 }
 
-/* AdamW through the engine's optimiser on each device (a no-decay span, clipping, 3 steps) from
- * the same parameters and gradients: the same parameters and state after. */
-START_TEST(test_cuda_optim)
+/* AdamW through the engine's optimiser on the cpu and on @other (a no-decay span, clipping, 3
+ * steps) from the same parameters and gradients: the same parameters and state within @tol. */
+static void optim_compare(const struct mge_device *other, double tol)
 {
     int64_t n = 5000;
     float *p = rand_host(n), *g = rand_host(n);
@@ -270,7 +270,7 @@ START_TEST(test_cuda_optim)
                                 .beta2 = 0.999,
                                 .eps = 1e-8};
     struct mge_sched_spec ss = {.type = MGE_SCHED_COSINE, .warmup_steps = 1, .min_lr = 1e-4};
-    const struct mge_device *devs[2] = {&mge_device_cpu, mge_device_cuda()};
+    const struct mge_device *devs[2] = {&mge_device_cpu, other};
     double norm[2];
     for (int k = 0; k < 2; k++) {
         const struct mge_device *dev = devs[k];
@@ -289,16 +289,21 @@ START_TEST(test_cuda_optim)
         dev->free(dp, sizeof(float) * n);
         dev->free(dg, sizeof(float) * n);
     }
-    ck_assert_msg(fabs(norm[0] - norm[1]) <= 1e-12 * norm[0], "norm: cpu %.17g cuda %.17g", norm[0],
-                  norm[1]);
-    expect_rel("optim", "parameters", gp, cp, n, 1e-5);
-    expect_rel("optim", "first moment", gm, cm, n, 1e-5);
+    ck_assert_msg(fabs(norm[0] - norm[1]) <= 1e-12 * norm[0], "norm: cpu %.17g %s %.17g", norm[0],
+                  other->name, norm[1]);
+    expect_rel("optim", "parameters", gp, cp, n, tol);
+    expect_rel("optim", "first moment", gm, cm, n, tol);
     free(p);
     free(g);
     free(cp);
     free(gp);
     free(cm);
     free(gm);
+}
+
+START_TEST(test_cuda_optim)
+{
+    optim_compare(mge_device_cuda(), 1e-5);
 }
 END_TEST
 
@@ -593,6 +598,12 @@ START_TEST(test_graph_harness_on_sim)
 }
 END_TEST
 
+START_TEST(test_optim_harness_on_sim)
+{
+    optim_compare(&mge_device_sim, 0.0);
+}
+END_TEST
+
 /* The graphs above hold every op that has a kernel on the cuda device, forward and backward. */
 START_TEST(test_cuda_graphs_cover_the_table)
 {
@@ -666,6 +677,7 @@ int main(void)
     tcase_add_test(host, test_cuda_graphs_cover_the_table);
     tcase_add_test(host, test_cuda_refuses_missing_op);
     tcase_add_loop_test(host, test_graph_harness_on_sim, 0, N_GRAPHS);
+    tcase_add_test(host, test_optim_harness_on_sim);
     suite_add_tcase(s, host);
     int gpu = mge_cuda_device_count() > 0;
     if (gpu) {
