@@ -1786,7 +1786,15 @@ int mge_train_main(const struct mge_train_opts *o)
         code = rc == MGE_OK ? 0 : 2;
         goto out;
     }
-    if ((rc = mge_graph_set_device(t.g, t.dev)) != MGE_OK || (rc = mge_graph_alloc(t.g)) != MGE_OK)
+    /* the device runs every op of the graph, or says which one it cannot (exit 2) */
+    if ((rc = mge_graph_set_device(t.g, t.dev)) != MGE_OK) {
+        fprintf(stderr, "mge-train: %s: resources.device: %s: %s\n", o->spec_path,
+                t.spec->resources.device == MGE_DEVICE_GPU ? "gpu" : t.dev->name,
+                mge_graph_error_msg(t.g));
+        code = 2;
+        goto out;
+    }
+    if ((rc = mge_graph_alloc(t.g)) != MGE_OK)
         goto out;
     mge_graph_init_params(t.g, t.spec->train.seed);
     if ((rc = mge_graph_error(t.g)) != MGE_OK)

@@ -4,13 +4,14 @@
 # device and on cuda from the same initial weights and batches, and every step's loss agrees
 # within a stated bound (the GEMMs and cuDNN's convolutions sum in other orders, so the runs
 # drift apart slowly: 2e-3 relative for the MLP, 5e-3 for LeNet), as do the final losses and
-# test accuracies (within 1 point). Without a GPU: a gpu job exits 2 saying there is no usable
-# CUDA device (or that the build has no CUDA) and naming CUDA_VISIBLE_DEVICES; the GPU checks
-# are skipped, visibly, with their count (exit 77). Run by `make test-gpu` and `make test`.
+# test accuracies (within 1 point); a QAT job exits 2 naming the op the cuda device lacks.
+# Without a GPU: a gpu job exits 2 saying there is no usable CUDA device (or that the build has
+# no CUDA) and naming CUDA_VISIBLE_DEVICES; the GPU checks are skipped, visibly, with their count
+# (exit 77). Run by `make test-gpu` and `make test`.
 . "$(dirname "$0")/lib/train.sh"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-N_GPU_CHECKS=6 # 2 models x (step losses, final loss, accuracy)
+N_GPU_CHECKS=7 # 2 models x (step losses, final loss, accuracy), the QAT refusal
 
 echo "-- a gpu job asks for the cuda device"
 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0} "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" \
@@ -70,6 +71,11 @@ echo "-- the Fashion-MNIST MLP (cuBLAS GEMMs, fused bias + ReLU, SGD with moment
 pair mlp "$ROOT/examples/fmnist-mlp.yaml" 2e-3
 echo "-- LeNet-5 (cuDNN convolutions, pooling)"
 pair lenet "$ROOT/examples/fmnist-lenet.yaml" 5e-3
+
+echo "-- an op without a CUDA kernel: exit 2 naming it"
+expect2 "quantisation-aware training on gpu" "has no kernel on device 'cuda'" \
+    "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --device gpu --set resources.gpus=1 \
+    --set quant.mode=qat --set train.steps=2 --out "$T/qat"
 
 echo "train_cuda: $passes passed, $fails failed"
 [ $fails -eq 0 ]
