@@ -18,8 +18,9 @@
 static void usage(FILE *fp)
 {
     fprintf(fp,
-            "usage: mge-infer CKPT [--data test|train] [--json] [--threads N] [--device cpu|sim]\n"
-            "                 [--precision fp32|fakequant|int8 [--compare]] [--timing]\n"
+            "usage: mge-infer CKPT [--data test|train] [--json] [--threads N]\n"
+            "                 [--device cpu|sim|cuda] [--precision fp32|fakequant|int8\n"
+            "                 [--compare]] [--timing]\n"
             "       mge-infer CKPT --generate N [--prompt TEXT] [--seed S] [--temperature T]\n"
             "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
             "that the checkpoint's job spec names (a gpt: loss per token and perplexity\n"
@@ -430,8 +431,16 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            char err[256];
             if (!(infer_dev = mge_device_find(argv[++i]))) {
-                fprintf(stderr, "mge-infer: --device: expected cpu or sim, got '%s'\n", argv[i]);
+                fprintf(stderr,
+                        "mge-infer: --device: expected cpu, sim or cuda (cuda in builds with "
+                        "nvcc), got '%s'\n",
+                        argv[i]);
+                return 2;
+            }
+            if (infer_dev->probe && infer_dev->probe(err, sizeof(err)) != MGE_OK) {
+                fprintf(stderr, "mge-infer: --device %s: %s\n", argv[i], err);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
