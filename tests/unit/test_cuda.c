@@ -1,8 +1,12 @@
 /*
  * test_cuda.c: the cuda device against the CPU (the oracle), in two layers.
- * Kernels: each CUDA kernel against its CPU kernel on random inputs. Tolerances: GEMM 1e-4 * K
- * relative to the output scale; elementwise, cross-entropy, optimisers 1e-5 (1e-6 where the
- * arithmetic is the same op for op).
+ * Kernels: every function of kernels/cuda/cuda.h against its CPU kernel on random inputs,
+ * overwriting and accumulating (acc). Bounds, as the largest difference over the largest |cpu|:
+ * 0 (the same bits) for copies, permutes, embedding and the dropout mask; 1e-6 where the
+ * arithmetic is the same op for op (bias gradient, binary ops, sums, pooling; nvcc may fuse a
+ * multiply-add); 1e-5 for exp/tanh-based and row-reduced ops (activations, softmax,
+ * cross-entropy, layer norm, attention forward, the optimisers); 1e-4 where the summation order
+ * differs (cuDNN's convolutions, batch norm's N*H*W sums, attention backward); GEMM 1e-4 * K.
  * Graphs: small MLP, LeNet-like, ResNet-like, GPT-like and "misc" graphs that together hold
  * every op the cuda ops table has, forward and backward, built once on the cpu device and once
  * on cuda with the same parameters and inputs; one training step, then an SGD step (Nesterov,
@@ -44,8 +48,8 @@ _Static_assert(offsetof(struct cudaDeviceProp, name) == 0 &&
                "cudaDeviceProp.name moved: update MGE_CUDA_PROP_NAME_LEN");
 
 /* 4 GEMM transpose cases, bias_act, relu backward, cross-entropy, sgd, adam and l2 norm, the
- * engine's optimiser, 5 graphs */
-#define N_GPU_TESTS 15
+ * engine's optimiser; 10 kernel groups overwriting and accumulating; 5 graphs */
+#define N_GPU_TESTS 35
 
 static struct mge_rng rng;
 
@@ -238,6 +242,403 @@ static void expect_rel(const char *graph, const char *what, const float *gpu, co
     ck_assert_msg(rel <= tol, "%s: %s[%lld]: cuda %.9g, cpu %.9g (%.2e of the max %.3g)", graph,
                   what, (long long)worst, gpu[worst], cpu[worst], rel, mag);
 }
+
+/* ---- every kernel of cuda.h against its CPU kernel, overwriting and accumulating (_i: acc) ----
+ */
+
+/* A device copy of @n random floats, with the host values in *@host (malloc'd). */
+static float *rand_dev(int64_t n, float **host)
+{
+    *host = rand_host(n);
+    return dev_copy(*host, sizeof(float) * (size_t)n);
+}
+
+/* Device @d against host @cpu: largest difference relative to the largest |cpu|, within @tol. */
+static void expect_dev(const char *what, const float *d, const float *cpu, int64_t n, double tol)
+{
+    float *h = malloc(sizeof(float) * (size_t)n);
+    ck_assert_int_eq(mge_cuda_to_host(h, d, sizeof(float) * (size_t)n), MGE_OK);
+    expect_rel("kernel", what, h, cpu, n, tol);
+    free(h);
+}
+
+START_TEST(test_cuda_unary)
+{
+    int64_t n = 3001;
+    for (int op = MGE_CPU_IDENTITY; op <= MGE_CPU_SIGMOID; op++) {
+        float *x, *dy, *dx, *y = malloc(sizeof(float) * n);
+        float *dx_ = rand_dev(n, &x), *ddy = rand_dev(n, &dy), *ddx = rand_dev(n, &dx);
+        float *dyv = NULL;
+        ck_assert_int_eq(mge_cuda_malloc((void **)&dyv, sizeof(float) * n), MGE_OK);
+        mge_cpu_unary_forward(op, y, x, n);
+        ck_assert_int_eq(mge_cuda_unary_forward(op, dyv, dx_, n), MGE_OK);
+        expect_dev("unary forward", dyv, y, n, 1e-5);
+        /* backward from the CPU's forward output on both sides */
+        ck_assert_int_eq(mge_cuda_to_device(dyv, y, sizeof(float) * n), MGE_OK);
+        mge_cpu_unary_backward(op, dx, dy, x, y, n, _i);
+        ck_assert_int_eq(mge_cuda_unary_backward(op, ddx, ddy, dx_, dyv, n, _i), MGE_OK);
+        expect_dev("unary backward", ddx, dx, n, 1e-5);
+        mge_cuda_free(dx_);
+        mge_cuda_free(ddy);
+        mge_cuda_free(ddx);
+        mge_cuda_free(dyv);
+        free(x);
+        free(dy);
+        free(dx);
+        free(y);
+    }
+}
+END_TEST
+
+START_TEST(test_cuda_bias_binary_sum_to)
+{
+    int64_t rows = 37, cols = 70, shape[3] = {3, 4, 5};
+    float *dy, *db, *ddy = rand_dev(rows * cols, &dy), *ddb = rand_dev(cols, &db);
+    mge_cpu_bias_backward(db, dy, rows, cols, _i);
+    ck_assert_int_eq(mge_cuda_bias_backward(ddb, ddy, rows, cols, _i), MGE_OK);
+    expect_dev("bias backward", ddb, db, cols, 1e-6);
+    /* a (3, 4, 5) with b (4, 1) broadcast; sum back onto b's shape */
+    int64_t sa[3] = {20, 5, 1}, sb[3] = {0, 1, 0}, n = 60;
+    float *a, *b, *out = malloc(sizeof(float) * n), *da = rand_dev(n, &a), *dbb = rand_dev(4, &b);
+    float *dout = NULL;
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dout, sizeof(float) * n), MGE_OK);
+    for (int op = MGE_CPU_ADD; op <= MGE_CPU_DIV; op++) {
+        mge_cpu_binary_forward(op, out, a, sa, b, sb, shape, 3);
+        ck_assert_int_eq(mge_cuda_binary_forward(op, dout, da, sa, dbb, sb, shape, 3), MGE_OK);
+        expect_dev("binary", dout, out, n, 1e-6);
+    }
+    mge_cpu_sum_to(b, sb, a, shape, 3, _i);
+    ck_assert_int_eq(mge_cuda_sum_to(dbb, sb, da, shape, 3, _i), MGE_OK);
+    expect_dev("sum_to (4, 1)", dbb, b, 4, 1e-6);
+    int64_t sl[3] = {0, 0, 1}; /* onto (5): the last dim kept */
+    float *c5, *dc5 = rand_dev(5, &c5);
+    mge_cpu_sum_to(c5, sl, a, shape, 3, _i);
+    ck_assert_int_eq(mge_cuda_sum_to(dc5, sl, da, shape, 3, _i), MGE_OK);
+    expect_dev("sum_to (5)", dc5, c5, 5, 1e-6);
+    mge_cuda_free(dc5);
+    free(c5);
+    mge_cpu_scale(out, a, 0.3f, n);
+    ck_assert_int_eq(mge_cuda_scale(dout, da, 0.3f, n), MGE_OK);
+    mge_cpu_axpy(out, a, -1.5f, n);
+    ck_assert_int_eq(mge_cuda_axpy(dout, da, -1.5f, n), MGE_OK);
+    expect_dev("scale, axpy", dout, out, n, 1e-6);
+    mge_cuda_free(ddy);
+    mge_cuda_free(ddb);
+    mge_cuda_free(da);
+    mge_cuda_free(dbb);
+    mge_cuda_free(dout);
+    free(dy);
+    free(db);
+    free(a);
+    free(b);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_cuda_softmax_rows)
+{
+    int64_t rows = 9, cols = 300, n = rows * cols;
+    for (int lg = 0; lg < 2; lg++) {
+        float *x, *dy, *dx, *y = malloc(sizeof(float) * n);
+        float *dxx = rand_dev(n, &x), *ddy = rand_dev(n, &dy), *ddx = rand_dev(n, &dx), *dyy;
+        ck_assert_int_eq(mge_cuda_malloc((void **)&dyy, sizeof(float) * n), MGE_OK);
+        if (lg) {
+            mge_cpu_log_softmax_forward(y, x, rows, cols);
+            ck_assert_int_eq(mge_cuda_log_softmax_forward(dyy, dxx, rows, cols), MGE_OK);
+        } else {
+            mge_cpu_softmax_forward(y, x, rows, cols);
+            ck_assert_int_eq(mge_cuda_softmax_forward(dyy, dxx, rows, cols), MGE_OK);
+        }
+        expect_dev(lg ? "log_softmax" : "softmax", dyy, y, n, 1e-5);
+        ck_assert_int_eq(mge_cuda_to_device(dyy, y, sizeof(float) * n), MGE_OK);
+        if (lg) {
+            mge_cpu_log_softmax_backward(dx, dy, y, rows, cols, _i);
+            ck_assert_int_eq(mge_cuda_log_softmax_backward(ddx, ddy, dyy, rows, cols, _i), MGE_OK);
+        } else {
+            mge_cpu_softmax_backward(dx, dy, y, rows, cols, _i);
+            ck_assert_int_eq(mge_cuda_softmax_backward(ddx, ddy, dyy, rows, cols, _i), MGE_OK);
+        }
+        expect_dev(lg ? "log_softmax backward" : "softmax backward", ddx, dx, n, 1e-5);
+        mge_cuda_free(dxx);
+        mge_cuda_free(ddy);
+        mge_cuda_free(ddx);
+        mge_cuda_free(dyy);
+        free(x);
+        free(dy);
+        free(dx);
+        free(y);
+    }
+}
+END_TEST
+
+START_TEST(test_cuda_xent_smooth)
+{
+    int64_t B = 33, V = 517;
+    float *logits, *dl, loss, dloss = 0.7f, *probs = malloc(sizeof(float) * (size_t)(B * V));
+    int32_t labels[33];
+    for (int i = 0; i < B; i++)
+        labels[i] = (int32_t)mge_rng_below(&rng, (uint64_t)V);
+    float *dlog = rand_dev(B * V, &logits), *ddl = rand_dev(B * V, &dl);
+    int32_t *dlab = (int32_t *)dev_copy(labels, sizeof(labels));
+    float *dprobs = NULL, *dloss_d = dev_copy(&dloss, sizeof(float)), *dloss_out = NULL;
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dprobs, sizeof(float) * (size_t)(B * V)), MGE_OK);
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dloss_out, sizeof(float)), MGE_OK);
+    mge_cpu_softmax_xent_smooth_forward(&loss, probs, logits, labels, B, V, 0.1f);
+    ck_assert_int_eq(
+        mge_cuda_softmax_xent_smooth_forward(dloss_out, dprobs, dlog, dlab, B, V, 0.1f), MGE_OK);
+    expect_dev("xent loss", dloss_out, &loss, 1, 1e-5);
+    expect_dev("xent probs", dprobs, probs, B * V, 1e-5);
+    ck_assert_int_eq(mge_cuda_to_device(dprobs, probs, sizeof(float) * (size_t)(B * V)), MGE_OK);
+    mge_cpu_softmax_xent_smooth_backward(dl, probs, labels, B, V, dloss, 0.1f, _i);
+    ck_assert_int_eq(
+        mge_cuda_softmax_xent_smooth_backward(ddl, dprobs, dlab, B, V, dloss_d, 0.1f, _i), MGE_OK);
+    expect_dev("xent backward", ddl, dl, B * V, 1e-6);
+    mge_cuda_free(dlog);
+    mge_cuda_free(ddl);
+    mge_cuda_free(dlab);
+    mge_cuda_free(dprobs);
+    mge_cuda_free(dloss_d);
+    mge_cuda_free(dloss_out);
+    free(logits);
+    free(dl);
+    free(probs);
+}
+END_TEST
+
+START_TEST(test_cuda_layout)
+{
+    int64_t outer = 6, len = 7, inner = 11, n = outer * len * inner;
+    float *x, *y = malloc(sizeof(float) * (size_t)n), *dx, *dy;
+    float *dxx = rand_dev(n, &x), *ddx = rand_dev(n, &dx), *ddy = rand_dev(outer * inner, &dy);
+    float *dyy = NULL;
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dyy, sizeof(float) * (size_t)n), MGE_OK);
+    mge_cpu_reduce_sum(y, x, outer, len, inner, 0.25f);
+    ck_assert_int_eq(mge_cuda_reduce_sum(dyy, dxx, outer, len, inner, 0.25f), MGE_OK);
+    expect_dev("reduce_sum", dyy, y, outer * inner, 1e-6);
+    mge_cpu_reduce_sum_backward(dx, dy, outer, len, inner, 0.25f, _i);
+    ck_assert_int_eq(mge_cuda_reduce_sum_backward(ddx, ddy, outer, len, inner, 0.25f, _i), MGE_OK);
+    expect_dev("reduce_sum backward", ddx, dx, n, 1e-6);
+    int64_t shape[4] = {2, 3, 7, 11};
+    int perm[4] = {2, 0, 3, 1};
+    mge_cpu_permute(y, x, shape, perm, 4);
+    ck_assert_int_eq(mge_cuda_permute(dyy, dxx, shape, perm, 4), MGE_OK);
+    expect_dev("permute", dyy, y, n, 0.0);
+    /* rows [2, 5) of x's axis (len 7) into rows [1, 4) of a (6, 4, 11) destination */
+    ck_assert_int_eq(mge_cuda_to_device(dyy, y, sizeof(float) * (size_t)n), MGE_OK);
+    mge_cpu_copy_axis(y, 4, 1, x, len, 2, 3, outer, inner, _i);
+    ck_assert_int_eq(mge_cuda_copy_axis(dyy, 4, 1, dxx, len, 2, 3, outer, inner, _i), MGE_OK);
+    expect_dev("copy_axis", dyy, y, outer * 4 * inner, 1e-6);
+    mge_cuda_free(dxx);
+    mge_cuda_free(ddx);
+    mge_cuda_free(ddy);
+    mge_cuda_free(dyy);
+    free(x);
+    free(y);
+    free(dx);
+    free(dy);
+}
+END_TEST
+
+START_TEST(test_cuda_pool)
+{
+    /* 2x2/2 (LeNet), and 3x3/2 padded 1 (overlapping windows, clipped at the edges) */
+    static const int win[2][3] = {{2, 2, 0}, {3, 2, 1}};
+    for (int k = 0; k < 2; k++) {
+        struct mge_cpu_pool pl = {.N = 3, .C = 4, .H = 9, .W = 8};
+        pl.R = pl.S = win[k][0];
+        pl.stride = win[k][1];
+        pl.pad = win[k][2];
+        ck_assert_int_eq(mge_cpu_pool_init(&pl), 0);
+        struct mge_cuda_pool cp = {pl.N, pl.C,      pl.H,   pl.W, pl.R,
+                                   pl.S, pl.stride, pl.pad, pl.P, pl.Q};
+        int64_t ni = (int64_t)pl.N * pl.C * pl.H * pl.W, no = (int64_t)pl.N * pl.C * pl.P * pl.Q;
+        float *x, *dy, *dx, *y = malloc(sizeof(float) * (size_t)no);
+        float *dxx = rand_dev(ni, &x), *ddy = rand_dev(no, &dy), *ddx = rand_dev(ni, &dx), *dyy;
+        ck_assert_int_eq(mge_cuda_malloc((void **)&dyy, sizeof(float) * (size_t)no), MGE_OK);
+        for (int max = 0; max < 2; max++) {
+            if (max) {
+                mge_cpu_maxpool_forward(&pl, y, x);
+                ck_assert_int_eq(mge_cuda_maxpool_forward(&cp, dyy, dxx), MGE_OK);
+                mge_cpu_maxpool_backward(&pl, dx, dy, x, _i);
+                ck_assert_int_eq(mge_cuda_maxpool_backward(&cp, ddx, ddy, dxx, _i), MGE_OK);
+            } else {
+                mge_cpu_avgpool_forward(&pl, y, x);
+                ck_assert_int_eq(mge_cuda_avgpool_forward(&cp, dyy, dxx), MGE_OK);
+                mge_cpu_avgpool_backward(&pl, dx, dy, _i);
+                ck_assert_int_eq(mge_cuda_avgpool_backward(&cp, ddx, ddy, _i), MGE_OK);
+            }
+            expect_dev(max ? "maxpool" : "avgpool", dyy, y, no, 1e-6);
+            expect_dev(max ? "maxpool backward" : "avgpool backward", ddx, dx, ni, 1e-6);
+        }
+        mge_cuda_free(dxx);
+        mge_cuda_free(ddy);
+        mge_cuda_free(ddx);
+        mge_cuda_free(dyy);
+        free(x);
+        free(dy);
+        free(dx);
+        free(y);
+    }
+}
+END_TEST
+
+/* cuDNN sums in its own order: 1e-4 of the largest value */
+START_TEST(test_cuda_conv)
+{
+    struct mge_cpu_conv cv = {
+        .N = 3, .C = 5, .H = 11, .W = 9, .K = 7, .R = 3, .S = 3, .stride = 2, .pad = 1};
+    ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+    struct mge_cuda_conv cc = {cv.N, cv.C,      cv.H,   cv.W, cv.K, cv.R,
+                               cv.S, cv.stride, cv.pad, cv.P, cv.Q};
+    int64_t nx = (int64_t)cv.N * cv.C * cv.H * cv.W, nw = (int64_t)cv.K * cv.C * cv.R * cv.S;
+    int64_t ny = (int64_t)cv.N * cv.K * cv.P * cv.Q;
+    size_t sb = mge_cpu_conv_scratch_bytes(&cv);
+    void *scratch = malloc(sb ? sb : 64);
+    float *x, *w, *b, *dy, *dx, *dw, *db, *y = malloc(sizeof(float) * (size_t)ny);
+    float *dxx = rand_dev(nx, &x), *dww = rand_dev(nw, &w), *dbb = rand_dev(cv.K, &b);
+    float *ddy = rand_dev(ny, &dy), *ddx = rand_dev(nx, &dx), *ddw = rand_dev(nw, &dw);
+    float *ddb = rand_dev(cv.K, &db), *dyy = NULL;
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dyy, sizeof(float) * (size_t)ny), MGE_OK);
+    mge_cpu_conv2d_forward(&cv, y, x, w, b, scratch);
+    ck_assert_int_eq(mge_cuda_conv2d_forward(&cc, dyy, dxx, dww, dbb), MGE_OK);
+    expect_dev("conv2d", dyy, y, ny, 1e-4);
+    mge_cpu_conv2d_backward(&cv, dx, dw, db, dy, x, w, scratch, _i);
+    ck_assert_int_eq(mge_cuda_conv2d_backward(&cc, ddx, ddw, ddb, ddy, dxx, dww, _i), MGE_OK);
+    expect_dev("conv2d dinp", ddx, dx, nx, 1e-4);
+    expect_dev("conv2d dw", ddw, dw, nw, 1e-4);
+    expect_dev("conv2d dbias", ddb, db, cv.K, 1e-5);
+    float *fr[] = {dxx, dww, dbb, ddy, ddx, ddw, ddb, dyy};
+    for (size_t i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
+        mge_cuda_free(fr[i]);
+    float *hr[] = {x, w, b, dy, dx, dw, db, y};
+    for (size_t i = 0; i < sizeof(hr) / sizeof(hr[0]); i++)
+        free(hr[i]);
+    free(scratch);
+}
+END_TEST
+
+START_TEST(test_cuda_norms)
+{
+    int64_t rows = 13, C = 96, n = rows * C;
+    float *x, *w, *b, *dy, *dx, *dw, *db, *y = malloc(sizeof(float) * (size_t)n);
+    float mean[13], rstd[13];
+    float *dxx = rand_dev(n, &x), *dww = rand_dev(C, &w), *dbb = rand_dev(C, &b);
+    float *ddy = rand_dev(n, &dy), *ddx = rand_dev(n, &dx), *ddw = rand_dev(C, &dw);
+    float *ddb = rand_dev(C, &db), *dyy = NULL, *dm = NULL, *dr = NULL;
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dyy, sizeof(float) * (size_t)n), MGE_OK);
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dm, sizeof(mean)), MGE_OK);
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dr, sizeof(rstd)), MGE_OK);
+    mge_cpu_layernorm_forward(y, mean, rstd, x, w, b, rows, C, 1e-5f);
+    ck_assert_int_eq(mge_cuda_layernorm_forward(dyy, dm, dr, dxx, dww, dbb, rows, C, 1e-5f),
+                     MGE_OK);
+    expect_dev("layernorm", dyy, y, n, 1e-5);
+    expect_dev("layernorm rstd", dr, rstd, rows, 1e-5);
+    ck_assert_int_eq(mge_cuda_to_device(dm, mean, sizeof(mean)), MGE_OK);
+    ck_assert_int_eq(mge_cuda_to_device(dr, rstd, sizeof(rstd)), MGE_OK);
+    mge_cpu_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, _i);
+    ck_assert_int_eq(mge_cuda_layernorm_backward(ddx, ddw, ddb, ddy, dxx, dww, dm, dr, rows, C, _i),
+                     MGE_OK);
+    expect_dev("layernorm dinp", ddx, dx, n, 1e-5);
+    expect_dev("layernorm dw", ddw, dw, C, 1e-5);
+    expect_dev("layernorm db", ddb, db, C, 1e-5);
+    /* batch norm over x as (N 4, C 8, HW 39): training (running stats updated), then eval */
+    int64_t N = 4, BC = 8, HW = 39;
+    float rm[8], rv[8], bm[8], br[8];
+    for (int c = 0; c < BC; c++)
+        rm[c] = 0.1f * (float)c, rv[c] = 1.0f + 0.2f * (float)c;
+    float *drm = dev_copy(rm, sizeof(rm)), *drv = dev_copy(rv, sizeof(rv));
+    for (int train = 1; train >= 0; train--) {
+        mge_cpu_batchnorm_forward(y, bm, br, x, w, b, rm, rv, N, BC, HW, 1e-5f, 0.1f, train);
+        ck_assert_int_eq(mge_cuda_batchnorm_forward(dyy, dm, dr, dxx, dww, dbb, drm, drv, N, BC, HW,
+                                                    1e-5f, 0.1f, train),
+                         MGE_OK);
+        expect_dev(train ? "batchnorm (train)" : "batchnorm (eval)", dyy, y, n, 1e-4);
+        expect_dev("batchnorm running mean", drm, rm, BC, 1e-5);
+        expect_dev("batchnorm running var", drv, rv, BC, 1e-5);
+    }
+    ck_assert_int_eq(mge_cuda_to_device(dm, bm, sizeof(bm)), MGE_OK);
+    ck_assert_int_eq(mge_cuda_to_device(dr, br, sizeof(br)), MGE_OK);
+    mge_cpu_batchnorm_backward(dx, dw, db, dy, x, w, bm, br, N, BC, HW, _i);
+    ck_assert_int_eq(
+        mge_cuda_batchnorm_backward(ddx, ddw, ddb, ddy, dxx, dww, dm, dr, N, BC, HW, _i), MGE_OK);
+    expect_dev("batchnorm dinp", ddx, dx, n, 1e-4);
+    expect_dev("batchnorm dw", ddw, dw, BC, 1e-4);
+    expect_dev("batchnorm db", ddb, db, BC, 1e-4);
+    float *fr[] = {dxx, dww, dbb, ddy, ddx, ddw, ddb, dyy, dm, dr, drm, drv};
+    for (size_t i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
+        mge_cuda_free(fr[i]);
+    float *hr[] = {x, w, b, dy, dx, dw, db, y};
+    for (size_t i = 0; i < sizeof(hr) / sizeof(hr[0]); i++)
+        free(hr[i]);
+}
+END_TEST
+
+START_TEST(test_cuda_embedding_dropout)
+{
+    int64_t n = 50, V = 7, C = 33; /* 50 ids over 7 rows: repeated ids add up */
+    int32_t ids[50];
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)mge_rng_below(&rng, (uint64_t)V);
+    float *t, *dy, *dt, *y = malloc(sizeof(float) * (size_t)(n * C));
+    float *dtt = rand_dev(V * C, &t), *ddy = rand_dev(n * C, &dy), *ddt = rand_dev(V * C, &dt);
+    int32_t *dids = (int32_t *)dev_copy(ids, sizeof(ids));
+    float *dyy = NULL;
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dyy, sizeof(float) * (size_t)(n * C)), MGE_OK);
+    mge_cpu_embedding_forward(y, ids, t, n, C);
+    ck_assert_int_eq(mge_cuda_embedding_forward(dyy, dids, dtt, n, C), MGE_OK);
+    expect_dev("embedding", dyy, y, n * C, 0.0);
+    mge_cpu_embedding_backward(dt, dy, ids, n, V, C, _i);
+    ck_assert_int_eq(mge_cuda_embedding_backward(ddt, ddy, dids, n, V, C, _i), MGE_OK);
+    expect_dev("embedding backward", ddt, dt, V * C, 0.0); /* same order: the same bits */
+    /* dropout: the same mask, from an offset into the global batch */
+    mge_cpu_dropout_forward(y, dy, n * C, 0.3f, 0x1234567ull, 777);
+    ck_assert_int_eq(mge_cuda_dropout_forward(dyy, ddy, n * C, 0.3f, 0x1234567ull, 777), MGE_OK);
+    expect_dev("dropout", dyy, y, n * C, 0.0);
+    ck_assert_int_eq(mge_cuda_to_device(dyy, t, sizeof(float) * (size_t)(V * C)), MGE_OK);
+    mge_cpu_dropout_backward(t, dy, V * C, 0.3f, 99, 5, _i);
+    ck_assert_int_eq(mge_cuda_dropout_backward(dyy, ddy, V * C, 0.3f, 99, 5, _i), MGE_OK);
+    expect_dev("dropout backward", dyy, t, V * C, 1e-6); /* nvcc may fuse the add (FMA) */
+    mge_cuda_free(dtt);
+    mge_cuda_free(ddy);
+    mge_cuda_free(ddt);
+    mge_cuda_free(dids);
+    mge_cuda_free(dyy);
+    free(t);
+    free(dy);
+    free(dt);
+    free(y);
+}
+END_TEST
+
+START_TEST(test_cuda_attention)
+{
+    int64_t B = 2, T = 70, C = 48, NH = 3, nq = B * T * 3 * C, ny = B * T * C;
+    float *qkv, *dy, *dq, *y = malloc(sizeof(float) * (size_t)ny), lse[2 * 3 * 70];
+    float *dqkv_ = rand_dev(nq, &qkv), *ddy = rand_dev(ny, &dy), *ddq = rand_dev(nq, &dq);
+    float *dyy = NULL, *dl = NULL;
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dyy, sizeof(float) * (size_t)ny), MGE_OK);
+    ck_assert_int_eq(mge_cuda_malloc((void **)&dl, sizeof(lse)), MGE_OK);
+    mge_cpu_attention_forward(y, lse, qkv, B, T, C, NH);
+    ck_assert_int_eq(mge_cuda_attention_forward(dyy, dl, dqkv_, B, T, C, NH), MGE_OK);
+    expect_dev("attention", dyy, y, ny, 1e-5);
+    expect_dev("attention lse", dl, lse, B * NH * T, 1e-5);
+    ck_assert_int_eq(mge_cuda_to_device(dyy, y, sizeof(float) * (size_t)ny), MGE_OK);
+    ck_assert_int_eq(mge_cuda_to_device(dl, lse, sizeof(lse)), MGE_OK);
+    mge_cpu_attention_backward(dq, dy, qkv, y, lse, B, T, C, NH, _i);
+    ck_assert_int_eq(mge_cuda_attention_backward(ddq, ddy, dqkv_, dyy, dl, B, T, C, NH, _i),
+                     MGE_OK);
+    expect_dev("attention backward", ddq, dq, nq, 1e-4); /* blockwise vs row sums */
+    mge_cuda_free(dqkv_);
+    mge_cuda_free(ddy);
+    mge_cuda_free(ddq);
+    mge_cuda_free(dyy);
+    mge_cuda_free(dl);
+    free(qkv);
+    free(dy);
+    free(dq);
+    free(y);
+}
+END_TEST
 
 struct optim_run {
     const struct mge_device *dev;
@@ -692,6 +1093,18 @@ int main(void)
         tcase_add_test(tc, test_cuda_sgd);
         tcase_add_test(tc, test_cuda_adam);
         tcase_add_test(tc, test_cuda_optim);
+        TCase *to = tcase_create("kernels, overwriting and accumulating");
+        tcase_add_loop_test(to, test_cuda_unary, 0, 2);
+        tcase_add_loop_test(to, test_cuda_bias_binary_sum_to, 0, 2);
+        tcase_add_loop_test(to, test_cuda_softmax_rows, 0, 2);
+        tcase_add_loop_test(to, test_cuda_xent_smooth, 0, 2);
+        tcase_add_loop_test(to, test_cuda_layout, 0, 2);
+        tcase_add_loop_test(to, test_cuda_pool, 0, 2);
+        tcase_add_loop_test(to, test_cuda_conv, 0, 2);
+        tcase_add_loop_test(to, test_cuda_norms, 0, 2);
+        tcase_add_loop_test(to, test_cuda_embedding_dropout, 0, 2);
+        tcase_add_loop_test(to, test_cuda_attention, 0, 2);
+        suite_add_tcase(s, to);
         suite_add_tcase(s, tc);
         TCase *tg = tcase_create("graphs");
         tcase_set_timeout(tg, 120);
