@@ -228,11 +228,6 @@ UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 TEST_SUPPORT := $(wildcard tests/unit/support/*.c)
 TEST_LIBS = $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON) $(shell pkg-config --libs check) \
             -lsqlite3 -lnng -lcurl
-$(BUILD)/tests/test_cuda: $(call obj,tests/unit/test_cuda.c) $(call obj,$(TEST_SUPPORT)) \
-    $(ENGINE_LIBS)
-	@mkdir -p $(dir $@)
-	@echo "  LD      $@"
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS)
 # tests of the coordinator's modules (store, scheduler) link them from one library, without main.c
 LIB_COORD := $(BUILD)/lib/libmgecoord.a
 $(LIB_COORD): $(call obj,$(filter-out coordinator/main.c,$(COORD_SRC)))
