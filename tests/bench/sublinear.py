@@ -97,17 +97,10 @@ def main():
                 spec, mode, d["activation_bytes"] / 2**20, d["lower_bound_bytes"] / 2**20,
                 d["activation_bytes"] / d["lower_bound_bytes"]))
     bench = os.path.join(BUILD, "bench", "bench_planner")
-    os.makedirs(os.path.dirname(bench), exist_ok=True)
-    # a build with nvcc has the cuda device in libmge.a: its kernels and libraries come along
-    cuda = os.path.join(BUILD, "lib", "libmgecuda.a")
-    cuda_libs = [cuda, "-L/usr/local/cuda/lib64", "-Wl,-rpath,/usr/local/cuda/lib64", "-lcudnn",
-                 "-lcudart", "-ldl", "-lstdc++"] if os.path.exists(cuda) else []
-    subprocess.run(["cc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-fopenmp", "-I", ROOT,
-                    os.path.join(HERE, "bench_planner.c"), "-o", bench,
-                    os.path.join(BUILD, "lib", "libmge.a")] + cuda_libs[:1] +
-                   [os.path.join(BUILD, "lib", "libmgekernels.a"),
-                    os.path.join(BUILD, "lib", "libmgecommon.a"), "-ldnnl", "-lopenblas", "-lm"] +
-                   cuda_libs[1:], check=True)
+    # the Makefile links it as it links everything else (`make bench` builds it first)
+    subprocess.run(["make", "--no-print-directory", "-C", ROOT, "BUILD=" + os.path.abspath(BUILD),
+                    os.path.join(os.path.abspath(BUILD), "bench", "bench_planner")], check=True)
+    bench = os.path.join(os.path.abspath(BUILD), "bench", "bench_planner")
     sys.stdout.flush()
     subprocess.run([bench], check=True)
     return 0
