@@ -54,6 +54,23 @@ struct mge_device {
                         float beta1, float beta2, float eps, float wd, int adamw, int64_t t);
     double (*l2_norm)(const float *g, int64_t n);
     void (*scale)(float *out, const float *inp, float s, int64_t n);
+    /*
+     * Input staging (mge_graph_stage), for devices that are not host-visible: the input arena
+     * has two slots that take turns, and each slot a host staging buffer.
+     * host_alloc/host_free: memory for the staging buffers (pinned on cuda; NULL: aligned
+     * host memory). stage_copy: host -> device into slot @slot's memory; on cuda queued on a
+     * copy stream behind the kernels that last read @slot (stage_release), so it overlaps
+     * the kernels in flight, and @src must stay untouched until stage_wait(@slot) returns.
+     * stage_ready: kernels issued from now on see @slot's copies. stage_release: every kernel
+     * that reads @slot has been issued. stage_wait: the host waits for @slot's copies.
+     * cpu and sim copy synchronously (stage_copy) and leave the other hooks NULL.
+     */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
+    void (*stage_copy)(int slot, void *dst, const void *src, size_t n);
+    void (*stage_ready)(int slot);
+    void (*stage_release)(int slot);
+    void (*stage_wait)(int slot);
 };
 
 extern const struct mge_device mge_device_cpu;
@@ -76,6 +93,20 @@ const struct mge_device *mge_device_cuda(void);
  */
 int mge_graph_set_device(struct mge_graph *g, const struct mge_device *dev);
 const struct mge_device *mge_graph_device(const struct mge_graph *g);
+
+/*
+ * Pinned, double-buffered input staging (devices that are not host-visible; elsewhere it does
+ * nothing and returns MGE_OK): copy the inputs bound now, at the current batch size, into the
+ * input slot the running batch does not use, through the device's staging hooks (on cuda: a
+ * pinned buffer, then an asynchronous copy on a copy stream that overlaps the kernels still
+ * running). The next mge_graph_run() computes on that slot and copies nothing; the bound host
+ * memory may be reused as soon as this returns. A bind or a new batch size afterwards drops
+ * the staged copy (the run then stages what is bound, synchronously: every run goes through
+ * this path). MGE_STATE before mge_graph_alloc() or with an input unbound.
+ */
+int mge_graph_stage(struct mge_graph *g);
+/* 1 if mge_graph_stage() left inputs for the next run to consume. */
+int mge_graph_is_staged(const struct mge_graph *g);
 
 /*
  * Copy @bytes between value @v's device memory (from its first byte) and host memory @host.

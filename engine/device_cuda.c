@@ -67,6 +67,34 @@ static void cuda_kernel(void (*fn)(void *ctx), void *ctx)
     fn(ctx);
 }
 
+/* Input staging: pinned buffers, and copies on a copy stream ordered by events
+ * (kernels/cuda/cuda_stage.cu); failures are logged there and stick, as the copies' do. */
+static void *cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    return mge_cuda_host_alloc(&p, bytes) == MGE_OK ? p : NULL;
+}
+
+static void cuda_stage_copy(int slot, void *dst, const void *src, size_t n)
+{
+    mge_cuda_stage_copy(slot, dst, src, n);
+}
+
+static void cuda_stage_ready(int slot)
+{
+    mge_cuda_stage_ready(slot);
+}
+
+static void cuda_stage_release(int slot)
+{
+    mge_cuda_stage_release(slot);
+}
+
+static void cuda_stage_wait(int slot)
+{
+    mge_cuda_stage_wait(slot);
+}
+
 static int cuda_probe(char *err, size_t errlen)
 {
     return mge_cuda_open(err, errlen);
@@ -446,6 +474,12 @@ static const struct mge_device cuda_device = {
     .adam_update = cuda_adam_update,
     .l2_norm = cuda_l2_norm,
     .scale = cuda_scale,
+    .host_alloc = cuda_host_alloc,
+    .host_free = mge_cuda_host_free,
+    .stage_copy = cuda_stage_copy,
+    .stage_ready = cuda_stage_ready,
+    .stage_release = cuda_stage_release,
+    .stage_wait = cuda_stage_wait,
 };
 
 const struct mge_device *mge_device_cuda(void)

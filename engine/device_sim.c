@@ -120,6 +120,13 @@ static void sim_memset(void *dst, int c, size_t n)
 
 static void sim_sync(void) {}
 
+/* Input staging: a synchronous copy, so that sim runs the staging path bit-identically. */
+static void sim_stage_copy(int slot, void *dst, const void *src, size_t n)
+{
+    (void)slot;
+    sim_copy(dst, src, n);
+}
+
 static void sim_kernel(void (*fn)(void *ctx), void *ctx)
 {
     window_open();
@@ -164,4 +171,5 @@ const struct mge_device mge_device_sim = {
     .adam_update = mge_cpu_adam_update,
     .l2_norm = mge_cpu_l2_norm,
     .scale = mge_cpu_scale,
+    .stage_copy = sim_stage_copy,
 };

@@ -140,7 +140,12 @@ struct mge_graph {
     int bf16;                    /* GEMMs and convs take bf16-rounded inputs (train.precision) */
     const struct mge_device *dev; /* where the arenas live (engine/device.h); NULL: cpu */
     unsigned char *input_arena;   /* inputs' device copies, when dev is not host-visible */
-    size_t input_bytes;           /* its planned size (every input at the planned batch) */
+    size_t input_bytes;           /* one slot's planned size (every input at the planned batch) */
+    /* input staging: the arena holds two slots of input_bytes (exec.c, mge_graph_stage) */
+    unsigned char *stage_host[2]; /* per slot: host staging buffer (pinned on cuda), or NULL */
+    int slot;                     /* the slot the input values point at (the last run's) */
+    int staged;                   /* slot ^ 1 holds the next run's inputs */
+    int64_t staged_batch;         /* the batch size they were staged at */
     struct mge__eager *eager;    /* eager mode's state (eager.c), or NULL: the static plan */
     struct mge__quant *quant;    /* mge_graph_set_quant() state, or NULL (quant.c) */
 };

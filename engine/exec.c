@@ -16,8 +16,10 @@ int mge_graph_bind(struct mge_graph *g, int v, void *data)
     if (v < 0 || v >= g->n_values || g->values[v].kind != MGE_VALUE_INPUT)
         return MGE_ERR(MGE_INVAL, "bind: value %d is not an input", v);
     g->values[v].host = data;
-    if (g->input_arena) /* off the host: runs copy @data into the input's slot */
+    if (g->input_arena) { /* off the host: runs copy @data into the input's slot */
+        g->staged = 0;
         return MGE_OK;
+    }
     g->values[v].data = data;
     for (int a = 0; a < g->n_values; a++)
         if (g->values[a].alias >= 0 && mge__value_root(g, a) == v)
@@ -34,22 +36,79 @@ int mge_graph_set_batch(struct mge_graph *g, int64_t n)
     return MGE_OK;
 }
 
-/*
- * Off the host, the bound inputs' rows of this run go host -> device into their slots; the
- * loader's prefetch buffers are the host side's double buffer. NEEDSWORK: a CUDA device wants
- * pinned staging and two device slots, the copy of batch k+1 on a copy stream during batch k.
- */
-static void stage_inputs(struct mge_graph *g)
+/* Point the inputs (and their aliases) at input slot @slot of the input arena. */
+static void point_inputs(struct mge_graph *g, int slot)
 {
+    unsigned char *base = g->input_arena + (size_t)slot * g->input_bytes;
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].kind == MGE_VALUE_INPUT && g->values[v].alias < 0)
+            g->values[v].data = base + g->values[v].offset;
+    for (int a = 0; a < g->n_values; a++)
+        if (g->values[a].alias >= 0 && g->values[mge__value_root(g, a)].kind == MGE_VALUE_INPUT)
+            g->values[a].data = g->values[mge__value_root(g, a)].data;
+    g->slot = slot;
+}
+
+/*
+ * Off the host, the bound inputs' rows go host -> device into the slot the last run did not
+ * use: first into that slot's host staging buffer (pinned on cuda), so the caller's memory is
+ * free at once, then by the device's stage_copy (asynchronous on cuda, behind the kernels that
+ * last read the slot). The loader's prefetch ring is the host side's own double buffer.
+ */
+int mge_graph_stage(struct mge_graph *g)
+{
+    const struct mge_device *dev = mge__graph_dev(g);
+    if (!g->allocated)
+        return MGE_ERR(MGE_STATE, "graph not allocated");
     if (!g->input_arena)
-        return;
+        return MGE_OK;
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].kind == MGE_VALUE_INPUT && !g->values[v].host)
+            return MGE_ERR(MGE_STATE, "input '%s' not bound", g->values[v].name);
+    int s = g->slot ^ 1;
+    size_t bytes = g->input_bytes ? g->input_bytes : 64;
+    if (!g->stage_host[s])
+        g->stage_host[s] = dev->host_alloc ? dev->host_alloc(bytes) : mge_malloc_aligned(bytes);
+    if (!g->stage_host[s])
+        return MGE_ERR(MGE_NOMEM, "cannot allocate a %zu-byte input staging buffer", bytes);
+    if (dev->stage_wait) /* the slot's last copy has left its staging buffer */
+        dev->stage_wait(s);
+    unsigned char *slot = g->input_arena + (size_t)s * g->input_bytes;
     for (int v = 0; v < g->n_values; v++) {
         struct mge_value *val = &g->values[v];
-        if (val->kind == MGE_VALUE_INPUT && val->alias < 0)
-            g->dev->h2d(val->data, val->host,
-                        mge_dtype_size(val->dtype) * (size_t)mge__value_numel_now(g, v));
+        if (val->kind != MGE_VALUE_INPUT || val->alias >= 0)
+            continue;
+        size_t n = mge_dtype_size(val->dtype) * (size_t)mge__value_numel_now(g, v);
+        memcpy(g->stage_host[s] + val->offset, val->host, n);
+        dev->stage_copy(s, slot + val->offset, g->stage_host[s] + val->offset, n);
     }
+    g->staged = 1;
+    g->staged_batch = g->batch;
+    return MGE_OK;
 }
+
+int mge_graph_is_staged(const struct mge_graph *g)
+{
+    return g->input_arena && g->staged && g->staged_batch == g->batch;
+}
+
+/* Before a run off the host: its inputs (staged now unless mge_graph_stage() did it already)
+ * become the slot the values point at, and the device's kernels wait for their copies. */
+static int take_inputs(struct mge_graph *g)
+{
+    int rc;
+    if (!g->input_arena)
+        return MGE_OK;
+    if (!mge_graph_is_staged(g) && (rc = mge_graph_stage(g)) != MGE_OK)
+        return rc;
+    g->staged = 0;
+    point_inputs(g, g->slot ^ 1);
+    if (mge__graph_dev(g)->stage_ready)
+        mge__graph_dev(g)->stage_ready(g->slot);
+    return MGE_OK;
+}
+
+static int run_nodes(struct mge_graph *g, int train);
 
 int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
 {
@@ -63,9 +122,21 @@ int mge_graph_run(struct mge_graph *g, enum mge_run mode, int64_t step)
             return MGE_ERR(MGE_STATE, "input '%s' not bound", g->values[v].name);
     g->training = mode != MGE_RUN_INFER;
     g->step = step;
+    int rc = take_inputs(g);
+    if (rc != MGE_OK)
+        return rc;
+    rc = run_nodes(g, train);
+    /* every kernel that reads this slot is issued: the next copy into it may follow them */
+    if (g->input_arena && mge__graph_dev(g)->stage_release)
+        mge__graph_dev(g)->stage_release(g->slot);
+    return rc;
+}
+
+/* Issue the nodes of one run in order, with the profiling, eager and gradient-ready hooks. */
+static int run_nodes(struct mge_graph *g, int train)
+{
     int end = train ? g->n_nodes : g->n_forward;
     const struct mge_ops_table *ops = mge__graph_dev(g)->ops;
-    stage_inputs(g);
     size_t reported = 0;
     for (int ni = 0; ni < end; ni++) {
         const struct mge_node *n = &g->nodes[ni];

@@ -839,13 +839,22 @@ void mge__graph_free_arenas(struct mge_graph *g)
     dev->free(g->param_arena, g->param_bytes);
     dev->free(g->grad_arena, g->grad_bytes);
     dev->free(g->act_arena, g->act_bytes);
-    dev->free(g->input_arena, g->input_bytes);
+    dev->free(g->input_arena, 2 * g->input_bytes);
+    for (int s = 0; s < 2; s++) {
+        if (dev->host_free)
+            dev->host_free(g->stage_host[s]);
+        else
+            mge_free_aligned(g->stage_host[s]);
+        g->stage_host[s] = NULL;
+    }
     g->param_arena = g->grad_arena = NULL;
     g->act_arena = g->input_arena = NULL;
+    g->slot = g->staged = 0;
 }
 
-/* Off the host (a device that is not host-visible): every input gets a slot of its planned
- * size in one input arena, which each run fills from the bound host memory. */
+/* Off the host (a device that is not host-visible): every input gets a place of its planned
+ * size in an input slot; the input arena holds two slots, which runs fill in turn from the
+ * bound host memory (exec.c, mge_graph_stage). */
 static size_t plan_inputs(struct mge_graph *g)
 {
     size_t off = 0;
@@ -869,7 +878,7 @@ int mge_graph_alloc(struct mge_graph *g)
     g->grad_arena = dev->alloc(g->grad_bytes ? g->grad_bytes : 64);
     g->act_arena = dev->alloc(g->act_bytes ? g->act_bytes : 64);
     if (!dev->host_visible)
-        g->input_arena = dev->alloc(g->input_bytes ? g->input_bytes : 64);
+        g->input_arena = dev->alloc(g->input_bytes ? 2 * g->input_bytes : 64);
     if (!g->param_arena || !g->grad_arena || !g->act_arena ||
         (!dev->host_visible && !g->input_arena)) {
         mge__graph_free_arenas(g);

@@ -98,6 +98,8 @@ int mge__graph_clone(const struct mge_graph *g, struct mge_graph **out)
     c->grads = g->grads ? mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1)) : NULL;
     c->param_arena = c->grad_arena = NULL;
     c->act_arena = c->input_arena = NULL;
+    c->stage_host[0] = c->stage_host[1] = NULL;
+    c->slot = c->staged = 0;
     c->profile = NULL;
     c->quant = NULL; /* the original owns it */
     c->grad_ready = NULL;

@@ -280,6 +280,9 @@ struct trainer {
     int32_t *tok_x, *tok_y;          /* (batch, context) this step's ids and next tokens */
     int64_t *tok_starts;             /* (batch) window starts */
     struct mge_batch tok_batch;      /* what the loop reads in place of a loader's batch */
+    /* input staging off the host: the next step's batch, taken from the loader and staged
+     * (mge_graph_stage) while this step's kernels run; NULL when none */
+    struct mge_batch *ahead;
 };
 
 #define TRACE_STEPS 200
@@ -1356,6 +1359,24 @@ static int eager_check_update(struct trainer *t)
     return mge_graph_eager_check_params(t->g, t->step, what);
 }
 
+/*
+ * Off the host, on the single-process path: take the next step's batch now and stage it
+ * (mge_graph_stage: pinned buffer, copy stream), so that its host -> device copy overlaps the
+ * kernels of this step still in flight. The next step then trains on it without binding.
+ * Data parallel and deterministic steps, and gpt's token windows, stage in their run instead.
+ */
+static int stage_ahead(struct trainer *t)
+{
+    int rc;
+    if (t->dev->host_visible || t->gpt || t->step + 1 >= t->total_steps)
+        return MGE_OK;
+    if ((rc = mge_loader_next(&t->loader, &t->ahead)) != MGE_OK)
+        return rc;
+    bind_batch(t, t->ahead);
+    mge_graph_set_batch(t->g, t->ahead->n);
+    return mge_graph_stage(t->g);
+}
+
 static int train_loop(struct trainer *t)
 {
     const struct mge_jobspec *spec = t->spec;
@@ -1390,13 +1411,18 @@ static int train_loop(struct trainer *t)
         return MGE_NOMEM;
 
     while (t->step < t->total_steps) {
-        struct mge_batch *b;
+        struct mge_batch *b, cur;
         struct dist_stats ds = {0, 0, 0, 0, 0};
         double t0 = now_sec(), c0 = thread_cpu_sec();
-        if (t->gpt)
+        if (t->ahead)
+            b = t->ahead;
+        else if (t->gpt)
             b = tokens_next(t);
         else if ((rc = mge_loader_next(&t->loader, &b)) != MGE_OK)
             goto out_free;
+        t->ahead = NULL;
+        cur = *b; /* the loader may reuse its slot once the next batch is taken early */
+        b = &cur;
         t->tracing = t->step < t->trace_until;
         if (par) {
             rc = t->det ? det_step(t, b, &t->last_loss, &ds) : dist_step(t, b, &t->last_loss, &ds);
@@ -1408,8 +1434,10 @@ static int train_loop(struct trainer *t)
             comm_sum += ds.comm;
             hidden_sum += ds.hidden;
         } else {
-            bind_batch(t, b);
-            mge_graph_set_batch(t->g, b->n);
+            if (!mge_graph_is_staged(t->g)) {
+                bind_batch(t, b);
+                mge_graph_set_batch(t->g, b->n);
+            }
             if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
                 goto out_free;
             double o0 = now_sec();
@@ -1417,6 +1445,8 @@ static int train_loop(struct trainer *t)
             if (t->tracing)
                 mge_trace_event(&t->trace, TRACK_COMPUTE, "optimizer", "optimizer", o0,
                                 now_sec(), NULL);
+            if ((rc = stage_ahead(t)) != MGE_OK)
+                goto out_free;
             t->last_loss = loss_now(t);
         }
         if (mge_graph_is_eager(t->g) && (rc = eager_check_update(t)) != MGE_OK)

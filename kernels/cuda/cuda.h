@@ -36,6 +36,22 @@ int mge_cuda_copy(void *dst, const void *src, size_t bytes); /* device -> device
 int mge_cuda_memset(void *dst, int c, size_t bytes);
 int mge_cuda_sync(void);
 
+/*
+ * ---- input staging (cuda_stage.cu): pinned host buffers, a copy stream, two slots ----
+ * A slot's copies run on a copy stream of their own (non-blocking, so they overlap the
+ * kernels on the default stream). Each slot has three events: "released" (recorded on the
+ * default stream after the last kernel that reads the slot: the next copy into it waits for
+ * it), "copied" (recorded on the copy stream after the slot's copies: the kernels wait for it,
+ * and so does the host before it rewrites the slot's pinned buffer). @slot is 0 or 1.
+ */
+int mge_cuda_host_alloc(void **p, size_t bytes); /* cudaHostAlloc (pinned) */
+void mge_cuda_host_free(void *p);
+/* cudaMemcpyAsync of @bytes from pinned @src on the copy stream, after @slot was released. */
+int mge_cuda_stage_copy(int slot, void *dst, const void *src, size_t bytes);
+int mge_cuda_stage_ready(int slot);   /* the default stream waits for @slot's copies */
+int mge_cuda_stage_release(int slot); /* record "released" on the default stream */
+int mge_cuda_stage_wait(int slot);    /* the host waits for @slot's copies */
+
 /* ---- GEMM (cuBLAS, fp32 arithmetic: no TF32) ---- */
 /* C = alpha op(A) op(B) + beta C, row-major, as mge_cpu_sgemm (cuBLAS underneath). */
 int mge_cuda_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,

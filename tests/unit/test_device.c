@@ -211,6 +211,116 @@ START_TEST(test_graph_bit_identical)
 }
 END_TEST
 
+struct sgd_ctx {
+    const struct mge_device *d;
+    float *p, *g;
+    int64_t n;
+};
+
+static void sgd_run(void *ctx)
+{
+    struct sgd_ctx *u = ctx;
+    u->d->sgd_update(u->p, u->g, NULL, u->n, 0.1f, 0.0f, 0.0f, 0);
+}
+
+/* Plain SGD (lr 0.1) over @n's parameters, as a kernel of its device. */
+static void net_sgd(struct net *n)
+{
+    struct sgd_ctx u = {mge_graph_device(n->g), NULL, NULL, 0};
+    u.p = mge_graph_params(n->g, &u.n);
+    u.g = mge_graph_grads(n->g, NULL);
+    u.d->kernel(sgd_run, &u);
+}
+
+/* Rows of batch @k: deterministic, different for every k. */
+static void batch_fill(int k, float *x, int32_t *y)
+{
+    for (int i = 0; i < B * IN; i++)
+        x[i] = (float)((i * 37 + k * 13) % 11) / 11.0f - 0.4f;
+    for (int i = 0; i < B; i++)
+        y[i] = (i + k) % OUT;
+}
+
+/*
+ * Staging: mge_graph_stage() copies the bound rows at once (the host buffers may change
+ * afterwards), the next run computes on the staged slot, slots alternate, and a bind or a new
+ * batch size drops a staged copy. Ten steps staged one ahead on sim leave the same parameter
+ * bits as ten plain steps on cpu.
+ */
+START_TEST(test_stage_double_buffer)
+{
+    struct net c, s;
+    float xc[B * IN], xs[B * IN], junk[B * IN];
+    int32_t yc[B], ys[B];
+    net_build(&c, &mge_device_cpu);
+    net_build(&s, &mge_device_sim);
+    ck_assert_int_eq(mge_graph_stage(s.g), MGE_STATE); /* nothing bound yet */
+    /* on a host-visible device staging does nothing */
+    batch_fill(0, xc, yc);
+    mge_graph_bind(c.g, c.x, xc);
+    mge_graph_bind(c.g, c.y, yc);
+    ck_assert_int_eq(mge_graph_stage(c.g), MGE_OK);
+    ck_assert(!mge_graph_is_staged(c.g));
+
+    const void *slot[10];
+    for (int k = 0; k < 10; k++) {
+        int64_t rows = k % 3 == 2 ? 5 : B; /* short batches too */
+        float lc, ls;
+        batch_fill(k, xc, yc);
+        mge_graph_bind(c.g, c.x, xc);
+        mge_graph_bind(c.g, c.y, yc);
+        mge_graph_set_batch(c.g, rows);
+        ck_assert_int_eq(mge_graph_run(c.g, MGE_RUN_TRAIN, k), MGE_OK);
+        net_sgd(&c);
+        if (k == 0) { /* sim's first batch staged by the run itself */
+            batch_fill(k, xs, ys);
+            mge_graph_bind(s.g, s.x, xs);
+            mge_graph_bind(s.g, s.y, ys);
+            mge_graph_set_batch(s.g, rows);
+            ck_assert(!mge_graph_is_staged(s.g));
+        }
+        ck_assert_int_eq(mge_graph_run(s.g, MGE_RUN_TRAIN, k), MGE_OK);
+        ck_assert(!mge_graph_is_staged(s.g));
+        slot[k] = mge_value_data(s.g, s.x);
+        net_sgd(&s);
+        if (k + 1 < 10) { /* the next batch, staged while "this step" ends */
+            batch_fill(k + 1, xs, ys);
+            mge_graph_bind(s.g, s.x, xs);
+            mge_graph_bind(s.g, s.y, ys);
+            mge_graph_set_batch(s.g, (k + 1) % 3 == 2 ? 5 : B);
+            ck_assert_int_eq(mge_graph_stage(s.g), MGE_OK);
+            ck_assert(mge_graph_is_staged(s.g));
+            /* the rows went at stage time: the host buffer is free again */
+            for (int i = 0; i < B * IN; i++)
+                xs[i] = 1e6f;
+        }
+        mge_value_read(c.g, c.loss, &lc, sizeof(lc));
+        mge_value_read(s.g, s.loss, &ls, sizeof(ls));
+        ck_assert_mem_eq(&lc, &ls, sizeof(lc));
+    }
+    for (int k = 2; k < 10; k++) /* two slots, in turn */
+        ck_assert_ptr_eq(slot[k], slot[k - 2]);
+    ck_assert_ptr_ne(slot[0], slot[1]);
+    int64_t np;
+    float *pc = mge_graph_params(c.g, &np), hp[256];
+    mge_device_sim.d2h(hp, mge_graph_params(s.g, NULL), sizeof(float) * (size_t)np);
+    ck_assert_mem_eq(hp, pc, sizeof(float) * (size_t)np);
+
+    /* a bind or another batch size after staging drops the staged copy */
+    batch_fill(3, xs, ys);
+    ck_assert_int_eq(mge_graph_stage(s.g), MGE_OK);
+    ck_assert(mge_graph_is_staged(s.g));
+    mge_graph_bind(s.g, s.x, junk);
+    ck_assert(!mge_graph_is_staged(s.g));
+    mge_graph_bind(s.g, s.x, xs);
+    ck_assert_int_eq(mge_graph_stage(s.g), MGE_OK);
+    mge_graph_set_batch(s.g, 3);
+    ck_assert(!mge_graph_is_staged(s.g));
+    mge_graph_free(c.g);
+    mge_graph_free(s.g);
+}
+END_TEST
+
 static Suite *device_suite(void)
 {
     Suite *s = suite_create("device");
@@ -219,6 +329,7 @@ static Suite *device_suite(void)
     tcase_add_test(tc, test_sim_copies);
     tcase_add_test(tc, test_sim_host_access_faults);
     tcase_add_test(tc, test_graph_bit_identical);
+    tcase_add_test(tc, test_stage_double_buffer);
     suite_add_tcase(s, tc);
     return s;
 }
