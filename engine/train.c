@@ -257,6 +257,8 @@ struct trainer {
     struct mge_comm *comm;
     struct mge_comm_packs *packs;
     int rank, world, dist;
+    int cdev;        /* collectives take device memory (nccl over the cuda device's arenas) */
+    double *scratch; /* cdev: (4) device memory for the host scalars collectives carry */
     /* deterministic mode (distributed.deterministic): micro-shards summed exactly */
     int det;       /* 1 in deterministic mode, on any backend (local included) */
     int det_first; /* this rank's micro-shards [det_first, det_end) of micro_shards */
@@ -957,7 +959,7 @@ static int trace_open(struct trainer *t)
 /* Broadcast @bytes of device memory @p from rank 0 (through a host copy off the host). */
 static int dev_broadcast(struct trainer *t, void *p, size_t bytes)
 {
-    if (t->dev->host_visible)
+    if (t->dev->host_visible || t->cdev) /* NCCL reads and writes the arenas themselves */
         return mge_comm_broadcast(t->comm, p, bytes, 0);
     void *h = mge_malloc_aligned(bytes ? bytes : 64);
     if (!h)
@@ -967,6 +969,21 @@ static int dev_broadcast(struct trainer *t, void *p, size_t bytes)
     if (rc == MGE_OK)
         t->dev->h2d(p, h, bytes);
     mge_free_aligned(h);
+    return rc;
+}
+
+/*
+ * Broadcast @bytes (at most 32) of host memory @h from rank 0: directly, or with collectives on
+ * device memory (cdev) through the device scratch buffer, by explicit copies.
+ */
+static int host_broadcast(struct trainer *t, void *h, size_t bytes)
+{
+    if (!t->cdev)
+        return mge_comm_broadcast(t->comm, h, bytes, 0);
+    t->dev->h2d(t->scratch, h, bytes);
+    int rc = mge_comm_broadcast(t->comm, t->scratch, bytes, 0);
+    if (rc == MGE_OK)
+        t->dev->d2h(h, t->scratch, bytes);
     return rc;
 }
 
@@ -983,9 +1000,9 @@ static int dist_sync_state(struct trainer *t)
         rc = dev_broadcast(t, mge_optim_state(&t->optim, i, &sname),
                            sizeof(float) * (size_t)t->optim.n);
     if (rc == MGE_OK)
-        rc = mge_comm_broadcast(t->comm, meta, sizeof(meta), 0);
+        rc = host_broadcast(t, meta, sizeof(meta));
     if (rc == MGE_OK)
-        rc = mge_comm_broadcast(t->comm, metad, sizeof(metad), 0);
+        rc = host_broadcast(t, metad, sizeof(metad));
     if (rc != MGE_OK)
         return rc;
     t->step = meta[0];
@@ -1159,13 +1176,19 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, double *loss,
         if ((rc = mge_graph_run(t->g, MGE_RUN_TRAIN, t->step)) != MGE_OK)
             return rc;
     } else { /* no rows for this rank in a short batch: it adds zeros, but it must take part */
-        memset(cgrads, 0, sizeof(float) * (size_t)n_grads);
+        if (t->cdev)
+            t->dev->memset(cgrads, 0, sizeof(float) * (size_t)n_grads);
+        else
+            memset(cgrads, 0, sizeof(float) * (size_t)n_grads);
         mge_comm_packs_ready(t->packs, sizeof(float) * (size_t)n_grads);
     }
     t_bwd = now_sec();
     st->compute = t_bwd - t0;
     lsum[0] = b->n > 0 ? (double)loss_now(t) * (double)b->n : 0.0;
-    if ((rc = mge_comm_allreduce_start(t->comm, lsum, 1, MGE_COMM_F64, &lticket)) != MGE_OK)
+    if (t->cdev) /* the loss's sum goes by NCCL too: in device memory, behind the packs */
+        t->dev->h2d(t->scratch, lsum, sizeof(lsum));
+    if ((rc = mge_comm_allreduce_start(t->comm, t->cdev ? (void *)t->scratch : (void *)lsum, 1,
+                                       MGE_COMM_F64, &lticket)) != MGE_OK)
         return rc;
     mge_optim_step_begin(&t->optim);
     /* clipping needs the global norm of the whole sum: update only once every pack is in */
@@ -1209,6 +1232,8 @@ static int dist_step(struct trainer *t, const struct mge_batch *b, double *loss,
     double c0 = thread_cpu_sec();
     if ((rc = mge_comm_wait(t->comm, lticket, &lt)) != MGE_OK)
         return rc;
+    if (t->cdev)
+        t->dev->d2h(lsum, t->scratch, sizeof(lsum));
     st->wait += now_sec() - w0;
     st->wait_cpu += thread_cpu_sec() - c0;
     st->comm += lt.end - lt.start;
@@ -1614,6 +1639,8 @@ out_free:
 static void trainer_fini(struct trainer *t)
 {
     mge_free_aligned(t->grads_host);
+    if (t->scratch)
+        t->dev->free(t->scratch, 4 * sizeof(double));
     mge_free(t->det_acc);
     mge_free_aligned(t->det_x);
     mge_free(t->det_y);
@@ -1702,17 +1729,16 @@ int mge_train_main(const struct mge_train_opts *o)
             prctl(PR_SET_PDEATHSIG, SIGKILL);
         enum mge_backend be = mge_comm_backend_resolve(t.spec->distributed.backend,
                                                        t.spec->resources.device, &t.env);
-        /* NEEDSWORK: NCCL over the cuda arenas (its stream waiting on the kernels, the state
-         * broadcasts in device memory); until then GPU ranks all-reduce host copies over MPI */
-        if (be == MGE_BACKEND_NCCL && t.dev == mge_device_cuda()) {
+        if (be == MGE_BACKEND_NCCL && t.spec->distributed.deterministic) {
             fprintf(stderr,
-                    "mge-train: %s: distributed.backend: nccl: the trainer does not drive NCCL "
-                    "over the cuda device yet; set distributed.backend: mpi (gradients are "
-                    "all-reduced through host copies)\n",
+                    "mge-train: %s: distributed.deterministic: its exact sums are host "
+                    "memory: set distributed.backend: mpi for deterministic mode on gpu\n",
                     o->spec_path);
             code = 2;
             goto out;
         }
+        /* NCCL all-reduces the cuda device's arenas (the job spec allows nccl on gpu only) */
+        t.env.gpu_current = be == MGE_BACKEND_NCCL;
         if ((rc = mge_comm_open(&t.comm, be, &t.env, err, sizeof(err))) != MGE_OK) {
             fprintf(stderr, "mge-train: %s: %s\n", o->spec_path, err);
             code = 2;
@@ -1721,6 +1747,7 @@ int mge_train_main(const struct mge_train_opts *o)
         t.rank = mge_comm_rank(t.comm);
         t.world = mge_comm_size(t.comm);
         t.dist = be != MGE_BACKEND_LOCAL;
+        t.cdev = mge_comm_on_device(t.comm);
         if (t.world > t.spec->train.batch_size) {
             fprintf(stderr, "mge-train: %s: %d ranks for a global batch of %d: every rank needs "
                     "at least one sample (train.batch_size >= ranks)\n", o->spec_path, t.world,
@@ -1829,9 +1856,15 @@ int mge_train_main(const struct mge_train_opts *o)
     mge_graph_init_params(t.g, t.spec->train.seed);
     if ((rc = mge_graph_error(t.g)) != MGE_OK)
         goto out;
-    if ((t.dist || t.det) && !t.dev->host_visible &&
+    /* off the host, MPI and the exact sums work on a host copy of the gradients; NCCL on the
+     * gradient arena itself, with a few device bytes for the loss and the position */
+    if ((t.dist || t.det) && !t.dev->host_visible && !t.cdev &&
         !(t.grads_host = mge_malloc_aligned(t.stats.grad_bytes ? t.stats.grad_bytes : 64))) {
         rc = MGE_ERR(MGE_NOMEM, "cannot allocate the gradients' host copy");
+        goto out;
+    }
+    if (t.cdev && !(t.scratch = t.dev->alloc(4 * sizeof(double)))) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate the collectives' device scratch");
         goto out;
     }
     if (o->out_dir)

@@ -22,6 +22,7 @@ else
     skip "test_cuda: not built (nvcc not found: CPU-only build)"
 fi
 run train_cuda sh tests/integration/train_cuda.sh "$BUILD"
+run train_nccl sh tests/integration/train_nccl.sh "$BUILD"
 if [ -x "$BUILD/tests/test_comm_nccl" ]; then
     run "test_comm_nccl (1 rank)" "$BUILD/tests/test_comm_nccl"
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')

@@ -125,6 +125,11 @@ int mge_comm_open(struct mge_comm **out, enum mge_backend b, const struct mge_co
     return MGE_INVAL;
 }
 
+int mge_comm_on_device(const struct mge_comm *c)
+{
+    return c->backend == MGE_BACKEND_NCCL;
+}
+
 int mge_comm_rank(const struct mge_comm *c)
 {
     return c->rank;

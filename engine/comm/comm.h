@@ -39,6 +39,9 @@ struct mge_comm_env {
     int launched;   /* 1 if mpirun/srun/a worker set the variables below */
     int rank, size; /* 0 and 1 when not launched */
     int local_rank; /* rank among the ranks of this host (GPU choice); 0 when not known */
+    /* nccl: 1 to run on the CUDA device this process already made current (the cuda
+     * device's, engine/device.h); 0: device local_rank % devices. Never set by the reader. */
+    int gpu_current;
 };
 
 /*
@@ -79,10 +82,15 @@ void mge_comm_close(struct mge_comm *c);
 
 /*
  * A rank failed: end the whole job now (MPI_Abort with @code: every rank exits, and mpirun
- * exits non-zero). Local: returns. Call it instead of mge_comm_close() on a failure path of
- * a multi-rank job, since peers would wait in their next collective forever.
+ * exits non-zero; nccl: ncclCommAbort first, which frees the communicator's GPU resources
+ * and ends its kernels, then the MPI abort or exit(@code)). Local: returns. Call it instead of
+ * mge_comm_close() on a failure path of a multi-rank job, since peers would wait in their next
+ * collective forever.
  */
 void mge_comm_abort(struct mge_comm *c, int code);
+
+/* 1 if collectives take device memory (nccl: buffers are CUDA device pointers), else 0. */
+int mge_comm_on_device(const struct mge_comm *c);
 
 int mge_comm_rank(const struct mge_comm *c);
 int mge_comm_size(const struct mge_comm *c);

@@ -8,12 +8,22 @@
  * One rank needs neither. Collectives run on one CUDA stream of our own, in issue order;
  * asynchronous all-reduces record CUDA events around themselves, and waiting for a ticket is
  * waiting for its end event, so the host never blocks on the stream while backward runs.
+ *
+ * Order with the compute kernels: the cuda device issues every kernel on the legacy default
+ * stream (engine/device_cuda.c), and a collective is issued from the host once the kernels
+ * that write its buffer have been issued (the gradient-ready hook fires after the node that
+ * finishes a pack). So each collective first records an event on the default stream and makes
+ * the communication stream wait for it: the all-reduce of a pack starts when the kernel that
+ * wrote its last gradient is done, and overlaps the rest of backward.
+ * Failure: waits poll their event and ncclCommGetAsyncError, so a dead peer fails the wait
+ * (MGE_COMM) rather than hanging; mge_comm_abort() then calls ncclCommAbort.
  */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -26,6 +36,7 @@ struct nccl_state {
     cudaStream_t stream;
     struct mge_comm *boot; /* MPI bootstrap communicator, or NULL */
     int *scratch;          /* device int: the barrier's all-reduce */
+    cudaEvent_t compute;   /* recorded on the default stream before each collective */
     cudaEvent_t base;      /* recorded at open; base_host is its host time */
     double base_host;
     cudaEvent_t ev_start[MGE__COMM_RING], ev_end[MGE__COMM_RING];
@@ -55,15 +66,50 @@ static ncclDataType_t nccl_type(enum mge_comm_dtype dt)
     return ncclUint8;
 }
 
+/*
+ * Wait for @ev (NULL: for all of the communication stream) without trusting the peers to be
+ * alive: poll it and NCCL's asynchronous error, so that a peer that died mid-collective fails
+ * the wait with MGE_COMM; the caller then ends the job (mge_comm_abort: ncclCommAbort ends
+ * the kernel stuck waiting for that peer).
+ */
+static int wait_done(struct nccl_state *s, cudaEvent_t ev, const char *what)
+{
+    struct timespec nap = {0, 20000};
+    for (;;) {
+        cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s->stream);
+        if (e == cudaSuccess)
+            return MGE_OK;
+        if (e != cudaErrorNotReady)
+            return cuda_fail(e, what);
+        ncclResult_t ar = ncclSuccess, r = ncclCommGetAsyncError(s->comm, &ar);
+        if (r != ncclSuccess)
+            return nccl_fail(r, "ncclCommGetAsyncError");
+        if (ar != ncclSuccess && ar != ncclInProgress)
+            return MGE_ERR(MGE_COMM, "%s: a peer failed: %s", what, ncclGetErrorString(ar));
+        nanosleep(&nap, NULL);
+    }
+}
+
 static int sync_stream(struct nccl_state *s)
 {
-    cudaError_t e = cudaStreamSynchronize(s->stream);
-    return e == cudaSuccess ? MGE_OK : cuda_fail(e, "cudaStreamSynchronize");
+    return wait_done(s, NULL, "cudaStreamQuery");
+}
+
+/* The communication stream waits for every kernel issued so far on the default stream. */
+static int after_compute(struct nccl_state *s)
+{
+    cudaError_t e = cudaEventRecord(s->compute, 0);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(s->stream, s->compute, 0);
+    return e == cudaSuccess ? MGE_OK : cuda_fail(e, "cudaStreamWaitEvent (after compute)");
 }
 
 static int nccl_allreduce(struct mge_comm *c, void *buf, size_t count, enum mge_comm_dtype dt)
 {
     struct nccl_state *s = c->impl;
+    int rc = after_compute(s);
+    if (rc != MGE_OK)
+        return rc;
     ncclResult_t r = ncclAllReduce(buf, buf, count, nccl_type(dt), ncclSum, s->comm, s->stream);
     return r == ncclSuccess ? sync_stream(s) : nccl_fail(r, "ncclAllReduce");
 }
@@ -71,6 +117,9 @@ static int nccl_allreduce(struct mge_comm *c, void *buf, size_t count, enum mge_
 static int nccl_broadcast(struct mge_comm *c, void *buf, size_t bytes, int root)
 {
     struct nccl_state *s = c->impl;
+    int rc = after_compute(s);
+    if (rc != MGE_OK)
+        return rc;
     ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, s->comm, s->stream);
     return r == ncclSuccess ? sync_stream(s) : nccl_fail(r, "ncclBroadcast");
 }
@@ -78,6 +127,9 @@ static int nccl_broadcast(struct mge_comm *c, void *buf, size_t bytes, int root)
 static int nccl_allgather(struct mge_comm *c, const void *send, size_t bytes, void *recv)
 {
     struct nccl_state *s = c->impl;
+    int rc = after_compute(s);
+    if (rc != MGE_OK)
+        return rc;
     ncclResult_t r = ncclAllGather(send, recv, bytes, ncclUint8, s->comm, s->stream);
     return r == ncclSuccess ? sync_stream(s) : nccl_fail(r, "ncclAllGather");
 }
@@ -95,6 +147,9 @@ static int nccl_allreduce_start(struct mge_comm *c, void *buf, size_t count, enu
 {
     struct nccl_state *s = c->impl;
     size_t k = ticket % MGE__COMM_RING;
+    int rc = after_compute(s);
+    if (rc != MGE_OK)
+        return rc;
     cudaError_t e = cudaEventRecord(s->ev_start[k], s->stream);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaEventRecord");
@@ -112,9 +167,9 @@ static int nccl_wait(struct mge_comm *c, uint64_t ticket, struct mge_comm_timing
     if (c->err && ticket >= c->err_at)
         return c->err;
     /* an event reused by a later ticket is also later on the stream: waiting on it is safe */
-    cudaError_t e = cudaEventSynchronize(s->ev_end[k]);
-    if (e != cudaSuccess) {
-        c->err = cuda_fail(e, "cudaEventSynchronize");
+    int rc = wait_done(s, s->ev_end[k], "all-reduce");
+    if (rc != MGE_OK) {
+        c->err = rc;
         c->err_at = ticket;
         return c->err;
     }
@@ -136,6 +191,8 @@ static void state_free(struct nccl_state *s)
     }
     if (s->base)
         cudaEventDestroy(s->base);
+    if (s->compute)
+        cudaEventDestroy(s->compute);
     if (s->scratch)
         cudaFree(s->scratch);
     if (s->stream)
@@ -198,7 +255,7 @@ static int id_from_env(ncclUniqueId *id)
 int mge__comm_nccl_open(struct mge_comm **out, const struct mge_comm_env *env, char *err,
                         size_t errlen)
 {
-    int ndev = 0, rank = env->rank, size = env->size, rc;
+    int ndev = 0, dev = 0, rank = env->rank, size = env->size, rc;
     ncclUniqueId id;
     ncclResult_t r;
     cudaError_t e;
@@ -236,12 +293,17 @@ int mge__comm_nccl_open(struct mge_comm **out, const struct mge_comm_env *env, c
         snprintf(err, errlen, "cannot hand the NCCL id from rank 0 to the others");
         goto err_free;
     }
-    if ((e = cudaSetDevice(env->local_rank % ndev)) != cudaSuccess ||
+    /* the trainer's cuda device made its GPU current already: the arenas live there */
+    if (env->gpu_current)
+        e = cudaGetDevice(&dev);
+    else
+        e = cudaSetDevice(dev = env->local_rank % ndev);
+    if (e != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaMalloc((void **)&s->scratch, sizeof(int))) != cudaSuccess ||
-        (e = cudaEventCreate(&s->base)) != cudaSuccess) {
-        snprintf(err, errlen, "CUDA setup on device %d failed: %s", env->local_rank % ndev,
-                 cudaGetErrorString(e));
+        (e = cudaEventCreate(&s->base)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&s->compute, cudaEventDisableTiming)) != cudaSuccess) {
+        snprintf(err, errlen, "CUDA setup on device %d failed: %s", dev, cudaGetErrorString(e));
         rc = MGE_DEVICE;
         goto err_free;
     }
