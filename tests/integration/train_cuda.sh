@@ -14,21 +14,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 N_GPU_CHECKS=7 # 2 models x (step losses, final loss, accuracy), the QAT refusal
 
 echo "-- a gpu job asks for the cuda device"
-CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0} "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" \
-    --device gpu --set resources.gpus=1 --set train.steps=1 --set train.checkpoint_every=0 \
-    --out "$T/probe" > "$T/probe.out" 2> "$T/probe.err"
-rc=$?
-if [ $rc -ne 0 ]; then
-    if [ $rc -eq 2 ] && grep -Eq "resources.device: gpu: (no usable CUDA device|this build has no CUDA) .*CUDA_VISIBLE_DEVICES=" "$T/probe.err"; then
-        ok "no GPU here: exit 2, '$(head -n 1 "$T/probe.err")'"
-    else
-        bad "a gpu job without a GPU: exit $rc, stderr: $(cat "$T/probe.err")"
-    fi
-    echo "train_cuda: $passes passed, $fails failed"
-    [ $fails -eq 0 ] || exit 1
-    echo "skip - train_cuda: $N_GPU_CHECKS GPU checks skipped (no usable CUDA device)"
-    exit 77
-fi
+gpu_or_skip train_cuda $N_GPU_CHECKS env CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0} \
+    "$BIN/mge-train" "$ROOT/examples/fmnist-mlp.yaml" --device gpu --set resources.gpus=1 \
+    --set train.steps=1 --set train.checkpoint_every=0 --out "$T/probe"
 ok "a gpu job runs here: $(json "$T/probe.out" device 2>/dev/null)"
 
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || {
@@ -45,18 +33,8 @@ pair() {
     done
     losses "$T/$name.cpu.out" > "$T/$name.cpu.loss"
     losses "$T/$name.gpu.out" > "$T/$name.gpu.loss"
-    if r=$(python3 - "$T/$name.cpu.loss" "$T/$name.gpu.loss" "$bound" <<'P'
-import sys
-a = [l.split() for l in open(sys.argv[1])]
-b = [l.split() for l in open(sys.argv[2])]
-bound = float(sys.argv[3])
-if not a or len(a) != len(b):
-    sys.exit("%d step losses on cpu, %d on gpu" % (len(a), len(b)))
-worst = max(abs(float(x[1]) - float(y[1])) / abs(float(x[1])) for x, y in zip(a, b))
-print("%d steps, largest relative difference %.2e (bound %g)" % (len(a), worst, bound))
-sys.exit(0 if worst <= bound else 1)
-P
-    ); then ok "$name: $r"; else bad "$name: step losses: $r"; fi
+    if r=$(rel_losses "$T/$name.cpu.loss" "$T/$name.gpu.loss" "$bound"); then ok "$name: $r"
+    else bad "$name: step losses: $r"; fi
     f1=$(json "$T/$name.cpu.out" final_loss); f2=$(json "$T/$name.gpu.out" final_loss)
     python3 -c 'import sys; a, b, k = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= k * abs(a) else 1)' \
         "$f1" "$f2" "$bound" && ok "$name: final loss $f1 on cpu, $f2 on cuda" \

@@ -24,21 +24,9 @@ for d in cpu sim; do
 done
 
 echo "-- a gpu job asks for the cuda device"
-CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0} "$BIN/mge-train" "$MLP" --device gpu \
-    --set resources.gpus=1 --set distributed.backend=nccl --set train.steps=1 \
-    --set train.checkpoint_every=0 --out "$T/probe" > "$T/probe.out" 2> "$T/probe.err"
-rc=$?
-if [ $rc -ne 0 ]; then
-    if [ $rc -eq 2 ] && grep -Eq "resources.device: gpu: (no usable CUDA device|this build has no CUDA)" "$T/probe.err"; then
-        ok "no GPU here: exit 2, '$(head -n 1 "$T/probe.err")'"
-    else
-        bad "an nccl job without a GPU: exit $rc, stderr: $(cat "$T/probe.err")"
-    fi
-    echo "train_nccl: $passes passed, $fails failed"
-    [ $fails -eq 0 ] || exit 1
-    echo "skip - train_nccl: $N_GPU_CHECKS GPU checks skipped (no usable CUDA device)"
-    exit 77
-fi
+gpu_or_skip train_nccl $N_GPU_CHECKS env CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0} \
+    "$BIN/mge-train" "$MLP" --device gpu --set resources.gpus=1 --set distributed.backend=nccl \
+    --set train.steps=1 --set train.checkpoint_every=0 --out "$T/probe"
 ok "an nccl job runs on one GPU"
 
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || {
@@ -49,18 +37,7 @@ ok "an nccl job runs on one GPU"
 # final losses
 agree() {
     losses "$2" > "$T/a.loss"; losses "$3" > "$T/b.loss"
-    if r=$(python3 - "$T/a.loss" "$T/b.loss" "$4" <<'P'
-import sys
-a = [l.split() for l in open(sys.argv[1])]
-b = [l.split() for l in open(sys.argv[2])]
-bound = float(sys.argv[3])
-if not a or len(a) != len(b):
-    sys.exit("%d step losses against %d" % (len(a), len(b)))
-worst = max(abs(float(x[1]) - float(y[1])) / abs(float(x[1])) for x, y in zip(a, b))
-print("%d steps, largest relative difference %.2e (bound %g)" % (len(a), worst, bound))
-sys.exit(0 if worst <= bound else 1)
-P
-    ); then ok "$1: $r"; else bad "$1: step losses: $r"; fi
+    if r=$(rel_losses "$T/a.loss" "$T/b.loss" "$4"); then ok "$1: $r"; else bad "$1: step losses: $r"; fi
     f1=$(json "$2" final_loss); f2=$(json "$3" final_loss)
     python3 -c 'import sys; a, b, k = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= k * abs(a) else 1)' \
         "$f1" "$f2" "$4" && ok "$1: final loss $f1 and $f2" || bad "$1: final loss $f1 and $f2"

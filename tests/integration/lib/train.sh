@@ -67,3 +67,37 @@ twin() {
         bad "$name: weights differ: $k"
     fi
 }
+
+# rel_losses A B BOUND: the per-step losses ("step loss" lines) of files A and B, as many in
+# each, agree within BOUND (relative); prints the count and the largest difference
+rel_losses() { python3 - "$1" "$2" "$3" <<'P'
+import sys
+a = [l.split() for l in open(sys.argv[1])]
+b = [l.split() for l in open(sys.argv[2])]
+bound = float(sys.argv[3])
+if not a or len(a) != len(b):
+    sys.exit("%d step losses against %d" % (len(a), len(b)))
+worst = max(abs(float(x[1]) - float(y[1])) / abs(float(x[1])) for x, y in zip(a, b))
+print("%d steps, largest relative difference %.2e (bound %g)" % (len(a), worst, bound))
+sys.exit(0 if worst <= bound else 1)
+P
+}
+
+# gpu_or_skip NAME N COMMAND...: run COMMAND, a gpu job, into $T/probe.out and .err; return if
+# it succeeded. Where it exits 2 saying there is no usable CUDA device (or no CUDA in the build)
+# and naming CUDA_VISIBLE_DEVICES, that is one check passed and the script ends with a "skip -"
+# line naming its N GPU checks (exit 77); any other failure ends it with exit 1.
+gpu_or_skip() {
+    name=$1; n=$2; shift 2
+    "$@" > "$T/probe.out" 2> "$T/probe.err"; rc=$?
+    [ $rc -eq 0 ] && return 0
+    if [ $rc -eq 2 ] && grep -Eq "resources.device: gpu: (no usable CUDA device|this build has no CUDA) .*CUDA_VISIBLE_DEVICES=" "$T/probe.err"; then
+        ok "no GPU here: exit 2, '$(head -n 1 "$T/probe.err")'"
+    else
+        bad "a gpu job without a GPU: exit $rc, stderr: $(cat "$T/probe.err")"
+    fi
+    echo "$name: $passes passed, $fails failed"
+    [ $fails -eq 0 ] || exit 1
+    echo "skip - $name: $n GPU checks skipped (no usable CUDA device)"
+    exit 77
+}
