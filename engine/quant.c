@@ -183,8 +183,9 @@ int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act
 
 /*
  * Scratch of an int8 convolution: the row and k-quad offset tables of its implicit GEMM, then per
- * thread one image's codes zero-padded by @pad (64 bytes of slack: the last k-quads read up to 3
- * bytes past a row), each part 64-byte aligned.
+ * thread one image's codes zero-padded by @pad (128 bytes of slack: the last k-quads read up to
+ * 3 bytes past a row, the pixel-lane convolution up to 50 past the last code), each part
+ * 64-byte aligned.
  */
 static size_t conv_shared_bytes(int64_t C, int64_t R, int64_t S, int64_t PQ)
 {
@@ -194,7 +195,7 @@ static size_t conv_shared_bytes(int64_t C, int64_t R, int64_t S, int64_t PQ)
 
 static size_t conv_thread_bytes(int64_t C, int64_t H, int64_t W, int pad)
 {
-    return ((size_t)(C * (H + 2 * pad) * (W + 2 * pad)) + 64 + 63) / 64 * 64;
+    return ((size_t)(C * (H + 2 * pad) * (W + 2 * pad)) + 128 + 63) / 64 * 64;
 }
 
 int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad)
@@ -395,16 +396,19 @@ int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n)
 static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_qaffine *qa,
                         const float *x, const float *bias, float *y, uint8_t *xp,
                         const int64_t *roff, const int32_t *koff, int64_t C, int64_t H, int64_t W,
-                        int pad, int64_t PQ)
+                        int pad, int stride, int64_t P, int64_t Q)
 {
     int64_t Hp = H + 2 * pad, Wp = W + 2 * pad;
     memset(xp, qa->zp, (size_t)(C * Hp * Wp));
-    memset(xp + C * Hp * Wp, 0, 64);
+    memset(xp + C * Hp * Wp, 0, 128);
     for (int64_t c = 0; c < C; c++)
         for (int64_t h = 0; h < H; h++)
             mge_cpu_quantize_u8(xp + (c * Hp + pad + h) * Wp + pad, W, x + (c * H + h) * W, W, 1, W,
                                 qa);
-    mge_cpu_gemm_u8s8_gather(qw, (int)PQ, xp, roff, koff, qa, bias, 0, y, 1, PQ);
+    if (stride == 1)
+        mge_cpu_qconv_s1(qw, (int)P, (int)Q, (int)Wp, xp, roff, koff, qa, bias, 0, y);
+    else
+        mge_cpu_gemm_u8s8_gather(qw, (int)(P * Q), xp, roff, koff, qa, bias, 0, y, 1, P * Q);
 }
 
 int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
@@ -448,7 +452,7 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
 #pragma omp for schedule(static)
         for (int64_t img = 0; img < N; img++)
             qconv_image(qw, &qa, xd + img * C * H * W, bias, yd + img * qw->N * P * Q, xp, roff,
-                        koff, C, H, W, pad, P * Q);
+                        koff, C, H, W, pad, stride, P, Q);
     }
     return MGE_OK;
 }

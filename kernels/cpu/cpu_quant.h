@@ -119,6 +119,17 @@ void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uin
                               const struct mge_cpu_qaffine *qx, const float *bias, int relu,
                               float *y, int64_t rs, int64_t cs);
 
+/*
+ * A stride-1 int8 convolution of one image into its NCHW output @y (N, @P, @Q): the same GEMM as
+ * mge_cpu_gemm_u8s8_gather() with rs 1, cs P * Q, whose rows are @roff[p * Q + q] = p * @Wp + q
+ * over codes @a padded to rows of @Wp (so the taps of neighbouring pixels are neighbouring
+ * bytes), bit for bit the same numbers. With AVX-512 VNNI and VBMI the output pixels are the
+ * vector lanes (no transposed stores); @a needs 128 bytes of slack past its last code.
+ */
+void mge_cpu_qconv_s1(const struct mge_cpu_qweight *qw, int P, int Q, int Wp, const uint8_t *a,
+                      const int64_t *roff, const int32_t *koff, const struct mge_cpu_qaffine *qx,
+                      const float *bias, int relu, float *y);
+
 /* Whether the int8 GEMM uses AVX-512 VNNI here (MGE_CPU_VNNI=off in the environment: never). */
 int mge_cpu_has_vnni(void);
 /* Tests: use the portable path (@on 0) or VNNI again where the CPU has it (@on 1). Not

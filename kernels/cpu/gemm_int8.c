@@ -26,6 +26,7 @@
 /* ---- the CPU check ----------------------------------------------------------------------- */
 
 static int g_has_vnni;
+static int g_has_vbmi; /* vpermb: the convolution with output pixels as lanes */
 static pthread_once_t g_vnni_once = PTHREAD_ONCE_INIT;
 
 static void has_vnni_init(void)
@@ -37,6 +38,7 @@ static void has_vnni_init(void)
 #if HAVE_VNNI_BUILD
     __builtin_cpu_init();
     g_has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+    g_has_vbmi = g_has_vnni && __builtin_cpu_supports("avx512vbmi");
 #endif
 }
 
@@ -402,6 +404,110 @@ static void gemm_run(const struct gemm_args *g, int M, int threads)
     }
 }
 
+#if HAVE_VNNI_BUILD
+/*
+ * The epilogue of 16 output pixels of channel @n (lanes of @acc), the portable epilogue's float
+ * operations, stored at @y: lanes outside @valid (the padded columns of the virtual grid) are
+ * squeezed out, so the valid ones land contiguously.
+ */
+__attribute__((target("avx512f,avx512bw"))) static inline void
+store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, float *y)
+{
+    __m512 f = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(g->zp * g->qw->colsum[n]))),
+        _mm512_set1_ps(g->sx * g->qw->scale[n]));
+    if (g->bias)
+        f = _mm512_add_ps(f, _mm512_set1_ps(g->bias[n]));
+    if (g->relu)
+        f = _mm512_max_ps(f, _mm512_setzero_ps());
+    if (valid != 0xffff)
+        f = _mm512_maskz_compress_ps(valid, f);
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << __builtin_popcount(valid)) - 1u), f);
+}
+
+/* Lanes of the 16 virtual positions from @m (q = @m mod @Wp) that are real pixels (q < @Q, m <
+ * @end), and the dense index of the first of them in *@dense. */
+static __mmask16 pixels_valid(int64_t m, int64_t end, int Wp, int Q, int64_t *dense)
+{
+    int64_t p = m / Wp, q = m % Wp;
+    unsigned mask = 0;
+    *dense = p * Q + (q < Q ? q : Q);
+    for (int l = 0; l < 16 && m + l < end; l++) {
+        if (q < Q)
+            mask |= 1u << l;
+        if (++q == Wp)
+            q = 0;
+    }
+    return (__mmask16)mask;
+}
+
+#define CB 8 /* output channels per block of the pixel-lane convolution */
+
+/*
+ * The stride-1 convolution with output pixels as the lanes: the virtual output grid is the padded
+ * image's (P rows of Wp positions, the last S - 1 of each not real pixels), so the 16 lanes'
+ * k-quads (4 consecutive taps of a row from 16 consecutive positions) are one 19-byte load
+ * spread by vpermb; 32 positions x CB channels of sums in 16 accumulators, weights broadcast.
+ * Each channel's 16 sums are 16 neighbouring pixels of the NCHW output: stored whole.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"))) static void
+conv_s1_vnni(const struct gemm_args *g, int P, int Q, int Wp)
+{
+    const struct mge_cpu_qweight *qw = g->qw;
+    const int KQ = qw->Kp / 4, N = qw->N;
+    const int64_t end = (int64_t)(P - 1) * Wp + Q, PQ = (int64_t)P * Q;
+    uint8_t spread[64];
+    for (int i = 0; i < 64; i++)
+        spread[i] = (uint8_t)(i / 4 + i % 4);
+    const __m512i idx = _mm512_loadu_si512((const void *)spread);
+    const __mmask64 win = 0x7ffff; /* 19 bytes: positions m .. m + 15, taps 0 .. 3 */
+    for (int64_t m0 = 0; m0 < end; m0 += 32) {
+        int64_t d0, d1;
+        __mmask16 v0 = pixels_valid(m0, end, Wp, Q, &d0);
+        __mmask16 v1 = pixels_valid(m0 + 16, end, Wp, Q, &d1);
+        for (int n0 = 0; n0 < N; n0 += CB) {
+            /* named accumulators: an array indexed after the loop was kept on the stack */
+            __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0,
+                    p6 = p0, p7 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0, q4 = p0, q5 = p0, q6 = p0,
+                    q7 = p0;
+            const int8_t *wb = qw->packed + (size_t)(n0 / 16) * (size_t)KQ * 64 + (n0 % 16) * 4;
+            for (int kq = 0; kq < KQ; kq++) {
+                const uint8_t *x = g->a + g->koff[kq] + m0;
+                __m512i x0 = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x));
+                __m512i x1 = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + 16));
+                const int8_t *w = wb + (size_t)kq * 64;
+#define DP(j)                                                                                      \
+    do {                                                                                           \
+        int32_t wj;                                                                                \
+        memcpy(&wj, w + 4 * (j), 4);                                                               \
+        __m512i wv = _mm512_set1_epi32(wj);                                                        \
+        p##j = _mm512_dpbusd_epi32(p##j, x0, wv);                                                  \
+        q##j = _mm512_dpbusd_epi32(q##j, x1, wv);                                                  \
+    } while (0)
+                DP(0);
+                DP(1);
+                DP(2);
+                DP(3);
+                DP(4);
+                DP(5);
+                DP(6);
+                DP(7);
+#undef DP
+            }
+            __m512i a0[CB] = {p0, p1, p2, p3, p4, p5, p6, p7};
+            __m512i a1[CB] = {q0, q1, q2, q3, q4, q5, q6, q7};
+            for (int j = 0; j < CB && n0 + j < N; j++) {
+                float *yn = g->y + (int64_t)(n0 + j) * PQ;
+                if (v0)
+                    store_pixels16(g, a0[j], n0 + j, v0, yn + d0);
+                if (v1)
+                    store_pixels16(g, a1[j], n0 + j, v1, yn + d1);
+            }
+        }
+    }
+}
+#endif
+
 /* Both entry points: A addressed by @lda, or by @roff/@koff when they are not NULL. */
 static void gemm(const struct mge_cpu_qweight *qw, int M, const uint8_t *a, int64_t lda,
                  const int64_t *roff, const int32_t *koff, const struct mge_cpu_qaffine *qx,
@@ -438,4 +544,27 @@ void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uin
                               float *y, int64_t rs, int64_t cs)
 {
     gemm(qw, M, a, 0, roff, koff, qx, bias, relu, y, rs, cs, 1);
+}
+
+void mge_cpu_qconv_s1(const struct mge_cpu_qweight *qw, int P, int Q, int Wp, const uint8_t *a,
+                      const int64_t *roff, const int32_t *koff, const struct mge_cpu_qaffine *qx,
+                      const float *bias, int relu, float *y)
+{
+#if HAVE_VNNI_BUILD
+    /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
+    _Static_assert(16 % CB == 0, "a channel block within one packed block");
+    if (mge_cpu_has_vnni() && g_has_vbmi) {
+        struct gemm_args g = {.qw = qw,
+                              .a = a,
+                              .koff = koff,
+                              .zp = qx->zp,
+                              .sx = qx->scale,
+                              .bias = bias,
+                              .relu = relu,
+                              .y = y};
+        conv_s1_vnni(&g, P, Q, Wp);
+        return;
+    }
+#endif
+    mge_cpu_gemm_u8s8_gather(qw, P * Q, a, roff, koff, qx, bias, relu, y, 1, (int64_t)P * Q);
 }

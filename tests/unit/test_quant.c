@@ -1,9 +1,9 @@
 /*
- * test_quant.c: quantisation: the u8 x s8 GEMM (VNNI and portable) against a scalar reference,
- * bit for bit; the quantisers; the straight-through estimator against finite differences of
- * the clipped identity; observers; a quantisation-aware linear layer's gradients against the
- * fp32 layer fed the fake-quantised values; int8 graphs against fake-quantised graphs; and the
- * observer checks that name the corrupt field.
+ * test_quant.c: quantisation: the u8 x s8 GEMM (VNNI and portable) and the stride-1 int8
+ * convolution (pixel lanes and portable) against scalar references, bit for bit; the quantisers;
+ * the straight-through estimator against finite differences of the clipped identity; observers; a
+ * quantisation-aware linear layer's gradients against the fp32 layer fed the fake-quantised values;
+ * int8 graphs against fake-quantised graphs; and the observer checks that name the corrupt field.
  */
 #include <check.h>
 #include <math.h>
@@ -95,6 +95,87 @@ START_TEST(test_gemm_u8s8_matches_reference)
     free(bias);
     free(codes);
     free(a);
+    free(y);
+    free(ref);
+}
+END_TEST
+
+/* Convolution shapes: C, H, W, N, R, S, pad (LeNet's, ResNet's and odd ones). */
+static const int conv_shapes[][7] = {{1, 28, 28, 6, 5, 5, 2}, {6, 14, 14, 16, 5, 5, 0},
+                                     {16, 7, 7, 32, 3, 3, 1}, {3, 9, 5, 20, 3, 3, 1},
+                                     {2, 4, 4, 3, 1, 1, 0},   {5, 13, 11, 17, 3, 2, 1},
+                                     {4, 1, 1, 40, 1, 1, 0},  {8, 28, 28, 16, 3, 3, 1}};
+
+/* _i: shape x 2 paths (pixel lanes where the CPU has VNNI and VBMI, portable) x relu/bias. */
+START_TEST(test_qconv_s1_matches_reference)
+{
+    const int *sh = conv_shapes[_i / 2];
+    int C = sh[0], H = sh[1], W = sh[2], N = sh[3], R = sh[4], S = sh[5], pad = sh[6];
+    int portable = _i % 2, Hp = H + 2 * pad, Wp = W + 2 * pad, P = Hp - R + 1, Q = Wp - S + 1;
+    int S4 = (S + 3) / 4 * 4, K = C * R * S;
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 300 + (uint64_t)_i);
+    float *w = malloc(sizeof(float) * (size_t)(N * K)), *bias = malloc(sizeof(float) * (size_t)N);
+    size_t xn = (size_t)(C * Hp * Wp) + 128;
+    uint8_t *xp = malloc(xn);
+    int64_t *roff = malloc(sizeof(int64_t) * (size_t)(P * Q));
+    int32_t *koff = malloc(sizeof(int32_t) * (size_t)(C * R * S4 / 4));
+    float *y = malloc(sizeof(float) * (size_t)(N * P * Q)),
+          *ref = malloc(sizeof(float) * (size_t)(N * P * Q));
+    for (int i = 0; i < N * K; i++)
+        w[i] = urand(&rng, -1.0f, 1.0f) * (float)(1 + i % 5);
+    for (int n = 0; n < N; n++)
+        bias[n] = urand(&rng, -2.0f, 2.0f);
+    for (size_t i = 0; i < xn; i++)
+        xp[i] = i < (size_t)(C * Hp * Wp) ? (uint8_t)(mge_rng_float(&rng) * 256.0f) : 0;
+    for (int p = 0; p < P; p++)
+        for (int q = 0; q < Q; q++)
+            roff[p * Q + q] = (int64_t)p * Wp + q;
+    for (int c = 0, kq = 0; c < C; c++)
+        for (int r = 0; r < R; r++)
+            for (int sq = 0; sq < S4 / 4; sq++)
+                koff[kq++] = (c * Hp + r) * Wp + 4 * sq;
+    struct mge_cpu_qweight qw;
+    ck_assert_int_eq(mge_cpu_qweight_pack_conv(&qw, w, N, C, R, S), MGE_OK);
+    struct mge_cpu_qaffine qx;
+    mge_cpu_qaffine_from_range(-0.7f, 2.0f, &qx);
+    mge_cpu_set_vnni(!portable);
+    for (int variant = 0; variant < 2; variant++) {
+        int relu = variant == 1;
+        const float *b = relu ? NULL : bias;
+        mge_cpu_qconv_s1(&qw, P, Q, Wp, xp, roff, koff, &qx, b, relu, y);
+        for (int n = 0; n < N; n++) {
+            float inv = 1.0f / qw.scale[n];
+            for (int p = 0; p < P; p++)
+                for (int q = 0; q < Q; q++) {
+                    int32_t acc = 0;
+                    for (int c = 0; c < C; c++)
+                        for (int r = 0; r < R; r++)
+                            for (int t = 0; t < S; t++)
+                                acc += (int32_t)xp[(c * Hp + p + r) * Wp + q + t] *
+                                       mge_cpu_quant_s8(w[((n * C + c) * R + r) * S + t], inv);
+                    float v = (float)(acc - qx.zp * qw.colsum[n]) * (qx.scale * qw.scale[n]);
+                    if (b)
+                        v += b[n];
+                    if (relu)
+                        v = v > 0.0f ? v : 0.0f;
+                    ref[(n * P + p) * Q + q] = v;
+                }
+        }
+        for (int i = 0; i < N * P * Q; i++)
+            ck_assert_msg(memcmp(&y[i], &ref[i], sizeof(float)) == 0,
+                          "C %d H %d W %d N %d R %d S %d pad %d %s variant %d: y[%d] = %.9g, "
+                          "reference %.9g",
+                          C, H, W, N, R, S, pad, portable ? "portable" : "pixel lanes", variant, i,
+                          (double)y[i], (double)ref[i]);
+    }
+    mge_cpu_set_vnni(1);
+    mge_cpu_qweight_fini(&qw);
+    free(w);
+    free(bias);
+    free(xp);
+    free(roff);
+    free(koff);
     free(y);
     free(ref);
 }
@@ -462,6 +543,8 @@ static Suite *quant_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_gemm_u8s8_matches_reference, 0,
                         2 * (int)(sizeof(shapes) / sizeof(shapes[0])));
+    tcase_add_loop_test(tc, test_qconv_s1_matches_reference, 0,
+                        2 * (int)(sizeof(conv_shapes) / sizeof(conv_shapes[0])));
     tcase_add_test(tc, test_quantisers);
     tcase_add_test(tc, test_ste_finite_differences);
     suite_add_tcase(s, tc);
