@@ -399,16 +399,9 @@ static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_q
                         int pad, int stride, int64_t P, int64_t Q)
 {
     int64_t Hp = H + 2 * pad, Wp = W + 2 * pad;
-    memset(xp, qa->zp, (size_t)(C * Hp * Wp));
+    mge_cpu_quantize_u8_padded(xp, x, C, H, W, pad, qa);
     memset(xp + C * Hp * Wp, 0, 128);
-    for (int64_t c = 0; c < C; c++)
-        for (int64_t h = 0; h < H; h++)
-            mge_cpu_quantize_u8(xp + (c * Hp + pad + h) * Wp + pad, W, x + (c * H + h) * W, W, 1, W,
-                                qa);
-    if (stride == 1)
-        mge_cpu_qconv_s1(qw, (int)P, (int)Q, (int)Wp, xp, roff, koff, qa, bias, 0, y);
-    else
-        mge_cpu_gemm_u8s8_gather(qw, (int)(P * Q), xp, roff, koff, qa, bias, 0, y, 1, P * Q);
+    mge_cpu_qconv(qw, stride, (int)P, (int)Q, (int)Wp, xp, roff, koff, qa, bias, 0, y);
 }
 
 int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)

@@ -60,6 +60,11 @@ void mge_cpu_fake_quant_affine_backward(float *dx, const float *dy, const float 
 void mge_cpu_quantize_u8(uint8_t *out, int64_t ldq, const float *x, int64_t ldx, int64_t rows,
                          int64_t cols, const struct mge_cpu_qaffine *q);
 
+/* An image's @C planes (@H, @W) of @x -> codes (C, H + 2 @pad, W + 2 @pad) bordered by @pad
+ * codes of 0 (the zero point): a convolution's padded input. */
+void mge_cpu_quantize_u8_padded(uint8_t *out, const float *x, int64_t C, int64_t H, int64_t W,
+                                int pad, const struct mge_cpu_qaffine *q);
+
 /* Per-channel symmetric scales of @w (N, K): scale[n] = max|w[n,:]| / 127 (1 where the row is
  * all zero), inv[n] = 1 / scale[n]. */
 void mge_cpu_qweight_scales(float *scale, float *inv, const float *w, int64_t N, int64_t K);
@@ -120,15 +125,15 @@ void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uin
                               float *y, int64_t rs, int64_t cs);
 
 /*
- * A stride-1 int8 convolution of one image into its NCHW output @y (N, @P, @Q): the same GEMM as
- * mge_cpu_gemm_u8s8_gather() with rs 1, cs P * Q, whose rows are @roff[p * Q + q] = p * @Wp + q
- * over codes @a padded to rows of @Wp (so the taps of neighbouring pixels are neighbouring
- * bytes), bit for bit the same numbers. With AVX-512 VNNI and VBMI the output pixels are the
- * vector lanes (no transposed stores); @a needs 128 bytes of slack past its last code.
+ * An int8 convolution of one image into its NCHW output @y (N, @P, @Q): the same GEMM as
+ * mge_cpu_gemm_u8s8_gather() with rs 1, cs P * Q, whose rows are @roff[p * Q + q] = @stride *
+ * (p * @Wp + q) over codes @a padded to rows of @Wp, bit for bit the same numbers. With AVX-512
+ * VNNI and VBMI and a stride of at most 4, the output pixels are the vector lanes (no transposed
+ * stores); @a needs 128 bytes of slack past its last code.
  */
-void mge_cpu_qconv_s1(const struct mge_cpu_qweight *qw, int P, int Q, int Wp, const uint8_t *a,
-                      const int64_t *roff, const int32_t *koff, const struct mge_cpu_qaffine *qx,
-                      const float *bias, int relu, float *y);
+void mge_cpu_qconv(const struct mge_cpu_qweight *qw, int stride, int P, int Q, int Wp,
+                   const uint8_t *a, const int64_t *roff, const int32_t *koff,
+                   const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y);
 
 /* Whether the int8 GEMM uses AVX-512 VNNI here (MGE_CPU_VNNI=off in the environment: never). */
 int mge_cpu_has_vnni(void);

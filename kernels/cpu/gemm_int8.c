@@ -37,7 +37,8 @@ static void has_vnni_init(void)
         return;
 #if HAVE_VNNI_BUILD
     __builtin_cpu_init();
-    g_has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+    g_has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
     g_has_vbmi = g_has_vnni && __builtin_cpu_supports("avx512vbmi");
 #endif
 }
@@ -101,9 +102,13 @@ void mge_cpu_fake_quant_affine_backward(float *dx, const float *dy, const float 
  * even (the default mode nearbyintf uses), clamp to [-512, 512] (max_ps gives -512 for NaN, as
  * the scalar test does), + zp, clamp to [0, 255]. Returns how many leading values it did.
  */
-__attribute__((target("avx512f,avx512bw"))) static int64_t
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static int64_t
 quantize_row_avx512(uint8_t *o, const float *x, int64_t n, const struct mge_cpu_qaffine *p)
 {
+    uint8_t lows[64];
+    for (int i = 0; i < 64; i++)
+        lows[i] = (uint8_t)(4 * (i % 16)); /* byte i of the result: the low byte of dword i */
+    const __m512i low = _mm512_loadu_si512((const void *)lows);
     const __m512 inv = _mm512_set1_ps(p->inv), lo = _mm512_set1_ps(-512.0f);
     const __m512 hi = _mm512_set1_ps(512.0f);
     const __m512i zp = _mm512_set1_epi32(p->zp), z = _mm512_setzero_si512();
@@ -116,17 +121,41 @@ quantize_row_avx512(uint8_t *o, const float *x, int64_t n, const struct mge_cpu_
         r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
         __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(r), zp);
         v = _mm512_min_epi32(_mm512_max_epi32(v, z), top);
-        _mm512_mask_cvtepi32_storeu_epi8(o + i, k, v);
+        /* narrowed by vpermb in a register, then stored: vpmovdb to memory (what the compiler
+         * makes of a narrowing store) stalls on Zen 4 */
+        __m512i b = _mm512_permutexvar_epi8(low, v);
+        _mm_mask_storeu_epi8(o + i, k, _mm512_castsi512_si128(b));
     }
     return n;
 }
 #endif
 
+void mge_cpu_quantize_u8_padded(uint8_t *out, const float *x, int64_t C, int64_t H, int64_t W,
+                                int pad, const struct mge_cpu_qaffine *q)
+{
+    const struct mge_cpu_qaffine p = *q;
+    const int64_t Hp = H + 2 * pad, Wp = W + 2 * pad;
+    int wide = HAVE_VNNI_BUILD && mge_cpu_has_vnni() && g_has_vbmi;
+    memset(out, p.zp, (size_t)(C * Hp * Wp)); /* the border: the code of 0 */
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t h = 0; h < H; h++) {
+            uint8_t *o = out + (c * Hp + pad + h) * Wp + pad;
+            const float *xr = x + (c * H + h) * W;
+            int64_t i = 0;
+#if HAVE_VNNI_BUILD
+            if (wide)
+                i = quantize_row_avx512(o, xr, W, &p);
+#endif
+            for (; i < W; i++)
+                o[i] = (uint8_t)mge_cpu_quant_u8(xr[i], &p);
+        }
+}
+
 void mge_cpu_quantize_u8(uint8_t *out, int64_t ldq, const float *x, int64_t ldx, int64_t rows,
                          int64_t cols, const struct mge_cpu_qaffine *q)
 {
     const struct mge_cpu_qaffine p = *q;
-    int wide = HAVE_VNNI_BUILD && mge_cpu_has_vnni();
+    int wide = HAVE_VNNI_BUILD && mge_cpu_has_vnni() && g_has_vbmi;
     for (int64_t r = 0; r < rows; r++) {
         uint8_t *o = out + r * ldq;
         const float *xr = x + r * ldx;
@@ -425,46 +454,73 @@ store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, f
     _mm512_mask_storeu_ps(y, (__mmask16)((1u << __builtin_popcount(valid)) - 1u), f);
 }
 
-/* Lanes of the 16 virtual positions from @m (q = @m mod @Wp) that are real pixels (q < @Q, m <
- * @end), and the dense index of the first of them in *@dense. */
-static __mmask16 pixels_valid(int64_t m, int64_t end, int Wp, int Q, int64_t *dense)
+/*
+ * Where the 16 lanes of pixel vector @v of a convolution with stride @s read and write: the
+ * offset of lane 0's first tap in the padded codes (lane l's at + @s l), the lanes that are real
+ * pixels, and the dense output index of the first of them (the real lanes' outputs are
+ * neighbours). Stride 1: vectors run over the padded image's positions (P rows of Wp, the last
+ * S - 1 of each not real pixels), so no lane is lost at a row's end; else over segments of up to
+ * 16 pixels of one output row.
+ */
+struct pixel_vec {
+    int64_t base, dense;
+    __mmask16 valid;
+};
+
+static struct pixel_vec pixel_vec_at(int64_t v, int s, int P, int Q, int Wp)
 {
-    int64_t p = m / Wp, q = m % Wp;
-    unsigned mask = 0;
-    *dense = p * Q + (q < Q ? q : Q);
-    for (int l = 0; l < 16 && m + l < end; l++) {
-        if (q < Q)
-            mask |= 1u << l;
-        if (++q == Wp)
-            q = 0;
+    struct pixel_vec pv = {0, 0, 0};
+    if (s == 1) {
+        int64_t m = 16 * v, end = (int64_t)(P - 1) * Wp + Q, p = m / Wp, q = m % Wp;
+        unsigned mask = 0;
+        pv.base = m;
+        pv.dense = p * Q + (q < Q ? q : Q);
+        for (int l = 0; l < 16 && m + l < end; l++) {
+            if (q < Q)
+                mask |= 1u << l;
+            if (++q == Wp)
+                q = 0;
+        }
+        pv.valid = (__mmask16)mask;
+        return pv;
     }
-    return (__mmask16)mask;
+    int segs = (Q + 15) / 16;
+    int64_t p = v / segs, q0 = v % segs * 16;
+    if (p >= P)
+        return pv;
+    int n = Q - q0 < 16 ? (int)(Q - q0) : 16;
+    pv.base = p * s * Wp + q0 * s;
+    pv.dense = p * Q + q0;
+    pv.valid = (__mmask16)((1u << n) - 1u);
+    return pv;
 }
 
 #define CB 8 /* output channels per block of the pixel-lane convolution */
 
 /*
- * The stride-1 convolution with output pixels as the lanes: the virtual output grid is the padded
- * image's (P rows of Wp positions, the last S - 1 of each not real pixels), so the 16 lanes'
- * k-quads (4 consecutive taps of a row from 16 consecutive positions) are one 19-byte load
- * spread by vpermb; 32 positions x CB channels of sums in 16 accumulators, weights broadcast.
- * Each channel's 16 sums are 16 neighbouring pixels of the NCHW output: stored whole.
+ * A convolution with output pixels as the lanes (stride @s <= 4): lane l's k-quad (4 consecutive
+ * taps of a row) lies at + s l from the vector's base, so the 16 lanes' quads are one load of
+ * 15 s + 4 bytes spread by vpermb; 2 pixel vectors x CB channels of sums in 16 accumulators,
+ * weights broadcast. Each channel's 16 sums are neighbouring pixels of the NCHW output: stored
+ * whole.
  */
 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"))) static void
-conv_s1_vnni(const struct gemm_args *g, int P, int Q, int Wp)
+conv_pixels_vnni(const struct gemm_args *g, int s, int P, int Q, int Wp)
 {
     const struct mge_cpu_qweight *qw = g->qw;
     const int KQ = qw->Kp / 4, N = qw->N;
-    const int64_t end = (int64_t)(P - 1) * Wp + Q, PQ = (int64_t)P * Q;
+    const int64_t PQ = (int64_t)P * Q;
+    const int64_t nvec = s == 1 ? ((int64_t)(P - 1) * Wp + Q + 15) / 16 : P * ((Q + 15) / 16);
     uint8_t spread[64];
     for (int i = 0; i < 64; i++)
-        spread[i] = (uint8_t)(i / 4 + i % 4);
+        spread[i] = (uint8_t)(s * (i / 4) + i % 4);
     const __m512i idx = _mm512_loadu_si512((const void *)spread);
-    const __mmask64 win = 0x7ffff; /* 19 bytes: positions m .. m + 15, taps 0 .. 3 */
-    for (int64_t m0 = 0; m0 < end; m0 += 32) {
-        int64_t d0, d1;
-        __mmask16 v0 = pixels_valid(m0, end, Wp, Q, &d0);
-        __mmask16 v1 = pixels_valid(m0 + 16, end, Wp, Q, &d1);
+    const int wbytes = 15 * s + 4;
+    const __mmask64 win = wbytes >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << wbytes) - 1;
+    for (int64_t v = 0; v < nvec; v += 2) {
+        struct pixel_vec e0 = pixel_vec_at(v, s, P, Q, Wp), e1 = pixel_vec_at(v + 1, s, P, Q, Wp);
+        if (!e1.valid)
+            e1.base = e0.base; /* past the last vector: read what is known to be there */
         for (int n0 = 0; n0 < N; n0 += CB) {
             /* named accumulators: an array indexed after the loop was kept on the stack */
             __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0,
@@ -472,9 +528,11 @@ conv_s1_vnni(const struct gemm_args *g, int P, int Q, int Wp)
                     q7 = p0;
             const int8_t *wb = qw->packed + (size_t)(n0 / 16) * (size_t)KQ * 64 + (n0 % 16) * 4;
             for (int kq = 0; kq < KQ; kq++) {
-                const uint8_t *x = g->a + g->koff[kq] + m0;
-                __m512i x0 = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x));
-                __m512i x1 = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + 16));
+                const uint8_t *x = g->a + g->koff[kq];
+                __m512i x0 =
+                    _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + e0.base));
+                __m512i x1 =
+                    _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + e1.base));
                 const int8_t *w = wb + (size_t)kq * 64;
 #define DP(j)                                                                                      \
     do {                                                                                           \
@@ -498,10 +556,10 @@ conv_s1_vnni(const struct gemm_args *g, int P, int Q, int Wp)
             __m512i a1[CB] = {q0, q1, q2, q3, q4, q5, q6, q7};
             for (int j = 0; j < CB && n0 + j < N; j++) {
                 float *yn = g->y + (int64_t)(n0 + j) * PQ;
-                if (v0)
-                    store_pixels16(g, a0[j], n0 + j, v0, yn + d0);
-                if (v1)
-                    store_pixels16(g, a1[j], n0 + j, v1, yn + d1);
+                if (e0.valid)
+                    store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense);
+                if (e1.valid)
+                    store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense);
             }
         }
     }
@@ -546,14 +604,14 @@ void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uin
     gemm(qw, M, a, 0, roff, koff, qx, bias, relu, y, rs, cs, 1);
 }
 
-void mge_cpu_qconv_s1(const struct mge_cpu_qweight *qw, int P, int Q, int Wp, const uint8_t *a,
-                      const int64_t *roff, const int32_t *koff, const struct mge_cpu_qaffine *qx,
-                      const float *bias, int relu, float *y)
+void mge_cpu_qconv(const struct mge_cpu_qweight *qw, int stride, int P, int Q, int Wp,
+                   const uint8_t *a, const int64_t *roff, const int32_t *koff,
+                   const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y)
 {
 #if HAVE_VNNI_BUILD
     /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
     _Static_assert(16 % CB == 0, "a channel block within one packed block");
-    if (mge_cpu_has_vnni() && g_has_vbmi) {
+    if (mge_cpu_has_vnni() && g_has_vbmi && stride >= 1 && stride <= 4) {
         struct gemm_args g = {.qw = qw,
                               .a = a,
                               .koff = koff,
@@ -562,7 +620,7 @@ void mge_cpu_qconv_s1(const struct mge_cpu_qweight *qw, int P, int Q, int Wp, co
                               .bias = bias,
                               .relu = relu,
                               .y = y};
-        conv_s1_vnni(&g, P, Q, Wp);
+        conv_pixels_vnni(&g, stride, P, Q, Wp);
         return;
     }
 #endif

@@ -1,9 +1,9 @@
 /*
- * test_quant.c: quantisation: the u8 x s8 GEMM (VNNI and portable) and the stride-1 int8
- * convolution (pixel lanes and portable) against scalar references, bit for bit; the quantisers;
- * the straight-through estimator against finite differences of the clipped identity; observers; a
- * quantisation-aware linear layer's gradients against the fp32 layer fed the fake-quantised values;
- * int8 graphs against fake-quantised graphs; and the observer checks that name the corrupt field.
+ * test_quant.c: quantisation: the u8 x s8 GEMM (VNNI and portable) and the int8 convolution (pixel
+ * lanes and portable) against scalar references, bit for bit; the quantisers; the straight-through
+ * estimator against finite differences of the clipped identity; observers; a quantisation-aware
+ * linear layer's gradients against the fp32 layer fed the fake-quantised values; int8 graphs
+ * against fake-quantised graphs; and the observer checks that name the corrupt field.
  */
 #include <check.h>
 #include <math.h>
@@ -100,18 +100,21 @@ START_TEST(test_gemm_u8s8_matches_reference)
 }
 END_TEST
 
-/* Convolution shapes: C, H, W, N, R, S, pad (LeNet's, ResNet's and odd ones). */
-static const int conv_shapes[][7] = {{1, 28, 28, 6, 5, 5, 2}, {6, 14, 14, 16, 5, 5, 0},
-                                     {16, 7, 7, 32, 3, 3, 1}, {3, 9, 5, 20, 3, 3, 1},
-                                     {2, 4, 4, 3, 1, 1, 0},   {5, 13, 11, 17, 3, 2, 1},
-                                     {4, 1, 1, 40, 1, 1, 0},  {8, 28, 28, 16, 3, 3, 1}};
+/* Convolution shapes: C, H, W, N, R, S, pad, stride (LeNet's, ResNet's and odd ones). */
+static const int conv_shapes[][8] = {
+    {1, 28, 28, 6, 5, 5, 2, 1},   {6, 14, 14, 16, 5, 5, 0, 1},  {16, 7, 7, 32, 3, 3, 1, 1},
+    {3, 9, 5, 20, 3, 3, 1, 1},    {2, 4, 4, 3, 1, 1, 0, 1},     {5, 13, 11, 17, 3, 2, 1, 1},
+    {4, 1, 1, 40, 1, 1, 0, 1},    {8, 28, 28, 16, 3, 3, 1, 1},  {16, 28, 28, 32, 3, 3, 1, 2},
+    {16, 28, 28, 32, 1, 1, 0, 2}, {32, 14, 14, 64, 3, 3, 1, 2}, {3, 40, 37, 9, 3, 3, 1, 2},
+    {2, 20, 21, 5, 5, 5, 2, 3},   {2, 20, 21, 5, 4, 4, 0, 4},   {2, 20, 21, 5, 3, 3, 1, 5}};
 
 /* _i: shape x 2 paths (pixel lanes where the CPU has VNNI and VBMI, portable) x relu/bias. */
-START_TEST(test_qconv_s1_matches_reference)
+START_TEST(test_qconv_matches_reference)
 {
     const int *sh = conv_shapes[_i / 2];
-    int C = sh[0], H = sh[1], W = sh[2], N = sh[3], R = sh[4], S = sh[5], pad = sh[6];
-    int portable = _i % 2, Hp = H + 2 * pad, Wp = W + 2 * pad, P = Hp - R + 1, Q = Wp - S + 1;
+    int C = sh[0], H = sh[1], W = sh[2], N = sh[3], R = sh[4], S = sh[5], pad = sh[6], st = sh[7];
+    int portable = _i % 2, Hp = H + 2 * pad, Wp = W + 2 * pad;
+    int P = (Hp - R) / st + 1, Q = (Wp - S) / st + 1;
     int S4 = (S + 3) / 4 * 4, K = C * R * S;
     struct mge_rng rng;
     mge_rng_seed(&rng, 300 + (uint64_t)_i);
@@ -130,7 +133,7 @@ START_TEST(test_qconv_s1_matches_reference)
         xp[i] = i < (size_t)(C * Hp * Wp) ? (uint8_t)(mge_rng_float(&rng) * 256.0f) : 0;
     for (int p = 0; p < P; p++)
         for (int q = 0; q < Q; q++)
-            roff[p * Q + q] = (int64_t)p * Wp + q;
+            roff[p * Q + q] = ((int64_t)p * Wp + q) * st;
     for (int c = 0, kq = 0; c < C; c++)
         for (int r = 0; r < R; r++)
             for (int sq = 0; sq < S4 / 4; sq++)
@@ -143,7 +146,7 @@ START_TEST(test_qconv_s1_matches_reference)
     for (int variant = 0; variant < 2; variant++) {
         int relu = variant == 1;
         const float *b = relu ? NULL : bias;
-        mge_cpu_qconv_s1(&qw, P, Q, Wp, xp, roff, koff, &qx, b, relu, y);
+        mge_cpu_qconv(&qw, st, P, Q, Wp, xp, roff, koff, &qx, b, relu, y);
         for (int n = 0; n < N; n++) {
             float inv = 1.0f / qw.scale[n];
             for (int p = 0; p < P; p++)
@@ -152,7 +155,7 @@ START_TEST(test_qconv_s1_matches_reference)
                     for (int c = 0; c < C; c++)
                         for (int r = 0; r < R; r++)
                             for (int t = 0; t < S; t++)
-                                acc += (int32_t)xp[(c * Hp + p + r) * Wp + q + t] *
+                                acc += (int32_t)xp[(c * Hp + p * st + r) * Wp + q * st + t] *
                                        mge_cpu_quant_s8(w[((n * C + c) * R + r) * S + t], inv);
                     float v = (float)(acc - qx.zp * qw.colsum[n]) * (qx.scale * qw.scale[n]);
                     if (b)
@@ -164,10 +167,10 @@ START_TEST(test_qconv_s1_matches_reference)
         }
         for (int i = 0; i < N * P * Q; i++)
             ck_assert_msg(memcmp(&y[i], &ref[i], sizeof(float)) == 0,
-                          "C %d H %d W %d N %d R %d S %d pad %d %s variant %d: y[%d] = %.9g, "
-                          "reference %.9g",
-                          C, H, W, N, R, S, pad, portable ? "portable" : "pixel lanes", variant, i,
-                          (double)y[i], (double)ref[i]);
+                          "C %d H %d W %d N %d R %d S %d pad %d stride %d %s variant %d: y[%d] = "
+                          "%.9g, reference %.9g",
+                          C, H, W, N, R, S, pad, st, portable ? "portable" : "pixel lanes", variant,
+                          i, (double)y[i], (double)ref[i]);
     }
     mge_cpu_set_vnni(1);
     mge_cpu_qweight_fini(&qw);
@@ -543,7 +546,7 @@ static Suite *quant_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_gemm_u8s8_matches_reference, 0,
                         2 * (int)(sizeof(shapes) / sizeof(shapes[0])));
-    tcase_add_loop_test(tc, test_qconv_s1_matches_reference, 0,
+    tcase_add_loop_test(tc, test_qconv_matches_reference, 0,
                         2 * (int)(sizeof(conv_shapes) / sizeof(conv_shapes[0])));
     tcase_add_test(tc, test_quantisers);
     tcase_add_test(tc, test_ste_finite_differences);
