@@ -56,7 +56,7 @@ enum mge_op {
 
 const char *mge__op_name(enum mge_op op);
 
-#define MGE_NODE_MAX_IN 5
+#define MGE_NODE_MAX_IN 9 /* an int8 conv with a fused batch norm and residual: 9 */
 #define MGE_NODE_MAX_OUT 4
 
 struct mge_device;
@@ -104,7 +104,10 @@ struct mge_node {
         struct { float eps, momentum; } bn;
         struct { float smoothing; } xent; /* label smoothing in [0, 1) */
         struct { int heads; } attn;
-        struct { int weight, relu, slot, stride, pad, threads; } q; /* quant.c */
+        struct {
+            int weight, relu, slot, stride, pad, threads;
+            float eps;
+        } q; /* quant.c */
     } a;
 };
 
@@ -156,6 +159,18 @@ int mge__quant_wants(const struct mge_graph *g);
 int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act);
 int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad);
 void mge__quant_free(struct mge__quant *q);
+/*
+ * int8 graphs: fold the op being built into the int8 convolution just added, when its input @x is
+ * that convolution's output (a batch norm first, then an add of a same-shaped value, then a
+ * relu); *@y gets the op's output, or -1 where nothing was folded (build the op as usual).
+ * MGE_OK, or an error recorded in @g. The convolution's plain output is gone after a fold:
+ * mge__quant_check_use() refuses it as an input to a later op.
+ */
+int mge__quant_fuse_batchnorm(struct mge_graph *g, int x, int w, int b, int running_mean,
+                              int running_var, float eps, int *y);
+int mge__quant_fuse_add(struct mge_graph *g, int a, int b, int *y);
+int mge__quant_fuse_relu(struct mge_graph *g, int x, int *y);
+int mge__quant_check_use(struct mge_graph *g, int v, const char *op);
 int mge__cpu_fake_quant(struct mge_graph *g, const struct mge_node *n);
 int mge__cpu_fake_quant_grad(struct mge_graph *g, const struct mge_node *n);
 int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n);

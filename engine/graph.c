@@ -224,7 +224,7 @@ static int check_value(struct mge_graph *g, int v, const char *op)
         return -g->err;
     if (v < 0 || v >= g->n_values)
         return mge__graph_fail(g, MGE_INVAL, "%s: no value %d", op, v);
-    return MGE_OK;
+    return g->quant ? mge__quant_check_use(g, v, op) : MGE_OK;
 }
 
 int mge_input(struct mge_graph *g, const char *name, enum mge_dtype dt, int ndim,
@@ -400,7 +400,13 @@ static int binary(struct mge_graph *g, int a, int b, int op, const char *name)
     return emit(g, &n);
 }
 
-int mge_add(struct mge_graph *g, int a, int b) { return binary(g, a, b, MGE_CPU_ADD, "add"); }
+int mge_add(struct mge_graph *g, int a, int b)
+{
+    int y = -1;
+    if (mge__quant_wants(g) && mge__quant_fuse_add(g, a, b, &y) != MGE_OK)
+        return -g->err;
+    return y >= 0 ? y : binary(g, a, b, MGE_CPU_ADD, "add");
+}
 int mge_sub(struct mge_graph *g, int a, int b) { return binary(g, a, b, MGE_CPU_SUB, "sub"); }
 int mge_mul(struct mge_graph *g, int a, int b) { return binary(g, a, b, MGE_CPU_MUL, "mul"); }
 int mge_div(struct mge_graph *g, int a, int b) { return binary(g, a, b, MGE_CPU_DIV, "div"); }
@@ -434,7 +440,13 @@ int mge_bias_add(struct mge_graph *g, int x, int b)
     return emit(g, &n);
 }
 
-int mge_relu(struct mge_graph *g, int x) { return same_shape_op(g, x, MGE_OP_UNARY, "relu", MGE_ACT_FN_RELU); }
+int mge_relu(struct mge_graph *g, int x)
+{
+    int y = -1;
+    if (mge__quant_wants(g) && mge__quant_fuse_relu(g, x, &y) != MGE_OK)
+        return -g->err;
+    return y >= 0 ? y : same_shape_op(g, x, MGE_OP_UNARY, "relu", MGE_ACT_FN_RELU);
+}
 int mge_gelu(struct mge_graph *g, int x) { return same_shape_op(g, x, MGE_OP_UNARY, "gelu", MGE_ACT_FN_GELU); }
 int mge_tanh(struct mge_graph *g, int x) { return same_shape_op(g, x, MGE_OP_UNARY, "tanh", MGE_ACT_FN_TANH); }
 int mge_sigmoid(struct mge_graph *g, int x) { return same_shape_op(g, x, MGE_OP_UNARY, "sigmoid", MGE_ACT_FN_SIGMOID); }
@@ -797,6 +809,12 @@ int mge_batchnorm2d(struct mge_graph *g, int x, int w, int b, int running_mean, 
         return mge__graph_fail(g, MGE_INVAL,
                                "batchnorm2d: eps %g must be > 0, momentum %g in [0, 1]",
                                (double)eps, (double)momentum);
+    int fused = -1;
+    if (mge__quant_wants(g) &&
+        mge__quant_fuse_batchnorm(g, x, w, b, running_mean, running_var, eps, &fused) != MGE_OK)
+        return -g->err;
+    if (fused >= 0)
+        return fused;
     int req = rg(g, x) || rg(g, w) || rg(g, b), xb = X->batched;
     int out = new_act(g, "batchnorm", 4, X->shape, xb, req); /* X may move from here on */
     int mean = new_act(g, "bn_mean", 1, &C, 0, 0);

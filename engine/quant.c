@@ -27,6 +27,8 @@ struct mge__quant {
     int building;               /* inside a builder this file called: do not wrap again */
     struct mge_cpu_qweight *qw; /* (n_slots) packed weights of the int8 ops, made at first run */
     int n_slots, cap_slots;
+    int *gone; /* (n_gone) int8 convs' outputs that a fold replaced (mge__quant_fuse_*) */
+    int n_gone, cap_gone;
 };
 
 int mge_graph_set_quant(struct mge_graph *g, const struct mge_quant_opts *o)
@@ -50,6 +52,7 @@ void mge__quant_free(struct mge__quant *q)
     for (int i = 0; i < q->n_slots; i++)
         mge_cpu_qweight_fini(&q->qw[i]);
     mge_free(q->qw);
+    mge_free(q->gone);
     mge_free(q);
 }
 
@@ -182,15 +185,17 @@ int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act
 }
 
 /*
- * Scratch of an int8 convolution: the row and k-quad offset tables of its implicit GEMM, then per
+ * Scratch of an int8 convolution: the row and k-quad offset tables of its implicit GEMM, a folded
+ * batch norm's multipliers and offsets (N each), then per
  * thread one image's codes zero-padded by @pad (128 bytes of slack: the last k-quads read up to
  * 3 bytes past a row, the pixel-lane convolution up to 50 past the last code), each part
  * 64-byte aligned.
  */
-static size_t conv_shared_bytes(int64_t C, int64_t R, int64_t S, int64_t PQ)
+static size_t conv_shared_bytes(int64_t C, int64_t R, int64_t S, int64_t PQ, int64_t N)
 {
     int64_t kq = C * R * ((S + 3) / 4);
-    return ((size_t)(8 * PQ) + 63) / 64 * 64 + ((size_t)(4 * kq) + 63) / 64 * 64;
+    return ((size_t)(8 * PQ) + 63) / 64 * 64 + ((size_t)(4 * kq) + 63) / 64 * 64 +
+           ((size_t)(8 * N) + 63) / 64 * 64;
 }
 
 static size_t conv_thread_bytes(int64_t C, int64_t H, int64_t W, int pad)
@@ -219,7 +224,7 @@ int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int 
     /* images run in parallel, each thread with its own padded codes and columns */
     int threads = mge_cpu_threads() < X.shape[0] ? mge_cpu_threads() : (int)X.shape[0];
     threads = threads > 0 ? threads : 1;
-    size_t bytes = conv_shared_bytes(X.shape[1], W.shape[2], W.shape[3], P * Q) +
+    size_t bytes = conv_shared_bytes(X.shape[1], W.shape[2], W.shape[3], P * Q, W.shape[0]) +
                    (size_t)threads * conv_thread_bytes(X.shape[1], X.shape[2], X.shape[3], pad);
     int s = y < 0 ? y : scratch(g, bytes);
     int slot = s < 0 ? s : new_slot(g);
@@ -233,6 +238,110 @@ int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int 
     n.a.q.threads = threads;
     int id = mge__graph_add_node(g, &n);
     return id < 0 ? id : y;
+}
+
+/* ---- folds into an int8 convolution ----------------------------------------------------- */
+
+/* The int8 convolution node whose output is @x, if it is the last op of @g (nothing else can
+ * have read @x yet), else NULL. */
+static struct mge_node *last_qconv(struct mge_graph *g, int x)
+{
+    if (!g->quant || g->quant->o.mode != MGE_QUANT_INT8 || g->n_nodes == 0)
+        return NULL;
+    struct mge_node *n = &g->nodes[g->n_nodes - 1];
+    return n->op == MGE_OP_QCONV2D && n->out[0] == x ? n : NULL;
+}
+
+/* The folded node @n writes a new value (like @x, named @what) instead of @x, which is gone. */
+static int refold(struct mge_graph *g, struct mge_node *n, int x, const char *what, int *y)
+{
+    struct mge__quant *q = g->quant;
+    size_t cap = (size_t)q->cap_gone;
+    if (mge_array_grow((void **)&q->gone, &cap, (size_t)q->n_gone + 1, sizeof(*q->gone)) != MGE_OK)
+        return mge__graph_fail(g, MGE_NOMEM, "out of memory folding into an int8 convolution");
+    q->cap_gone = (int)cap;
+    int node = (int)(n - g->nodes), v = new_value(g, what, x, 0);
+    if (v < 0)
+        return -v;
+    n = &g->nodes[node]; /* adding a value moves nothing in the node table, but be plain */
+    q->gone[q->n_gone++] = x;
+    n->out[0] = v;
+    g->values[v].producer = node;
+    g->values[x].producer = -1;
+    *y = v;
+    return MGE_OK;
+}
+
+/* Inputs past the convolution's own four: 4..7 a batch norm's, 8 a residual (-1: none). */
+static void widen(struct mge_node *n)
+{
+    if (n->n_in == 9)
+        return;
+    for (int i = n->n_in; i < 9; i++)
+        n->in[i] = -1;
+    n->n_in = 9;
+}
+
+int mge__quant_fuse_batchnorm(struct mge_graph *g, int x, int w, int b, int running_mean,
+                              int running_var, float eps, int *y)
+{
+    struct mge_node *n = last_qconv(g, x);
+    *y = -1;
+    /* first of the folds (it comes before an add or relu) */
+    if (!n || n->n_in != 4 || n->a.q.relu)
+        return MGE_OK;
+    widen(n);
+    n->in[4] = w;
+    n->in[5] = b;
+    n->in[6] = running_mean;
+    n->in[7] = running_var;
+    n->a.q.eps = eps;
+    return refold(g, n, x, "qconv2d.bn", y);
+}
+
+int mge__quant_fuse_add(struct mge_graph *g, int a, int b, int *y)
+{
+    struct mge_node *n = last_qconv(g, b);
+    int x = b, other = a;
+    if (!n) {
+        n = last_qconv(g, a);
+        x = a;
+        other = b;
+    }
+    *y = -1;
+    if (!n || n->a.q.relu || (n->n_in == 9 && n->in[8] >= 0) || other == x)
+        return MGE_OK;
+    /* a residual of the very same shape only (no broadcast); addition commutes in IEEE */
+    const struct mge_value *X = &g->values[x], *O = &g->values[other];
+    if (O->ndim != X->ndim || O->batched != X->batched || O->dtype != MGE_DTYPE_F32)
+        return MGE_OK;
+    for (int i = 0; i < X->ndim; i++)
+        if (O->shape[i] != X->shape[i])
+            return MGE_OK;
+    widen(n);
+    n->in[8] = other;
+    return refold(g, n, x, "qconv2d.add", y);
+}
+
+int mge__quant_fuse_relu(struct mge_graph *g, int x, int *y)
+{
+    struct mge_node *n = last_qconv(g, x);
+    *y = -1;
+    if (!n || n->a.q.relu)
+        return MGE_OK;
+    n->a.q.relu = 1;
+    return refold(g, n, x, "qconv2d.relu", y);
+}
+
+int mge__quant_check_use(struct mge_graph *g, int v, const char *op)
+{
+    for (int i = 0; g->quant && i < g->quant->n_gone; i++)
+        if (g->quant->gone[i] == v)
+            return mge__graph_fail(g, MGE_INVAL,
+                                   "%s: '%s' was folded into the int8 convolution that made it "
+                                   "(its batch norm, add or relu): int8 graphs cannot read it",
+                                   op, g->values[v].name);
+    return MGE_OK;
 }
 
 /* ---- observers ----------------------------------------------------------------------------- */
@@ -394,14 +503,14 @@ int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n)
 /* One image of an int8 convolution: its codes into @xp (zero-padded with the zero point's
  * code), then the implicit GEMM over them straight into the NCHW output @y. */
 static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_qaffine *qa,
-                        const float *x, const float *bias, float *y, uint8_t *xp,
-                        const int64_t *roff, const int32_t *koff, int64_t C, int64_t H, int64_t W,
-                        int pad, int stride, int64_t P, int64_t Q)
+                        const float *x, const float *bias, const struct mge_cpu_qpost *post,
+                        int relu, float *y, uint8_t *xp, const int64_t *roff, const int32_t *koff,
+                        int64_t C, int64_t H, int64_t W, int pad, int stride, int64_t P, int64_t Q)
 {
     int64_t Hp = H + 2 * pad, Wp = W + 2 * pad;
     mge_cpu_quantize_u8_padded(xp, x, C, H, W, pad, qa);
     memset(xp + C * Hp * Wp, 0, 128);
-    mge_cpu_qconv(qw, stride, (int)P, (int)Q, (int)Wp, xp, roff, koff, qa, bias, 0, y);
+    mge_cpu_qconv(qw, stride, (int)P, (int)Q, (int)Wp, xp, roff, koff, qa, bias, post, relu, y);
 }
 
 int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
@@ -424,7 +533,8 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
     base += (64 - ((uintptr_t)base & 63)) & 63; /* the scratch has 64 bytes of slack */
     int64_t *roff = (int64_t *)(void *)base;
     int32_t *koff = (int32_t *)(void *)(base + ((size_t)(8 * P * Q) + 63) / 64 * 64);
-    uint8_t *images = base + conv_shared_bytes(C, R, S, P * Q);
+    float *bn = (float *)(void *)(koff + (4 * C * R * S4 + 63) / 64 * 16);
+    uint8_t *images = base + conv_shared_bytes(C, R, S, P * Q, qw->N);
     size_t per = conv_thread_bytes(C, H, W, pad);
     for (int64_t p = 0; p < P; p++)
         for (int64_t q = 0; q < Q; q++)
@@ -435,6 +545,22 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
                 koff[kq++] = (int32_t)((c * Hp + r) * Wp + 4 * sq);
     const float *xd = F(g, x), *bias = b >= 0 ? F(g, b) : NULL;
     float *yd = F(g, y);
+    struct mge_cpu_qpost post = {NULL, NULL, NULL};
+    if (n->n_in > 4 && n->in[6] >= 0) {
+        /* the batch norm's inference form, as mge_cpu_batchnorm_forward() computes it */
+        const float *bw = n->in[4] >= 0 ? F(g, n->in[4]) : NULL;
+        const float *bb = n->in[5] >= 0 ? F(g, n->in[5]) : NULL;
+        const float *rm = F(g, n->in[6]), *rv = F(g, n->in[7]);
+        for (int64_t c = 0; c < qw->N; c++) {
+            float s = (float)(1.0 / sqrt((double)rv[c] + (double)n->a.q.eps));
+            float k = s * (bw ? bw[c] : 1.0f);
+            bn[c] = k;
+            bn[qw->N + c] = (bb ? bb[c] : 0.0f) - rm[c] * k;
+        }
+        post.mul = bn;
+        post.add = bn + qw->N;
+    }
+    const float *res = n->n_in > 8 && n->in[8] >= 0 ? F(g, n->in[8]) : NULL;
     /* as many threads as the scratch was sized for at most */
     int threads = mge_cpu_threads() < n->a.q.threads ? mge_cpu_threads() : n->a.q.threads;
     if (threads > N)
@@ -443,9 +569,12 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
     {
         uint8_t *xp = images + (size_t)omp_get_thread_num() * per;
 #pragma omp for schedule(static)
-        for (int64_t img = 0; img < N; img++)
-            qconv_image(qw, &qa, xd + img * C * H * W, bias, yd + img * qw->N * P * Q, xp, roff,
-                        koff, C, H, W, pad, stride, P, Q);
+        for (int64_t img = 0; img < N; img++) {
+            struct mge_cpu_qpost pi = post;
+            pi.res = res ? res + img * qw->N * P * Q : NULL;
+            qconv_image(qw, &qa, xd + img * C * H * W, bias, &pi, n->a.q.relu,
+                        yd + img * qw->N * P * Q, xp, roff, koff, C, H, W, pad, stride, P, Q);
+        }
     }
     return MGE_OK;
 }

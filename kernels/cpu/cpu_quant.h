@@ -124,16 +124,25 @@ void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uin
                               const struct mge_cpu_qaffine *qx, const float *bias, int relu,
                               float *y, int64_t rs, int64_t cs);
 
+/* What an int8 convolution does to its outputs after the GEMM's epilogue (bias included), in
+ * this order, before @relu: a folded batch norm, then a residual. */
+struct mge_cpu_qpost {
+    const float *mul, *add; /* (N) each, or NULL: y = y * mul[n] + add[n] (two roundings) */
+    const float *res;       /* (N, P, Q) or NULL: y = y + res (a residual connection) */
+};
+
 /*
  * An int8 convolution of one image into its NCHW output @y (N, @P, @Q): the same GEMM as
  * mge_cpu_gemm_u8s8_gather() with rs 1, cs P * Q, whose rows are @roff[p * Q + q] = @stride *
- * (p * @Wp + q) over codes @a padded to rows of @Wp, bit for bit the same numbers. With AVX-512
- * VNNI and VBMI and a stride of at most 4, the output pixels are the vector lanes (no transposed
- * stores); @a needs 128 bytes of slack past its last code.
+ * (p * @Wp + q) over codes @a padded to rows of @Wp, then @post (NULL: none), then @relu, bit for
+ * bit the same numbers on every path. With AVX-512 VNNI and VBMI and a stride of at most 4, the
+ * output pixels are the vector lanes (no transposed stores, @post in registers); @a needs 128
+ * bytes of slack past its last code.
  */
 void mge_cpu_qconv(const struct mge_cpu_qweight *qw, int stride, int P, int Q, int Wp,
                    const uint8_t *a, const int64_t *roff, const int32_t *koff,
-                   const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y);
+                   const struct mge_cpu_qaffine *qx, const float *bias,
+                   const struct mge_cpu_qpost *post, int relu, float *y);
 
 /* Whether the int8 GEMM uses AVX-512 VNNI here (MGE_CPU_VNNI=off in the environment: never). */
 int mge_cpu_has_vnni(void);

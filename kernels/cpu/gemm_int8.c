@@ -270,6 +270,8 @@ struct gemm_args {
     int32_t zp;
     float sx;          /* the activations' scale */
     const float *bias; /* (N) or NULL */
+    const float *pmul, *padd; /* (N) or NULL: the convolution's y * pmul[n] + padd[n] */
+    const float *res;         /* like y, or NULL: the convolution's y + res */
     int relu;
     float *y;
     int64_t rs, cs;
@@ -435,23 +437,28 @@ static void gemm_run(const struct gemm_args *g, int M, int threads)
 
 #if HAVE_VNNI_BUILD
 /*
- * The epilogue of 16 output pixels of channel @n (lanes of @acc), the portable epilogue's float
- * operations, stored at @y: lanes outside @valid (the padded columns of the virtual grid) are
- * squeezed out, so the valid ones land contiguously.
+ * The epilogue of 16 output pixels of channel @n (lanes of @acc), stored from y + @at: the
+ * float operations of the GEMM's epilogue and then post_ops()'s; lanes outside @valid (the
+ * padded columns of the virtual grid) are squeezed out, so the valid ones land contiguously.
  */
 __attribute__((target("avx512f,avx512bw"))) static inline void
-store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, float *y)
+store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, int64_t at)
 {
     __m512 f = _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(g->zp * g->qw->colsum[n]))),
         _mm512_set1_ps(g->sx * g->qw->scale[n]));
     if (g->bias)
         f = _mm512_add_ps(f, _mm512_set1_ps(g->bias[n]));
-    if (g->relu)
-        f = _mm512_max_ps(f, _mm512_setzero_ps());
+    if (g->pmul)
+        f = _mm512_add_ps(_mm512_mul_ps(f, _mm512_set1_ps(g->pmul[n])), _mm512_set1_ps(g->padd[n]));
     if (valid != 0xffff)
         f = _mm512_maskz_compress_ps(valid, f);
-    _mm512_mask_storeu_ps(y, (__mmask16)((1u << __builtin_popcount(valid)) - 1u), f);
+    __mmask16 k = (__mmask16)((1u << __builtin_popcount(valid)) - 1u);
+    if (g->res)
+        f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(k, g->res + at));
+    if (g->relu)
+        f = _mm512_max_ps(f, _mm512_setzero_ps());
+    _mm512_mask_storeu_ps(g->y + at, k, f);
 }
 
 /*
@@ -555,7 +562,7 @@ conv_pixels_vnni(const struct gemm_args *g, int s, int P, int Q, int Wp)
             __m512i a0[CB] = {p0, p1, p2, p3, p4, p5, p6, p7};
             __m512i a1[CB] = {q0, q1, q2, q3, q4, q5, q6, q7};
             for (int j = 0; j < CB && n0 + j < N; j++) {
-                float *yn = g->y + (int64_t)(n0 + j) * PQ;
+                int64_t yn = (int64_t)(n0 + j) * PQ;
                 if (e0.valid)
                     store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense);
                 if (e1.valid)
@@ -604,10 +611,30 @@ void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uin
     gemm(qw, M, a, 0, roff, koff, qx, bias, relu, y, rs, cs, 1);
 }
 
+/* A convolution's operations after the GEMM's epilogue, over its output @y (N, @PQ): the same
+ * float operations as store_pixels16()'s, in the same order. */
+static void post_ops(float *y, int N, int64_t PQ, const struct mge_cpu_qpost *post, int relu)
+{
+    for (int n = 0; n < N; n++)
+        for (int64_t i = 0; i < PQ; i++) {
+            float v = y[n * PQ + i];
+            if (post->mul)
+                v = v * post->mul[n] + post->add[n];
+            if (post->res)
+                v += post->res[n * PQ + i];
+            if (relu)
+                v = v > 0.0f ? v : 0.0f;
+            y[n * PQ + i] = v;
+        }
+}
+
 void mge_cpu_qconv(const struct mge_cpu_qweight *qw, int stride, int P, int Q, int Wp,
                    const uint8_t *a, const int64_t *roff, const int32_t *koff,
-                   const struct mge_cpu_qaffine *qx, const float *bias, int relu, float *y)
+                   const struct mge_cpu_qaffine *qx, const float *bias,
+                   const struct mge_cpu_qpost *post, int relu, float *y)
 {
+    int64_t PQ = (int64_t)P * Q;
+    int has_post = post && (post->mul || post->res);
 #if HAVE_VNNI_BUILD
     /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
     _Static_assert(16 % CB == 0, "a channel block within one packed block");
@@ -618,11 +645,16 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, int stride, int P, int Q, i
                               .zp = qx->zp,
                               .sx = qx->scale,
                               .bias = bias,
+                              .pmul = has_post ? post->mul : NULL,
+                              .padd = has_post ? post->add : NULL,
+                              .res = has_post ? post->res : NULL,
                               .relu = relu,
                               .y = y};
         conv_pixels_vnni(&g, stride, P, Q, Wp);
         return;
     }
 #endif
-    mge_cpu_gemm_u8s8_gather(qw, P * Q, a, roff, koff, qx, bias, relu, y, 1, (int64_t)P * Q);
+    mge_cpu_gemm_u8s8_gather(qw, P * Q, a, roff, koff, qx, bias, relu && !has_post, y, 1, PQ);
+    if (has_post)
+        post_ops(y, qw->N, PQ, post, relu);
 }

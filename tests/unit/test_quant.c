@@ -108,7 +108,7 @@ static const int conv_shapes[][8] = {
     {16, 28, 28, 32, 1, 1, 0, 2}, {32, 14, 14, 64, 3, 3, 1, 2}, {3, 40, 37, 9, 3, 3, 1, 2},
     {2, 20, 21, 5, 5, 5, 2, 3},   {2, 20, 21, 5, 4, 4, 0, 4},   {2, 20, 21, 5, 3, 3, 1, 5}};
 
-/* _i: shape x 2 paths (pixel lanes where the CPU has VNNI and VBMI, portable) x relu/bias. */
+/* _i: shape x 2 paths (pixel lanes where the CPU has VNNI and VBMI, portable) x relu/bias/post. */
 START_TEST(test_qconv_matches_reference)
 {
     const int *sh = conv_shapes[_i / 2];
@@ -143,10 +143,21 @@ START_TEST(test_qconv_matches_reference)
     struct mge_cpu_qaffine qx;
     mge_cpu_qaffine_from_range(-0.7f, 2.0f, &qx);
     mge_cpu_set_vnni(!portable);
-    for (int variant = 0; variant < 2; variant++) {
-        int relu = variant == 1;
-        const float *b = relu ? NULL : bias;
-        mge_cpu_qconv(&qw, st, P, Q, Wp, xp, roff, koff, &qx, b, relu, y);
+    /* variant 2: a folded batch norm and a residual after the bias, then the relu */
+    float *mul = malloc(sizeof(float) * (size_t)N), *add = malloc(sizeof(float) * (size_t)N);
+    float *res = malloc(sizeof(float) * (size_t)(N * P * Q));
+    for (int n = 0; n < N; n++) {
+        mul[n] = urand(&rng, -1.5f, 1.5f);
+        add[n] = urand(&rng, -1.0f, 1.0f);
+    }
+    for (int i = 0; i < N * P * Q; i++)
+        res[i] = urand(&rng, -3.0f, 3.0f);
+    struct mge_cpu_qpost post = {mul, add, res};
+    for (int variant = 0; variant < 3; variant++) {
+        int relu = variant >= 1;
+        const float *b = variant == 1 ? NULL : bias;
+        const struct mge_cpu_qpost *pp = variant == 2 ? &post : NULL;
+        mge_cpu_qconv(&qw, st, P, Q, Wp, xp, roff, koff, &qx, b, pp, relu, y);
         for (int n = 0; n < N; n++) {
             float inv = 1.0f / qw.scale[n];
             for (int p = 0; p < P; p++)
@@ -160,6 +171,10 @@ START_TEST(test_qconv_matches_reference)
                     float v = (float)(acc - qx.zp * qw.colsum[n]) * (qx.scale * qw.scale[n]);
                     if (b)
                         v += b[n];
+                    if (pp) {
+                        v = v * mul[n] + add[n];
+                        v += res[(n * P + p) * Q + q];
+                    }
                     if (relu)
                         v = v > 0.0f ? v : 0.0f;
                     ref[(n * P + p) * Q + q] = v;
@@ -174,6 +189,9 @@ START_TEST(test_qconv_matches_reference)
     }
     mge_cpu_set_vnni(1);
     mge_cpu_qweight_fini(&qw);
+    free(mul);
+    free(add);
+    free(res);
     free(w);
     free(bias);
     free(xp);
@@ -514,6 +532,128 @@ START_TEST(test_int8_graph_matches_fake)
 }
 END_TEST
 
+/* A residual block in int8, "conv.w" + ... names; @sep: an exact x * 1 after each conv, so no
+ * batch norm, add or relu can fold into it. */
+struct block {
+    struct mge_graph *g;
+    int x, out;
+};
+
+static int block_conv_bn(struct mge_graph *g, const char *name, int x, int64_t cin, int64_t cout,
+                         int k, int stride, int one)
+{
+    char n[32];
+    int64_t ws[4] = {cout, cin, k, k}, cs[1] = {cout};
+    snprintf(n, sizeof(n), "%s.w", name);
+    int w = mge_param(g, n, 4, ws, MGE_INIT_UNIFORM_FAN_IN, cin * k * k);
+    snprintf(n, sizeof(n), "%s.bn.w", name);
+    int bw = mge_param(g, n, 1, cs, MGE_INIT_ONE, 1);
+    snprintf(n, sizeof(n), "%s.bn.b", name);
+    int bb = mge_param(g, n, 1, cs, MGE_INIT_ZERO, 1);
+    snprintf(n, sizeof(n), "%s.bn.mean", name);
+    int rm = mge_buffer(g, n, 1, cs, MGE_INIT_ZERO);
+    snprintf(n, sizeof(n), "%s.bn.var", name);
+    int rv = mge_buffer(g, n, 1, cs, MGE_INIT_ONE);
+    int y = mge_conv2d(g, x, w, -1, stride, k / 2);
+    if (one >= 0)
+        y = mge_mul(g, y, one);
+    return mge_batchnorm2d(g, y, bw, bb, rm, rv, 1e-5f, 0.1f);
+}
+
+static void block_build(struct block *b, int sep)
+{
+    struct mge_quant_opts o = {.mode = MGE_QUANT_INT8, .momentum = 0.01f, .percentile = 99.99f};
+    int64_t xs[4] = {4, 8, 9, 9}, os[1] = {1};
+    ck_assert_int_eq(mge_graph_new(&b->g), MGE_OK);
+    ck_assert_int_eq(mge_graph_set_quant(b->g, &o), MGE_OK);
+    struct mge_graph *g = b->g;
+    b->x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+    int one = sep ? mge_buffer(g, "one", 1, os, MGE_INIT_ONE) : -1;
+    int h = mge_relu(g, block_conv_bn(g, "c1", b->x, 8, 16, 3, 2, one));
+    h = block_conv_bn(g, "c2", h, 16, 16, 3, 1, one);
+    int sc = block_conv_bn(g, "sc", b->x, 8, 16, 1, 2, one);
+    b->out = mge_relu(g, mge_add(g, h, sc));
+    ck_assert_int_ge(b->out, 0);
+    ck_assert_int_eq(mge_graph_keep(g, b->out), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, 5);
+}
+
+/*
+ * Batch norms, a residual add and relus folded into int8 convolutions give the very numbers of
+ * the same ops run one by one (the folds repeat their float operations in order), on both
+ * paths; and a folded convolution's plain output cannot be read again.
+ */
+START_TEST(test_int8_folds_match_separate_ops)
+{
+    int portable = _i;
+    struct block f, s;
+    block_build(&f, 0);
+    block_build(&s, 1);
+    int64_t n = mge_value_numel(f.g, f.x);
+    float *x = malloc(sizeof(float) * (size_t)n);
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 33);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = urand(&rng, -1.0f, 2.0f);
+    mge_graph_bind(f.g, f.x, x);
+    mge_graph_bind(s.g, s.x, x);
+    /* the same parameters by name; batch norms and observers away from their initial values */
+    for (int i = 0; i < mge_graph_n_params(f.g); i++) {
+        int v = mge_graph_param(f.g, i), u = -1;
+        const char *name = mge_value_name(f.g, v);
+        for (int j = 0; j < mge_graph_n_params(s.g); j++)
+            if (!strcmp(mge_value_name(s.g, mge_graph_param(s.g, j)), name))
+                u = mge_graph_param(s.g, j);
+        ck_assert_msg(u >= 0, "no '%s' in the separate graph", name);
+        float *d = mge_value_data(f.g, v);
+        int64_t len = mge_value_numel(f.g, v);
+        if (strstr(name, "act_observer")) {
+            d[0] = -1.1f;
+            d[1] = 2.3f;
+            d[2] = 1.0f;
+        } else if (strstr(name, ".bn.")) {
+            for (int64_t k = 0; k < len; k++)
+                d[k] = strstr(name, ".var") ? urand(&rng, 0.3f, 2.0f) : urand(&rng, -0.7f, 0.7f);
+        }
+        memcpy(mge_value_data(s.g, u), d, sizeof(float) * (size_t)len);
+    }
+    mge_cpu_set_vnni(!portable);
+    ck_assert_int_eq(mge_graph_run(f.g, MGE_RUN_INFER, 0), MGE_OK);
+    ck_assert_int_eq(mge_graph_run(s.g, MGE_RUN_INFER, 0), MGE_OK);
+    mge_cpu_set_vnni(1);
+    const float *yf = mge_value_data(f.g, f.out), *ys = mge_value_data(s.g, s.out);
+    int64_t m = mge_value_numel(f.g, f.out), positive = 0;
+    for (int64_t i = 0; i < m; i++) {
+        ck_assert_msg(memcmp(&yf[i], &ys[i], sizeof(float)) == 0, "%s: y[%lld] = %.9g, not %.9g",
+                      portable ? "portable" : "pixel lanes", (long long)i, (double)yf[i],
+                      (double)ys[i]);
+        positive += yf[i] > 0.0f;
+    }
+    ck_assert(positive > m / 10 && positive < m); /* the relu and the residual did something */
+    /* fewer ops: three batch norms, the add and two relus live in the convolutions */
+    ck_assert_int_lt(mge_graph_n_nodes(f.g), mge_graph_n_nodes(s.g) - 5);
+    free(x);
+    mge_graph_free(f.g);
+    mge_graph_free(s.g);
+
+    /* a folded convolution's output is gone: reading it is a build error naming it */
+    struct mge_graph *g;
+    struct mge_quant_opts o = {.mode = MGE_QUANT_INT8, .momentum = 0.01f, .percentile = 99.99f};
+    int64_t xs[4] = {2, 4, 5, 5}, ws[4] = {4, 4, 3, 3};
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    ck_assert_int_eq(mge_graph_set_quant(g, &o), MGE_OK);
+    int xi = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
+    int w = mge_param(g, "c.w", 4, ws, MGE_INIT_UNIFORM_FAN_IN, 36);
+    int c = mge_conv2d(g, xi, w, -1, 1, 1);
+    ck_assert_int_ge(mge_relu(g, c), 0);
+    ck_assert_int_lt(mge_sigmoid(g, c), 0);
+    ck_assert_ptr_nonnull(strstr(mge_graph_error_msg(g), "was folded into the int8 convolution"));
+    mge_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_observer_check_names_field)
 {
     char err[256];
@@ -556,6 +696,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_observers);
     tcase_add_test(tc, test_qat_linear_gradients);
     tcase_add_loop_test(tc, test_int8_graph_matches_fake, 0, 2);
+    tcase_add_loop_test(tc, test_int8_folds_match_separate_ops, 0, 2);
     tcase_add_test(tc, test_observer_check_names_field);
     suite_add_tcase(s, tc);
     return s;
