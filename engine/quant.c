@@ -185,17 +185,17 @@ int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act
 }
 
 /*
- * Scratch of an int8 convolution: the row and k-quad offset tables of its implicit GEMM, a folded
- * batch norm's multipliers and offsets (N each), then per
+ * Scratch of an int8 convolution: the tables of mge_cpu_qconv_tables() (pixel and k-quad
+ * offsets, vpermb indices), a folded batch norm's multipliers and offsets (N each), then per
  * thread one image's codes zero-padded by @pad (128 bytes of slack: the last k-quads read up to
  * 3 bytes past a row, the pixel-lane convolution up to 50 past the last code), each part
  * 64-byte aligned.
  */
 static size_t conv_shared_bytes(int64_t C, int64_t R, int64_t S, int64_t PQ, int64_t N)
 {
-    int64_t kq = C * R * ((S + 3) / 4);
-    return ((size_t)(8 * PQ) + 63) / 64 * 64 + ((size_t)(4 * kq) + 63) / 64 * 64 +
-           ((size_t)(8 * N) + 63) / 64 * 64;
+    int64_t qpc = R * ((S + 3) / 4); /* quads per channel, at most (filter rows) */
+    return ((size_t)(8 * PQ) + 63) / 64 * 64 + ((size_t)(4 * C * qpc) + 63) / 64 * 64 +
+           (size_t)(64 * qpc) + ((size_t)(8 * N) + 63) / 64 * 64;
 }
 
 static size_t conv_thread_bytes(int64_t C, int64_t H, int64_t W, int pad)
@@ -465,8 +465,10 @@ int mge__cpu_fake_quant_grad(struct mge_graph *g, const struct mge_node *n)
     return MGE_OK;
 }
 
-/* The packed weights of int8 op @n, packed from its weight at the first run. */
-static const struct mge_cpu_qweight *packed_weights(struct mge_graph *g, const struct mge_node *n)
+/* The packed weights of int8 op @n, packed from its weight at the first run (a convolution's
+ * in quad layout @taps). */
+static const struct mge_cpu_qweight *packed_weights(struct mge_graph *g, const struct mge_node *n,
+                                                    int taps)
 {
     struct mge_cpu_qweight *qw = &g->quant->qw[n->a.q.slot];
     int w = n->in[1];
@@ -475,7 +477,7 @@ static const struct mge_cpu_qweight *packed_weights(struct mge_graph *g, const s
     int rc = MGE_OK;
     if (!qw->packed)
         rc = n->op == MGE_OP_QCONV2D ? mge_cpu_qweight_pack_conv(qw, F(g, w), (int)N, (int)ws[1],
-                                                                 (int)ws[2], (int)ws[3])
+                                                                 (int)ws[2], (int)ws[3], taps)
                                      : mge_cpu_qweight_pack(qw, F(g, w), (int)N, (int)K);
     if (rc != MGE_OK)
         return NULL;
@@ -485,7 +487,7 @@ static const struct mge_cpu_qweight *packed_weights(struct mge_graph *g, const s
 int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n)
 {
     int x = n->in[0], b = n->in[2], obs = n->in[3], y = n->out[0];
-    const struct mge_cpu_qweight *qw = packed_weights(g, n);
+    const struct mge_cpu_qweight *qw = packed_weights(g, n, 0);
     if (!qw)
         return MGE_NOMEM;
     const struct mge_value *X = &g->values[x];
@@ -501,51 +503,59 @@ int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n)
 }
 
 /* One image of an int8 convolution: its codes into @xp (zero-padded with the zero point's
- * code), then the implicit GEMM over them straight into the NCHW output @y. */
-static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_qaffine *qa,
-                        const float *x, const float *bias, const struct mge_cpu_qpost *post,
-                        int relu, float *y, uint8_t *xp, const int64_t *roff, const int32_t *koff,
-                        int64_t C, int64_t H, int64_t W, int pad, int stride, int64_t P, int64_t Q)
+ * code), then the convolution over them straight into the NCHW output @y. */
+static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_shape *sh,
+                        const struct mge_cpu_qaffine *qa, const float *x, const float *bias,
+                        const struct mge_cpu_qpost *post, int relu, float *y, uint8_t *xp,
+                        const int64_t *roff, const int32_t *koff, const uint8_t *idx, int pad)
 {
-    int64_t Hp = H + 2 * pad, Wp = W + 2 * pad;
-    mge_cpu_quantize_u8_padded(xp, x, C, H, W, pad, qa);
-    memset(xp + C * Hp * Wp, 0, 128);
-    mge_cpu_qconv(qw, stride, (int)P, (int)Q, (int)Wp, xp, roff, koff, qa, bias, post, relu, y);
+    int64_t H = sh->Hp - 2 * pad, W = sh->Wp - 2 * pad, codes = (int64_t)sh->C * sh->Hp * sh->Wp;
+    mge_cpu_quantize_u8_padded(xp, x, sh->C, H, W, pad, qa);
+    memset(xp + codes, 0, 128);
+    mge_cpu_qconv(qw, sh, xp, roff, koff, idx, qa, bias, post, relu, y);
 }
 
 int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
 {
     int x = n->in[0], w = n->in[1], b = n->in[2], obs = n->in[3], y = n->out[0];
-    const struct mge_cpu_qweight *qw = packed_weights(g, n);
-    if (!qw)
-        return MGE_NOMEM;
     int64_t xs[MGE_MAX_DIMS];
     mge__value_shape_now(g, x, xs);
     const int64_t *ws = g->values[w].shape;
-    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], R = ws[2], S = ws[3], S4 = (S + 3) / 4;
+    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], R = ws[2], S = ws[3];
     int stride = n->a.q.stride, pad = n->a.q.pad;
     int64_t P = (H + 2 * pad - R) / stride + 1, Q = (W + 2 * pad - S) / stride + 1;
-    int64_t Hp = H + 2 * pad, Wp = W + 2 * pad;
+    struct mge_cpu_qconv_shape sh = {.C = (int)C,
+                                     .Hp = (int)(H + 2 * pad),
+                                     .Wp = (int)(W + 2 * pad),
+                                     .R = (int)R,
+                                     .S = (int)S,
+                                     .stride = stride,
+                                     .P = (int)P,
+                                     .Q = (int)Q};
+    const struct mge_cpu_qweight *qw = packed_weights(g, n, mge_cpu_qconv_taps(&sh));
+    if (!qw)
+        return MGE_NOMEM;
     const float *o = F(g, obs);
     struct mge_cpu_qaffine qa;
     mge_cpu_qaffine_from_range(o[0], o[1], &qa);
     uint8_t *base = (uint8_t *)F(g, n->out[1]);
     base += (64 - ((uintptr_t)base & 63)) & 63; /* the scratch has 64 bytes of slack */
+    int64_t qpc = R * ((S + 3) / 4);
     int64_t *roff = (int64_t *)(void *)base;
     int32_t *koff = (int32_t *)(void *)(base + ((size_t)(8 * P * Q) + 63) / 64 * 64);
-    float *bn = (float *)(void *)(koff + (4 * C * R * S4 + 63) / 64 * 16);
+    uint8_t *idx = (uint8_t *)(koff + (4 * C * qpc + 63) / 64 * 16);
+    float *bn = (float *)(void *)(idx + 64 * qpc);
     uint8_t *images = base + conv_shared_bytes(C, R, S, P * Q, qw->N);
     size_t per = conv_thread_bytes(C, H, W, pad);
-    for (int64_t p = 0; p < P; p++)
-        for (int64_t q = 0; q < Q; q++)
-            roff[p * Q + q] = p * stride * Wp + q * stride;
-    for (int64_t c = 0, kq = 0; c < C; c++)
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t sq = 0; sq < S4; sq++)
-                koff[kq++] = (int32_t)((c * Hp + r) * Wp + 4 * sq);
+    mge_cpu_qconv_tables(&sh, qw->taps, roff, koff, idx);
     const float *xd = F(g, x), *bias = b >= 0 ? F(g, b) : NULL;
     float *yd = F(g, y);
     struct mge_cpu_qpost post = {NULL, NULL, NULL};
+    if (n->n_in > 4 && n->in[6] >= 0 && g->training)
+        return MGE_ERR(MGE_STATE,
+                       "int8 convolution '%s' with a folded batch norm: int8 graphs "
+                       "run inference only (a training batch norm needs its batch)",
+                       g->values[y].name);
     if (n->n_in > 4 && n->in[6] >= 0) {
         /* the batch norm's inference form, as mge_cpu_batchnorm_forward() computes it */
         const float *bw = n->in[4] >= 0 ? F(g, n->in[4]) : NULL;
@@ -572,8 +582,8 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
         for (int64_t img = 0; img < N; img++) {
             struct mge_cpu_qpost pi = post;
             pi.res = res ? res + img * qw->N * P * Q : NULL;
-            qconv_image(qw, &qa, xd + img * C * H * W, bias, &pi, n->a.q.relu,
-                        yd + img * qw->N * P * Q, xp, roff, koff, C, H, W, pad, stride, P, Q);
+            qconv_image(qw, &sh, &qa, xd + img * C * H * W, bias, &pi, n->a.q.relu,
+                        yd + img * qw->N * P * Q, xp, roff, koff, idx, pad);
         }
     }
     return MGE_OK;

@@ -88,18 +88,39 @@ struct mge_cpu_qweight {
     int8_t *packed;  /* (Np / 16, Kp / 4, 16, 4) codes, zero in the padding */
     int32_t *colsum; /* (N) sum over k of the codes of row n */
     float *scale;    /* (N) per-channel scales */
+    int taps;        /* convolutions: k-quads of taps, else of filter rows (pack_conv) */
 };
 
 /* Quantise and pack @w (N, K). MGE_OK, MGE_INVAL (bad shape), MGE_NOMEM (@qw is zeroed). */
 int mge_cpu_qweight_pack(struct mge_cpu_qweight *qw, const float *w, int N, int K);
+/* The geometry of an int8 convolution over one image of codes zero-padded to (C, Hp, Wp). */
+struct mge_cpu_qconv_shape {
+    int C, Hp, Wp; /* the padded input */
+    int R, S, stride;
+    int P, Q; /* the output: (Hp - R) / stride + 1, (Wp - S) / stride + 1 */
+};
+
 /*
- * A convolution's weights (N, C, R, S) for mge_cpu_gemm_u8s8_gather(): k runs over (c, r, s4)
- * with each filter row padded from S to S4 = S rounded up to 4 by zero weights, so that a k-quad
- * is 4 bytes of one image row. Scales are per output channel, as the plain pack's (zero weights
- * change no maximum). Returns as mge_cpu_qweight_pack().
+ * A convolution's weights (N, C, R, S) for mge_cpu_qconv(): k runs over (c, quad, 4) where the
+ * quads of a channel hold, with @taps, its R * S taps in order (the last quad padded with zero
+ * weights: 5x5 in 7 quads), else its filter rows each padded from S to a multiple of 4 (5x5 in
+ * 10), so that a quad is 4 neighbouring bytes of one image row. Scales are per output channel,
+ * as the plain pack's (zero weights change no maximum). Returns as mge_cpu_qweight_pack().
  */
 int mge_cpu_qweight_pack_conv(struct mge_cpu_qweight *qw, const float *w, int N, int C, int R,
-                              int S);
+                              int S, int taps);
+/* Whether tap quads serve @sh here (fewer quads than rows, and the pixel-lane kernel can read
+ * them: AVX-512 VNNI and VBMI, and a quad's span plus 15 strides within 64 bytes). */
+int mge_cpu_qconv_taps(const struct mge_cpu_qconv_shape *sh);
+/* Quads per input channel in layout @taps. */
+int mge_cpu_qconv_quads(const struct mge_cpu_qconv_shape *sh, int taps);
+/*
+ * The tables mge_cpu_qconv() reads for layout @taps: @roff (P * Q) each output pixel's first code,
+ * @koff (C * quads) each quad's first tap from there, @idx (quads, 64; 64-byte aligned) per quad
+ * of a channel the byte of tap j of lane l of a pixel vector (4 l + j) from lane 0's first tap.
+ */
+void mge_cpu_qconv_tables(const struct mge_cpu_qconv_shape *sh, int taps, int64_t *roff,
+                          int32_t *koff, uint8_t *idx);
 /* Free what pack allocated and zero @qw; a zeroed @qw does nothing. */
 void mge_cpu_qweight_fini(struct mge_cpu_qweight *qw);
 
@@ -132,15 +153,15 @@ struct mge_cpu_qpost {
 };
 
 /*
- * An int8 convolution of one image into its NCHW output @y (N, @P, @Q): the same GEMM as
- * mge_cpu_gemm_u8s8_gather() with rs 1, cs P * Q, whose rows are @roff[p * Q + q] = @stride *
- * (p * @Wp + q) over codes @a padded to rows of @Wp, then @post (NULL: none), then @relu, bit for
- * bit the same numbers on every path. With AVX-512 VNNI and VBMI and a stride of at most 4, the
- * output pixels are the vector lanes (no transposed stores, @post in registers); @a needs 128
- * bytes of slack past its last code.
+ * An int8 convolution of one image @a (codes, @sh) into its NCHW output @y (N, P, Q) with weights
+ * @qw packed by mge_cpu_qweight_pack_conv() and the tables of mge_cpu_qconv_tables() for its
+ * layout: the GEMM epilogue of mge_cpu_gemm_u8s8() per output, then @post (NULL: none), then
+ * @relu, bit for bit the same numbers on every path. With AVX-512 VNNI and VBMI and a stride of
+ * at most 4, output pixels are the vector lanes (no transposed stores, @post in registers); @a
+ * needs 128 bytes of slack past its last code.
  */
-void mge_cpu_qconv(const struct mge_cpu_qweight *qw, int stride, int P, int Q, int Wp,
-                   const uint8_t *a, const int64_t *roff, const int32_t *koff,
+void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_shape *sh,
+                   const uint8_t *a, const int64_t *roff, const int32_t *koff, const uint8_t *idx,
                    const struct mge_cpu_qaffine *qx, const float *bias,
                    const struct mge_cpu_qpost *post, int relu, float *y);
 

@@ -234,21 +234,77 @@ int mge_cpu_qweight_pack(struct mge_cpu_qweight *qw, const float *w, int N, int 
 }
 
 int mge_cpu_qweight_pack_conv(struct mge_cpu_qweight *qw, const float *w, int N, int C, int R,
-                              int S)
+                              int S, int taps)
 {
-    int S4 = (S + 3) / 4 * 4, K = C * R * S4;
+    /* per input channel: its R * S taps padded to a multiple of 4, or each filter row padded */
+    int T = R * S, S4 = (S + 3) / 4 * 4, T4 = taps ? (T + 3) / 4 * 4 : R * S4, K = C * T4;
     float *wp = mge_calloc((size_t)N * (size_t)K, sizeof(float));
     if (!wp)
         return MGE_ERR(MGE_NOMEM, "cannot allocate int8 conv weights");
-    /* each filter row (c, r) padded with zero weights from S to S4 */
     for (int n = 0; n < N; n++)
-        for (int cr = 0; cr < C * R; cr++)
-            memcpy(wp + (size_t)n * (size_t)K + (size_t)cr * (size_t)S4,
-                   w + ((size_t)n * (size_t)(C * R) + (size_t)cr) * (size_t)S,
-                   sizeof(float) * (size_t)S);
+        for (int c = 0; c < C; c++)
+            for (int t = 0; t < T; t++)
+                wp[(size_t)n * (size_t)K + (size_t)(c * T4 + (taps ? t : t / S * S4 + t % S))] =
+                    w[((size_t)n * (size_t)C + (size_t)c) * (size_t)T + (size_t)t];
     int rc = mge_cpu_qweight_pack(qw, wp, N, K);
     mge_free(wp);
+    qw->taps = taps;
     return rc;
+}
+
+/* The offset of tap @j of quad @qi (of a channel) from the channel's first code; -1: padding. */
+static int quad_tap(const struct mge_cpu_qconv_shape *sh, int taps, int qi, int j)
+{
+    if (taps) {
+        int t = 4 * qi + j;
+        return t < sh->R * sh->S ? t / sh->S * sh->Wp + t % sh->S : -1;
+    }
+    int per = (sh->S + 3) / 4, r = qi / per, s = 4 * (qi % per) + j; /* past S: zero weights */
+    return r * sh->Wp + s;
+}
+
+int mge_cpu_qconv_quads(const struct mge_cpu_qconv_shape *sh, int taps)
+{
+    return taps ? (sh->R * sh->S + 3) / 4 : sh->R * ((sh->S + 3) / 4);
+}
+
+/* Bytes a pixel vector's load spans in layout @taps: 15 strides plus the widest quad. */
+static int quads_window(const struct mge_cpu_qconv_shape *sh, int taps)
+{
+    int wide = 0;
+    for (int qi = 0; qi < mge_cpu_qconv_quads(sh, taps); qi++) {
+        int o0 = quad_tap(sh, taps, qi, 0);
+        for (int j = 1; j < 4; j++) {
+            int o = quad_tap(sh, taps, qi, j);
+            wide = o - o0 > wide ? o - o0 : wide;
+        }
+    }
+    return 15 * sh->stride + wide + 1;
+}
+
+int mge_cpu_qconv_taps(const struct mge_cpu_qconv_shape *sh)
+{
+    return mge_cpu_has_vnni() && g_has_vbmi && sh->stride >= 1 && sh->stride <= 4 &&
+           mge_cpu_qconv_quads(sh, 1) < mge_cpu_qconv_quads(sh, 0) && quads_window(sh, 1) <= 64;
+}
+
+void mge_cpu_qconv_tables(const struct mge_cpu_qconv_shape *sh, int taps, int64_t *roff,
+                          int32_t *koff, uint8_t *idx)
+{
+    int qpc = mge_cpu_qconv_quads(sh, taps);
+    for (int p = 0; p < sh->P; p++)
+        for (int q = 0; q < sh->Q; q++)
+            roff[p * sh->Q + q] = ((int64_t)p * sh->Wp + q) * sh->stride;
+    for (int qi = 0; qi < qpc; qi++) {
+        int o0 = quad_tap(sh, taps, qi, 0);
+        for (int c = 0; c < sh->C; c++)
+            koff[c * qpc + qi] = (int32_t)((int64_t)c * sh->Hp * sh->Wp + o0);
+        /* byte 4 l + j of a pixel vector: lane l's tap j, from the load at lane 0's first tap */
+        for (int i = 0; i < 64; i++) {
+            int o = quad_tap(sh, taps, qi, i % 4);
+            idx[qi * 64 + i] = (uint8_t)(sh->stride * (i / 4) + (o < 0 ? 0 : o - o0));
+        }
+    }
 }
 
 void mge_cpu_qweight_fini(struct mge_cpu_qweight *qw)
@@ -267,6 +323,8 @@ struct gemm_args {
     int64_t lda;
     const int64_t *roff; /* (M) row m of A at a + roff[m], or NULL: a + m * lda */
     const int32_t *koff; /* (Kp / 4) k-quad q of a row at + koff[q], or NULL: + 4 q */
+    const uint8_t *idx;  /* convolutions: (qpc, 64) vpermb index of each quad of a channel */
+    int qpc;             /* quads per input channel */
     int32_t zp;
     float sx;          /* the activations' scale */
     const float *bias; /* (N) or NULL */
@@ -482,11 +540,14 @@ static struct pixel_vec pixel_vec_at(int64_t v, int s, int P, int Q, int Wp)
         unsigned mask = 0;
         pv.base = m;
         pv.dense = p * Q + (q < Q ? q : Q);
-        for (int l = 0; l < 16 && m + l < end; l++) {
+        /* runs of real pixels, then the row's padded columns */
+        for (int64_t l = 0, left = end - m < 16 ? end - m : 16; l < left;) {
+            int64_t run = q < Q ? Q - q : Wp - q;
+            run = run < left - l ? run : left - l;
             if (q < Q)
-                mask |= 1u << l;
-            if (++q == Wp)
-                q = 0;
+                mask |= ((1u << run) - 1u) << l;
+            l += run;
+            q = q + run == Wp ? 0 : q + run;
         }
         pv.valid = (__mmask16)mask;
         return pv;
@@ -512,17 +573,12 @@ static struct pixel_vec pixel_vec_at(int64_t v, int s, int P, int Q, int Wp)
  * whole.
  */
 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"))) static void
-conv_pixels_vnni(const struct gemm_args *g, int s, int P, int Q, int Wp)
+conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh, int wbytes)
 {
     const struct mge_cpu_qweight *qw = g->qw;
-    const int KQ = qw->Kp / 4, N = qw->N;
+    const int KQ = qw->Kp / 4, N = qw->N, s = sh->stride, P = sh->P, Q = sh->Q, Wp = sh->Wp;
     const int64_t PQ = (int64_t)P * Q;
     const int64_t nvec = s == 1 ? ((int64_t)(P - 1) * Wp + Q + 15) / 16 : P * ((Q + 15) / 16);
-    uint8_t spread[64];
-    for (int i = 0; i < 64; i++)
-        spread[i] = (uint8_t)(s * (i / 4) + i % 4);
-    const __m512i idx = _mm512_loadu_si512((const void *)spread);
-    const int wbytes = 15 * s + 4;
     const __mmask64 win = wbytes >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << wbytes) - 1;
     for (int64_t v = 0; v < nvec; v += 2) {
         struct pixel_vec e0 = pixel_vec_at(v, s, P, Q, Wp), e1 = pixel_vec_at(v + 1, s, P, Q, Wp);
@@ -534,8 +590,9 @@ conv_pixels_vnni(const struct gemm_args *g, int s, int P, int Q, int Wp)
                     p6 = p0, p7 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0, q4 = p0, q5 = p0, q6 = p0,
                     q7 = p0;
             const int8_t *wb = qw->packed + (size_t)(n0 / 16) * (size_t)KQ * 64 + (n0 % 16) * 4;
-            for (int kq = 0; kq < KQ; kq++) {
+            for (int kq = 0, qi = 0; kq < KQ; kq++, qi = qi + 1 == g->qpc ? 0 : qi + 1) {
                 const uint8_t *x = g->a + g->koff[kq];
+                const __m512i idx = _mm512_load_si512((const void *)(g->idx + 64 * qi));
                 __m512i x0 =
                     _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + e0.base));
                 __m512i x1 =
@@ -628,33 +685,62 @@ static void post_ops(float *y, int N, int64_t PQ, const struct mge_cpu_qpost *po
         }
 }
 
-void mge_cpu_qconv(const struct mge_cpu_qweight *qw, int stride, int P, int Q, int Wp,
-                   const uint8_t *a, const int64_t *roff, const int32_t *koff,
+/* Any quad layout, portable: each output through the GEMM's epilogue (with @relu). */
+static void conv_portable(const struct gemm_args *g, int64_t PQ, int relu)
+{
+    const struct mge_cpu_qweight *qw = g->qw;
+    int KQ = qw->Kp / 4;
+    struct gemm_args e = *g;
+    e.relu = relu;
+    for (int n = 0; n < qw->N; n++) {
+        const int8_t *wn = qw->packed + (size_t)(n / 16) * (size_t)KQ * 64 + (size_t)(n % 16) * 4;
+        for (int64_t m = 0; m < PQ; m++) {
+            int32_t acc = 0;
+            for (int kq = 0; kq < KQ; kq++) {
+                const uint8_t *x = g->a + g->roff[m] + g->koff[kq];
+                const uint8_t *ix = g->idx + 64 * (kq % g->qpc); /* lane 0's taps */
+                for (int j = 0; j < 4; j++)
+                    acc += (int32_t)x[ix[j]] * wn[(size_t)kq * 64 + (size_t)j];
+            }
+            g->y[(int64_t)n * PQ + m] = epilogue(&e, acc, n);
+        }
+    }
+}
+
+void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_shape *sh,
+                   const uint8_t *a, const int64_t *roff, const int32_t *koff, const uint8_t *idx,
                    const struct mge_cpu_qaffine *qx, const float *bias,
                    const struct mge_cpu_qpost *post, int relu, float *y)
 {
-    int64_t PQ = (int64_t)P * Q;
+    int64_t PQ = (int64_t)sh->P * sh->Q;
     int has_post = post && (post->mul || post->res);
+    struct gemm_args g = {.qw = qw,
+                          .a = a,
+                          .roff = roff,
+                          .koff = koff,
+                          .idx = idx,
+                          .qpc = mge_cpu_qconv_quads(sh, qw->taps),
+                          .zp = qx->zp,
+                          .sx = qx->scale,
+                          .bias = bias,
+                          .pmul = has_post ? post->mul : NULL,
+                          .padd = has_post ? post->add : NULL,
+                          .res = has_post ? post->res : NULL,
+                          .relu = relu,
+                          .y = y};
 #if HAVE_VNNI_BUILD
     /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
     _Static_assert(16 % CB == 0, "a channel block within one packed block");
-    if (mge_cpu_has_vnni() && g_has_vbmi && stride >= 1 && stride <= 4) {
-        struct gemm_args g = {.qw = qw,
-                              .a = a,
-                              .koff = koff,
-                              .zp = qx->zp,
-                              .sx = qx->scale,
-                              .bias = bias,
-                              .pmul = has_post ? post->mul : NULL,
-                              .padd = has_post ? post->add : NULL,
-                              .res = has_post ? post->res : NULL,
-                              .relu = relu,
-                              .y = y};
-        conv_pixels_vnni(&g, stride, P, Q, Wp);
+    int wbytes = quads_window(sh, qw->taps);
+    if (mge_cpu_has_vnni() && g_has_vbmi && sh->stride >= 1 && sh->stride <= 4 && wbytes <= 64) {
+        conv_pixels_vnni(&g, sh, wbytes);
         return;
     }
 #endif
-    mge_cpu_gemm_u8s8_gather(qw, P * Q, a, roff, koff, qx, bias, relu && !has_post, y, 1, PQ);
+    if (qw->taps)
+        conv_portable(&g, PQ, relu && !has_post);
+    else
+        mge_cpu_gemm_u8s8_gather(qw, (int)PQ, a, roff, koff, qx, bias, relu && !has_post, y, 1, PQ);
     if (has_post)
         post_ops(y, qw->N, PQ, post, relu);
 }
