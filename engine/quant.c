@@ -193,14 +193,15 @@ int mge__quant_linear(struct mge_graph *g, int x, int w, int b, enum mge_act act
  */
 static size_t conv_shared_bytes(int64_t C, int64_t R, int64_t S, int64_t PQ, int64_t N)
 {
-    int64_t qpc = R * ((S + 3) / 4); /* quads per channel, at most (filter rows) */
-    return ((size_t)(8 * PQ) + 63) / 64 * 64 + ((size_t)(4 * C * qpc) + 63) / 64 * 64 +
-           (size_t)(64 * qpc) + ((size_t)(8 * N) + 63) / 64 * 64;
+    int64_t quads = R * S; /* per group, at most (channel quads) */
+    return ((size_t)(8 * PQ) + 63) / 64 * 64 + ((size_t)(4 * C * quads) + 63) / 64 * 64 +
+           (size_t)(64 * quads) + ((size_t)(8 * N) + 63) / 64 * 64;
 }
 
 static size_t conv_thread_bytes(int64_t C, int64_t H, int64_t W, int pad)
 {
-    return ((size_t)(C * (H + 2 * pad) * (W + 2 * pad)) + 128 + 63) / 64 * 64;
+    int64_t C4 = (C + 3) / 4 * 4; /* channel quads pad C */
+    return ((size_t)(C4 * (H + 2 * pad) * (W + 2 * pad)) + 128 + 63) / 64 * 64;
 }
 
 int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad)
@@ -466,9 +467,9 @@ int mge__cpu_fake_quant_grad(struct mge_graph *g, const struct mge_node *n)
 }
 
 /* The packed weights of int8 op @n, packed from its weight at the first run (a convolution's
- * in quad layout @taps). */
+ * in k-quad @layout). */
 static const struct mge_cpu_qweight *packed_weights(struct mge_graph *g, const struct mge_node *n,
-                                                    int taps)
+                                                    int layout)
 {
     struct mge_cpu_qweight *qw = &g->quant->qw[n->a.q.slot];
     int w = n->in[1];
@@ -477,7 +478,7 @@ static const struct mge_cpu_qweight *packed_weights(struct mge_graph *g, const s
     int rc = MGE_OK;
     if (!qw->packed)
         rc = n->op == MGE_OP_QCONV2D ? mge_cpu_qweight_pack_conv(qw, F(g, w), (int)N, (int)ws[1],
-                                                                 (int)ws[2], (int)ws[3], taps)
+                                                                 (int)ws[2], (int)ws[3], layout)
                                      : mge_cpu_qweight_pack(qw, F(g, w), (int)N, (int)K);
     if (rc != MGE_OK)
         return NULL;
@@ -510,7 +511,12 @@ static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_q
                         const int64_t *roff, const int32_t *koff, const uint8_t *idx, int pad)
 {
     int64_t H = sh->Hp - 2 * pad, W = sh->Wp - 2 * pad, codes = (int64_t)sh->C * sh->Hp * sh->Wp;
-    mge_cpu_quantize_u8_padded(xp, x, sh->C, H, W, pad, qa);
+    if (qw->layout == MGE_CPU_QCONV_CHANS) {
+        codes = (int64_t)(sh->C + 3) / 4 * 4 * sh->Hp * sh->Wp;
+        mge_cpu_quantize_u8_padded_quads(xp, x, sh->C, H, W, pad, qa);
+    } else {
+        mge_cpu_quantize_u8_padded(xp, x, sh->C, H, W, pad, qa);
+    }
     memset(xp + codes, 0, 128);
     mge_cpu_qconv(qw, sh, xp, roff, koff, idx, qa, bias, post, relu, y);
 }
@@ -532,7 +538,7 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
                                      .stride = stride,
                                      .P = (int)P,
                                      .Q = (int)Q};
-    const struct mge_cpu_qweight *qw = packed_weights(g, n, mge_cpu_qconv_taps(&sh));
+    const struct mge_cpu_qweight *qw = packed_weights(g, n, mge_cpu_qconv_layout(&sh));
     if (!qw)
         return MGE_NOMEM;
     const float *o = F(g, obs);
@@ -540,14 +546,14 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
     mge_cpu_qaffine_from_range(o[0], o[1], &qa);
     uint8_t *base = (uint8_t *)F(g, n->out[1]);
     base += (64 - ((uintptr_t)base & 63)) & 63; /* the scratch has 64 bytes of slack */
-    int64_t qpc = R * ((S + 3) / 4);
+    int64_t quads = R * S;                      /* as conv_shared_bytes() counts */
     int64_t *roff = (int64_t *)(void *)base;
     int32_t *koff = (int32_t *)(void *)(base + ((size_t)(8 * P * Q) + 63) / 64 * 64);
-    uint8_t *idx = (uint8_t *)(koff + (4 * C * qpc + 63) / 64 * 16);
-    float *bn = (float *)(void *)(idx + 64 * qpc);
+    uint8_t *idx = (uint8_t *)(koff + (4 * C * quads + 63) / 64 * 16);
+    float *bn = (float *)(void *)(idx + 64 * quads);
     uint8_t *images = base + conv_shared_bytes(C, R, S, P * Q, qw->N);
     size_t per = conv_thread_bytes(C, H, W, pad);
-    mge_cpu_qconv_tables(&sh, qw->taps, roff, koff, idx);
+    mge_cpu_qconv_tables(&sh, qw->layout, roff, koff, idx);
     const float *xd = F(g, x), *bias = b >= 0 ? F(g, b) : NULL;
     float *yd = F(g, y);
     struct mge_cpu_qpost post = {NULL, NULL, NULL};

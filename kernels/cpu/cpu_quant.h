@@ -65,6 +65,11 @@ void mge_cpu_quantize_u8(uint8_t *out, int64_t ldq, const float *x, int64_t ldx,
 void mge_cpu_quantize_u8_padded(uint8_t *out, const float *x, int64_t C, int64_t H, int64_t W,
                                 int pad, const struct mge_cpu_qaffine *q);
 
+/* The same codes interleaved by 4 channels, (ceil(C / 4), H + 2 @pad, W + 2 @pad, 4), the
+ * channels past C and the border the zero point: MGE_CPU_QCONV_CHANS's input. */
+void mge_cpu_quantize_u8_padded_quads(uint8_t *out, const float *x, int64_t C, int64_t H, int64_t W,
+                                      int pad, const struct mge_cpu_qaffine *q);
+
 /* Per-channel symmetric scales of @w (N, K): scale[n] = max|w[n,:]| / 127 (1 where the row is
  * all zero), inv[n] = 1 / scale[n]. */
 void mge_cpu_qweight_scales(float *scale, float *inv, const float *w, int64_t N, int64_t K);
@@ -88,7 +93,7 @@ struct mge_cpu_qweight {
     int8_t *packed;  /* (Np / 16, Kp / 4, 16, 4) codes, zero in the padding */
     int32_t *colsum; /* (N) sum over k of the codes of row n */
     float *scale;    /* (N) per-channel scales */
-    int taps;        /* convolutions: k-quads of taps, else of filter rows (pack_conv) */
+    int layout;      /* convolutions: enum mge_cpu_qconv_layout of the k-quads */
 };
 
 /* Quantise and pack @w (N, K). MGE_OK, MGE_INVAL (bad shape), MGE_NOMEM (@qw is zeroed). */
@@ -100,26 +105,32 @@ struct mge_cpu_qconv_shape {
     int P, Q; /* the output: (Hp - R) / stride + 1, (Wp - S) / stride + 1 */
 };
 
+/* What the 4 codes of a convolution's k-quad are (one layout per packed weight). */
+enum mge_cpu_qconv_layout {
+    MGE_CPU_QCONV_ROWS,  /* 4 neighbouring taps of a filter row, rows padded to 4 (every path) */
+    MGE_CPU_QCONV_TAPS,  /* 4 taps of a channel in (r, s) order, the last quad padded (5x5: 7) */
+    MGE_CPU_QCONV_CHANS, /* one tap of 4 channels: codes interleaved (C / 4, Hp, Wp, 4) */
+};
+
 /*
- * A convolution's weights (N, C, R, S) for mge_cpu_qconv(): k runs over (c, quad, 4) where the
- * quads of a channel hold, with @taps, its R * S taps in order (the last quad padded with zero
- * weights: 5x5 in 7 quads), else its filter rows each padded from S to a multiple of 4 (5x5 in
- * 10), so that a quad is 4 neighbouring bytes of one image row. Scales are per output channel,
- * as the plain pack's (zero weights change no maximum). Returns as mge_cpu_qweight_pack().
+ * A convolution's weights (N, C, R, S) for mge_cpu_qconv() with k-quads in @layout, padding
+ * quads with zero weights. Scales are per output channel, as the plain pack's (zero weights
+ * change no maximum). Returns as mge_cpu_qweight_pack().
  */
 int mge_cpu_qweight_pack_conv(struct mge_cpu_qweight *qw, const float *w, int N, int C, int R,
-                              int S, int taps);
-/* Whether tap quads serve @sh here (fewer quads than rows, and the pixel-lane kernel can read
- * them: AVX-512 VNNI and VBMI, and a quad's span plus 15 strides within 64 bytes). */
-int mge_cpu_qconv_taps(const struct mge_cpu_qconv_shape *sh);
-/* Quads per input channel in layout @taps. */
-int mge_cpu_qconv_quads(const struct mge_cpu_qconv_shape *sh, int taps);
+                              int S, int layout);
+/* The layout with the fewest k-quads for @sh that the kernels here run fast (taps and channel
+ * quads need AVX-512 VNNI and VBMI and a span the pixel-lane kernel can load). */
+int mge_cpu_qconv_layout(const struct mge_cpu_qconv_shape *sh);
+/* Quads per group (an input channel; 4 of them in MGE_CPU_QCONV_CHANS) in @layout. */
+int mge_cpu_qconv_quads(const struct mge_cpu_qconv_shape *sh, int layout);
 /*
- * The tables mge_cpu_qconv() reads for layout @taps: @roff (P * Q) each output pixel's first code,
- * @koff (C * quads) each quad's first tap from there, @idx (quads, 64; 64-byte aligned) per quad
- * of a channel the byte of tap j of lane l of a pixel vector (4 l + j) from lane 0's first tap.
+ * The tables mge_cpu_qconv() reads for @layout: @roff (P * Q) each output pixel's first code,
+ * @koff (groups * quads, at most C R S) each quad's first code from there, @idx (quads, 64;
+ * 64-byte aligned) per quad of a group the byte of tap j of lane l of a pixel vector (4 l + j)
+ * from lane 0's first tap.
  */
-void mge_cpu_qconv_tables(const struct mge_cpu_qconv_shape *sh, int taps, int64_t *roff,
+void mge_cpu_qconv_tables(const struct mge_cpu_qconv_shape *sh, int layout, int64_t *roff,
                           int32_t *koff, uint8_t *idx);
 /* Free what pack allocated and zero @qw; a zeroed @qw does nothing. */
 void mge_cpu_qweight_fini(struct mge_cpu_qweight *qw);

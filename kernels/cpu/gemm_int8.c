@@ -130,6 +130,61 @@ quantize_row_avx512(uint8_t *o, const float *x, int64_t n, const struct mge_cpu_
 }
 #endif
 
+#if HAVE_VNNI_BUILD
+/* 4 channels' rows (@x, @x + @cs, ...; @c of them real) -> (W, 4) interleaved codes, @n pixels. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
+quantize_quad_avx512(uint8_t *o, const float *x, int64_t cs, int c, int64_t n,
+                     const struct mge_cpu_qaffine *p)
+{
+    const __m512 inv = _mm512_set1_ps(p->inv), lo = _mm512_set1_ps(-512.0f);
+    const __m512 hi = _mm512_set1_ps(512.0f);
+    const __m512i zp = _mm512_set1_epi32(p->zp), z = _mm512_setzero_si512();
+    const __m512i top = _mm512_set1_epi32(255);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512i out = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            __m512i v = zp; /* a channel past C: the code of 0 (its weights are 0 anyway) */
+            if (j < c) {
+                __m512 r = _mm512_roundscale_ps(
+                    _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j * cs + i), inv),
+                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+                v = _mm512_add_epi32(_mm512_cvtps_epi32(r), zp);
+                v = _mm512_min_epi32(_mm512_max_epi32(v, z), top);
+            }
+            out = _mm512_or_si512(out, _mm512_slli_epi32(v, 8 * j));
+        }
+        _mm512_mask_storeu_epi32(o + 4 * i, k, out);
+    }
+}
+#endif
+
+void mge_cpu_quantize_u8_padded_quads(uint8_t *out, const float *x, int64_t C, int64_t H, int64_t W,
+                                      int pad, const struct mge_cpu_qaffine *q)
+{
+    const struct mge_cpu_qaffine p = *q;
+    const int64_t Hp = H + 2 * pad, Wp = W + 2 * pad, C4 = (C + 3) / 4;
+    int wide = HAVE_VNNI_BUILD && mge_cpu_has_vnni();
+    memset(out, p.zp, (size_t)(C4 * Hp * Wp * 4)); /* the border: the code of 0 */
+    for (int64_t c4 = 0; c4 < C4; c4++) {
+        int c = C - 4 * c4 < 4 ? (int)(C - 4 * c4) : 4;
+        for (int64_t h = 0; h < H; h++) {
+            uint8_t *o = out + ((c4 * Hp + pad + h) * Wp + pad) * 4;
+            const float *xr = x + (4 * c4 * H + h) * W;
+#if HAVE_VNNI_BUILD
+            if (wide) {
+                quantize_quad_avx512(o, xr, H * W, c, W, &p);
+                continue;
+            }
+#endif
+            for (int64_t i = 0; i < W; i++)
+                for (int j = 0; j < c; j++)
+                    o[4 * i + j] = (uint8_t)mge_cpu_quant_u8(xr[j * H * W + i], &p);
+        }
+    }
+}
+
 void mge_cpu_quantize_u8_padded(uint8_t *out, const float *x, int64_t C, int64_t H, int64_t W,
                                 int pad, const struct mge_cpu_qaffine *q)
 {
@@ -234,28 +289,37 @@ int mge_cpu_qweight_pack(struct mge_cpu_qweight *qw, const float *w, int N, int 
 }
 
 int mge_cpu_qweight_pack_conv(struct mge_cpu_qweight *qw, const float *w, int N, int C, int R,
-                              int S, int taps)
+                              int S, int layout)
 {
-    /* per input channel: its R * S taps padded to a multiple of 4, or each filter row padded */
-    int T = R * S, S4 = (S + 3) / 4 * 4, T4 = taps ? (T + 3) / 4 * 4 : R * S4, K = C * T4;
+    int T = R * S, S4 = (S + 3) / 4 * 4, C4 = (C + 3) / 4;
+    int K = layout == MGE_CPU_QCONV_CHANS  ? C4 * 4 * T
+            : layout == MGE_CPU_QCONV_TAPS ? C * ((T + 3) / 4 * 4)
+                                           : C * R * S4;
     float *wp = mge_calloc((size_t)N * (size_t)K, sizeof(float));
     if (!wp)
         return MGE_ERR(MGE_NOMEM, "cannot allocate int8 conv weights");
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++)
-            for (int t = 0; t < T; t++)
-                wp[(size_t)n * (size_t)K + (size_t)(c * T4 + (taps ? t : t / S * S4 + t % S))] =
+            for (int t = 0; t < T; t++) {
+                int k = layout == MGE_CPU_QCONV_CHANS  ? ((c / 4) * T + t) * 4 + c % 4
+                        : layout == MGE_CPU_QCONV_TAPS ? c * ((T + 3) / 4 * 4) + t
+                                                       : (c * R + t / S) * S4 + t % S;
+                wp[(size_t)n * (size_t)K + (size_t)k] =
                     w[((size_t)n * (size_t)C + (size_t)c) * (size_t)T + (size_t)t];
+            }
     int rc = mge_cpu_qweight_pack(qw, wp, N, K);
     mge_free(wp);
-    qw->taps = taps;
+    qw->layout = layout;
     return rc;
 }
 
-/* The offset of tap @j of quad @qi (of a channel) from the channel's first code; -1: padding. */
-static int quad_tap(const struct mge_cpu_qconv_shape *sh, int taps, int qi, int j)
+/* The byte of tap @j of quad @qi (of a group: a channel, or 4 channels) from the group's first
+ * code; -1: a padding tap (zero weight). */
+static int quad_tap(const struct mge_cpu_qconv_shape *sh, int layout, int qi, int j)
 {
-    if (taps) {
+    if (layout == MGE_CPU_QCONV_CHANS) /* quad (r, s): 4 channels of one pixel */
+        return 4 * (qi / sh->S * sh->Wp + qi % sh->S) + j;
+    if (layout == MGE_CPU_QCONV_TAPS) {
         int t = 4 * qi + j;
         return t < sh->R * sh->S ? t / sh->S * sh->Wp + t % sh->S : -1;
     }
@@ -263,46 +327,77 @@ static int quad_tap(const struct mge_cpu_qconv_shape *sh, int taps, int qi, int 
     return r * sh->Wp + s;
 }
 
-int mge_cpu_qconv_quads(const struct mge_cpu_qconv_shape *sh, int taps)
+int mge_cpu_qconv_quads(const struct mge_cpu_qconv_shape *sh, int layout)
 {
-    return taps ? (sh->R * sh->S + 3) / 4 : sh->R * ((sh->S + 3) / 4);
+    return layout == MGE_CPU_QCONV_CHANS  ? sh->R * sh->S
+           : layout == MGE_CPU_QCONV_TAPS ? (sh->R * sh->S + 3) / 4
+                                          : sh->R * ((sh->S + 3) / 4);
 }
 
-/* Bytes a pixel vector's load spans in layout @taps: 15 strides plus the widest quad. */
-static int quads_window(const struct mge_cpu_qconv_shape *sh, int taps)
+/* Groups of quads: input channels, or 4 of them. */
+static int quad_groups(const struct mge_cpu_qconv_shape *sh, int layout)
+{
+    return layout == MGE_CPU_QCONV_CHANS ? (sh->C + 3) / 4 : sh->C;
+}
+
+/* Bytes per pixel position in the codes of @layout. */
+static int pixel_bytes(int layout)
+{
+    return layout == MGE_CPU_QCONV_CHANS ? 4 : 1;
+}
+
+/* Bytes a pixel vector's loads span in @layout: 15 strides plus the widest quad. */
+static int quads_window(const struct mge_cpu_qconv_shape *sh, int layout)
 {
     int wide = 0;
-    for (int qi = 0; qi < mge_cpu_qconv_quads(sh, taps); qi++) {
-        int o0 = quad_tap(sh, taps, qi, 0);
+    for (int qi = 0; qi < mge_cpu_qconv_quads(sh, layout); qi++) {
+        int o0 = quad_tap(sh, layout, qi, 0);
         for (int j = 1; j < 4; j++) {
-            int o = quad_tap(sh, taps, qi, j);
+            int o = quad_tap(sh, layout, qi, j);
             wide = o - o0 > wide ? o - o0 : wide;
         }
     }
-    return 15 * sh->stride + wide + 1;
+    return 15 * sh->stride * pixel_bytes(layout) + wide + 1;
 }
 
-int mge_cpu_qconv_taps(const struct mge_cpu_qconv_shape *sh)
+/* Whether the pixel-lane kernel reads @layout here (two 64-byte loads at most). */
+static int pixels_can(const struct mge_cpu_qconv_shape *sh, int layout)
 {
     return mge_cpu_has_vnni() && g_has_vbmi && sh->stride >= 1 && sh->stride <= 4 &&
-           mge_cpu_qconv_quads(sh, 1) < mge_cpu_qconv_quads(sh, 0) && quads_window(sh, 1) <= 64;
+           quads_window(sh, layout) <= 128;
 }
 
-void mge_cpu_qconv_tables(const struct mge_cpu_qconv_shape *sh, int taps, int64_t *roff,
+int mge_cpu_qconv_layout(const struct mge_cpu_qconv_shape *sh)
+{
+    /* the fewest k slots (R S C real ones) among what runs here; rows on a tie */
+    int best = MGE_CPU_QCONV_ROWS;
+    int64_t slots = (int64_t)quad_groups(sh, best) * mge_cpu_qconv_quads(sh, best);
+    for (int l = MGE_CPU_QCONV_TAPS; l <= MGE_CPU_QCONV_CHANS; l++) {
+        int64_t k = (int64_t)quad_groups(sh, l) * mge_cpu_qconv_quads(sh, l);
+        if (k < slots && pixels_can(sh, l)) {
+            best = l;
+            slots = k;
+        }
+    }
+    return best;
+}
+
+void mge_cpu_qconv_tables(const struct mge_cpu_qconv_shape *sh, int layout, int64_t *roff,
                           int32_t *koff, uint8_t *idx)
 {
-    int qpc = mge_cpu_qconv_quads(sh, taps);
+    int qpc = mge_cpu_qconv_quads(sh, layout), pb = pixel_bytes(layout);
+    int64_t plane = (int64_t)sh->Hp * sh->Wp * pb;
     for (int p = 0; p < sh->P; p++)
         for (int q = 0; q < sh->Q; q++)
-            roff[p * sh->Q + q] = ((int64_t)p * sh->Wp + q) * sh->stride;
+            roff[p * sh->Q + q] = ((int64_t)p * sh->Wp + q) * sh->stride * pb;
     for (int qi = 0; qi < qpc; qi++) {
-        int o0 = quad_tap(sh, taps, qi, 0);
-        for (int c = 0; c < sh->C; c++)
-            koff[c * qpc + qi] = (int32_t)((int64_t)c * sh->Hp * sh->Wp + o0);
+        int o0 = quad_tap(sh, layout, qi, 0);
+        for (int c = 0; c < quad_groups(sh, layout); c++)
+            koff[c * qpc + qi] = (int32_t)(c * plane + o0);
         /* byte 4 l + j of a pixel vector: lane l's tap j, from the load at lane 0's first tap */
         for (int i = 0; i < 64; i++) {
-            int o = quad_tap(sh, taps, qi, i % 4);
-            idx[qi * 64 + i] = (uint8_t)(sh->stride * (i / 4) + (o < 0 ? 0 : o - o0));
+            int o = quad_tap(sh, layout, qi, i % 4);
+            idx[qi * 64 + i] = (uint8_t)(sh->stride * pb * (i / 4) + (o < 0 ? 0 : o - o0));
         }
     }
 }
@@ -573,17 +668,24 @@ static struct pixel_vec pixel_vec_at(int64_t v, int s, int P, int Q, int Wp)
  * whole.
  */
 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"))) static void
-conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh, int wbytes)
+conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh, int wbytes,
+                 int pb)
 {
     const struct mge_cpu_qweight *qw = g->qw;
     const int KQ = qw->Kp / 4, N = qw->N, s = sh->stride, P = sh->P, Q = sh->Q, Wp = sh->Wp;
     const int64_t PQ = (int64_t)P * Q;
     const int64_t nvec = s == 1 ? ((int64_t)(P - 1) * Wp + Q + 15) / 16 : P * ((Q + 15) / 16);
     const __mmask64 win = wbytes >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << wbytes) - 1;
+    /* a span past 64 bytes (channel quads at stride 2): a second load, both through vpermt2b */
+    const int two = wbytes > 64;
+    const __mmask64 win2 = !two            ? 0
+                           : wbytes >= 128 ? ~(__mmask64)0
+                                           : ((__mmask64)1 << (wbytes - 64)) - 1;
     for (int64_t v = 0; v < nvec; v += 2) {
         struct pixel_vec e0 = pixel_vec_at(v, s, P, Q, Wp), e1 = pixel_vec_at(v + 1, s, P, Q, Wp);
         if (!e1.valid)
             e1.base = e0.base; /* past the last vector: read what is known to be there */
+        const int64_t b0 = e0.base * pb, b1 = e1.base * pb;
         for (int n0 = 0; n0 < N; n0 += CB) {
             /* named accumulators: an array indexed after the loop was kept on the stack */
             __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0,
@@ -593,10 +695,16 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
             for (int kq = 0, qi = 0; kq < KQ; kq++, qi = qi + 1 == g->qpc ? 0 : qi + 1) {
                 const uint8_t *x = g->a + g->koff[kq];
                 const __m512i idx = _mm512_load_si512((const void *)(g->idx + 64 * qi));
-                __m512i x0 =
-                    _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + e0.base));
-                __m512i x1 =
-                    _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + e1.base));
+                __m512i x0, x1;
+                if (!two) {
+                    x0 = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + b0));
+                    x1 = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + b1));
+                } else {
+                    x0 = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(x + b0)), idx,
+                                                  _mm512_maskz_loadu_epi8(win2, x + b0 + 64));
+                    x1 = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(x + b1)), idx,
+                                                  _mm512_maskz_loadu_epi8(win2, x + b1 + 64));
+                }
                 const int8_t *w = wb + (size_t)kq * 64;
 #define DP(j)                                                                                      \
     do {                                                                                           \
@@ -719,7 +827,7 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_
                           .roff = roff,
                           .koff = koff,
                           .idx = idx,
-                          .qpc = mge_cpu_qconv_quads(sh, qw->taps),
+                          .qpc = mge_cpu_qconv_quads(sh, qw->layout),
                           .zp = qx->zp,
                           .sx = qx->scale,
                           .bias = bias,
@@ -731,13 +839,12 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_
 #if HAVE_VNNI_BUILD
     /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
     _Static_assert(16 % CB == 0, "a channel block within one packed block");
-    int wbytes = quads_window(sh, qw->taps);
-    if (mge_cpu_has_vnni() && g_has_vbmi && sh->stride >= 1 && sh->stride <= 4 && wbytes <= 64) {
-        conv_pixels_vnni(&g, sh, wbytes);
+    if (pixels_can(sh, qw->layout)) {
+        conv_pixels_vnni(&g, sh, quads_window(sh, qw->layout), pixel_bytes(qw->layout));
         return;
     }
 #endif
-    if (qw->taps)
+    if (qw->layout != MGE_CPU_QCONV_ROWS)
         conv_portable(&g, PQ, relu && !has_post);
     else
         mge_cpu_gemm_u8s8_gather(qw, (int)PQ, a, roff, koff, qx, bias, relu && !has_post, y, 1, PQ);

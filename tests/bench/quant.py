@@ -1,13 +1,14 @@
 #!/usr/bin/python3
 """quant.py: int8 inference against fp32, mge-infer and PyTorch 1.13 side by side.
 
-Trains the Fashion-MNIST MLP (784-512-512-10) and LeNet-5 briefly in fp32, fine-tunes them with
-quantisation-aware training (quant.mode qat), and times mge-infer on the 10,000 test images with
---precision fp32 and int8 (samples/s over the graph runs, batch 128, THREADS threads, best of
-ROUNDS alternating rounds). PyTorch runs the same architectures in fp32 and int8 (eager-mode
-static quantisation, Linear+ReLU and Conv fused, on its x86 int8 engine: fbgemm when the build
-has it, else onednn; Debian's 1.13 build has onednn and qnnpack only) over the same images; it
-is skipped, with a line saying so, when /usr/bin/python3 cannot import torch.
+Trains the Fashion-MNIST MLP (784-512-512-10), LeNet-5 and ResNet-8 (width 16, the quant tests')
+briefly in fp32, fine-tunes them with quantisation-aware training (quant.mode qat), and times
+mge-infer on the 10,000 test images with --precision fp32 and int8 (samples/s over the graph
+runs, batch 128, THREADS threads, best of ROUNDS alternating rounds). PyTorch runs the same
+architectures in fp32 and int8 (eager-mode static quantisation: Linear+ReLU, Conv+BN(+ReLU)
+fused, the residual a quantised add_relu; on its x86 int8 engine: fbgemm when the build has it,
+else onednn; Debian's 1.13 build has onednn and qnnpack only) over the same images; it is
+skipped, with a line saying so, when /usr/bin/python3 cannot import torch.
 
 Usage: quant.py BUILD [THREADS] [ROUNDS]
 """
@@ -28,7 +29,11 @@ ROUNDS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DATA = "/usr/share/datasets/fashion-mnist"
-JOBS = [("mlp", "examples/fmnist-mlp.yaml", 300, 100), ("lenet", "examples/fmnist-lenet.yaml", 300, 100)]
+# name, spec, fp32 steps, QAT steps, --set overrides (ResNet-8 width 16: the quant tests' ResNet)
+JOBS = [("mlp", "examples/fmnist-mlp.yaml", 300, 100, []),
+        ("lenet", "examples/fmnist-lenet.yaml", 300, 100, []),
+        ("resnet8", "examples/fmnist-resnet20.yaml", 60, 30,
+         ["model.depth=8", "train.batch_size=64"])]
 TORCH_LIB = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 
 
@@ -36,10 +41,12 @@ def last_json(out):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def train(spec, out, steps, extra):
+def train(spec, out, steps, sets, extra):
     cmd = [os.path.join(BUILD, "bin", "mge-train"), os.path.join(ROOT, spec), "--json",
            "--threads", str(THREADS), "--set", "train.steps=%d" % steps,
            "--set", "train.eval=false", "--out", out] + extra
+    for kv in sets:
+        cmd += ["--set", kv]
     subprocess.run(cmd, capture_output=True, text=True, check=True)
     return os.path.join(out, "latest.mgeckpt")
 
@@ -104,8 +111,50 @@ def torch_bench(name):
 
         fuse = [["fc1", "r1"], ["fc2", "r2"]]
 
+    class Block(nn.Module):
+        """A basic block as mge's resnet builds it: conv-bn-relu, conv-bn, + shortcut (a 1x1
+        conv-bn where the shape changes), relu; fused for int8 as conv+bn+relu, conv+bn and a
+        quantised add_relu."""
+
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1, self.relu1 = nn.BatchNorm2d(cout), nn.ReLU()
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+            self.add = nn.quantized.FloatFunctional()
+
+        def forward(self, x):
+            y = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
+            return self.add.add_relu(y, x if self.down is None else self.down(x))
+
+        def fuse_list(self, prefix):
+            f = [[prefix + "conv1", prefix + "bn1", prefix + "relu1"], [prefix + "conv2", prefix + "bn2"]]
+            return f + ([[prefix + "down.0", prefix + "down.1"]] if self.down is not None else [])
+
+    class ResNet8(nn.Module):
+        def __init__(self, width=16):
+            super().__init__()
+            self.q, self.dq = tq.QuantStub(), tq.DeQuantStub()
+            self.conv1 = nn.Conv2d(1, width, 3, 1, 1, bias=False)
+            self.bn1, self.relu = nn.BatchNorm2d(width), nn.ReLU()
+            self.blocks = nn.Sequential(Block(width, width, 1), Block(width, 2 * width, 2),
+                                        Block(2 * width, 4 * width, 2))
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(4 * width, 10)
+            self.fuse = [["conv1", "bn1", "relu"]] + [
+                f for i, b in enumerate(self.blocks) for f in b.fuse_list("blocks.%d." % i)]
+
+        def forward(self, t):
+            t = self.blocks(self.relu(self.bn1(self.conv1(self.q(t)))))
+            return self.dq(self.fc(torch.flatten(self.pool(t), 1)))
+
     torch.manual_seed(0)
-    m = (Mlp if name == "mlp" else LeNet)().eval()
+    m = {"mlp": Mlp, "lenet": LeNet, "resnet8": ResNet8}[name]().eval()
     batches = list(torch.split(x, 128))
 
     def rate(model):
@@ -157,9 +206,9 @@ def main():
         "model", "mge fp32/s", "mge int8/s", "speedup", "fp32 acc", "int8 acc",
         "torch fp32/s", "torch int8/s", "speedup"))
     with tempfile.TemporaryDirectory() as t:
-        for name, spec, steps, qat_steps in JOBS:
-            ck32 = train(spec, os.path.join(t, name), steps, [])
-            ck = train(spec, os.path.join(t, name + "-qat"), qat_steps,
+        for name, spec, steps, qat_steps, sets in JOBS:
+            ck32 = train(spec, os.path.join(t, name), steps, sets, [])
+            ck = train(spec, os.path.join(t, name + "-qat"), qat_steps, sets,
                        ["--init-from", ck32, "--set", "quant.mode=qat"])
             best = {"fp32": (0.0, 0.0), "int8": (0.0, 0.0)}
             for _ in range(ROUNDS):

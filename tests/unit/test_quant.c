@@ -109,23 +109,24 @@ static const int conv_shapes[][8] = {
     {2, 20, 21, 5, 5, 5, 2, 3},   {2, 20, 21, 5, 4, 4, 0, 4},   {2, 20, 21, 5, 3, 3, 1, 5},
     {2, 50, 50, 4, 5, 5, 2, 1},   {3, 12, 12, 5, 7, 7, 3, 2}}; /* taps too wide for one load */
 
-/* _i: shape x 2 quad layouts (taps, rows) x 2 paths (pixel lanes where the CPU has VNNI and VBMI
- * and the window fits, portable) x relu/bias/post. */
+/* _i: shape x 3 quad layouts (rows, taps, channels) x 2 paths (pixel lanes where the CPU has VNNI
+ * and VBMI and the window fits, portable) x relu/bias/post. */
 START_TEST(test_qconv_matches_reference)
 {
-    const int *sh = conv_shapes[_i / 4];
+    const int *sh = conv_shapes[_i / 6];
     int C = sh[0], H = sh[1], W = sh[2], N = sh[3], R = sh[4], S = sh[5], pad = sh[6], st = sh[7];
-    int portable = _i % 2, taps = _i / 2 % 2, Hp = H + 2 * pad, Wp = W + 2 * pad;
+    int portable = _i % 2, layout = _i / 2 % 3, Hp = H + 2 * pad, Wp = W + 2 * pad;
     int P = (Hp - R) / st + 1, Q = (Wp - S) / st + 1, K = C * R * S;
     struct mge_cpu_qconv_shape shape = {C, Hp, Wp, R, S, st, P, Q};
-    int qpc = mge_cpu_qconv_quads(&shape, taps);
+    int qpc = mge_cpu_qconv_quads(&shape, layout), C4 = (C + 3) / 4;
+    int groups = layout == MGE_CPU_QCONV_CHANS ? C4 : C, pb = layout == MGE_CPU_QCONV_CHANS ? 4 : 1;
     struct mge_rng rng;
     mge_rng_seed(&rng, 300 + (uint64_t)_i);
     float *w = malloc(sizeof(float) * (size_t)(N * K)), *bias = malloc(sizeof(float) * (size_t)N);
-    size_t xn = (size_t)(C * Hp * Wp) + 128;
-    uint8_t *xp = malloc(xn);
+    size_t xn = (size_t)(4 * C4 * Hp * Wp) + 128;
+    uint8_t *xp = malloc(xn), *xq = malloc(xn); /* planes; interleaved by 4 channels */
     int64_t *roff = malloc(sizeof(int64_t) * (size_t)(P * Q));
-    int32_t *koff = malloc(sizeof(int32_t) * (size_t)(C * qpc));
+    int32_t *koff = malloc(sizeof(int32_t) * (size_t)(groups * qpc));
     uint8_t *idx = aligned_alloc(64, (size_t)(64 * qpc));
     float *y = malloc(sizeof(float) * (size_t)(N * P * Q)),
           *ref = malloc(sizeof(float) * (size_t)(N * P * Q));
@@ -135,11 +136,15 @@ START_TEST(test_qconv_matches_reference)
         bias[n] = urand(&rng, -2.0f, 2.0f);
     for (size_t i = 0; i < xn; i++)
         xp[i] = i < (size_t)(C * Hp * Wp) ? (uint8_t)(mge_rng_float(&rng) * 256.0f) : 0;
-    mge_cpu_qconv_tables(&shape, taps, roff, koff, idx);
-    ck_assert_int_eq(roff[P * Q - 1], ((int64_t)(P - 1) * Wp + Q - 1) * st);
+    memset(xq, 0, xn);
+    for (int c = 0; c < C; c++)
+        for (int i = 0; i < Hp * Wp; i++)
+            xq[((c / 4) * Hp * Wp + i) * 4 + c % 4] = xp[c * Hp * Wp + i];
+    mge_cpu_qconv_tables(&shape, layout, roff, koff, idx);
+    ck_assert_int_eq(roff[P * Q - 1], ((int64_t)(P - 1) * Wp + Q - 1) * st * pb);
     struct mge_cpu_qweight qw;
-    ck_assert_int_eq(mge_cpu_qweight_pack_conv(&qw, w, N, C, R, S, taps), MGE_OK);
-    ck_assert_int_eq(qw.Kp, 4 * C * qpc);
+    ck_assert_int_eq(mge_cpu_qweight_pack_conv(&qw, w, N, C, R, S, layout), MGE_OK);
+    ck_assert_int_eq(qw.Kp, 4 * groups * qpc);
     struct mge_cpu_qaffine qx;
     mge_cpu_qaffine_from_range(-0.7f, 2.0f, &qx);
     mge_cpu_set_vnni(!portable);
@@ -157,7 +162,7 @@ START_TEST(test_qconv_matches_reference)
         int relu = variant >= 1;
         const float *b = variant == 1 ? NULL : bias;
         const struct mge_cpu_qpost *pp = variant == 2 ? &post : NULL;
-        mge_cpu_qconv(&qw, &shape, xp, roff, koff, idx, &qx, b, pp, relu, y);
+        mge_cpu_qconv(&qw, &shape, pb == 4 ? xq : xp, roff, koff, idx, &qx, b, pp, relu, y);
         for (int n = 0; n < N; n++) {
             float inv = 1.0f / qw.scale[n];
             for (int p = 0; p < P; p++)
@@ -195,6 +200,7 @@ START_TEST(test_qconv_matches_reference)
     free(w);
     free(bias);
     free(xp);
+    free(xq);
     free(roff);
     free(koff);
     free(idx);
@@ -688,7 +694,7 @@ static Suite *quant_suite(void)
     tcase_add_loop_test(tc, test_gemm_u8s8_matches_reference, 0,
                         2 * (int)(sizeof(shapes) / sizeof(shapes[0])));
     tcase_add_loop_test(tc, test_qconv_matches_reference, 0,
-                        4 * (int)(sizeof(conv_shapes) / sizeof(conv_shapes[0])));
+                        6 * (int)(sizeof(conv_shapes) / sizeof(conv_shapes[0])));
     tcase_add_test(tc, test_quantisers);
     tcase_add_test(tc, test_ste_finite_differences);
     suite_add_tcase(s, tc);
