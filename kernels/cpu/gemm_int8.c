@@ -660,12 +660,25 @@ static struct pixel_vec pixel_vec_at(int64_t v, int s, int P, int Q, int Wp)
 
 #define CB 8 /* output channels per block of the pixel-lane convolution */
 
+/* Lane l's quad of a pixel vector whose load starts at @x: see conv_pixels_vnni(). */
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"),
+               always_inline)) static inline __m512i
+load_pixels(const uint8_t *x, int mode, __m512i idx, __mmask64 win, __mmask64 win2)
+{
+    if (mode == 0) /* channel quads at stride 1: the lanes' quads are 64 bytes in a row */
+        return _mm512_loadu_si512((const void *)x);
+    if (mode == 1)
+        return _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x));
+    return _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)x), idx,
+                                    _mm512_maskz_loadu_epi8(win2, x + 64));
+}
+
 /*
- * A convolution with output pixels as the lanes (stride @s <= 4): lane l's k-quad (4 consecutive
- * taps of a row) lies at + s l from the vector's base, so the 16 lanes' quads are one load of
- * 15 s + 4 bytes spread by vpermb; 2 pixel vectors x CB channels of sums in 16 accumulators,
- * weights broadcast. Each channel's 16 sums are neighbouring pixels of the NCHW output: stored
- * whole.
+ * A convolution with output pixels as the lanes (stride <= 4): lane l's k-quad lies at + s l
+ * pixels from the vector's base, so the 16 lanes' quads are one load of @wbytes (<= 64; else two)
+ * spread by vpermb (vpermt2b) with the quad's index; 3 pixel vectors x CB channels of sums in 24
+ * accumulators, weights broadcast. Each channel's 16 sums are neighbouring pixels of the NCHW
+ * output: stored whole. @pb: bytes per pixel position of the codes.
  */
 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"))) static void
 conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh, int wbytes,
@@ -676,35 +689,36 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
     const int64_t PQ = (int64_t)P * Q;
     const int64_t nvec = s == 1 ? ((int64_t)(P - 1) * Wp + Q + 15) / 16 : P * ((Q + 15) / 16);
     const __mmask64 win = wbytes >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << wbytes) - 1;
-    /* a span past 64 bytes (channel quads at stride 2): a second load, both through vpermt2b */
-    const int two = wbytes > 64;
-    const __mmask64 win2 = !two            ? 0
+    const __mmask64 win2 = wbytes <= 64    ? 0
                            : wbytes >= 128 ? ~(__mmask64)0
                                            : ((__mmask64)1 << (wbytes - 64)) - 1;
-    for (int64_t v = 0; v < nvec; v += 2) {
+    /* 0: every index the identity (plain loads), 1: one load, 2: two loads */
+    int mode = wbytes > 64 ? 2 : 1;
+    if (wbytes == 64) {
+        mode = 0;
+        for (int i = 0; mode == 0 && i < 64 * g->qpc; i++)
+            mode = g->idx[i] == i % 64 ? 0 : 1;
+    }
+    for (int64_t v = 0; v < nvec; v += 3) {
         struct pixel_vec e0 = pixel_vec_at(v, s, P, Q, Wp), e1 = pixel_vec_at(v + 1, s, P, Q, Wp);
-        if (!e1.valid)
-            e1.base = e0.base; /* past the last vector: read what is known to be there */
-        const int64_t b0 = e0.base * pb, b1 = e1.base * pb;
+        struct pixel_vec e2 = pixel_vec_at(v + 2, s, P, Q, Wp);
+        if (!e1.valid) /* past the last vector: read what is known to be there */
+            e1.base = e0.base;
+        if (!e2.valid)
+            e2.base = e0.base;
+        const int64_t b0 = e0.base * pb, b1 = e1.base * pb, b2 = e2.base * pb;
         for (int n0 = 0; n0 < N; n0 += CB) {
             /* named accumulators: an array indexed after the loop was kept on the stack */
             __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0,
                     p6 = p0, p7 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0, q4 = p0, q5 = p0, q6 = p0,
-                    q7 = p0;
+                    q7 = p0, r0 = p0, r1 = p0, r2 = p0, r3 = p0, r4 = p0, r5 = p0, r6 = p0, r7 = p0;
             const int8_t *wb = qw->packed + (size_t)(n0 / 16) * (size_t)KQ * 64 + (n0 % 16) * 4;
             for (int kq = 0, qi = 0; kq < KQ; kq++, qi = qi + 1 == g->qpc ? 0 : qi + 1) {
                 const uint8_t *x = g->a + g->koff[kq];
                 const __m512i idx = _mm512_load_si512((const void *)(g->idx + 64 * qi));
-                __m512i x0, x1;
-                if (!two) {
-                    x0 = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + b0));
-                    x1 = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(win, x + b1));
-                } else {
-                    x0 = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(x + b0)), idx,
-                                                  _mm512_maskz_loadu_epi8(win2, x + b0 + 64));
-                    x1 = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(x + b1)), idx,
-                                                  _mm512_maskz_loadu_epi8(win2, x + b1 + 64));
-                }
+                __m512i x0 = load_pixels(x + b0, mode, idx, win, win2);
+                __m512i x1 = load_pixels(x + b1, mode, idx, win, win2);
+                __m512i x2 = load_pixels(x + b2, mode, idx, win, win2);
                 const int8_t *w = wb + (size_t)kq * 64;
 #define DP(j)                                                                                      \
     do {                                                                                           \
@@ -713,6 +727,7 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
         __m512i wv = _mm512_set1_epi32(wj);                                                        \
         p##j = _mm512_dpbusd_epi32(p##j, x0, wv);                                                  \
         q##j = _mm512_dpbusd_epi32(q##j, x1, wv);                                                  \
+        r##j = _mm512_dpbusd_epi32(r##j, x2, wv);                                                  \
     } while (0)
                 DP(0);
                 DP(1);
@@ -726,12 +741,15 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
             }
             __m512i a0[CB] = {p0, p1, p2, p3, p4, p5, p6, p7};
             __m512i a1[CB] = {q0, q1, q2, q3, q4, q5, q6, q7};
+            __m512i a2[CB] = {r0, r1, r2, r3, r4, r5, r6, r7};
             for (int j = 0; j < CB && n0 + j < N; j++) {
                 int64_t yn = (int64_t)(n0 + j) * PQ;
                 if (e0.valid)
                     store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense);
                 if (e1.valid)
                     store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense);
+                if (e2.valid)
+                    store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense);
             }
         }
     }
