@@ -102,6 +102,18 @@ void mge_cpu_fake_quant_affine_backward(float *dx, const float *dy, const float 
  * even (the default mode nearbyintf uses), clamp to [-512, 512] (max_ps gives -512 for NaN, as
  * the scalar test does), + zp, clamp to [0, 255]. Returns how many leading values it did.
  */
+/* The codes (one per dword) of 16 values @x loaded under mask @k. */
+__attribute__((target("avx512f,avx512bw"), always_inline)) static inline __m512i
+codes16(const float *x, __mmask16 k, const struct mge_cpu_qaffine *p)
+{
+    __m512 r =
+        _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x), _mm512_set1_ps(p->inv)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-512.0f)), _mm512_set1_ps(512.0f));
+    __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(r), _mm512_set1_epi32(p->zp));
+    return _mm512_min_epi32(_mm512_max_epi32(v, _mm512_setzero_si512()), _mm512_set1_epi32(255));
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static int64_t
 quantize_row_avx512(uint8_t *o, const float *x, int64_t n, const struct mge_cpu_qaffine *p)
 {
@@ -109,18 +121,10 @@ quantize_row_avx512(uint8_t *o, const float *x, int64_t n, const struct mge_cpu_
     for (int i = 0; i < 64; i++)
         lows[i] = (uint8_t)(4 * (i % 16)); /* byte i of the result: the low byte of dword i */
     const __m512i low = _mm512_loadu_si512((const void *)lows);
-    const __m512 inv = _mm512_set1_ps(p->inv), lo = _mm512_set1_ps(-512.0f);
-    const __m512 hi = _mm512_set1_ps(512.0f);
-    const __m512i zp = _mm512_set1_epi32(p->zp), z = _mm512_setzero_si512();
-    const __m512i top = _mm512_set1_epi32(255);
     for (int64_t i = 0; i < n; i += 16) {
         /* the tail under a mask: rows as short as a feature map's (14, 28) stay vectorised */
         __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
-        __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(r), zp);
-        v = _mm512_min_epi32(_mm512_max_epi32(v, z), top);
+        __m512i v = codes16(x + i, k, p);
         /* narrowed by vpermb in a register, then stored: vpmovdb to memory (what the compiler
          * makes of a narrowing store) stalls on Zen 4 */
         __m512i b = _mm512_permutexvar_epi8(low, v);
@@ -136,23 +140,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
 quantize_quad_avx512(uint8_t *o, const float *x, int64_t cs, int c, int64_t n,
                      const struct mge_cpu_qaffine *p)
 {
-    const __m512 inv = _mm512_set1_ps(p->inv), lo = _mm512_set1_ps(-512.0f);
-    const __m512 hi = _mm512_set1_ps(512.0f);
-    const __m512i zp = _mm512_set1_epi32(p->zp), z = _mm512_setzero_si512();
-    const __m512i top = _mm512_set1_epi32(255);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
         __m512i out = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {
-            __m512i v = zp; /* a channel past C: the code of 0 (its weights are 0 anyway) */
-            if (j < c) {
-                __m512 r = _mm512_roundscale_ps(
-                    _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j * cs + i), inv),
-                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
-                v = _mm512_add_epi32(_mm512_cvtps_epi32(r), zp);
-                v = _mm512_min_epi32(_mm512_max_epi32(v, z), top);
-            }
+            /* a channel past C: the code of 0 (its weights are 0 anyway) */
+            __m512i v = j < c ? codes16(x + j * cs + i, k, p) : _mm512_set1_epi32(p->zp);
             out = _mm512_or_si512(out, _mm512_slli_epi32(v, 8 * j));
         }
         _mm512_mask_storeu_epi32(o + 4 * i, k, out);
@@ -185,6 +178,21 @@ void mge_cpu_quantize_u8_padded_quads(uint8_t *out, const float *x, int64_t C, i
     }
 }
 
+/* @n codes of @x into @o, vectorised when @wide. */
+static void quantize_row(uint8_t *o, const float *x, int64_t n, const struct mge_cpu_qaffine *p,
+                         int wide)
+{
+    int64_t i = 0;
+#if HAVE_VNNI_BUILD
+    if (wide)
+        i = quantize_row_avx512(o, x, n, p);
+#else
+    (void)wide;
+#endif
+    for (; i < n; i++)
+        o[i] = (uint8_t)mge_cpu_quant_u8(x[i], p);
+}
+
 void mge_cpu_quantize_u8_padded(uint8_t *out, const float *x, int64_t C, int64_t H, int64_t W,
                                 int pad, const struct mge_cpu_qaffine *q)
 {
@@ -193,17 +201,8 @@ void mge_cpu_quantize_u8_padded(uint8_t *out, const float *x, int64_t C, int64_t
     int wide = HAVE_VNNI_BUILD && mge_cpu_has_vnni() && g_has_vbmi;
     memset(out, p.zp, (size_t)(C * Hp * Wp)); /* the border: the code of 0 */
     for (int64_t c = 0; c < C; c++)
-        for (int64_t h = 0; h < H; h++) {
-            uint8_t *o = out + (c * Hp + pad + h) * Wp + pad;
-            const float *xr = x + (c * H + h) * W;
-            int64_t i = 0;
-#if HAVE_VNNI_BUILD
-            if (wide)
-                i = quantize_row_avx512(o, xr, W, &p);
-#endif
-            for (; i < W; i++)
-                o[i] = (uint8_t)mge_cpu_quant_u8(xr[i], &p);
-        }
+        for (int64_t h = 0; h < H; h++)
+            quantize_row(out + (c * Hp + pad + h) * Wp + pad, x + (c * H + h) * W, W, &p, wide);
 }
 
 void mge_cpu_quantize_u8(uint8_t *out, int64_t ldq, const float *x, int64_t ldx, int64_t rows,
@@ -212,17 +211,9 @@ void mge_cpu_quantize_u8(uint8_t *out, int64_t ldq, const float *x, int64_t ldx,
     const struct mge_cpu_qaffine p = *q;
     int wide = HAVE_VNNI_BUILD && mge_cpu_has_vnni() && g_has_vbmi;
     for (int64_t r = 0; r < rows; r++) {
-        uint8_t *o = out + r * ldq;
-        const float *xr = x + r * ldx;
-        int64_t c = 0;
-#if HAVE_VNNI_BUILD
-        if (wide)
-            c = quantize_row_avx512(o, xr, cols, &p);
-#endif
-        for (; c < cols; c++)
-            o[c] = (uint8_t)mge_cpu_quant_u8(xr[c], &p);
-        for (c = cols; c < ldq; c++)
-            o[c] = 0;
+        quantize_row(out + r * ldq, x + r * ldx, cols, &p, wide);
+        for (int64_t c = cols; c < ldq; c++)
+            out[r * ldq + c] = 0;
     }
 }
 

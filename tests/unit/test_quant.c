@@ -453,6 +453,31 @@ START_TEST(test_qat_linear_gradients)
 END_TEST
 
 /* One model (linear + relu, conv) built three ways; returns the logits after a run. */
+/* Keep @out, plan, allocate and initialise @g's parameters with @seed. */
+static void graph_ready(struct mge_graph *g, int out, uint64_t seed)
+{
+    ck_assert_int_ge(out, 0);
+    ck_assert_int_eq(mge_graph_keep(g, out), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, seed);
+}
+
+/* One input in [-1, 2) from @seed (*@rng goes on from there) bound to input @x of @g and @y of
+ * @h, both its shape; the caller frees it. */
+static float *bind_random(struct mge_graph *g, int x, struct mge_graph *h, int y, uint64_t seed,
+                          struct mge_rng *rng)
+{
+    int64_t n = mge_value_numel(g, x);
+    float *v = malloc(sizeof(float) * (size_t)n);
+    mge_rng_seed(rng, seed);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = urand(rng, -1.0f, 2.0f);
+    mge_graph_bind(g, x, v);
+    mge_graph_bind(h, y, v);
+    return v;
+}
+
 struct small {
     struct mge_graph *g;
     int x, out;
@@ -479,11 +504,7 @@ static void small_build(struct small *s, enum mge_quant_mode mode, int conv)
         int b2 = mge_param(g, "fc2.b", 1, b2s, MGE_INIT_UNIFORM_FAN_IN, 20);
         s->out = mge_linear(g, mge_linear(g, s->x, w, b, MGE_ACT_FN_RELU), w2, b2, MGE_ACT_NONE);
     }
-    ck_assert_int_ge(s->out, 0);
-    ck_assert_int_eq(mge_graph_keep(g, s->out), MGE_OK);
-    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
-    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
-    mge_graph_init_params(g, 3);
+    graph_ready(g, s->out, 3);
 }
 
 /*
@@ -498,14 +519,9 @@ START_TEST(test_int8_graph_matches_fake)
     struct small f, q;
     small_build(&f, MGE_QUANT_FAKE, conv);
     small_build(&q, MGE_QUANT_INT8, conv);
-    int64_t n = mge_value_numel(f.g, f.x), np;
-    float *x = malloc(sizeof(float) * (size_t)n);
+    int64_t n, np;
     struct mge_rng rng;
-    mge_rng_seed(&rng, 21);
-    for (int64_t i = 0; i < n; i++)
-        x[i] = urand(&rng, -1.0f, 2.0f);
-    mge_graph_bind(f.g, f.x, x);
-    mge_graph_bind(q.g, q.x, x);
+    float *x = bind_random(f.g, f.x, q.g, q.x, 21, &rng);
     /* observers: set as a training run would, then copied to the int8 graph */
     for (int i = 0; i < mge_graph_n_params(f.g); i++) {
         int v = mge_graph_param(f.g, i);
@@ -580,11 +596,7 @@ static void block_build(struct block *b, int sep)
     h = block_conv_bn(g, "c2", h, 16, 16, 3, 1, one);
     int sc = block_conv_bn(g, "sc", b->x, 8, 16, 1, 2, one);
     b->out = mge_relu(g, mge_add(g, h, sc));
-    ck_assert_int_ge(b->out, 0);
-    ck_assert_int_eq(mge_graph_keep(g, b->out), MGE_OK);
-    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
-    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
-    mge_graph_init_params(g, 5);
+    graph_ready(g, b->out, 5);
 }
 
 /*
@@ -598,14 +610,8 @@ START_TEST(test_int8_folds_match_separate_ops)
     struct block f, s;
     block_build(&f, 0);
     block_build(&s, 1);
-    int64_t n = mge_value_numel(f.g, f.x);
-    float *x = malloc(sizeof(float) * (size_t)n);
     struct mge_rng rng;
-    mge_rng_seed(&rng, 33);
-    for (int64_t i = 0; i < n; i++)
-        x[i] = urand(&rng, -1.0f, 2.0f);
-    mge_graph_bind(f.g, f.x, x);
-    mge_graph_bind(s.g, s.x, x);
+    float *x = bind_random(f.g, f.x, s.g, s.x, 33, &rng);
     /* the same parameters by name; batch norms and observers away from their initial values */
     for (int i = 0; i < mge_graph_n_params(f.g); i++) {
         int v = mge_graph_param(f.g, i), u = -1;
