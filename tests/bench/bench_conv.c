@@ -1,4 +1,6 @@
-/* bench_conv.c: ms per call of each conv backend on LeNet-5's convs at batch 128, 1 and 2 threads.
+/*
+ * bench_conv.c: ms per call of each conv backend on LeNet-5's convs (or ResNet-20's, "resnet" as
+ * the second argument) at batch 128, 1 and 2 threads (or the third argument's count only).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,11 +13,24 @@ struct shape {
     const char *name;
     int C, H, W, K, R, S, stride, pad;
     int want_dx; /* LeNet's conv1 reads the data: no dinp wanted */
+    int count;   /* how many of this conv one step runs */
 };
 
-static const struct shape shapes[] = {
-    {"conv1 1x28x28->6 5x5 p2", 1, 28, 28, 6, 5, 5, 1, 2, 0},
-    {"conv2 6x14x14->16 5x5", 6, 14, 14, 16, 5, 5, 1, 0, 1},
+static const struct shape lenet[] = {
+    {"conv1 1x28x28->6 5x5 p2", 1, 28, 28, 6, 5, 5, 1, 2, 0, 1},
+    {"conv2 6x14x14->16 5x5", 6, 14, 14, 16, 5, 5, 1, 0, 1, 1},
+};
+
+/* ResNet-20 on 1x28x28 (examples/fmnist-resnet20.yaml, width 16, option-B shortcuts) */
+static const struct shape resnet[] = {
+    {"stem 1x28x28->16 3x3 p1", 1, 28, 28, 16, 3, 3, 1, 1, 0, 1},
+    {"16x28x28->16 3x3 p1", 16, 28, 28, 16, 3, 3, 1, 1, 1, 6},
+    {"16x28x28->32 3x3 s2 p1", 16, 28, 28, 32, 3, 3, 2, 1, 1, 1},
+    {"16x28x28->32 1x1 s2", 16, 28, 28, 32, 1, 1, 2, 0, 1, 1},
+    {"32x14x14->32 3x3 p1", 32, 14, 14, 32, 3, 3, 1, 1, 1, 5},
+    {"32x14x14->64 3x3 s2 p1", 32, 14, 14, 64, 3, 3, 2, 1, 1, 1},
+    {"32x14x14->64 1x1 s2", 32, 14, 14, 64, 1, 1, 2, 0, 1, 1},
+    {"64x7x7->64 3x3 p1", 64, 7, 7, 64, 3, 3, 1, 1, 1, 5},
 };
 
 static double now(void)
@@ -82,7 +97,13 @@ static float *rnd(size_t n)
 int main(int argc, char **argv)
 {
     int N = argc > 1 ? atoi(argv[1]) : 128;
-    static const int backends[] = {MGE__CONV_IM2COL, MGE__CONV_DNNL, MGE__CONV_DIRECT};
+    int is_resnet = argc > 2 && strcmp(argv[2], "resnet") == 0;
+    const struct shape *shapes = is_resnet ? resnet : lenet;
+    size_t nshapes =
+        is_resnet ? sizeof(resnet) / sizeof(resnet[0]) : sizeof(lenet) / sizeof(lenet[0]);
+    int t0 = argc > 3 ? atoi(argv[3]) : 1, t1 = argc > 3 ? t0 : 2;
+    static const int backends[] = {MGE__CONV_IM2COL, MGE__CONV_DNNL, MGE__CONV_DIRECT,
+                                   MGE__CONV_AUTO};
     int nb = (int)(sizeof(backends) / sizeof(backends[0]));
     printf("conv ms per call, batch %d (median of 9); default backend: %s\n", N,
            mge_cpu_conv_backend());
@@ -91,9 +112,9 @@ int main(int argc, char **argv)
         printf(" %10s", mge__conv_backend_name(backends[b]));
     printf("\n");
     double total[2][8] = {{0}};
-    for (int t = 1; t <= 2; t++) {
+    for (int t = t0; t <= t1; t++) {
         mge_cpu_set_threads(t);
-        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        for (size_t i = 0; i < nshapes; i++) {
             const struct shape *s = &shapes[i];
             struct mge_cpu_conv cv = {N,    s->C,      s->H,   s->W, s->K, s->R,
                                       s->S, s->stride, s->pad, 0,    0,    0};
@@ -111,7 +132,7 @@ int main(int argc, char **argv)
                 printf("%-26s %-4s %3d", s->name, bwd ? "bwd" : "fwd", t);
                 for (int b = 0; b < nb; b++) {
                     double ms = measure(backends[b], bwd, &cv, &B, s->want_dx);
-                    total[t - 1][b] += ms;
+                    total[t - 1][b] += ms * s->count;
                     printf(" %10.3f", ms);
                 }
                 printf("\n");
@@ -119,7 +140,8 @@ int main(int argc, char **argv)
             free(B.x), free(B.w), free(B.b), free(B.y), free(B.dy), free(B.dx), free(B.dw);
             free(B.db), free(B.scratch);
         }
-        printf("%-26s %-4s %3d", "LeNet convs per step", "all", t);
+        printf("%-26s %-4s %3d", is_resnet ? "ResNet-20 convs per step" : "LeNet convs per step",
+               "all", t);
         for (int b = 0; b < nb; b++)
             printf(" %10.3f", total[t - 1][b]);
         printf("\n");

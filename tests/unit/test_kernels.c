@@ -811,6 +811,32 @@ START_TEST(test_conv_lenet_batch)
 }
 END_TEST
 
+START_TEST(test_conv_flat)
+{
+    /* narrow images with 3x3 taps: direct computes them flat (rows across vector ends) */
+    rng_state = 15;
+    for (int t = 1; t <= 2; t++) {
+        check_conv(2, 2, 7, 7, 4, 3, 3, 1, 1, t); /* ResNet's 7x7: 4 vectors per plane */
+        check_conv(3, 2, 5, 6, 5, 3, 3, 1, 1, t); /* K = 5 and C = 5 (dinp): partial blocks */
+        check_conv(2, 3, 6, 5, 9, 3, 2, 1, 0, t); /* R != S, no padding, K = 9 */
+        check_conv(2, 2, 9, 3, 7, 1, 1, 1, 0, t); /* pointwise on a 3-wide image */
+    }
+}
+END_TEST
+
+START_TEST(test_conv_resnet_batch)
+{
+    /* ResNet-20's stride-1 3x3 convs on a few images: every backend against the reference */
+    rng_state = 16;
+    for (int t = 1; t <= 2; t++)
+        for (int i = 0; i < N_CONV_BACKENDS; i++) {
+            check_conv_with(conv_backends[i], 4, 16, 28, 28, 16, 3, 3, 1, 1, t, 0);
+            check_conv_with(conv_backends[i], 5, 32, 14, 14, 32, 3, 3, 1, 1, t, 0);
+            check_conv_with(conv_backends[i], 3, 64, 7, 7, 64, 3, 3, 1, 1, t, 0);
+        }
+}
+END_TEST
+
 START_TEST(test_conv_init_invalid)
 {
     struct mge_cpu_conv bad = {1, 1, 4, 4, 1, 5, 5, 1, 0, 0, 0, 0};
@@ -1187,6 +1213,8 @@ static Suite *kernels_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_conv_stride_pad);
     tcase_add_test(tc, test_conv_lenet_batch);
+    tcase_add_test(tc, test_conv_flat);
+    tcase_add_test(tc, test_conv_resnet_batch);
     tcase_add_test(tc, test_conv_init_invalid);
     tcase_add_test(tc, test_conv_lenet_deterministic);
     suite_add_tcase(s, tc);
@@ -1210,4 +1238,7 @@ static Suite *kernels_suite(void)
     return s;
 }
 
-int main(void) { return mge_test_run(kernels_suite()); }
+int main(void)
+{
+    return mge_test_run(kernels_suite());
+}
