@@ -370,7 +370,8 @@ static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
         return mge_cpu_has_bf16() ? MGE__CONV_DNNL : MGE__CONV_IM2COL;
     if (b != MGE__CONV_AUTO)
         return b;
-    if (cv && cv->C > MGE__CONV_DIRECT_MAX_C && cv->Q < MGE__CONV_DIRECT_MIN_Q)
+    if (cv && cv->C > MGE__CONV_DIRECT_MAX_C && cv->Q < MGE__CONV_DIRECT_MIN_Q &&
+        !mge__conv_direct_is_narrow_ok(cv))
         return MGE__CONV_IM2COL;
     return MGE__CONV_DIRECT;
 }

@@ -11,6 +11,11 @@
  * plane is one long row of Hp * Wp floats, output (p, q) sits at p * Wp + q of a wide output
  * plane, and vectors run across row ends. The S - 1 columns between rows are junk computed and
  * dropped (22 % of 7x7 where rows waste 56 %); the wide plane is copied out to (P, Q).
+ *
+ * A 3x3 dw with K a multiple of 16 puts output channels in the lanes instead ("k-lanes"): per
+ * pixel, a vector of dout's channels (dout transposed per image) times each tap's input value.
+ * Every lane then sums its own channel's terms in pixel order, nothing is summed across lanes,
+ * and a small image costs no more per FLOP than a large one.
  */
 #include <omp.h>
 #include <string.h>
@@ -24,7 +29,8 @@ typedef float vf __attribute__((vector_size(V * sizeof(float))));
 #define MAX_S 7 /* widest kernel the dw blocks take (KBW * MAX_S accumulators) */
 #define KBF 8   /* output channels per flat dw block (KBF * FLAT_MAX_S accumulators) */
 #define FLAT_MAX_S 3
-#define FLAT_QB 3 /* vectors per flat forward tile (KB * FLAT_QB accumulators) */
+#define FLAT_QB 3  /* vectors per flat forward tile (KB * FLAT_QB accumulators) */
+#define KL_MIN_C 8 /* input channels from which a 3x3 dw puts output channels in lanes */
 
 /* One direct conv: input (C, H, W) padded by ph, pw into (C, Hp, Wp); output (K, P, Q). */
 struct geo {
@@ -410,6 +416,84 @@ static void dw_image(const struct geo *g, float *dwv, const float *xp, const flo
         }
 }
 
+/*
+ * k-lanes dw block: dwk[c][r][s][k] += sum over pixels (p, q) of dyt[p * Q + q][k] *
+ * xp[c][p + r][q + s], for channels [c0, c0 + CB) and lanes of k in [kv0 * V, (kv0 + KV) * V).
+ */
+static inline __attribute__((always_inline)) void kl_block(const int CB, const int KV,
+                                                           const struct geo *g, float *dwk,
+                                                           const float *xp, const float *dyt,
+                                                           int c0, int kv0)
+{
+    vf a[2][2][9];
+#pragma GCC unroll 2
+    for (int cb = 0; cb < CB; cb++)
+#pragma GCC unroll 2
+        for (int j = 0; j < KV; j++)
+#pragma GCC unroll 9
+            for (int t = 0; t < 9; t++)
+                a[cb][j][t] = (vf){0};
+    size_t plane = (size_t)g->Hp * g->Wp;
+    const float *x0 = xp + c0 * plane;
+    const float *d0 = dyt + (size_t)kv0 * V;
+    for (int p = 0; p < g->P; p++)
+        for (int q = 0; q < g->Q; q++) {
+            const float *xr = x0 + (size_t)p * g->Wp + q;
+            const float *d = d0 + ((size_t)p * g->Q + q) * g->K;
+            vf dv[2];
+#pragma GCC unroll 2
+            for (int j = 0; j < KV; j++)
+                dv[j] = ld(d + j * V);
+#pragma GCC unroll 2
+            for (int cb = 0; cb < CB; cb++)
+#pragma GCC unroll 3
+                for (int r = 0; r < 3; r++)
+#pragma GCC unroll 3
+                    for (int s = 0; s < 3; s++) {
+                        float xv = xr[cb * plane + (size_t)r * g->Wp + s];
+#pragma GCC unroll 2
+                        for (int j = 0; j < KV; j++)
+                            a[cb][j][r * 3 + s] += dv[j] * xv;
+                    }
+        }
+#pragma GCC unroll 2
+    for (int cb = 0; cb < CB; cb++)
+#pragma GCC unroll 2
+        for (int j = 0; j < KV; j++)
+#pragma GCC unroll 9
+            for (int t = 0; t < 9; t++) {
+                float *o = dwk + ((size_t)(c0 + cb) * 9 + t) * g->K + (size_t)(kv0 + j) * V;
+                vf v = a[cb][j][t] + ld(o);
+                memcpy(o, &v, sizeof(v));
+            }
+}
+
+/*
+ * Whether dw takes the k-lanes kernel: 3x3, whole vectors of output channels, and enough input
+ * channels (ResNet-20's 1-channel stem: 2.6 ms a dw at batch 128, one thread, against 1.8 with
+ * lanes along rows)
+ */
+static int kl_ok(const struct geo *g)
+{
+    return g->R == 3 && g->S == 3 && g->K % V == 0 && g->C >= KL_MIN_C;
+}
+
+/* One image's k-lanes dw: dwk (C, 3, 3, K) += dw of dyt (P * Q, K) against xp */
+MGE__CPU_CLONES
+static void kl_image(const struct geo *g, float *dwk, const float *xp, const float *dyt)
+{
+    int nv = g->K / V, KV = nv % 2 == 0 ? 2 : 1, CB = KV == 1 && g->C % 2 == 0 ? 2 : 1;
+    for (int kv0 = 0; kv0 < nv; kv0 += KV)
+        for (int c0 = 0; c0 < g->C; c0 += CB) {
+            if (KV == 2)
+                kl_block(1, 2, g, dwk, xp, dyt, c0, kv0);
+            else if (CB == 2)
+                kl_block(2, 1, g, dwk, xp, dyt, c0, kv0);
+            else
+                kl_block(1, 1, g, dwk, xp, dyt, c0, kv0);
+        }
+}
+
 /* ---- plans: the two geometries of one conv, and where scratch goes ------------------------ */
 
 struct plan {
@@ -418,8 +502,9 @@ struct plan {
     int Kw;       /* K rounded up to KBF (dw's padded dout rows) */
     int slots;
     /* float offsets in scratch: shared packed weights; per slot (stride @slot) the padded input,
-     * padded dout for dw, padded dout for dinp, dw (by lane) and dbias partials, and the wide
-     * output planes of a flat forward or dinp */
+     * padded (or, k-lanes, transposed) dout for dw, padded dout for dinp, dw (by lane, or
+     * k-lanes (C, R, S, K)) and dbias partials, and the wide output planes of a flat forward or
+     * dinp */
     size_t wpk, slot0, slot, xp, dyp, dxp, dw, db, wo, total;
 };
 
@@ -455,6 +540,12 @@ static int plan_init(struct plan *pl, const struct mge_cpu_conv *cv)
     pl->slot = pl->wo + up16(wof > wod ? wof : wod);
     pl->total = pl->slot0 + (size_t)pl->slots * pl->slot;
     return 0;
+}
+
+int mge__conv_direct_is_narrow_ok(const struct mge_cpu_conv *cv)
+{
+    struct plan pl;
+    return plan_init(&pl, cv) == 0 && kl_ok(&pl.f) && (pl.f.flat || pl.f.QV == 1);
 }
 
 size_t mge__conv_direct_scratch_bytes(const struct mge_cpu_conv *cv)
@@ -519,6 +610,7 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
         pack_weights(d, base + pl.wpk, w, 1);
     size_t CHW = (size_t)cv->C * cv->H * cv->W, PQ = (size_t)cv->P * cv->Q;
     size_t KPQ = (size_t)cv->K * PQ, nw = (size_t)cv->K * cv->C * cv->R * cv->S;
+    size_t crs = (size_t)cv->C * cv->R * cv->S;
     int QW = f->QV * V, nt = threads_for(&pl, cv->N);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -528,6 +620,7 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
         /* dw's dout rows: QW wide, or flat planes with Wp-wide rows */
         size_t dys = f->flat ? (size_t)f->LW : (size_t)cv->P * QW;
         int dyq = f->flat ? f->Wp : QW;
+        int kl = kl_ok(f);
         if (dw) {
             memset(xp, 0, padded_floats(f) * sizeof(float));
             memset(dyp, 0, (size_t)pl.Kw * dys * sizeof(float));
@@ -549,12 +642,20 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
                 }
             if (dw) {
                 pad_copy(f, xp, inp + (size_t)n * CHW);
-                for (int k = 0; k < cv->K; k++)
-                    for (int p = 0; p < cv->P; p++)
-                        memcpy(dyp + k * dys + (size_t)p * dyq,
-                               dy + (size_t)k * PQ + (size_t)p * cv->Q,
-                               (size_t)cv->Q * sizeof(float));
-                dw_image(f, dwp, xp, dyp);
+                if (kl) {
+                    /* dyt (P * Q, K): dyp has room, K * P * Q <= Kw * dys */
+                    for (int k = 0; k < cv->K; k++)
+                        for (size_t i = 0; i < PQ; i++)
+                            dyp[i * cv->K + k] = dy[(size_t)k * PQ + i];
+                    kl_image(f, dwp, xp, dyp);
+                } else {
+                    for (int k = 0; k < cv->K; k++)
+                        for (int p = 0; p < cv->P; p++)
+                            memcpy(dyp + k * dys + (size_t)p * dyq,
+                                   dy + (size_t)k * PQ + (size_t)p * cv->Q,
+                                   (size_t)cv->Q * sizeof(float));
+                    dw_image(f, dwp, xp, dyp);
+                }
             }
             if (dinp) {
                 pad_copy(d, dxp, dy);
@@ -578,6 +679,8 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
                 const float *ub = base + pl.slot0 + (size_t)u * pl.slot;
                 if (is_b)
                     s += ub[pl.db + j];
+                else if (kl)
+                    s += ub[pl.dw + (j % crs) * cv->K + j / crs];
                 else
                     for (int l = 0; l < V; l++)
                         s += ub[pl.dw + j * V + l];

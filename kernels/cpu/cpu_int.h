@@ -145,6 +145,9 @@ int mge__conv_bf16_backward(const struct mge_cpu_conv *cv, float *dinp, float *d
  * @cv; forward/backward: 0, or -1 (not this shape) with the outputs untouched.
  */
 size_t mge__conv_direct_scratch_bytes(const struct mge_cpu_conv *cv);
+/* Whether direct beats im2col on every pass of @cv although its rows are narrow (3x3 convs whose
+ * dw puts output channels in vector lanes, see conv_direct.c) */
+int mge__conv_direct_is_narrow_ok(const struct mge_cpu_conv *cv);
 int mge__conv_direct_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
                              const float *w, const float *bias, void *scratch);
 int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
