@@ -70,7 +70,7 @@ static void geo_init(struct geo *g, int C, int H, int W, int ph, int pw, int K, 
     g->QV = (g->Q + V - 1) / V;
     g->Hp = H + 2 * ph;
     int lv = (g->P * (W + 2 * pw) + V - 1) / V;
-    g->flat = S <= FLAT_MAX_S && lv < g->P * g->QV;
+    g->flat = S <= FLAT_MAX_S && lv <= g->P * g->QV; /* as many vectors: flat tiles are larger */
     g->LW = lv * V;
     /* loads run to column QV * V + S - 2 (tile tails) and dw reads KBW-padded taps */
     int need = g->QV * V + S - 1;
