@@ -533,7 +533,8 @@ static int plan_init(struct plan *pl, const struct mge_cpu_conv *cv)
     size_t dy_rows = (size_t)cv->P * pl->f.QV * V;
     pl->dxp = pl->dyp + up16((size_t)pl->Kw * (pl->f.flat ? (size_t)pl->f.LW : dy_rows));
     pl->dw = pl->dxp + up16(padded_floats(&pl->d));
-    pl->db = pl->dw + (size_t)cv->K * crs * V;
+    /* the k-lanes dw partial is (C, R, S, K): V times smaller than one by lane */
+    pl->db = pl->dw + (size_t)cv->K * crs * (kl_ok(&pl->f) ? 1 : V);
     pl->wo = pl->db + up16((size_t)cv->K);
     size_t wof = pl->f.flat ? (size_t)cv->K * pl->f.LW : 0;
     size_t wod = pl->d.flat ? (size_t)cv->C * pl->d.LW : 0;
@@ -624,7 +625,7 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
         if (dw) {
             memset(xp, 0, padded_floats(f) * sizeof(float));
             memset(dyp, 0, (size_t)pl.Kw * dys * sizeof(float));
-            memset(dwp, 0, nw * V * sizeof(float));
+            memset(dwp, 0, nw * (kl ? 1 : V) * sizeof(float));
         }
         if (dinp)
             memset(dxp, 0, padded_floats(d) * sizeof(float));

@@ -8,7 +8,7 @@ threads, and prints samples/s from the median step time (robust on a shared mach
 throughput ratio mge/PyTorch, and both peak RSS figures. PyTorch runs at its best here: with
 OpenMP OpenBLAS, and with whichever OPENBLAS_CORETYPE setting (unset or SkylakeX) is faster.
 
-Usage: engine.py BUILD [THREADS] [ROUNDS]
+Usage: engine.py BUILD [THREADS] [ROUNDS] [MODELS]   (MODELS: comma-separated, default all)
 """
 import json
 import os
@@ -23,6 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 JOBS = [("mlp", "examples/fmnist-mlp.yaml", 469), ("lenet", "examples/fmnist-lenet.yaml", 300),
         ("resnet20", "examples/fmnist-resnet20.yaml", 60)]
+if len(sys.argv) > 4:
+    JOBS = [j for j in JOBS if j[0] in sys.argv[4].split(",")]
 TORCH_LIB = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 
 
