@@ -478,6 +478,47 @@ static int kl_ok(const struct geo *g)
     return g->R == 3 && g->S == 3 && g->K % V == 0 && g->C >= KL_MIN_C;
 }
 
+typedef int vi __attribute__((vector_size(V * sizeof(int))));
+
+/*
+ * dyt (PQ, K) = dy (K, PQ) transposed, K a multiple of V: V x V blocks transposed in registers
+ * (four rounds of two-vector shuffles, each swapping the off-diagonal sub-blocks of one size),
+ * the last PQ % V pixels one by one. Scalar copies took a fifth of a 16x28x28 dw.
+ */
+MGE__CPU_CLONES
+static void kl_transpose(float *restrict dyt, const float *restrict dy, int K, size_t PQ)
+{
+    size_t i0 = 0;
+    for (; i0 + V <= PQ; i0 += V)
+        for (int k0 = 0; k0 < K; k0 += V) {
+            vf t[V];
+#pragma GCC unroll 16
+            for (int r = 0; r < V; r++)
+                t[r] = ld(dy + (size_t)(k0 + r) * PQ + i0);
+#pragma GCC unroll 4
+            for (int b = V / 2; b >= 1; b /= 2) {
+                vi lo, hi;
+                for (int l = 0; l < V; l++) {
+                    lo[l] = l & b ? V + l - b : l;
+                    hi[l] = l & b ? V + l : l + b;
+                }
+#pragma GCC unroll 16
+                for (int r = 0; r < V; r++)
+                    if (!(r & b)) {
+                        vf a = t[r], c = t[r + b];
+                        t[r] = __builtin_shuffle(a, c, lo);
+                        t[r + b] = __builtin_shuffle(a, c, hi);
+                    }
+            }
+#pragma GCC unroll 16
+            for (int j = 0; j < V; j++)
+                memcpy(dyt + (i0 + j) * K + k0, &t[j], sizeof(vf));
+        }
+    for (int k = 0; k < K; k++)
+        for (size_t i = i0; i < PQ; i++)
+            dyt[i * K + k] = dy[(size_t)k * PQ + i];
+}
+
 /* One image's k-lanes dw: dwk (C, 3, 3, K) += dw of dyt (P * Q, K) against xp */
 MGE__CPU_CLONES
 static void kl_image(const struct geo *g, float *dwk, const float *xp, const float *dyt)
@@ -645,9 +686,7 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
                 pad_copy(f, xp, inp + (size_t)n * CHW);
                 if (kl) {
                     /* dyt (P * Q, K): dyp has room, K * P * Q <= Kw * dys */
-                    for (int k = 0; k < cv->K; k++)
-                        for (size_t i = 0; i < PQ; i++)
-                            dyp[i * cv->K + k] = dy[(size_t)k * PQ + i];
+                    kl_transpose(dyp, dy, cv->K, PQ);
                     kl_image(f, dwp, xp, dyp);
                 } else {
                     for (int k = 0; k < cv->K; k++)
