@@ -321,13 +321,14 @@ static void binary_fwd(void *vctx, float *out, const float *x)
 
 START_TEST(test_binary_broadcast_sum_to)
 {
-    /* (2,3,4,5) op (1,3,1,5), and (2,1,4,1) op (2,3,4,5), all four ops */
+    /* (2,3,4,5) op (1,3,1,5), (2,1,4,1) op (2,3,4,5), and two whose trailing dims merge into
+     * longer rows: (2,3,4,5) op (2,3,4,5) (one row) and op (2,3,1,1); all four ops */
     static const int64_t shape[4] = {2, 3, 4, 5};
-    static const int64_t ashapes[2][4] = {{2, 3, 4, 5}, {2, 1, 4, 1}};
-    static const int64_t bshapes[2][4] = {{1, 3, 1, 5}, {2, 3, 4, 5}};
+    static const int64_t ashapes[4][4] = {{2, 3, 4, 5}, {2, 1, 4, 1}, {2, 3, 4, 5}, {2, 3, 4, 5}};
+    static const int64_t bshapes[4][4] = {{1, 3, 1, 5}, {2, 3, 4, 5}, {2, 3, 4, 5}, {2, 3, 1, 1}};
     int64_t n = 120;
     rng_state = 6;
-    for (int cs = 0; cs < 2; cs++) {
+    for (int cs = 0; cs < 4; cs++) {
         for (int op = MGE_CPU_ADD; op <= MGE_CPU_DIV; op++) {
             struct bin_ctx c = {.op = op};
             memcpy(c.shape, shape, sizeof(shape));
