@@ -98,6 +98,34 @@ static float *rnd(size_t n)
     return p;
 }
 
+/* ResNet-20's batch norms (training): ms per forward and backward call, one per stage shape */
+static void bench_batchnorm(int N)
+{
+    static const int stages[3][2] = {{16, 28 * 28}, {32, 14 * 14}, {64, 7 * 7}};
+    for (int i = 0; i < 3; i++) {
+        int C = stages[i][0], HW = stages[i][1];
+        size_t n = (size_t)N * C * HW;
+        float *x = rnd(n), *y = rnd(n), *dy = rnd(n), *dx = rnd(n), *w = rnd(C), *b = rnd(C);
+        float *rm = rnd(C), *rv = rnd(C), *m = rnd(C), *rs = rnd(C), *dw = rnd(C), *db = rnd(C);
+        for (int c = 0; c < C; c++)
+            rv[c] = 1.0f;
+        double best[2] = {1e9, 1e9};
+        for (int r = 0; r < 20; r++) {
+            double t0 = now();
+            mge_cpu_batchnorm_forward(y, m, rs, x, w, b, rm, rv, N, C, HW, 1e-5f, 0.1f, 1);
+            double t1 = now();
+            mge_cpu_batchnorm_backward(dx, dw, db, dy, x, w, m, rs, N, C, HW, 0);
+            double t2 = now();
+            best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
+            best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
+        }
+        printf("batchnorm %2dx%-4d (fastest of 20)  fwd %7.3f  bwd %7.3f ms\n", C, HW,
+               best[0] * 1e3, best[1] * 1e3);
+        free(x), free(y), free(dy), free(dx), free(w), free(b), free(rm), free(rv), free(m);
+        free(rs), free(dw), free(db);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int N = argc > 1 ? atoi(argv[1]) : 128;
@@ -151,6 +179,8 @@ int main(int argc, char **argv)
         for (int b = 0; b < nb; b++)
             printf(" %10.3f", total[t - 1][b]);
         printf("\n");
+        if (is_resnet)
+            bench_batchnorm(N);
     }
     return 0;
 }
