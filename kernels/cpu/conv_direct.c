@@ -115,69 +115,71 @@ static void pack_weights(const struct geo *g, float *restrict wp, const float *r
 }
 
 /*
- * Output rows p, columns [q0, q0 + QB * V) of channels [k0, k0 + KB): sum over c, r, s of
- * xp[c][p + r][q + s] * w[k][c][r][s]. KB and QB are constants at every call, so the
- * accumulators live in registers once the loops are unrolled.
+ * One register tile: channels [k0, k0 + KB) at QB vectors of positions, the sum over c, r, s of
+ * x[c * plane + r * Wp + s + j * V] * w[k][c][r][s] for r in [r0, r1), where @x points at the
+ * tile's first position in channel 0, row 0 (rows: xp at output (p, q0); flat: xp + i0). Stored
+ * at o[(k - k0) * ostride + j * V], the first @nvalid positions only, added to what is there when
+ * @acc. KB and QB are constants at every call, so the accumulators live in registers once the
+ * loops are unrolled.
  */
 static inline __attribute__((always_inline)) void
-fwd_tile(const int KB, const int QB, const struct geo *g, float *out, const float *xp,
-         const float *wp, const float *bias, int k0, int p, int q0, int acc)
+conv_tile(const int KB, const int QB, const struct geo *g, float *o, size_t ostride, int nvalid,
+          int acc, const float *x, const float *wp, const float *bias, int k0, int r0, int r1)
 {
-    vf a[16][2];
+    vf a[16][3];
 #pragma GCC unroll 16
     for (int kk = 0; kk < KB; kk++) {
         float b0 = bias && k0 + kk < g->K ? bias[k0 + kk] : 0.0f;
-#pragma GCC unroll 2
+#pragma GCC unroll 3
         for (int j = 0; j < QB; j++)
             a[kk][j] = (vf){0} + b0;
     }
     const float *wk = wp + (size_t)(k0 / KB) * g->C * g->R * g->S * KB;
-    /* rows of the zero border add nothing: a data gradient's border is R - 1 - pad rows high */
-    int r0 = g->ph - p > 0 ? g->ph - p : 0;
-    int r1 = g->ph + g->H - p < g->R ? g->ph + g->H - p : g->R;
+    size_t plane = (size_t)g->Hp * g->Wp;
     for (int c = 0; c < g->C; c++)
         for (int r = r0; r < r1; r++) {
-            const float *row = xp + ((size_t)c * g->Hp + p + r) * g->Wp + q0;
+            const float *row = x + c * plane + (size_t)r * g->Wp;
             const float *wr = wk + ((size_t)c * g->R + r) * g->S * KB;
             for (int s = 0; s < g->S; s++) {
-                vf x[2];
-#pragma GCC unroll 2
+                vf xv[3];
+#pragma GCC unroll 3
                 for (int j = 0; j < QB; j++)
-                    x[j] = ld(row + s + j * V);
+                    xv[j] = ld(row + s + j * V);
                 const float *wv = wr + (size_t)s * KB;
 #pragma GCC unroll 16
                 for (int kk = 0; kk < KB; kk++)
-#pragma GCC unroll 2
+#pragma GCC unroll 3
                     for (int j = 0; j < QB; j++)
-                        a[kk][j] += x[j] * wv[kk];
+                        a[kk][j] += xv[j] * wv[kk];
             }
         }
 #pragma GCC unroll 16
     for (int kk = 0; kk < KB; kk++) {
         if (k0 + kk >= g->K)
             break;
-#pragma GCC unroll 2
+#pragma GCC unroll 3
         for (int j = 0; j < QB; j++) {
-            int q = q0 + j * V, n = g->Q - q < V ? g->Q - q : V;
-            float *o = out + ((size_t)(k0 + kk) * g->P + p) * g->Q + q;
+            int n = nvalid - j * V < V ? nvalid - j * V : V;
+            float *ov = o + kk * ostride + j * V;
             vf v = a[kk][j]; /* a copy: no address of @a escapes, so it stays in registers */
             if (n == V) {
                 if (acc)
-                    v += ld(o);
-                memcpy(o, &v, sizeof(v));
+                    v += ld(ov);
+                memcpy(ov, &v, sizeof(v));
                 continue;
             }
             float t[V];
             memcpy(t, &v, sizeof(t));
             for (int i = 0; i < n; i++) /* a loop: memcpy of a variable size is a libc call */
-                o[i] = acc ? o[i] + t[i] : t[i];
+                ov[i] = acc ? ov[i] + t[i] : t[i];
         }
     }
 }
 
 #define TILE(KB_, QB_)                                                                             \
     case KB_ * 4 + QB_:                                                                            \
-        fwd_tile(KB_, QB_, g, out, xp, wp, bias, k0, p, q0, acc);                                  \
+        conv_tile(KB_, QB_, g, out + ((size_t)k0 * g->P + p) * g->Q + q0, (size_t)g->P * g->Q,     \
+                  g->Q - q0, acc, xp + (size_t)p * g->Wp + q0, wp, bias, k0, r0, r1);              \
         break
 
 /* One image: out (K, P, Q) (+)= conv(xp) + bias (may be NULL). */
@@ -185,7 +187,10 @@ MGE__CPU_CLONES
 static void fwd_image(const struct geo *g, float *out, const float *xp, const float *wp,
                       const float *bias, int acc)
 {
-    for (int p = 0; p < g->P; p++)
+    for (int p = 0; p < g->P; p++) {
+        /* rows of the zero border add nothing: a data gradient's border is R - 1 - pad rows high */
+        int r0 = g->ph - p > 0 ? g->ph - p : 0;
+        int r1 = g->ph + g->H - p < g->R ? g->ph + g->H - p : g->R;
         for (int k0 = 0; k0 < g->Kp; k0 += g->KB)
             for (int q0 = 0; q0 < g->Q; q0 += 2 * V) {
                 int QB = g->Q - q0 > V ? 2 : 1;
@@ -201,59 +206,13 @@ static void fwd_image(const struct geo *g, float *out, const float *xp, const fl
                     break;
                 }
             }
-}
-
-/*
- * Flat: wide output planes wo[k][i] for i in [i0, i0 + QB * V), channels [k0, k0 + KB): sum over
- * c, r, s of xp[c][i + r * Wp + s] * w[k][c][r][s].
- */
-static inline __attribute__((always_inline)) void flat_tile(const int KB, const int QB,
-                                                            const struct geo *g, float *wo,
-                                                            const float *xp, const float *wp,
-                                                            const float *bias, int k0, int i0)
-{
-    vf a[8][FLAT_QB];
-#pragma GCC unroll 8
-    for (int kk = 0; kk < KB; kk++) {
-        float b0 = bias && k0 + kk < g->K ? bias[k0 + kk] : 0.0f;
-#pragma GCC unroll 3
-        for (int j = 0; j < QB; j++)
-            a[kk][j] = (vf){0} + b0;
-    }
-    const float *wk = wp + (size_t)(k0 / KB) * g->C * g->R * g->S * KB;
-    size_t plane = (size_t)g->Hp * g->Wp;
-    for (int c = 0; c < g->C; c++)
-        for (int r = 0; r < g->R; r++) {
-            const float *row = xp + c * plane + (size_t)r * g->Wp + i0;
-            const float *wr = wk + ((size_t)c * g->R + r) * g->S * KB;
-            for (int s = 0; s < g->S; s++) {
-                vf x[FLAT_QB];
-#pragma GCC unroll 3
-                for (int j = 0; j < QB; j++)
-                    x[j] = ld(row + s + j * V);
-                const float *wv = wr + (size_t)s * KB;
-#pragma GCC unroll 8
-                for (int kk = 0; kk < KB; kk++)
-#pragma GCC unroll 3
-                    for (int j = 0; j < QB; j++)
-                        a[kk][j] += x[j] * wv[kk];
-            }
-        }
-#pragma GCC unroll 8
-    for (int kk = 0; kk < KB; kk++) {
-        if (k0 + kk >= g->K)
-            break;
-#pragma GCC unroll 3
-        for (int j = 0; j < QB; j++) {
-            vf v = a[kk][j];
-            memcpy(wo + (size_t)(k0 + kk) * g->LW + i0 + j * V, &v, sizeof(v));
-        }
     }
 }
 
 #define FLAT_TILE(KB_, QB_)                                                                        \
     case KB_ * 4 + QB_:                                                                            \
-        flat_tile(KB_, QB_, g, wo, xp, wp, bias, k0, i0);                                          \
+        conv_tile(KB_, QB_, g, wo + (size_t)k0 * g->LW + i0, (size_t)g->LW, QB_ * V, 0, xp + i0,   \
+                  wp, bias, k0, 0, g->R);                                                          \
         break
 
 /* One image, flat: out (K, P, Q) (+)= conv(xp) + bias (may be NULL), through wo (K, LW). */
