@@ -337,24 +337,27 @@ static void conv_backend_init(void)
  * better of two runs on a loaded machine): 16 channels at 28x28 direct 19.1, im2col 21.7; 32 at
  * 14x14 direct 21.5, im2col 20.4; 64 at 7x7 direct 46.7, im2col 24.3 (direct vectorises along
  * an output row, 16 lanes: a 7-wide row leaves more than half of each vector empty). Direct now
- * runs narrow 3x3 convs flat (vectors across row ends), and still takes their forward and data
- * gradient (direct_for_data below).
+ * runs narrow 3x3 convs flat (vectors across row ends) and takes them whole when their weight
+ * gradient can keep output channels in lanes (mge__conv_direct_is_narrow_ok; one thread, CPU
+ * time: 32 at 14x14 fwd + bwd 15.3 ms, im2col 23.1; 64 at 7x7 16.5 against 25.1); other narrow
+ * convs of at most 3 taps a row give it their forward and data gradient (direct_for_data).
  */
 #define MGE__CONV_DIRECT_MAX_C 8  /* input channels direct always takes */
 #define MGE__CONV_DIRECT_MIN_Q 16 /* output width from which direct takes any channel count */
 
 /*
  * Where "auto" gives a conv to im2col (many input channels, narrow rows), direct still runs the
- * forward and the data gradient (a forward conv too): on ResNet-20's 32x14x14 and 64x7x7 convs
- * at one thread direct took 5.5 and 5.8 ms a forward against im2col's 7.4 and 9.0; its weight
- * gradient there (lanes summed per image) is the slower one, so dw stays on im2col.
+ * forward and the data gradient (a forward conv too) of one with S <= 3, which it computes flat:
+ * on ResNet-20's 32x14x14 and 64x7x7 convs at one thread direct took 5.5 and 5.8 ms a forward
+ * against im2col's 7.4 and 9.0; a weight gradient that sums lanes per image is the slower one
+ * there, so dw stays on im2col.
  */
 static int direct_for_data(int b, int bf16, const struct mge_cpu_conv *cv)
 {
     if (b != MGE__CONV_AUTO || bf16)
         return 0;
     pthread_once(&g_conv_once, conv_backend_init);
-    return g_conv_backend == MGE__CONV_AUTO && mge__conv_direct_scratch_bytes(cv) > 0;
+    return g_conv_backend == MGE__CONV_AUTO && cv->S <= 3 && mge__conv_direct_scratch_bytes(cv) > 0;
 }
 
 static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)

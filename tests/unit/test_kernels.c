@@ -821,6 +821,10 @@ START_TEST(test_conv_flat)
         check_conv(3, 2, 5, 6, 5, 3, 3, 1, 1, t); /* K = 5 and C = 5 (dinp): partial blocks */
         check_conv(2, 3, 6, 5, 9, 3, 2, 1, 0, t); /* R != S, no padding, K = 9 */
         check_conv(2, 2, 9, 3, 7, 1, 1, 1, 0, t); /* pointwise on a 3-wide image */
+        /* "auto" on narrow convs with many channels: direct's forward and dinp with im2col's dw
+         * (K = 5), and direct whole (K = 16: dw with channels in lanes) */
+        check_conv_with(MGE__CONV_AUTO, 2, 9, 7, 7, 5, 3, 3, 1, 1, t, 1);
+        check_conv_with(MGE__CONV_AUTO, 2, 9, 6, 6, 16, 3, 3, 1, 1, t, 0);
     }
 }
 END_TEST
