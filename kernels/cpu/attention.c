@@ -1,172 +1,311 @@
 /*
  * attention.c: fused causal multi-head self-attention on the CPU, flash-attention style: the
  * forward pass keeps one log-sum-exp per query row instead of the T x T probabilities, and the
- * backward pass recomputes the probabilities block by block from it (Dao et al. 2022, 2023).
+ * backward pass recomputes the probabilities tile by tile from it (Dao et al. 2022, 2023).
  *
  * Layout (nanoGPT's c_attn output): qkv (B, T, 3C), q in columns [0, C), k in [C, 2C), v in
  * [2C, 3C); head h owns columns [h hs, (h + 1) hs) of each, hs = C / NH. out (B, T, C) with the
  * heads side by side; lse (B, NH, T). One (b, h) pair is one OpenMP task and every sum runs in
  * a fixed order inside it, so results do not depend on the thread count.
+ *
+ * Work goes by (64 queries x 64 keys) tiles, the operands copied into per-thread scratch with
+ * head columns padded to a multiple of 32 (two 16-lane vectors) and rows to a multiple of 4, so
+ * that five register-blocked micro-kernels do all the products: S = Q Kᵀ and dP = dY Vᵀ (4 rows
+ * x 64 keys), O += P V and dQ += dS K (4 rows x 32 columns), dV += Pᵀ dY and dK += dSᵀ Q (4 keys
+ * x 32 columns). Tiles above the diagonal are never visited; on the diagonal the products stop
+ * at the last key a row sees.
  */
 #include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_int.h"
 
-/* Queries and keys per block: a block's scores and its transposed keys live on the stack. */
-enum { ATT_BLK = 64 };
+enum {
+    ATT_BLK = 64, /* queries and keys per tile */
+    ATT_V = 16,   /* lanes per vector */
+    ATT_HP = ((MGE_CPU_ATTN_MAX_HEAD + 31) / 32) * 32, /* widest padded head */
+};
 
-/* kt[i * ATT_BLK + jj] = rows[jj][i]: @n rows of @hs values, @stride apart, transposed. */
-static inline void block_transpose(float *restrict kt, const float *restrict rows, int64_t n,
-                                   int64_t hs, int64_t stride)
+typedef float att_vf __attribute__((vector_size(ATT_V * sizeof(float))));
+
+/* The same vector at any float's alignment, for loads and stores (GCC's unaligned idiom). */
+typedef float att_vfu __attribute__((vector_size(ATT_V * sizeof(float)), aligned(4), may_alias));
+#define att_ld(p) (*(const att_vfu *)(p))
+#define att_st(p, v) (*(att_vfu *)(p) = (v))
+
+/* Per-thread operand tiles: rows of ATT_HP (row-major) or ATT_BLK (transposed) floats. */
+struct att_scratch {
+    float q[ATT_BLK * ATT_HP], dy[ATT_BLK * ATT_HP], k[ATT_BLK * ATT_HP], v[ATT_BLK * ATT_HP];
+    float kt[ATT_HP * ATT_BLK], vt[ATT_HP * ATT_BLK];
+    float s[ATT_BLK * ATT_BLK], ds[ATT_BLK * ATT_BLK];
+    float o[ATT_BLK * ATT_HP], dk[ATT_BLK * ATT_HP], dv[ATT_BLK * ATT_HP];
+};
+static _Thread_local struct att_scratch att_scr __attribute__((aligned(64)));
+
+static inline int64_t att_up(int64_t n, int64_t m)
 {
-    for (int64_t jj = 0; jj < n; jj++)
+    return (n + m - 1) / m * m;
+}
+
+/* dst (ATT_BLK rows of hp) = @n rows of @hs values @stride apart, times @mul; the rest zero. */
+static void att_load_rows(float *dst, const float *src, int64_t n, int64_t hs, int64_t hp,
+                          int64_t stride, float mul)
+{
+    memset(dst, 0, sizeof(float) * (size_t)(ATT_BLK * hp));
+    for (int64_t r = 0; r < n; r++)
         for (int64_t i = 0; i < hs; i++)
-            kt[i * ATT_BLK + jj] = rows[jj * stride + i];
+            dst[r * hp + i] = mul * src[r * stride + i];
 }
 
-/* s[jj] = scale * sum_i q[i] kt[i][jj] for jj < n: vectorised over keys, no horizontal sums. */
-static inline void block_scores(float *restrict s, const float *restrict q,
-                                const float *restrict kt, int64_t n, int64_t hs, float scale)
+/* dst[i * ATT_BLK + r] = src[r * stride + i]: @n rows transposed, zero beyond n and hs. */
+static void att_load_cols(float *dst, const float *src, int64_t n, int64_t hs, int64_t hp,
+                          int64_t stride)
 {
-    for (int64_t jj = 0; jj < n; jj++)
-        s[jj] = 0.0f;
-    for (int64_t i = 0; i < hs; i++) {
-        float qi = q[i];
-        const float *restrict row = kt + i * ATT_BLK;
-#pragma omp simd
-        for (int64_t jj = 0; jj < n; jj++)
-            s[jj] += qi * row[jj];
+    memset(dst, 0, sizeof(float) * (size_t)(hp * ATT_BLK));
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < hs; i++)
+            dst[i * ATT_BLK + r] = src[r * stride + i];
+}
+
+/* s (rows x ATT_BLK) = a (rows x hp) bt (hp x ATT_BLK); rows a multiple of 4. */
+static inline __attribute__((always_inline)) void att_tile_nt(float *s, const float *a,
+                                                              const float *bt, int64_t rows,
+                                                              int64_t hp)
+{
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        att_vf acc[4][4] = {{{0}}};
+        for (int64_t i = 0; i < hp; i++) {
+            const float *b = bt + i * ATT_BLK;
+            att_vf b0 = att_ld(b), b1 = att_ld(b + ATT_V), b2 = att_ld(b + 2 * ATT_V),
+                   b3 = att_ld(b + 3 * ATT_V);
+            for (int rr = 0; rr < 4; rr++) {
+                float x = a[(r0 + rr) * hp + i];
+                acc[rr][0] += x * b0;
+                acc[rr][1] += x * b1;
+                acc[rr][2] += x * b2;
+                acc[rr][3] += x * b3;
+            }
+        }
+        for (int rr = 0; rr < 4; rr++)
+            for (int c = 0; c < 4; c++)
+                att_st(s + (r0 + rr) * ATT_BLK + c * ATT_V, acc[rr][c]);
     }
-    for (int64_t jj = 0; jj < n; jj++)
-        s[jj] *= scale;
-}
-
-/* y[i] += a x[i], i < n. */
-static inline void axpy(float *restrict y, float a, const float *restrict x, int64_t n)
-{
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++)
-        y[i] += a * x[i];
-}
-
-static float dot(const float *restrict a, const float *restrict b, int64_t n)
-{
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
 }
 
 /*
- * Per (b, h): query blocks in order, and for each the key blocks it sees, in order, with an
- * online softmax per query (running max m, sum l, and the output row as the accumulator,
- * rescaled when the max grows).
+ * c (rows x hp) += p (rows x ATT_BLK) b (nk x hp), rows a multiple of 4; with @diag row r
+ * stops at key r (p is zero beyond it).
  */
-MGE__CPU_CLONES
-void mge_cpu_attention_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T,
-                               int64_t C, int64_t NH)
+static inline __attribute__((always_inline)) void att_tile_nn(float *c, const float *p,
+                                                              const float *b, int64_t rows,
+                                                              int64_t nk, int64_t hp, int diag)
 {
-    int64_t hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for collapse(2) schedule(static) if (B * NH * T * T * hs > MGE__PAR_MIN)
-    for (int64_t b = 0; b < B; b++) {
-        for (int64_t h = 0; h < NH; h++) {
-            const float *base = qkv + b * T * C3;
-            float kt[MGE_CPU_ATTN_MAX_HEAD * ATT_BLK], s[ATT_BLK], m[ATT_BLK], l[ATT_BLK];
-            for (int64_t q0 = 0; q0 < T; q0 += ATT_BLK) {
-                int64_t q1 = q0 + ATT_BLK < T ? q0 + ATT_BLK : T;
-                for (int64_t t = q0; t < q1; t++) {
-                    m[t - q0] = -INFINITY;
-                    l[t - q0] = 0.0f;
-                    memset(out + (b * T + t) * C + h * hs, 0, sizeof(float) * (size_t)hs);
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        int64_t n = diag && r0 + 4 < nk ? r0 + 4 : nk;
+        for (int64_t c0 = 0; c0 < hp; c0 += 2 * ATT_V) {
+            att_vf acc[4][2];
+            for (int rr = 0; rr < 4; rr++) {
+                acc[rr][0] = att_ld(c + (r0 + rr) * hp + c0);
+                acc[rr][1] = att_ld(c + (r0 + rr) * hp + c0 + ATT_V);
+            }
+            for (int64_t j = 0; j < n; j++) {
+                att_vf b0 = att_ld(b + j * hp + c0), b1 = att_ld(b + j * hp + c0 + ATT_V);
+                for (int rr = 0; rr < 4; rr++) {
+                    float x = p[(r0 + rr) * ATT_BLK + j];
+                    acc[rr][0] += x * b0;
+                    acc[rr][1] += x * b1;
                 }
-                for (int64_t k0 = 0; k0 < q1; k0 += ATT_BLK) {
-                    int64_t k1 = k0 + ATT_BLK < q1 ? k0 + ATT_BLK : q1;
-                    block_transpose(kt, base + k0 * C3 + C + h * hs, k1 - k0, hs, C3);
-                    for (int64_t t = q0 > k0 ? q0 : k0; t < q1; t++) {
-                        int64_t n = (t + 1 < k1 ? t + 1 : k1) - k0;
-                        float *o = out + (b * T + t) * C + h * hs, bm = -INFINITY;
-                        block_scores(s, base + t * C3 + h * hs, kt, n, hs, scale);
-                        for (int64_t jj = 0; jj < n; jj++)
-                            bm = s[jj] > bm ? s[jj] : bm;
-                        float mo = m[t - q0], mn = bm > mo ? bm : mo, corr = expf(mo - mn);
-                        float sum = l[t - q0] * corr;
-                        if (corr != 1.0f)
-                            for (int64_t i = 0; i < hs; i++)
-                                o[i] *= corr;
-                        for (int64_t jj = 0; jj < n; jj++)
-                            s[jj] = mge__expf(s[jj] - mn);
-                        for (int64_t jj = 0; jj < n; jj++) {
-                            sum += s[jj];
-                            axpy(o, s[jj], base + (k0 + jj) * C3 + 2 * C + h * hs, hs);
-                        }
-                        m[t - q0] = mn;
-                        l[t - q0] = sum;
-                    }
-                }
-                for (int64_t t = q0; t < q1; t++) {
-                    float *o = out + (b * T + t) * C + h * hs, inv = 1.0f / l[t - q0];
-                    for (int64_t i = 0; i < hs; i++)
-                        o[i] *= inv;
-                    lse[(b * NH + h) * T + t] = m[t - q0] + logf(l[t - q0]);
-                }
+            }
+            for (int rr = 0; rr < 4; rr++) {
+                att_st(c + (r0 + rr) * hp + c0, acc[rr][0]);
+                att_st(c + (r0 + rr) * hp + c0 + ATT_V, acc[rr][1]);
             }
         }
     }
 }
 
 /*
+ * c (keys x hp) += pᵀ b: p (rows x ATT_BLK), b (rows x hp), keys a multiple of 4; with @diag
+ * key j starts at row j (p is zero above it).
+ */
+static inline __attribute__((always_inline)) void att_tile_tn(float *c, const float *p,
+                                                              const float *b, int64_t keys,
+                                                              int64_t rows, int64_t hp, int diag)
+{
+    for (int64_t j0 = 0; j0 < keys; j0 += 4) {
+        for (int64_t c0 = 0; c0 < hp; c0 += 2 * ATT_V) {
+            att_vf acc[4][2];
+            for (int jj = 0; jj < 4; jj++) {
+                acc[jj][0] = att_ld(c + (j0 + jj) * hp + c0);
+                acc[jj][1] = att_ld(c + (j0 + jj) * hp + c0 + ATT_V);
+            }
+            for (int64_t r = diag ? j0 : 0; r < rows; r++) {
+                att_vf b0 = att_ld(b + r * hp + c0), b1 = att_ld(b + r * hp + c0 + ATT_V);
+                for (int jj = 0; jj < 4; jj++) {
+                    float x = p[r * ATT_BLK + j0 + jj];
+                    acc[jj][0] += x * b0;
+                    acc[jj][1] += x * b1;
+                }
+            }
+            for (int jj = 0; jj < 4; jj++) {
+                att_st(c + (j0 + jj) * hp + c0, acc[jj][0]);
+                att_st(c + (j0 + jj) * hp + c0 + ATT_V, acc[jj][1]);
+            }
+        }
+    }
+}
+
+/* Key jj of a tile is seen by row r when jj < nk and, on the diagonal, jj <= r. */
+static inline int att_seen(int64_t jj, int64_t r, int64_t nk, int diag)
+{
+    return jj < nk && (!diag || jj <= r);
+}
+
+/*
+ * Per (b, h): query tiles in order, and for each the key tiles it sees, in order, with an
+ * online softmax per query (running max m, sum l, the output rows rescaled when m grows).
+ */
+MGE__CPU_CLONES
+void mge_cpu_attention_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T,
+                               int64_t C, int64_t NH)
+{
+    int64_t hs = C / NH, C3 = 3 * C, hp = att_up(hs, 2 * ATT_V);
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) schedule(static) if (B * NH * T * T * hs > MGE__PAR_MIN)
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < NH; h++) {
+            struct att_scratch *w = &att_scr;
+            const float *base = qkv + b * T * C3 + h * hs;
+            float m[ATT_BLK], l[ATT_BLK];
+            for (int64_t q0 = 0; q0 < T; q0 += ATT_BLK) {
+                int64_t nq = q0 + ATT_BLK < T ? ATT_BLK : T - q0, rows = att_up(nq, 4);
+                att_load_rows(w->q, base + q0 * C3, nq, hs, hp, C3, scale);
+                memset(w->o, 0, sizeof(float) * (size_t)(ATT_BLK * hp));
+                for (int64_t r = 0; r < ATT_BLK; r++) {
+                    m[r] = -INFINITY;
+                    l[r] = 0.0f;
+                }
+                for (int64_t k0 = 0; k0 <= q0; k0 += ATT_BLK) {
+                    int diag = k0 == q0;
+                    int64_t nk = diag ? nq : ATT_BLK;
+                    att_load_cols(w->kt, base + k0 * C3 + C, nk, hs, hp, C3);
+                    att_load_rows(w->v, base + k0 * C3 + 2 * C, nk, hs, hp, C3, 1.0f);
+                    att_tile_nt(w->s, w->q, w->kt, rows, hp);
+                    for (int64_t r = 0; r < rows; r++) {
+                        float *s = w->s + r * ATT_BLK, bm = -INFINITY, sum = 0.0f;
+                        if (r >= nq) {
+                            memset(s, 0, sizeof(float) * ATT_BLK);
+                            continue;
+                        }
+                        for (int64_t jj = 0; jj < ATT_BLK; jj++) {
+                            float x = att_seen(jj, r, nk, diag) ? s[jj] : -INFINITY;
+                            bm = x > bm ? x : bm;
+                        }
+                        float mo = m[r], mn = bm > mo ? bm : mo, corr = expf(mo - mn);
+                        if (corr != 1.0f)
+                            for (int64_t i = 0; i < hp; i++)
+                                w->o[r * hp + i] *= corr;
+#pragma omp simd reduction(+ : sum)
+                        for (int64_t jj = 0; jj < ATT_BLK; jj++) {
+                            float e = mge__expf(s[jj] - mn);
+                            s[jj] = att_seen(jj, r, nk, diag) ? e : 0.0f;
+                            sum += s[jj];
+                        }
+                        m[r] = mn;
+                        l[r] = l[r] * corr + sum;
+                    }
+                    att_tile_nn(w->o, w->s, w->v, rows, nk, hp, diag);
+                }
+                for (int64_t r = 0; r < nq; r++) {
+                    float *o = out + (b * T + q0 + r) * C + h * hs, inv = 1.0f / l[r];
+                    for (int64_t i = 0; i < hs; i++)
+                        o[i] = w->o[r * hp + i] * inv;
+                    lse[(b * NH + h) * T + q0 + r] = m[r] + logf(l[r]);
+                }
+            }
+        }
+    }
+}
+
+/* dst (n rows, @stride apart) += src (n rows of hp), the first hs columns. */
+static void att_add_rows(float *dst, const float *src, int64_t n, int64_t hs, int64_t hp,
+                         int64_t stride)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < hs; i++)
+            dst[r * stride + i] += src[r * hp + i];
+}
+
+/*
  * With p_tj = exp(s_tj - lse_t) and D_t = dout_t . out_t (= sum_j p_tj dp_tj):
  * dv_j += p_tj dout_t, ds_tj = p_tj (dout_t . v_j - D_t), dq_t += scale ds_tj k_j,
- * dk_j += scale ds_tj q_t. The same block walk as forward, keys and values transposed per block.
+ * dk_j += scale ds_tj q_t. Key tiles outside, their dk and dv accumulated in scratch over the
+ * query tiles that see them, in order; each tile's dq added to dqkv as the key tiles go, in order.
  */
 MGE__CPU_CLONES
 void mge_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                                 const float *lse, int64_t B, int64_t T, int64_t C, int64_t NH,
                                 int acc)
 {
-    int64_t hs = C / NH, C3 = 3 * C;
+    int64_t hs = C / NH, C3 = 3 * C, hp = att_up(hs, 2 * ATT_V);
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static) if (B * NH * T * T * hs > MGE__PAR_MIN)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < NH; h++) {
-            const float *base = qkv + b * T * C3;
-            float *dbase = dqkv + b * T * C3;
+            struct att_scratch *w = &att_scr;
+            const float *base = qkv + b * T * C3 + h * hs;
+            const float *dyb = dout + b * T * C + h * hs, *ob = out + b * T * C + h * hs;
+            float *dbase = dqkv + b * T * C3 + h * hs;
             const float *L = lse + (b * NH + h) * T;
-            float kt[MGE_CPU_ATTN_MAX_HEAD * ATT_BLK], vt[MGE_CPU_ATTN_MAX_HEAD * ATT_BLK];
-            float p[ATT_BLK], dp[ATT_BLK], D[ATT_BLK];
+            float D[ATT_BLK];
             if (!acc)
                 for (int64_t t = 0; t < T; t++)
                     for (int part = 0; part < 3; part++)
-                        memset(dbase + t * C3 + part * C + h * hs, 0, sizeof(float) * (size_t)hs);
-            for (int64_t q0 = 0; q0 < T; q0 += ATT_BLK) {
-                int64_t q1 = q0 + ATT_BLK < T ? q0 + ATT_BLK : T;
-                for (int64_t t = q0; t < q1; t++)
-                    D[t - q0] =
-                        dot(dout + (b * T + t) * C + h * hs, out + (b * T + t) * C + h * hs, hs);
-                for (int64_t k0 = 0; k0 < q1; k0 += ATT_BLK) {
-                    int64_t k1 = k0 + ATT_BLK < q1 ? k0 + ATT_BLK : q1;
-                    block_transpose(kt, base + k0 * C3 + C + h * hs, k1 - k0, hs, C3);
-                    block_transpose(vt, base + k0 * C3 + 2 * C + h * hs, k1 - k0, hs, C3);
-                    for (int64_t t = q0 > k0 ? q0 : k0; t < q1; t++) {
-                        int64_t n = (t + 1 < k1 ? t + 1 : k1) - k0;
-                        const float *q = base + t * C3 + h * hs;
-                        const float *dy = dout + (b * T + t) * C + h * hs;
-                        float *dq = dbase + t * C3 + h * hs;
-                        block_scores(p, q, kt, n, hs, scale);
-                        block_scores(dp, dy, vt, n, hs, 1.0f);
-                        for (int64_t jj = 0; jj < n; jj++)
-                            p[jj] = mge__expf(p[jj] - L[t]);
-                        for (int64_t jj = 0; jj < n; jj++) {
-                            int64_t j = k0 + jj;
-                            float pj = p[jj], ds = pj * (dp[jj] - D[t - q0]) * scale;
-                            axpy(dbase + j * C3 + 2 * C + h * hs, pj, dy, hs);
-                            axpy(dq, ds, base + j * C3 + C + h * hs, hs);
-                            axpy(dbase + j * C3 + C + h * hs, ds, q, hs);
+                        memset(dbase + t * C3 + part * C, 0, sizeof(float) * (size_t)hs);
+            for (int64_t k0 = 0; k0 < T; k0 += ATT_BLK) {
+                int64_t nk = k0 + ATT_BLK < T ? ATT_BLK : T - k0, keys = att_up(nk, 4);
+                att_load_rows(w->k, base + k0 * C3 + C, nk, hs, hp, C3, 1.0f);
+                att_load_cols(w->kt, base + k0 * C3 + C, nk, hs, hp, C3);
+                att_load_cols(w->vt, base + k0 * C3 + 2 * C, nk, hs, hp, C3);
+                memset(w->dk, 0, sizeof(float) * (size_t)(ATT_BLK * hp));
+                memset(w->dv, 0, sizeof(float) * (size_t)(ATT_BLK * hp));
+                for (int64_t q0 = k0; q0 < T; q0 += ATT_BLK) {
+                    int diag = q0 == k0;
+                    int64_t nq = q0 + ATT_BLK < T ? ATT_BLK : T - q0, rows = att_up(nq, 4);
+                    att_load_rows(w->q, base + q0 * C3, nq, hs, hp, C3, 1.0f);
+                    att_load_rows(w->dy, dyb + q0 * C, nq, hs, hp, C, 1.0f);
+                    for (int64_t r = 0; r < nq; r++) {
+                        float d = 0.0f;
+                        for (int64_t i = 0; i < hs; i++)
+                            d += dyb[(q0 + r) * C + i] * ob[(q0 + r) * C + i];
+                        D[r] = d;
+                    }
+                    att_tile_nt(w->s, w->q, w->kt, rows, hp);
+                    att_tile_nt(w->ds, w->dy, w->vt, rows, hp);
+                    for (int64_t r = 0; r < rows; r++) {
+                        float *s = w->s + r * ATT_BLK, *ds = w->ds + r * ATT_BLK;
+                        if (r >= nq) {
+                            memset(s, 0, sizeof(float) * ATT_BLK);
+                            memset(ds, 0, sizeof(float) * ATT_BLK);
+                            continue;
+                        }
+                        float Lr = L[q0 + r], Dr = D[r];
+#pragma omp simd
+                        for (int64_t jj = 0; jj < ATT_BLK; jj++) {
+                            float e = mge__expf(s[jj] * scale - Lr);
+                            float p = att_seen(jj, r, nk, diag) ? e : 0.0f;
+                            s[jj] = p;
+                            ds[jj] = p * (ds[jj] - Dr) * scale;
                         }
                     }
+                    att_tile_tn(w->dv, w->s, w->dy, keys, rows, hp, diag);
+                    att_tile_tn(w->dk, w->ds, w->q, keys, rows, hp, diag);
+                    memset(w->o, 0, sizeof(float) * (size_t)(ATT_BLK * hp));
+                    att_tile_nn(w->o, w->ds, w->k, rows, nk, hp, diag);
+                    att_add_rows(dbase + q0 * C3, w->o, nq, hs, hp, C3);
                 }
+                att_add_rows(dbase + k0 * C3 + C, w->dk, nk, hs, hp, C3);
+                att_add_rows(dbase + k0 * C3 + 2 * C, w->dv, nk, hs, hp, C3);
             }
         }
     }
