@@ -291,6 +291,12 @@ $(BUILD)/bench/bench_planner: $(call obj,tests/bench/bench_planner.c) $(ENGINE_L
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_PROTO) $(LIBS_COMM) $(LIBS_COMMON)
 BENCH_TOOLS += $(BUILD)/bench/bench_planner
+# the fused causal attention kernels alone on GPT-mini's shape (docs/benchmarks.md)
+$(BUILD)/bench/bench_attention: $(call obj,tests/bench/bench_attention.c) $(LIB_KERN) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_COMMON)
+BENCH_TOOLS += $(BUILD)/bench/bench_attention
 # the machine's fp32 multiply-add peak, the roof tests/bench/engine.py reports against
 $(BUILD)/bench/fma_peak: $(call obj,tests/bench/fma_peak.c)
 	@mkdir -p $(dir $@)

@@ -155,10 +155,10 @@ static inline __attribute__((always_inline)) void att_tile_tn(float *c, const fl
     }
 }
 
-/* Key jj of a tile is seen by row r when jj < nk and, on the diagonal, jj <= r. */
-static inline int att_seen(int64_t jj, int64_t r, int64_t nk, int diag)
+/* Keys of a tile row r sees: nk, on the diagonal only those up to r. */
+static inline int64_t att_seen(int64_t r, int64_t nk, int diag)
 {
-    return jj < nk && (!diag || jj <= r);
+    return diag && r + 1 < nk ? r + 1 : nk;
 }
 
 /*
@@ -197,20 +197,22 @@ void mge_cpu_attention_forward(float *out, float *lse, const float *qkv, int64_t
                             memset(s, 0, sizeof(float) * ATT_BLK);
                             continue;
                         }
-                        for (int64_t jj = 0; jj < ATT_BLK; jj++) {
-                            float x = att_seen(jj, r, nk, diag) ? s[jj] : -INFINITY;
-                            bm = x > bm ? x : bm;
-                        }
+                        int64_t n = att_seen(r, nk, diag);
+#pragma omp simd reduction(max : bm)
+                        for (int64_t jj = 0; jj < n; jj++)
+                            bm = s[jj] > bm ? s[jj] : bm;
                         float mo = m[r], mn = bm > mo ? bm : mo, corr = expf(mo - mn);
                         if (corr != 1.0f)
                             for (int64_t i = 0; i < hp; i++)
                                 w->o[r * hp + i] *= corr;
+#pragma omp simd
+                        for (int64_t jj = 0; jj < ATT_BLK; jj++)
+                            s[jj] = mge__expf(s[jj] - mn);
+                        for (int64_t jj = n; jj < ATT_BLK; jj++)
+                            s[jj] = 0.0f;
 #pragma omp simd reduction(+ : sum)
-                        for (int64_t jj = 0; jj < ATT_BLK; jj++) {
-                            float e = mge__expf(s[jj] - mn);
-                            s[jj] = att_seen(jj, r, nk, diag) ? e : 0.0f;
+                        for (int64_t jj = 0; jj < ATT_BLK; jj++)
                             sum += s[jj];
-                        }
                         m[r] = mn;
                         l[r] = l[r] * corr + sum;
                     }
@@ -290,13 +292,15 @@ void mge_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv
                             continue;
                         }
                         float Lr = L[q0 + r], Dr = D[r];
+                        int64_t n = att_seen(r, nk, diag);
 #pragma omp simd
-                        for (int64_t jj = 0; jj < ATT_BLK; jj++) {
-                            float e = mge__expf(s[jj] * scale - Lr);
-                            float p = att_seen(jj, r, nk, diag) ? e : 0.0f;
-                            s[jj] = p;
-                            ds[jj] = p * (ds[jj] - Dr) * scale;
-                        }
+                        for (int64_t jj = 0; jj < ATT_BLK; jj++)
+                            s[jj] = mge__expf(s[jj] * scale - Lr);
+                        for (int64_t jj = n; jj < ATT_BLK; jj++)
+                            s[jj] = 0.0f;
+#pragma omp simd
+                        for (int64_t jj = 0; jj < ATT_BLK; jj++)
+                            ds[jj] = s[jj] * (ds[jj] - Dr) * scale;
                     }
                     att_tile_tn(w->dv, w->s, w->dy, keys, rows, hp, diag);
                     att_tile_tn(w->dk, w->ds, w->q, keys, rows, hp, diag);
