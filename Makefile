@@ -113,9 +113,10 @@ $(BUILD)/obj/%.o: %.c | $(PROTO_H)
 	@echo "  CC      $<"
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-# the direct conv's vector loops are written as a * b + c: let them become FMAs (-std=c11 turns
-# contraction off); results stay deterministic, only the rounding differs from separate ops
-$(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -ffp-contract=fast
+# the direct conv's and the attention's vector loops are written as a * b + c: let them become
+# FMAs (-std=c11 turns contraction off); results stay deterministic, only the rounding differs
+$(BUILD)/obj/kernels/cpu/conv_direct.o $(BUILD)/obj/kernels/cpu/attention.o: \
+    ALL_CFLAGS += -ffp-contract=fast
 # its 64-byte vectors pass between static, always-inlined helpers only: no ABI boundary, so
 # GCC's note that the baseline clone passes them differently from the AVX-512 one is moot
 $(BUILD)/obj/kernels/cpu/conv_direct.o: ALL_CFLAGS += -Wno-psabi

@@ -21,8 +21,8 @@
 #include "kernels/cpu/cpu_int.h"
 
 enum {
-    ATT_BLK = 64, /* queries and keys per tile */
-    ATT_V = 16,   /* lanes per vector */
+    ATT_BLK = 64,                                      /* queries and keys per tile */
+    ATT_V = 16,                                        /* lanes per vector */
     ATT_HP = ((MGE_CPU_ATTN_MAX_HEAD + 31) / 32) * 32, /* widest padded head */
 };
 
@@ -68,9 +68,8 @@ static void att_load_cols(float *dst, const float *src, int64_t n, int64_t hs, i
 }
 
 /* s (rows x ATT_BLK) = a (rows x hp) bt (hp x ATT_BLK); rows a multiple of 4. */
-static inline __attribute__((always_inline)) void att_tile_nt(float *s, const float *a,
-                                                              const float *bt, int64_t rows,
-                                                              int64_t hp)
+static inline __attribute__((always_inline)) void
+att_tile_nt(float *s, const float *a, const float *bt, int64_t rows, int64_t hp)
 {
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
         att_vf acc[4][4] = {{{0}}};
