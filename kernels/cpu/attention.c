@@ -67,27 +67,49 @@ static void att_load_cols(float *dst, const float *src, int64_t n, int64_t hs, i
             dst[i * ATT_BLK + r] = src[r * stride + i];
 }
 
-/* s (rows x ATT_BLK) = a (rows x hp) bt (hp x ATT_BLK); rows a multiple of 4. */
+/* Rows r0..r0 + 3 of s = a bt, the first @nc key vectors (the rest zero). */
 static inline __attribute__((always_inline)) void
-att_tile_nt(float *s, const float *a, const float *bt, int64_t rows, int64_t hp)
+att_nt_rows(float *s, const float *a, const float *bt, int64_t r0, int64_t hp, int nc)
+{
+    att_vf acc[4][4] = {{{0}}};
+    for (int64_t i = 0; i < hp; i++) {
+        att_vf bv[4];
+        for (int c = 0; c < nc; c++)
+            bv[c] = att_ld(bt + i * ATT_BLK + c * ATT_V);
+        for (int rr = 0; rr < 4; rr++) {
+            float x = a[(r0 + rr) * hp + i];
+            for (int c = 0; c < nc; c++)
+                acc[rr][c] += x * bv[c];
+        }
+    }
+    for (int rr = 0; rr < 4; rr++)
+        for (int c = 0; c < 4; c++)
+            att_st(s + (r0 + rr) * ATT_BLK + c * ATT_V, acc[rr][c]);
+}
+
+/*
+ * s (rows x ATT_BLK) = a (rows x hp) bt (hp x ATT_BLK); rows a multiple of 4; with @diag the
+ * key vectors wholly above rows r0..r0 + 3 are left zero instead of computed.
+ */
+static inline __attribute__((always_inline)) void
+att_tile_nt(float *s, const float *a, const float *bt, int64_t rows, int64_t hp, int diag)
 {
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-        att_vf acc[4][4] = {{{0}}};
-        for (int64_t i = 0; i < hp; i++) {
-            const float *b = bt + i * ATT_BLK;
-            att_vf b0 = att_ld(b), b1 = att_ld(b + ATT_V), b2 = att_ld(b + 2 * ATT_V),
-                   b3 = att_ld(b + 3 * ATT_V);
-            for (int rr = 0; rr < 4; rr++) {
-                float x = a[(r0 + rr) * hp + i];
-                acc[rr][0] += x * b0;
-                acc[rr][1] += x * b1;
-                acc[rr][2] += x * b2;
-                acc[rr][3] += x * b3;
-            }
+        int64_t nc = diag ? (r0 + 3) / ATT_V + 1 : 4;
+        switch (nc < 4 ? nc : 4) {
+        case 1:
+            att_nt_rows(s, a, bt, r0, hp, 1);
+            break;
+        case 2:
+            att_nt_rows(s, a, bt, r0, hp, 2);
+            break;
+        case 3:
+            att_nt_rows(s, a, bt, r0, hp, 3);
+            break;
+        default:
+            att_nt_rows(s, a, bt, r0, hp, 4);
+            break;
         }
-        for (int rr = 0; rr < 4; rr++)
-            for (int c = 0; c < 4; c++)
-                att_st(s + (r0 + rr) * ATT_BLK + c * ATT_V, acc[rr][c]);
     }
 }
 
@@ -189,7 +211,7 @@ void mge_cpu_attention_forward(float *out, float *lse, const float *qkv, int64_t
                     int64_t nk = diag ? nq : ATT_BLK;
                     att_load_cols(w->kt, base + k0 * C3 + C, nk, hs, hp, C3);
                     att_load_rows(w->v, base + k0 * C3 + 2 * C, nk, hs, hp, C3, 1.0f);
-                    att_tile_nt(w->s, w->q, w->kt, rows, hp);
+                    att_tile_nt(w->s, w->q, w->kt, rows, hp, diag);
                     for (int64_t r = 0; r < rows; r++) {
                         float *s = w->s + r * ATT_BLK, bm = -INFINITY, sum = 0.0f;
                         if (r >= nq) {
@@ -281,8 +303,8 @@ void mge_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv
                             d += dyb[(q0 + r) * C + i] * ob[(q0 + r) * C + i];
                         D[r] = d;
                     }
-                    att_tile_nt(w->s, w->q, w->kt, rows, hp);
-                    att_tile_nt(w->ds, w->dy, w->vt, rows, hp);
+                    att_tile_nt(w->s, w->q, w->kt, rows, hp, diag);
+                    att_tile_nt(w->ds, w->dy, w->vt, rows, hp, diag);
                     for (int64_t r = 0; r < rows; r++) {
                         float *s = w->s + r * ATT_BLK, *ds = w->ds + r * ATT_BLK;
                         if (r >= nq) {
