@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,6 +354,47 @@ START_TEST(test_grad_attention)
     gc_finish(&c, y);
     gc_check(&c);
     gc_fini(&c);
+}
+END_TEST
+
+/*
+ * Forward and backward (T = 130: two full tiles and a partial one, head 8 padded to 32) give
+ * the same bits on 1 and 2 threads: every sum runs in a fixed order inside one (b, h).
+ */
+START_TEST(test_attention_thread_independent)
+{
+    enum { B = 2, T = 130, C = 24, NH = 3 };
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 7);
+    float *qkv = mge_malloc(sizeof(float) * nq), *dy = mge_malloc(sizeof(float) * no);
+    float *out[2], *lse[2], *dq[2];
+    for (size_t i = 0; i < nq; i++)
+        qkv[i] = 4.0f * mge_rng_float(&rng) - 2.0f;
+    for (size_t i = 0; i < no; i++)
+        dy[i] = 2.0f * mge_rng_float(&rng) - 1.0f;
+    int saved = omp_get_max_threads();
+    for (int k = 0; k < 2; k++) {
+        out[k] = mge_malloc(sizeof(float) * no);
+        lse[k] = mge_malloc(sizeof(float) * nl);
+        dq[k] = mge_malloc(sizeof(float) * nq);
+        omp_set_num_threads(k + 1);
+        mge_cpu_attention_forward(out[k], lse[k], qkv, B, T, C, NH);
+        mge_cpu_attention_backward(dq[k], dy, qkv, out[k], lse[k], B, T, C, NH, 0);
+    }
+    omp_set_num_threads(saved);
+    ck_assert(memcmp(out[0], out[1], sizeof(float) * no) == 0);
+    ck_assert(memcmp(lse[0], lse[1], sizeof(float) * nl) == 0);
+    ck_assert(memcmp(dq[0], dq[1], sizeof(float) * nq) == 0);
+    for (size_t i = 0; i < nq; i++)
+        ck_assert_msg(isfinite(dq[0][i]), "dqkv[%zu] = %g", i, dq[0][i]);
+    for (int k = 0; k < 2; k++) {
+        mge_free(out[k]);
+        mge_free(lse[k]);
+        mge_free(dq[k]);
+    }
+    mge_free(qkv);
+    mge_free(dy);
 }
 END_TEST
 
@@ -1267,6 +1309,7 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_grad_layernorm_embedding_dropout);
     tcase_add_loop_test(tc, test_grad_attention, 0, 3);
     tcase_add_test(tc, test_attention_matches_naive);
+    tcase_add_test(tc, test_attention_thread_independent);
     tcase_add_loop_test(tc, test_grad_batchnorm_residual_gap, 0, 2);
     tcase_add_test(tc, test_batchnorm_running_stats);
     tcase_add_test(tc, test_model_resnet);
