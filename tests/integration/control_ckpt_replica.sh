@@ -89,6 +89,20 @@ wait_until 10 copies_kept
 check "the coordinator keeps at most 2 copies ($(copies))" copies_kept
 
 # --- forged uploads: refused, nothing stored ---
+# The forger registers under the name of the job's rank 0 worker, which starts a new session for
+# that name; a live worker of that name would find its own key dead at its next heartbeat and
+# register again, killing the forger's session in the middle of a 15-chunk upload ("bad frame
+# MAC"). The job is over: stop the live workers first, so each refusal comes from the check
+# under test.
+for w in wa wb wc; do
+    eval "wpid=\$WORKER_PID_$w"
+    [ "$w" = "$victim" ] || kill "$wpid" 2>/dev/null
+done
+for w in wa wb wc; do
+    eval "wpid=\$WORKER_PID_$w"
+    [ "$w" = "$victim" ] || wait_until 10 sh -c "! kill -0 $wpid 2>/dev/null" ||
+        fail "worker $w did not stop on SIGTERM"
+done
 last=$(jq -r '.placement[] | select(.rank == 0) | .worker' "$T/job.json")
 F=$(jq -r .attempt "$T/job.json") # the job's last attempt: its rank 0 worker may upload
 # a copy of a genuine checkpoint: the one served above, else one from the store, which may
