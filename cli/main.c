@@ -42,6 +42,7 @@ static void usage(FILE *f)
             "  cancel ID                                              cancel a job\n"
             "  workers [-o json]                                      workers and their slots\n"
             "  drain WORKER                                           no new ranks on a worker\n"
+            "  undrain WORKER                                         it takes new ranks again\n"
             "  top [--every S] [--once]                               jobs and workers, live\n"
             "  metrics ID [--name loss] [-o json]                     stored metrics\n"
             "  checkpoint download ID [-o FILE] [--name NAME]         fetch a checkpoint\n"
@@ -1127,21 +1128,23 @@ int main(int argc, char **argv)
         return cmd_logs(n - 1, rest + 1);
     if (!strcmp(rest[0], "cancel") && !(n == 2 && parse_id(rest[1])))
         return bad_usage("cancel", "takes one job ID");
-    if (!strcmp(rest[0], "drain") && n != 2)
-        return bad_usage("drain", "takes one worker name or ID");
+    if ((!strcmp(rest[0], "drain") || !strcmp(rest[0], "undrain")) && n != 2)
+        return bad_usage(rest[0], "takes one worker name or ID");
     if (!strcmp(rest[0], "cancel")) {
         char path[64], msg[64];
         snprintf(path, sizeof(path), "/api/v1/jobs/%lld/cancel", parse_id(rest[1]));
         snprintf(msg, sizeof(msg), "job %lld cancelled", parse_id(rest[1]));
         return cmd_post("cancel", path, msg);
     }
-    if (!strcmp(rest[0], "drain")) {
+    if (!strcmp(rest[0], "drain") || !strcmp(rest[0], "undrain")) {
         char path[256], msg[300];
         char *e = mgectl_escape(rest[1]);
+        bool on = !strcmp(rest[0], "drain");
         int ex;
-        snprintf(path, sizeof(path), "/api/v1/workers/%s/drain", e ? e : "");
-        snprintf(msg, sizeof(msg), "worker %.200s draining", rest[1]);
-        ex = cmd_post("drain", path, msg);
+        snprintf(path, sizeof(path), "/api/v1/workers/%s/%s", e ? e : "", rest[0]);
+        snprintf(msg, sizeof(msg), "worker %.200s %s", rest[1],
+                 on ? "draining" : "undrained: it takes new ranks again");
+        ex = cmd_post(rest[0], path, msg);
         free(e);
         return ex;
     }

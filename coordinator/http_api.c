@@ -48,15 +48,18 @@ enum route {
     R_JOB_CKPT_GET,
     R_WORKERS,
     R_WORKER_DRAIN,
+    R_WORKER_UNDRAIN,
     R_WEB,
     R_OTHER,
     R__COUNT
 };
+/* clang-format off */
 static const char *const route_names[R__COUNT] = {
     "/healthz", "/metrics", "POST /jobs", "GET /jobs", "GET /jobs/{id}", "POST /jobs/{id}/cancel",
     "GET /jobs/{id}/metrics", "GET /jobs/{id}/logs", "GET /jobs/{id}/events",
     "GET /jobs/{id}/checkpoints", "GET /jobs/{id}/checkpoints/{name}", "GET /workers",
-    "POST /workers/{id}/drain", "GET /web", "other"};
+    "POST /workers/{id}/drain", "POST /workers/{id}/undrain", "GET /web", "other"};
+/* clang-format on */
 static const double buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
 #define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
 
@@ -662,14 +665,18 @@ static enum MHD_Result workers_list(struct mge_http *h, struct MHD_Connection *c
     return send_json(c, 200, json_pack("{s:o}", "workers", arr), NULL);
 }
 
-static enum MHD_Result worker_drain(struct mge_http *h, struct MHD_Connection *c, const char *id)
+/* POST /workers/{id}/drain and /undrain (@on: drain) */
+static enum MHD_Result worker_drain(struct mge_http *h, struct MHD_Connection *c, const char *id,
+                                    bool on)
 {
     json_t *o;
-    int rc = mge_sched_worker_drain(h->sched, id, &o);
+    int rc =
+        on ? mge_sched_worker_drain(h->sched, id, &o) : mge_sched_worker_undrain(h->sched, id, &o);
     if (rc == MGE_NOENT)
         return send_problem(c, 404, "not-found", "No such worker", NULL);
     if (rc != MGE_OK || !o)
-        return send_problem(c, 500, "internal", "Cannot drain the worker", NULL);
+        return send_problem(c, 500, "internal",
+                            on ? "Cannot drain the worker" : "Cannot undrain the worker", NULL);
     return send_json(c, 200, o, NULL);
 }
 
@@ -1169,7 +1176,11 @@ static enum MHD_Result dispatch(struct mge_http *h, struct MHD_Connection *c, co
         }
         if (n == 3 && !strcmp(seg[2], "drain")) {
             rq->route = R_WORKER_DRAIN;
-            return post ? worker_drain(h, c, seg[1]) : method_not_allowed(c);
+            return post ? worker_drain(h, c, seg[1], true) : method_not_allowed(c);
+        }
+        if (n == 3 && !strcmp(seg[2], "undrain")) {
+            rq->route = R_WORKER_UNDRAIN;
+            return post ? worker_drain(h, c, seg[1], false) : method_not_allowed(c);
         }
     }
     return send_problem(c, 404, "not-found", "No such route", url);

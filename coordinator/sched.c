@@ -51,6 +51,8 @@ struct worker {
     int64_t joined;               /* scheduler ms of its last registration (0: loaded) */
     bool seen;                    /* it registered or sent a heartbeat since this scheduler
                                      started: only then does it get new ranks (worker_takes) */
+    bool drain;                   /* an operator drained it: it stays draining when it is lost
+                                     and comes back, and across restarts, until undrained */
 };
 
 /* Step progress of an attempt, as rank 0's metric lines tell it (kept on rank 0's resv). */
@@ -490,7 +492,8 @@ static void worker_set_lost(struct mge_sched *s, int wi)
 {
     struct worker *w = &s->w[wi];
     w->state = W_LOST;
-    mge_store_worker_set_state(s->st, w->id, "lost");
+    /* a drained worker's stored state stays "draining": the drain outlives the loss */
+    mge_store_worker_set_state(s->st, w->id, w->drain ? "draining" : "lost");
     mge_log_warn("worker '%s' (%s) lost: no heartbeat for %d ms", w->name, w->id,
                  s->opts.worker_timeout_ms);
     for (size_t i = 0; i < s->n_r; i++) {
@@ -1220,6 +1223,7 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         w->state = !strcmp(wr[i].state, "lost")       ? W_LOST
                    : !strcmp(wr[i].state, "draining") ? W_DRAINING
                                                       : W_READY;
+        w->drain = w->state == W_DRAINING;
         /* A restart gives every known worker a full timeout to come back. */
         w->last_seen = now_ms(s);
         w->last_seen_wall = wr[i].registered_ms;
@@ -1419,7 +1423,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
     if (fresh || w->state == W_LOST)
         w->joined = now_ms(s); /* not when it reconnects after a restart (grow_plan's wording) */
     if (w->state == W_LOST)
-        w->state = W_READY;
+        w->state = w->drain ? W_DRAINING : W_READY;
     w->seen = true;
     w->last_seen = now_ms(s);
     w->last_seen_wall = row.registered_ms;
@@ -2072,8 +2076,8 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
     else if (total == 0)
         snprintf(buf, sizeof(buf), "%s, no workers are connected", need);
     else if (usable == 0)
-        snprintf(buf, sizeof(buf), "%s, all %d connected worker%s are draining", need, total,
-                 total == 1 ? "" : "s");
+        snprintf(buf, sizeof(buf), "%s, %s %d connected worker%s draining", need,
+                 total == 1 ? "the" : "all", total, total == 1 ? " is" : "s are");
     else if (fit_ever < n)
         snprintf(buf, sizeof(buf), "%s, only %d worker%s that large", need, fit_ever,
                  fit_ever == 1 ? " is" : "s are");
@@ -2105,12 +2109,13 @@ static json_t *worker_json(struct mge_sched *s, int wi)
             list, json_pack("{s:i, s:s, s:I, s:b}", "index", k, "name", w->gpu[k].name, "memory_mb",
                             (json_int_t)w->gpu[k].memory_mb, "free", (int)(gpus >> k & 1)));
     return json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:i, s:I, s:i, s:s}, s:{s:i, s:I, s:i},"
-                     " s:o, s:i, s:s}",
+                     " s:o, s:i, s:s, s:b}",
                      "id", w->id, "name", w->name, "host", w->host, "state", state, "version",
                      w->version, "slots", "cpus", w->cpus, "memory_mb", (json_int_t)w->memory_mb,
                      "gpus", w->gpus, "device", w->device, "free", "cpus", cpus, "memory_mb",
                      (json_int_t)mem, "gpus", mge_gpu_mask_count(gpus), "gpus",
-                     list ? list : json_array(), "running_ranks", ranks, "last_seen", seen);
+                     list ? list : json_array(), "running_ranks", ranks, "last_seen", seen, "drain",
+                     (int)w->drain);
 }
 
 json_t *mge_sched_workers_json(struct mge_sched *s)
@@ -2150,9 +2155,11 @@ static void drain_reform(struct mge_sched *s, int wi)
     }
 }
 
-int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out)
+/* Drain (@on) or undrain worker @id (its id or name): see sched.h. */
+static int worker_set_drain(struct mge_sched *s, const char *id, bool on, json_t **out)
 {
     int wi, rc = MGE_OK;
+    struct worker *w;
     *out = NULL;
     pthread_mutex_lock(&s->mu);
     wi = worker_find(s, id);
@@ -2162,18 +2169,38 @@ int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out)
         rc = MGE_NOENT;
         goto out_unlock;
     }
-    if (s->w[wi].state == W_READY) {
-        s->w[wi].state = W_DRAINING;
-        mge_store_worker_set_state(s->st, s->w[wi].id, "draining");
-        mge_log_info("worker '%s' draining", s->w[wi].name);
-        drain_reform(s, wi);
-        if (s->dirty)
-            pthread_cond_signal(&s->cv);
+    w = &s->w[wi];
+    if (w->drain != on) {
+        w->drain = on;
+        mge_store_worker_set_state(s->st, w->id,
+                                   on ? "draining" : w->state == W_LOST ? "lost" : "ready");
+        if (!on)
+            mge_log_info("worker '%s' undrained: it takes new ranks again", w->name);
     }
+    if (on && w->state == W_READY) {
+        w->state = W_DRAINING;
+        mge_log_info("worker '%s' draining", w->name);
+        drain_reform(s, wi);
+    } else if (!on && w->state == W_DRAINING) {
+        w->state = W_READY;
+        s->dirty = true; /* queued jobs may fit now */
+    }
+    if (s->dirty)
+        pthread_cond_signal(&s->cv);
     *out = worker_json(s, wi);
 out_unlock:
     pthread_mutex_unlock(&s->mu);
     return rc;
+}
+
+int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out)
+{
+    return worker_set_drain(s, id, true, out);
+}
+
+int mge_sched_worker_undrain(struct mge_sched *s, const char *id, json_t **out)
+{
+    return worker_set_drain(s, id, false, out);
 }
 
 void mge_sched_stats_get(struct mge_sched *s, struct mge_sched_stats *out)

@@ -203,6 +203,12 @@ json_t *mge_sched_workers_json(struct mge_sched *s);
  */
 int mge_sched_worker_drain(struct mge_sched *s, const char *id, json_t **out);
 
+/*
+ * Undrain worker @id (drained or not, connected or lost): it takes new ranks again, now or when
+ * it comes back. *@out: the worker as JSON (caller owns). MGE_NOENT.
+ */
+int mge_sched_worker_undrain(struct mge_sched *s, const char *id, json_t **out);
+
 struct mge_sched_stats {
     int workers_ready, workers_draining, workers_lost;
     int ranks_running;

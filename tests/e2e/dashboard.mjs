@@ -250,6 +250,13 @@ async function main() {
     await page.waitForSelector('tr[data-name="w1"]', { timeout: 10000 });
     ok('the workers page lists w1');
     await shot('07-workers');
+    // a drained worker offers Undrain; clicking it puts the worker back to work
+    await api('POST', '/workers/w1/drain');
+    await page.waitForSelector('tr[data-name="w1"][data-state="drained"] button.undrain', { timeout: 10000 });
+    await page.click('tr[data-name="w1"] button.undrain');
+    await page.waitForSelector('tr[data-name="w1"][data-state="ready"]', { timeout: 10000 });
+    const w1 = (await api('GET', '/workers')).body.workers.find((w) => w.name === 'w1');
+    check(w1.state === 'ready' && w1.drain === false, `the Undrain button undrains w1 (state ${w1.state}, drain ${w1.drain})`);
 
     // ---- a job that needs all of w1's 4 CPUs waits behind a long one: its page says why and when
     const blocker = `name: e2e-blocker\nmodel: {type: mlp, hidden: [8]}\ndata: {format: synthetic, train_size: 1024, input_dim: 8, classes: 2}\ntrain: {steps: 400000, batch_size: 1, optimizer: {type: sgd, lr: 0.01}}\n`;

@@ -87,6 +87,10 @@ rec POST '/api/v1/workers/{id}/drain' /api/v1/workers/w1/drain -H "$A"
 rec POST '/api/v1/workers/{id}/drain' /api/v1/workers/nope/drain -H "$A"
 rec POST '/api/v1/workers/{id}/drain' /api/v1/workers/w1/drain -H "$R"
 rec POST '/api/v1/workers/{id}/drain' /api/v1/workers/w1/drain
+rec POST '/api/v1/workers/{id}/undrain' /api/v1/workers/w1/undrain -H "$A"
+rec POST '/api/v1/workers/{id}/undrain' /api/v1/workers/nope/undrain -H "$A"
+rec POST '/api/v1/workers/{id}/undrain' /api/v1/workers/w1/undrain -H "$R"
+rec POST '/api/v1/workers/{id}/undrain' /api/v1/workers/w1/undrain
 
 python3 "$HERE/lib/openapi_check.py" docs/api/openapi.yaml "$REC" >"$T/check.out"; rc=$?
 grep -v '^ok' "$T/check.out"

@@ -361,7 +361,12 @@ START_TEST(test_sched_pending_reasons)
     }
     ck_assert_int_eq(mge_sched_worker_drain(g_s, "w1", &out), MGE_OK);
     json_decref(out);
-    assert_reason(next, "needs 1 worker with 1 CPU, all 1 connected worker are draining");
+    assert_reason(next, "needs 1 worker with 1 CPU, the 1 connected worker is draining");
+    ck_assert_int_eq(mge_sched_worker_undrain(g_s, "nope", &out), MGE_NOENT);
+    ck_assert_int_eq(mge_sched_worker_undrain(g_s, "w1", &out), MGE_OK);
+    ck_assert_str_eq(json_string_value(json_object_get(out, "state")), "ready");
+    ck_assert(json_is_false(json_object_get(out, "drain")));
+    json_decref(out);
 }
 END_TEST
 

@@ -1,4 +1,4 @@
-// workers.js: workers with their slots, free slots, GPUs, running ranks, last heartbeat; drain.
+// workers.js: workers with their slots, free slots, GPUs, running ranks, last heartbeat; drain and undrain.
 import { api, get } from './api.js';
 import { h, clear, fmtAgo } from './dom.js';
 
@@ -33,7 +33,13 @@ export function workersPage(main) {
                         try { await api('POST', `/workers/${encodeURIComponent(w.id)}/drain`); } catch (e) { window.alert(e.message); }
                         refresh();
                     },
-                }, 'Drain') : ''))));
+                }, 'Drain') : w.drain ? h('button.undrain', {
+                    onclick: async (ev) => {
+                        ev.target.disabled = true;
+                        try { await api('POST', `/workers/${encodeURIComponent(w.id)}/undrain`); } catch (e) { window.alert(e.message); }
+                        refresh();
+                    },
+                }, 'Undrain') : ''))));
             if (!r.workers.length) body.append(h('tr', {}, h('td.muted', { colspan: 10 }, 'No workers.')));
             status.textContent = `updated ${new Date().toLocaleTimeString('en-GB')}`;
         } catch (e) { status.textContent = e.message; }

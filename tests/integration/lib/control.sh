@@ -107,7 +107,8 @@ start_worker() {
     wait_until 10 worker_ready "$name" || fail "worker $name did not register"
 }
 
-worker_ready() { api GET /api/v1/workers | jq -e --arg n "$1" '.workers[] | select(.name == $n and .state == "ready")' >/dev/null; }
+# worker_ready NAME: it is registered and in state $WAIT_STATE (default ready)
+worker_ready() { api GET /api/v1/workers | jq -e --arg n "$1" --arg s "${WAIT_STATE:-ready}" '.workers[] | select(.name == $n and .state == $s)' >/dev/null; }
 
 # api METHOD PATH [curl args...]: body on stdout, status in $T/status
 api() {
