@@ -179,6 +179,20 @@ if worker_proc_gone; then fail "no mge-worker process named '$W' found before sc
 scancel "$pool"
 if wait_until 20 worker_proc_gone; then ok "scancel $pool: the pool's mge-worker process ended (worker state: $(api GET /api/v1/workers | jq -r --arg n "$W" '.workers[] | select(.name == $n) | .state'))"
 else fail "the mge-worker of '$W' still runs after scancel"; fi
+# a drain lasts until undrained: a new allocation of the pool under the same name undrains its
+# workers when it starts, so they take ranks again
+pool2=$(MGE_COORDINATOR=$WORKER_URL MGE_JOIN_TOKEN_FILE=$T/join MGE_WORK_ROOT=$T \
+    MGE_SERVER=$URL MGE_TOKEN_FILE=$T/tokens MGE_POOL_NAME=slurm-$pool \
+    MGE_WORKER_OPTS="--heartbeat-ms 500" submit_batch pool2 -N 1 --cpus-per-task="$NCPU" \
+    "$S/mge-pool.sbatch")
+JOBS="$JOBS $pool2"
+if wait_until 20 worker_ready "$W"; then
+    ok "a new pool allocation (job $pool2) under the name slurm-$pool: worker '$W' ready again (undrained at its start)"
+else
+    fail "worker '$W' of pool job $pool2 is not ready: $(api GET /api/v1/workers | jq -c --arg n "$W" '.workers[] | select(.name == $n) | {state, drain}') $(tail -3 "$T/pool2.err")"
+fi
+scancel "$pool2"
+wait_until 20 worker_proc_gone || fail "the mge-worker of '$W' (job $pool2) still runs after scancel"
 
 if [ "$fails" -eq 0 ]; then echo "deploy_slurm: all passed"; exit 0; fi
 echo "deploy_slurm: $fails failed"; exit 1
