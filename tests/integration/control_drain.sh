@@ -30,6 +30,7 @@ check "a job submitted meanwhile stays queued: '$(jq -r .pending_reason "$T/q.js
 kill -9 "$WORKER_PID_w1"
 check "w1 killed: it is lost, and still marked drained" wait_until 15 wstate_is w1 "lost true"
 WAIT_STATE=drained start_worker w1
+unset WAIT_STATE # (a prefix assignment to a function call may outlive the call)
 check "w1 back: drained, not ready" wstate_is w1 "drained true"
 check "... and the job is still queued" state_is "$JOB" queued
 
