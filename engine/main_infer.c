@@ -20,7 +20,8 @@ static void usage(FILE *fp)
     fprintf(fp,
             "usage: mge-infer CKPT [--data test|train] [--json] [--threads N]\n"
             "                 [--device cpu|sim|cuda] [--precision fp32|fakequant|int8\n"
-            "                 [--compare]] [--timing]\n"
+            "                 [--compare]] [--timing] [--split auto|on|off]\n"
+            "                 [--predictions FILE]\n"
             "       mge-infer CKPT --generate N [--prompt TEXT] [--seed S] [--temperature T]\n"
             "Evaluates the model in checkpoint CKPT on the test (default) or train set\n"
             "that the checkpoint's job spec names (a gpt: loss per token and perplexity\n"
@@ -30,7 +31,11 @@ static void usage(FILE *fp)
             "trained (fp32 ops on fake-quantised values); int8 runs int8 GEMMs and convs with\n"
             "the checkpoint's observers and weights, no conversion step. --compare (int8)\n"
             "also runs fakequant and reports the share of samples whose predictions agree.\n"
-            "--timing adds samples_per_sec (graph runs only, not data loading) to --json.\n");
+            "--timing adds samples_per_sec (graph runs only, not data loading) and graphs to\n"
+            "--json. --split on: each of the N --threads runs its own copy of the graph on\n"
+            "its share of every batch, single-threaded inside (the same predictions and loss);\n"
+            "off: one graph, each op using all N threads; auto (default): on for the CPU\n"
+            "device. --predictions FILE writes each sample's predicted class, one per line.\n");
 }
 
 /*
@@ -244,45 +249,109 @@ out:
 struct eval_result {
     double loss, acc;
     double run_sec; /* in mge_graph_run() */
+    int graphs;     /* run at once, the batch split across them (1: no split) */
     int32_t *pred;  /* (ds->n) predicted classes, or NULL */
 };
 
-/* Build @spec's model quantised as @mode, load @ck and evaluate it on @ds; an exit code. */
+/* --split: -1 auto (on where it wins: the CPU device with more than one thread), 0 off, 1 on */
+static int infer_split = -1;
+
+/* Graphs to split a batch across: one per thread on the CPU device, else one (no split). */
+static int split_count(int64_t batch)
+{
+    int n = mge_cpu_threads();
+    if (infer_split == 0 || infer_dev != &mge_device_cpu || n <= 1)
+        return 1;
+    return n < batch ? n : (int)batch;
+}
+
+/* Build @spec's model quantised as @mode for batches of @batch into a new *@gp (freed by the
+ * caller, also on error) and load @ck into it; an exit code. */
+static int build_as(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
+                    const struct mge_dataset *ds, enum mge_quant_mode mode, int64_t batch,
+                    struct mge_graph **gp, struct mge_model *model)
+{
+    struct mge_quant_opts qo;
+    int rc = mge_graph_new(gp);
+    mge_quant_opts_from_spec(spec, mode, &qo);
+    if (rc == MGE_OK && mode != MGE_QUANT_OFF)
+        rc = mge_graph_set_quant(*gp, &qo);
+    if (rc == MGE_OK)
+        rc = mge_model_build(*gp, spec, batch, ds->c, ds->h, ds->w, ds->classes, model);
+    if (rc == MGE_OK)
+        rc = plan_alloc(*gp);
+    if (rc != MGE_OK) {
+        fprintf(stderr, "mge-infer: model: %s\n",
+                *gp ? mge_graph_error_msg(*gp) : mge_strerror(rc));
+        return 1;
+    }
+    return load_params(*gp, ck, path);
+}
+
+/*
+ * Build @spec's model quantised as @mode, load @ck and evaluate it on @ds; an exit code. With
+ * the split (split_count() > 1) there is one graph per thread, each for its share of the batch
+ * and planned single-threaded, run at once by mge_evaluate_split().
+ */
 static int eval_as(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
                    const struct mge_dataset *ds, enum mge_quant_mode mode, struct eval_result *r)
 {
-    struct mge_graph *g = NULL;
-    struct mge_model model;
-    struct mge_quant_opts qo;
     int64_t batch = spec->train.batch_size;
-    int code = 1, rc = mge_graph_new(&g);
-    mge_quant_opts_from_spec(spec, mode, &qo);
-    if (rc == MGE_OK && mode != MGE_QUANT_OFF)
-        rc = mge_graph_set_quant(g, &qo);
-    if (rc == MGE_OK)
-        rc = mge_model_build(g, spec, batch, ds->c, ds->h, ds->w, ds->classes, &model);
-    if (rc == MGE_OK)
-        rc = plan_alloc(g);
-    if (rc != MGE_OK) {
-        fprintf(stderr, "mge-infer: model: %s\n", g ? mge_graph_error_msg(g) : mge_strerror(rc));
+    int n = split_count(batch), code = 1, rc;
+    int64_t sub = (batch + n - 1) / n;
+    struct mge_graph **g = mge_calloc((size_t)n, sizeof(*g));
+    struct mge_model *model = mge_calloc((size_t)n, sizeof(*model));
+    if (!g || !model) {
+        fprintf(stderr, "mge-infer: out of memory\n");
         goto out;
     }
-    if ((code = load_params(g, ck, path)) != 0)
+    /* kernels size their teams and per-thread scratch when the graph is planned */
+    if (n > 1)
+        mge_cpu_set_local_threads(1);
+    code = 0;
+    for (int t = 0; t < n && code == 0; t++)
+        code = build_as(path, ck, spec, ds, mode, sub, &g[t], &model[t]);
+    if (n > 1)
+        mge_cpu_set_local_threads(0);
+    if (code != 0)
         goto out;
     r->run_sec = 0.0;
-    rc = mge_evaluate_preds(g, &model, ds, batch, &r->loss, &r->acc, r->pred, &r->run_sec);
+    r->graphs = n;
+    if (n > 1)
+        rc = mge_evaluate_split(g, model, n, ds, batch, sub, (float)spec->train.label_smoothing,
+                                &r->loss, &r->acc, r->pred, &r->run_sec);
+    else
+        rc =
+            mge_evaluate_preds(g[0], &model[0], ds, batch, &r->loss, &r->acc, r->pred, &r->run_sec);
     code = rc == MGE_OK ? 0 : 1;
     if (rc != MGE_OK)
         fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
 out:
-    mge_graph_free(g);
+    for (int t = 0; g && t < n; t++)
+        mge_graph_free(g[t]);
+    mge_free(g);
+    mge_free(model);
     return code;
 }
 
 static const char *const precision_names[] = {"fp32", "fakequant", "int8"};
 
+/* --predictions: write @pred's @n classes to @file, one per line; an exit code. */
+static int write_predictions(const char *file, const int32_t *pred, int64_t n)
+{
+    FILE *fp = fopen(file, "w");
+    int bad = !fp;
+    for (int64_t i = 0; fp && i < n; i++)
+        bad |= fprintf(fp, "%d\n", pred[i]) < 0;
+    if (fp && fclose(fp) != 0)
+        bad = 1;
+    if (bad)
+        fprintf(stderr, "mge-infer: --predictions: cannot write '%s'\n", file);
+    return bad;
+}
+
 static int infer(const char *path, int test, int json, const struct gen_opts *gen,
-                 enum mge_quant_mode prec, int compare, int timing)
+                 enum mge_quant_mode prec, int compare, int timing, const char *preds_path)
 {
     struct mge_ckpt *ck = NULL;
     struct mge_jobspec *spec = NULL;
@@ -318,6 +387,10 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
                     precision_names[prec]);
             goto out;
         }
+        if (preds_path) {
+            fprintf(stderr, "mge-infer: --predictions: only for classifiers, not a gpt\n");
+            goto out;
+        }
         code = gen ? generate(path, ck, spec, gen) : infer_tokens(path, ck, spec, test, json);
         goto out;
     }
@@ -326,8 +399,8 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
         goto out;
     }
     have_ds = 1;
-    if (compare && (!(r.pred = mge_malloc(sizeof(int32_t) * (size_t)ds.n)) ||
-                    !(ref.pred = mge_malloc(sizeof(int32_t) * (size_t)ds.n)))) {
+    if (((compare || preds_path) && !(r.pred = mge_malloc(sizeof(int32_t) * (size_t)ds.n))) ||
+        (compare && !(ref.pred = mge_malloc(sizeof(int32_t) * (size_t)ds.n)))) {
         fprintf(stderr, "mge-infer: out of memory\n");
         code = 1;
         goto out;
@@ -338,6 +411,8 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
         goto out;
     for (int64_t i = 0; compare && i < ds.n; i++)
         agree += r.pred[i] == ref.pred[i];
+    if (preds_path && (code = write_predictions(preds_path, r.pred, ds.n)) != 0)
+        goto out;
     double sps = r.run_sec > 0.0 ? (double)ds.n / r.run_sec : 0.0;
     if (json) {
         printf("{\"accuracy\":%.6f,\"%s\":%.6f,\"loss\":%.6f,\"samples\":%lld,\"step\":%lld,"
@@ -345,7 +420,7 @@ static int infer(const char *path, int test, int json, const struct gen_opts *ge
                r.acc, test ? "test_accuracy" : "train_accuracy", r.acc, r.loss, (long long)ds.n,
                (long long)ck->step, precision_names[prec]);
         if (timing) /* not by default: the same checkpoint prints the same line */
-            printf(",\"samples_per_sec\":%.1f", sps);
+            printf(",\"samples_per_sec\":%.1f,\"graphs\":%d", sps, r.graphs);
         if (compare)
             printf(",\"fakequant_accuracy\":%.6f,\"agreement\":%.6f,\"disagree\":%lld", ref.acc,
                    (double)agree / (double)ds.n, (long long)(ds.n - agree));
@@ -374,7 +449,7 @@ out:
 
 int main(int argc, char **argv)
 {
-    const char *path = NULL;
+    const char *path = NULL, *preds_path = NULL;
     int test = 1, json = 0, threads = 0, compare = 0, timing = 0;
     enum mge_quant_mode prec = MGE_QUANT_OFF;
     struct gen_opts gen = {.n = 0, .prompt = NULL, .seed = 1337, .temperature = 1.0};
@@ -428,6 +503,15 @@ int main(int argc, char **argv)
                         argv[i]);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--split") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, "mge-infer: --split must be auto, on or off, not '%s'\n", v);
+                return 2;
+            }
+            infer_split = !strcmp(v, "auto") ? -1 : !strcmp(v, "on");
+        } else if (!strcmp(argv[i], "--predictions") && i + 1 < argc) {
+            preds_path = argv[++i];
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
@@ -463,9 +547,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "mge-infer: --prompt goes with --generate N\n");
         return 2;
     }
+    if (infer_split == 1 && infer_dev != &mge_device_cpu) {
+        fprintf(stderr, "mge-infer: --split on: only for --device cpu\n");
+        return 2;
+    }
     if (compare && prec != MGE_QUANT_INT8) {
         fprintf(stderr, "mge-infer: --compare goes with --precision int8\n");
         return 2;
     }
-    return infer(path, test, json, gen.n ? &gen : NULL, prec, compare, timing);
+    return infer(path, test, json, gen.n ? &gen : NULL, prec, compare, timing, preds_path);
 }

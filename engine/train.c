@@ -229,6 +229,140 @@ out_free:
     return rc;
 }
 
+/* mge_evaluate_split()'s shared state: units of @sub samples handed to the graphs in turn. */
+struct split_eval {
+    struct mge_graph *const *g;
+    const struct mge_model *model;
+    const struct mge_dataset *ds;
+    int64_t sub, V;
+    float *logits;      /* (ds->n, V): each unit's rows, written by the graph that ran it */
+    float **x;          /* per graph: (sub, ds->dim) inputs */
+    int32_t **y;        /* per graph: (sub) labels */
+    int64_t **idx;      /* per graph: (sub) sample indices */
+    double *run, *busy; /* per graph: seconds in mge_graph_run(), in its loop */
+    int *rc;            /* per graph: MGE_OK or the error that stopped it */
+    int64_t next;       /* the next unit (atomic) */
+    int stop;           /* a graph failed: the others stop too (atomic) */
+};
+
+/* Graph @t's loop: take the next unit, gather, run, keep its logits; until none are left. */
+static void split_worker(void *arg, int t)
+{
+    struct split_eval *e = arg;
+    struct mge_graph *g = e->g[t];
+    const struct mge_dataset *ds = e->ds;
+    int rc = MGE_OK;
+    double t0 = now_sec();
+    for (;;) {
+        int64_t at = __atomic_fetch_add(&e->next, 1, __ATOMIC_RELAXED) * e->sub;
+        if (at >= ds->n || __atomic_load_n(&e->stop, __ATOMIC_RELAXED))
+            break;
+        int64_t n = ds->n - at < e->sub ? ds->n - at : e->sub;
+        float *rows = e->logits + at * e->V;
+        size_t bytes = sizeof(float) * (size_t)(n * e->V);
+        for (int64_t i = 0; i < n; i++)
+            e->idx[t][i] = at + i;
+        if ((rc = mge_dataset_gather(ds, e->idx[t], n, e->x[t], e->y[t])) != MGE_OK)
+            break;
+        mge_graph_set_batch(g, n);
+        double r0 = now_sec();
+        rc = mge_graph_run(g, MGE_RUN_INFER, 0);
+        e->run[t] += now_sec() - r0;
+        if (rc != MGE_OK)
+            break;
+        const float *lg = mge_value_host(g, e->model[t].logits, rows, bytes);
+        if (!lg) {
+            rc = MGE_STATE;
+            break;
+        }
+        if (lg != rows)
+            memcpy(rows, lg, bytes);
+    }
+    if (rc != MGE_OK) {
+        e->rc[t] = rc;
+        __atomic_store_n(&e->stop, 1, __ATOMIC_RELAXED);
+    }
+    e->busy[t] = now_sec() - t0;
+}
+
+int mge_evaluate_split(struct mge_graph *const *g, const struct mge_model *model, int n_graphs,
+                       const struct mge_dataset *ds, int64_t batch, int64_t sub, float smoothing,
+                       double *loss, double *accuracy, int32_t *pred, double *run_sec)
+{
+    struct split_eval e = {.g = g, .model = model, .ds = ds, .sub = sub};
+    int rc = MGE_OK;
+    e.V = mge_value_shape(g[0], model[0].logits)[1];
+    e.logits = mge_malloc(sizeof(float) * (size_t)(ds->n * e.V));
+    float *probs = mge_malloc(sizeof(float) * (size_t)(batch * e.V));
+    e.x = mge_calloc((size_t)n_graphs, sizeof(*e.x));
+    e.y = mge_calloc((size_t)n_graphs, sizeof(*e.y));
+    e.idx = mge_calloc((size_t)n_graphs, sizeof(*e.idx));
+    e.run = mge_calloc((size_t)n_graphs, sizeof(*e.run));
+    e.busy = mge_calloc((size_t)n_graphs, sizeof(*e.busy));
+    e.rc = mge_calloc((size_t)n_graphs, sizeof(*e.rc));
+    if (!e.logits || !probs || !e.x || !e.y || !e.idx || !e.run || !e.busy || !e.rc) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
+        goto out_free;
+    }
+    for (int t = 0; t < n_graphs; t++) {
+        e.x[t] = mge_malloc_aligned(sizeof(float) * (size_t)(sub * ds->dim));
+        e.y[t] = mge_malloc(sizeof(int32_t) * (size_t)sub);
+        e.idx[t] = mge_malloc(sizeof(int64_t) * (size_t)sub);
+        if (!e.x[t] || !e.y[t] || !e.idx[t]) {
+            rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
+            goto out_free;
+        }
+        mge_graph_bind(g[t], model[t].x, e.x[t]);
+        mge_graph_bind(g[t], model[t].y, e.y[t]);
+    }
+    double t0 = now_sec();
+    mge_cpu_run_split(n_graphs, split_worker, &e);
+    double wall = now_sec() - t0, run = 0.0, busy = 0.0;
+    for (int t = 0; t < n_graphs; t++) {
+        if (e.rc[t] != MGE_OK && rc == MGE_OK)
+            rc = MGE_ERR(e.rc[t], "evaluation graph %d failed", t);
+        run += e.run[t];
+        busy += e.busy[t];
+    }
+    if (rc != MGE_OK)
+        goto out_free;
+    /* the graphs' share of the wall time: gathering runs beside them but is not counted */
+    if (run_sec)
+        *run_sec += busy > 0.0 ? wall * run / busy : 0.0;
+    /* the loss of each batch of @batch as its graph's cross-entropy node computes it (same
+     * kernel, same logits), summed in batch order: mge_evaluate_preds()'s result exactly */
+    double sum_loss = 0.0;
+    int64_t correct = 0;
+    for (int64_t at = 0; at < ds->n; at += batch) {
+        int64_t n = ds->n - at < batch ? ds->n - at : batch;
+        const float *lg = e.logits + at * e.V;
+        float lv;
+        mge_cpu_softmax_xent_smooth_forward(&lv, probs, lg, ds->labels + at, n, e.V, smoothing);
+        sum_loss += (double)lv * (double)n;
+        correct += mge_cpu_argmax_correct(lg, ds->labels + at, n, e.V);
+        if (pred)
+            argmax_rows(pred + at, lg, n, e.V);
+    }
+    *loss = sum_loss / (double)ds->n;
+    *accuracy = (double)correct / (double)ds->n;
+out_free:
+    for (int t = 0; t < n_graphs && e.x; t++)
+        mge_free_aligned(e.x[t]);
+    for (int t = 0; t < n_graphs && e.y; t++)
+        mge_free(e.y[t]);
+    for (int t = 0; t < n_graphs && e.idx; t++)
+        mge_free(e.idx[t]);
+    mge_free(e.x);
+    mge_free(e.y);
+    mge_free(e.idx);
+    mge_free(e.run);
+    mge_free(e.busy);
+    mge_free(e.rc);
+    mge_free(e.logits);
+    mge_free(probs);
+    return rc;
+}
+
 /* ---- checkpoints ---- */
 
 struct trainer {

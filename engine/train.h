@@ -74,6 +74,22 @@ int mge_evaluate_preds(struct mge_graph *g, const struct mge_model *model,
                        const struct mge_dataset *ds, int64_t batch, double *loss, double *accuracy,
                        int32_t *pred, double *run_sec);
 
+/*
+ * mge_evaluate_preds() with the samples split across @n_graphs graphs that run at once, one per
+ * thread, each op inside them single-threaded (mge_cpu_run_split): graph t is @g[t] with
+ * @model[t], on the host (a CPU device), built for batches of up to @sub samples and planned
+ * under mge_cpu_set_local_threads(1). Units of @sub consecutive samples go to whichever graph is
+ * free; each keeps its unit's logits, and loss (cross-entropy with label smoothing @smoothing,
+ * as the model's loss node), accuracy and @pred are then taken over batches of @batch in order,
+ * so they equal mge_evaluate_preds()'s at @batch whenever each sample's logits do (every op is
+ * per sample in inference). *@run_sec gets the wall time of the graph runs (gathering, done by
+ * the same threads, excluded in proportion). Rebinds the models' inputs. Returns MGE_OK,
+ * MGE_NOMEM or the first failing graph's error.
+ */
+int mge_evaluate_split(struct mge_graph *const *g, const struct mge_model *model, int n_graphs,
+                       const struct mge_dataset *ds, int64_t batch, int64_t sub, float smoothing,
+                       double *loss, double *accuracy, int32_t *pred, double *run_sec);
+
 /* Held-out windows a gpt's test_loss covers at most (the first ones of the held-out tokens). */
 #define MGE_TOKENS_EVAL_WINDOWS 4096
 

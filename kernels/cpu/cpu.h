@@ -20,6 +20,22 @@ extern "C" {
 void mge_cpu_set_threads(int n);
 int mge_cpu_threads(void);
 /*
+ * Override mge_cpu_threads() (and OpenMP's thread count for regions this thread starts) in the
+ * calling thread only; n <= 0 drops the override. Kernels size their OpenMP teams and per-thread
+ * scratch from mge_cpu_threads(), so a graph planned and run under an override of 1 is
+ * single-threaded and holds scratch for one thread.
+ */
+void mge_cpu_set_local_threads(int n);
+/*
+ * Call @fn(@arg, t) for every t in [0, @n) at once, one OpenMP thread each (fewer threads
+ * when OpenMP gives a smaller team: each then calls several t in turn), every one of them under
+ * mge_cpu_set_local_threads(1) (kernels inside run single-threaded; nested OpenMP regions have a
+ * team of one) with the caller's denormal mode; OpenBLAS is held at one thread meanwhile
+ * (its thread count is global). Returns when all have returned. Thread: @fn must not share
+ * writable state between different t without its own synchronisation.
+ */
+void mge_cpu_run_split(int n, void (*fn)(void *arg, int t), void *arg);
+/*
  * Flush denormal floats to zero (on != 0) in the calling thread and every OpenMP thread.
  * Gradients that shrink through deep networks reach the denormal range, where x86 arithmetic
  * is ~100x slower (a 128-layer MLP step took 9 s instead of 1). mge_cpu_set_threads() turns it

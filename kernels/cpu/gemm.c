@@ -12,6 +12,8 @@
 #include "kernels/cpu/cpu_int.h"
 
 static int g_threads; /* 0: not set yet */
+static _Thread_local int
+    tl_threads; /* this thread's override (mge_cpu_set_local_threads), 0: none */
 
 void mge_cpu_set_threads(int n)
 {
@@ -41,7 +43,40 @@ void mge_cpu_flush_denormals(int on)
 
 int mge_cpu_threads(void)
 {
+    if (tl_threads > 0)
+        return tl_threads;
     return g_threads > 0 ? g_threads : omp_get_max_threads();
+}
+
+void mge_cpu_set_local_threads(int n)
+{
+    tl_threads = n > 0 ? n : 0;
+    /* this thread's OpenMP nthreads-var: regions without num_threads() follow it */
+    omp_set_num_threads(mge_cpu_threads());
+}
+
+void mge_cpu_run_split(int n, void (*fn)(void *arg, int t), void *arg)
+{
+    unsigned csr = _mm_getcsr(); /* threads new to the pool inherit the caller's FTZ/DAZ */
+    if (n <= 1) {
+        int old = tl_threads;
+        mge_cpu_set_local_threads(1);
+        fn(arg, 0);
+        mge_cpu_set_local_threads(old);
+        return;
+    }
+    /* OpenBLAS (pthread build) has one global thread count: serial while the split runs */
+    openblas_set_num_threads(1);
+#pragma omp parallel num_threads(n)
+    {
+        _mm_setcsr(csr);
+        mge_cpu_set_local_threads(1);
+        /* a smaller team (nested inside another region, OMP_THREAD_LIMIT) still calls every t */
+        for (int t = omp_get_thread_num(); t < n; t += omp_get_num_threads())
+            fn(arg, t);
+        mge_cpu_set_local_threads(0);
+    }
+    openblas_set_num_threads(g_threads > 0 ? g_threads : omp_get_max_threads());
 }
 
 static const char *const backend_names[MGE__GEMM_COUNT] = {
