@@ -4,7 +4,9 @@
 Trains the Fashion-MNIST MLP (784-512-512-10), LeNet-5 and ResNet-8 (width 16, the quant tests')
 briefly in fp32, fine-tunes them with quantisation-aware training (quant.mode qat), and times
 mge-infer on the 10,000 test images with --precision fp32 and int8 (samples/s over the graph
-runs, batch 128, THREADS threads, best of ROUNDS alternating rounds). PyTorch runs the same
+runs, batch 128, THREADS threads, best of ROUNDS alternating rounds), each with the batch split
+across the threads (--split on, the default) and without (--split off: one graph, each op
+using every thread; the "1 graph" columns; not run at 1 thread, where both are the same). PyTorch runs the same
 architectures in fp32 and int8 (eager-mode static quantisation: Linear+ReLU, Conv+BN(+ReLU)
 fused, the residual a quantised add_relu; on its x86 int8 engine: fbgemm when the build has it,
 else onednn; Debian's 1.13 build has onednn and qnnpack only) over the same images; it is
@@ -51,9 +53,9 @@ def train(spec, out, steps, sets, extra):
     return os.path.join(out, "latest.mgeckpt")
 
 
-def infer(ckpt, precision):
+def infer(ckpt, precision, split):
     cmd = [os.path.join(BUILD, "bin", "mge-infer"), ckpt, "--json", "--threads", str(THREADS),
-           "--precision", precision, "--timing"]
+           "--precision", precision, "--timing", "--split", split]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     d = last_json(r.stdout)
     return d["samples_per_sec"], d["test_accuracy"]
@@ -202,25 +204,30 @@ def main():
     print("cpu: %s, avx512_vnni: %s, %d threads, load at start: %s" % (
         cpu, "yes" if "avx512_vnni" in flags else "no", THREADS,
         " ".join(open("/proc/loadavg").read().split()[:3])))
-    print("%-7s %12s %12s %8s %10s %10s | %12s %12s %8s" % (
-        "model", "mge fp32/s", "mge int8/s", "speedup", "fp32 acc", "int8 acc",
-        "torch fp32/s", "torch int8/s", "speedup"))
+    print("%-7s %12s %12s %12s %12s %8s %10s %10s | %12s %12s %8s" % (
+        "model", "fp32 1 graph", "mge fp32/s", "int8 1 graph", "mge int8/s", "speedup",
+        "fp32 acc", "int8 acc", "torch fp32/s", "torch int8/s", "speedup"))
+    splits = ("off", "on") if THREADS > 1 else ("on",)
     with tempfile.TemporaryDirectory() as t:
         for name, spec, steps, qat_steps, sets in JOBS:
             ck32 = train(spec, os.path.join(t, name), steps, sets, [])
             ck = train(spec, os.path.join(t, name + "-qat"), qat_steps, sets,
                        ["--init-from", ck32, "--set", "quant.mode=qat"])
-            best = {"fp32": (0.0, 0.0), "int8": (0.0, 0.0)}
+            best = {(p, s): (0.0, 0.0) for p in ("fp32", "int8") for s in ("off", "on")}
             for _ in range(ROUNDS):
                 for p in ("fp32", "int8"):
-                    sps, acc = infer(ck, p)
-                    best[p] = max(best[p], (sps, acc))
+                    for s in splits:
+                        sps, acc = infer(ck, p, s)
+                        best[p, s] = max(best[p, s], (sps, acc))
+            for p in ("fp32", "int8"):
+                best[p, "off"] = best[p, "off"] if THREADS > 1 else best[p, "on"]
             tb = torch_run(name)
             tcols = ("%12.0f %12.0f %7.2fx (%s)" % (tb[0], tb[1], tb[1] / tb[0], tb[2])
                      if isinstance(tb, tuple) else tb)
-            print("%-7s %12.0f %12.0f %7.2fx %10.4f %10.4f | %s" % (
-                name, best["fp32"][0], best["int8"][0], best["int8"][0] / best["fp32"][0],
-                best["fp32"][1], best["int8"][1], tcols))
+            print("%-7s %12.0f %12.0f %12.0f %12.0f %7.2fx %10.4f %10.4f | %s" % (
+                name, best["fp32", "off"][0], best["fp32", "on"][0], best["int8", "off"][0],
+                best["int8", "on"][0], best["int8", "on"][0] / best["fp32", "on"][0],
+                best["fp32", "on"][1], best["int8", "on"][1], tcols))
     print("load at end: %s" % " ".join(open("/proc/loadavg").read().split()[:3]))
 
 
