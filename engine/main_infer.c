@@ -90,13 +90,34 @@ static int plan_alloc(struct mge_graph *g)
     return rc == MGE_OK ? mge_graph_alloc(g) : rc;
 }
 
-/* A gpt for batches of @batch windows with @ck's weights in *@gp (freed by the caller, also on
- * error); an exit code. */
-static int gpt_build(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
-                     int64_t batch, struct mge_graph **gp, struct mge_model *model)
+/* --split: -1 auto (on where it wins: the CPU device with more than one thread), 0 off, 1 on */
+static int infer_split = -1;
+
+/* Graphs to split a batch across: one per thread on the CPU device, else one (no split). */
+static int split_count(int64_t batch)
 {
+    int n = mge_cpu_threads();
+    if (infer_split == 0 || infer_dev != &mge_device_cpu || n <= 1)
+        return 1;
+    return n < batch ? n : (int)batch;
+}
+
+/* Build @spec's model quantised as @mode for batches of @batch (images shaped as @ds's; NULL
+ * for a gpt) into a new *@gp (freed by the caller, also on error) and load @ck into it; an exit
+ * code. */
+static int build_as(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
+                    const struct mge_dataset *ds, enum mge_quant_mode mode, int64_t batch,
+                    struct mge_graph **gp, struct mge_model *model)
+{
+    struct mge_quant_opts qo;
     int rc = mge_graph_new(gp);
-    if (rc == MGE_OK && (rc = mge_model_build(*gp, spec, batch, 0, 0, 0, 0, model)) == MGE_OK)
+    mge_quant_opts_from_spec(spec, mode, &qo);
+    if (rc == MGE_OK && mode != MGE_QUANT_OFF)
+        rc = mge_graph_set_quant(*gp, &qo);
+    if (rc == MGE_OK)
+        rc = ds ? mge_model_build(*gp, spec, batch, ds->c, ds->h, ds->w, ds->classes, model)
+                : mge_model_build(*gp, spec, batch, 0, 0, 0, 0, model);
+    if (rc == MGE_OK)
         rc = plan_alloc(*gp);
     if (rc != MGE_OK) {
         fprintf(stderr, "mge-infer: model: %s\n",
@@ -104,6 +125,47 @@ static int gpt_build(const char *path, const struct mge_ckpt *ck, const struct m
         return 1;
     }
     return load_params(*gp, ck, path);
+}
+
+/* The graphs an evaluation runs: one, or one per thread with the batch split across them. */
+struct graphs {
+    int n;                /* graphs */
+    int64_t sub;          /* the batch each is built for: ceil(batch / n) */
+    struct mge_graph **g; /* (n) */
+    struct mge_model *m;  /* (n) */
+};
+
+/* build_as() for each of split_count(@batch) graphs into @gs (graphs_free() it, also on
+ * error), each for its share of @batch and, when split, planned single-threaded; an exit code. */
+static int graphs_build(struct graphs *gs, const char *path, const struct mge_ckpt *ck,
+                        const struct mge_jobspec *spec, const struct mge_dataset *ds,
+                        enum mge_quant_mode mode, int64_t batch)
+{
+    int code = 0;
+    gs->n = split_count(batch);
+    gs->sub = (batch + gs->n - 1) / gs->n;
+    gs->g = mge_calloc((size_t)gs->n, sizeof(*gs->g));
+    gs->m = mge_calloc((size_t)gs->n, sizeof(*gs->m));
+    if (!gs->g || !gs->m) {
+        fprintf(stderr, "mge-infer: out of memory\n");
+        return 1;
+    }
+    /* kernels size their teams and per-thread scratch when the graph is planned */
+    if (gs->n > 1)
+        mge_cpu_set_local_threads(1);
+    for (int t = 0; t < gs->n && code == 0; t++)
+        code = build_as(path, ck, spec, ds, mode, gs->sub, &gs->g[t], &gs->m[t]);
+    if (gs->n > 1)
+        mge_cpu_set_local_threads(0);
+    return code;
+}
+
+static void graphs_free(struct graphs *gs)
+{
+    for (int t = 0; gs->g && t < gs->n; t++)
+        mge_graph_free(gs->g[t]);
+    mge_free(gs->g);
+    mge_free(gs->m);
 }
 
 struct gen_opts {
@@ -145,7 +207,7 @@ static int generate(const char *path, const struct mge_ckpt *ck, const struct mg
     }
     for (int64_t i = 0; i < np; i++)
         seq[len++] = text ? (int32_t)(unsigned char)prompt[i] : 0;
-    if ((code = gpt_build(path, ck, spec, 1, &g, &model)) != 0)
+    if ((code = build_as(path, ck, spec, NULL, MGE_QUANT_OFF, 1, &g, &model)) != 0)
         goto out;
     code = 1;
     mge_graph_bind(g, model.x, x);
@@ -204,8 +266,7 @@ static int infer_tokens(const char *path, const struct mge_ckpt *ck, const struc
                         int test, int json)
 {
     struct mge_tokens train, held;
-    struct mge_graph *g = NULL;
-    struct mge_model model;
+    struct graphs gs = {0};
     char err[512];
     int code = 2, rc;
     int64_t batch = spec->train.batch_size, T = spec->model.context, windows;
@@ -222,11 +283,14 @@ static int infer_tokens(const char *path, const struct mge_ckpt *ck, const struc
                 path);
         goto out;
     }
-    if ((code = gpt_build(path, ck, spec, batch, &g, &model)) != 0)
+    if ((code = graphs_build(&gs, path, ck, spec, NULL, MGE_QUANT_OFF, batch)) != 0)
         goto out;
     code = 1;
-    if ((rc = mge_tokens_evaluate(g, &model, tk, batch, T, MGE_TOKENS_EVAL_WINDOWS, &loss,
-                                  &windows)) != MGE_OK) {
+    rc = gs.n > 1 ? mge_tokens_evaluate_split(gs.g, gs.m, gs.n, tk, gs.sub, T,
+                                              MGE_TOKENS_EVAL_WINDOWS, &loss, &windows)
+                  : mge_tokens_evaluate(gs.g[0], gs.m, tk, batch, T, MGE_TOKENS_EVAL_WINDOWS, &loss,
+                                        &windows);
+    if (rc != MGE_OK) {
         fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
         goto out;
     }
@@ -240,7 +304,7 @@ static int infer_tokens(const char *path, const struct mge_ckpt *ck, const struc
                (long long)T, (long long)ck->step);
     code = 0;
 out:
-    mge_graph_free(g);
+    graphs_free(&gs);
     mge_tokens_fini(&held);
     mge_tokens_fini(&train);
     return code;
@@ -253,41 +317,6 @@ struct eval_result {
     int32_t *pred;  /* (ds->n) predicted classes, or NULL */
 };
 
-/* --split: -1 auto (on where it wins: the CPU device with more than one thread), 0 off, 1 on */
-static int infer_split = -1;
-
-/* Graphs to split a batch across: one per thread on the CPU device, else one (no split). */
-static int split_count(int64_t batch)
-{
-    int n = mge_cpu_threads();
-    if (infer_split == 0 || infer_dev != &mge_device_cpu || n <= 1)
-        return 1;
-    return n < batch ? n : (int)batch;
-}
-
-/* Build @spec's model quantised as @mode for batches of @batch into a new *@gp (freed by the
- * caller, also on error) and load @ck into it; an exit code. */
-static int build_as(const char *path, const struct mge_ckpt *ck, const struct mge_jobspec *spec,
-                    const struct mge_dataset *ds, enum mge_quant_mode mode, int64_t batch,
-                    struct mge_graph **gp, struct mge_model *model)
-{
-    struct mge_quant_opts qo;
-    int rc = mge_graph_new(gp);
-    mge_quant_opts_from_spec(spec, mode, &qo);
-    if (rc == MGE_OK && mode != MGE_QUANT_OFF)
-        rc = mge_graph_set_quant(*gp, &qo);
-    if (rc == MGE_OK)
-        rc = mge_model_build(*gp, spec, batch, ds->c, ds->h, ds->w, ds->classes, model);
-    if (rc == MGE_OK)
-        rc = plan_alloc(*gp);
-    if (rc != MGE_OK) {
-        fprintf(stderr, "mge-infer: model: %s\n",
-                *gp ? mge_graph_error_msg(*gp) : mge_strerror(rc));
-        return 1;
-    }
-    return load_params(*gp, ck, path);
-}
-
 /*
  * Build @spec's model quantised as @mode, load @ck and evaluate it on @ds; an exit code. With
  * the split (split_count() > 1) there is one graph per thread, each for its share of the batch
@@ -297,40 +326,23 @@ static int eval_as(const char *path, const struct mge_ckpt *ck, const struct mge
                    const struct mge_dataset *ds, enum mge_quant_mode mode, struct eval_result *r)
 {
     int64_t batch = spec->train.batch_size;
-    int n = split_count(batch), code = 1, rc;
-    int64_t sub = (batch + n - 1) / n;
-    struct mge_graph **g = mge_calloc((size_t)n, sizeof(*g));
-    struct mge_model *model = mge_calloc((size_t)n, sizeof(*model));
-    if (!g || !model) {
-        fprintf(stderr, "mge-infer: out of memory\n");
-        goto out;
-    }
-    /* kernels size their teams and per-thread scratch when the graph is planned */
-    if (n > 1)
-        mge_cpu_set_local_threads(1);
-    code = 0;
-    for (int t = 0; t < n && code == 0; t++)
-        code = build_as(path, ck, spec, ds, mode, sub, &g[t], &model[t]);
-    if (n > 1)
-        mge_cpu_set_local_threads(0);
+    struct graphs gs = {0};
+    int code = graphs_build(&gs, path, ck, spec, ds, mode, batch), rc;
     if (code != 0)
         goto out;
     r->run_sec = 0.0;
-    r->graphs = n;
-    if (n > 1)
-        rc = mge_evaluate_split(g, model, n, ds, batch, sub, (float)spec->train.label_smoothing,
-                                &r->loss, &r->acc, r->pred, &r->run_sec);
+    r->graphs = gs.n;
+    if (gs.n > 1)
+        rc = mge_evaluate_split(gs.g, gs.m, gs.n, ds, batch, gs.sub,
+                                (float)spec->train.label_smoothing, &r->loss, &r->acc, r->pred,
+                                &r->run_sec);
     else
-        rc =
-            mge_evaluate_preds(g[0], &model[0], ds, batch, &r->loss, &r->acc, r->pred, &r->run_sec);
+        rc = mge_evaluate_preds(gs.g[0], gs.m, ds, batch, &r->loss, &r->acc, r->pred, &r->run_sec);
     code = rc == MGE_OK ? 0 : 1;
     if (rc != MGE_OK)
         fprintf(stderr, "mge-infer: failed: %s\n", mge_strerror(rc));
 out:
-    for (int t = 0; g && t < n; t++)
-        mge_graph_free(g[t]);
-    mge_free(g);
-    mge_free(model);
+    graphs_free(&gs);
     return code;
 }
 

@@ -229,106 +229,168 @@ out_free:
     return rc;
 }
 
-/* mge_evaluate_split()'s shared state: units of @sub samples handed to the graphs in turn. */
-struct split_eval {
-    struct mge_graph *const *g;
-    const struct mge_model *model;
-    const struct mge_dataset *ds;
-    int64_t sub, V;
-    float *logits;      /* (ds->n, V): each unit's rows, written by the graph that ran it */
-    float **x;          /* per graph: (sub, ds->dim) inputs */
-    int32_t **y;        /* per graph: (sub) labels */
-    int64_t **idx;      /* per graph: (sub) sample indices */
+/* ---- the batch split across threads (mge-infer) ---- */
+
+/*
+ * Units 0 .. units - 1 handed to graphs that run at once, one per thread (mge_cpu_run_split):
+ * each graph takes the next unit when it is free, so a thread that a neighbour slows down
+ * simply runs fewer. Whatever depends on the order is combined afterwards, in unit order.
+ */
+struct split {
+    /* run unit @k on graph @t, adding its mge_graph_run() seconds to *@run; MGE_OK or an error */
+    int (*unit)(struct split *sp, int t, int64_t k, double *run);
+    int64_t units;
     double *run, *busy; /* per graph: seconds in mge_graph_run(), in its loop */
     int *rc;            /* per graph: MGE_OK or the error that stopped it */
     int64_t next;       /* the next unit (atomic) */
     int stop;           /* a graph failed: the others stop too (atomic) */
 };
 
-/* Graph @t's loop: take the next unit, gather, run, keep its logits; until none are left. */
 static void split_worker(void *arg, int t)
 {
-    struct split_eval *e = arg;
-    struct mge_graph *g = e->g[t];
-    const struct mge_dataset *ds = e->ds;
+    struct split *sp = arg;
     int rc = MGE_OK;
     double t0 = now_sec();
     for (;;) {
-        int64_t at = __atomic_fetch_add(&e->next, 1, __ATOMIC_RELAXED) * e->sub;
-        if (at >= ds->n || __atomic_load_n(&e->stop, __ATOMIC_RELAXED))
+        int64_t k = __atomic_fetch_add(&sp->next, 1, __ATOMIC_RELAXED);
+        if (k >= sp->units || __atomic_load_n(&sp->stop, __ATOMIC_RELAXED))
             break;
-        int64_t n = ds->n - at < e->sub ? ds->n - at : e->sub;
-        float *rows = e->logits + at * e->V;
-        size_t bytes = sizeof(float) * (size_t)(n * e->V);
-        for (int64_t i = 0; i < n; i++)
-            e->idx[t][i] = at + i;
-        if ((rc = mge_dataset_gather(ds, e->idx[t], n, e->x[t], e->y[t])) != MGE_OK)
-            break;
-        mge_graph_set_batch(g, n);
-        double r0 = now_sec();
-        rc = mge_graph_run(g, MGE_RUN_INFER, 0);
-        e->run[t] += now_sec() - r0;
-        if (rc != MGE_OK)
-            break;
-        const float *lg = mge_value_host(g, e->model[t].logits, rows, bytes);
-        if (!lg) {
-            rc = MGE_STATE;
+        if ((rc = sp->unit(sp, t, k, &sp->run[t])) != MGE_OK) {
+            sp->rc[t] = rc;
+            __atomic_store_n(&sp->stop, 1, __ATOMIC_RELAXED);
             break;
         }
-        if (lg != rows)
-            memcpy(rows, lg, bytes);
     }
-    if (rc != MGE_OK) {
-        e->rc[t] = rc;
-        __atomic_store_n(&e->stop, 1, __ATOMIC_RELAXED);
+    sp->busy[t] = now_sec() - t0;
+}
+
+/* Run all of @sp's units on @n graphs; the graphs' share of the wall time (their inputs are
+ * gathered by the same threads, not counted) is added to *@run_sec (may be NULL). */
+static int split_run(struct split *sp, int n, double *run_sec)
+{
+    int rc = MGE_OK;
+    sp->run = mge_calloc((size_t)n, sizeof(*sp->run));
+    sp->busy = mge_calloc((size_t)n, sizeof(*sp->busy));
+    sp->rc = mge_calloc((size_t)n, sizeof(*sp->rc));
+    if (!sp->run || !sp->busy || !sp->rc) {
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
+        goto out_free;
     }
-    e->busy[t] = now_sec() - t0;
+    double t0 = now_sec();
+    mge_cpu_run_split(n, split_worker, sp);
+    double wall = now_sec() - t0, run = 0.0, busy = 0.0;
+    for (int t = 0; t < n; t++) {
+        if (sp->rc[t] != MGE_OK && rc == MGE_OK)
+            rc = MGE_ERR(sp->rc[t], "evaluation graph %d failed", t);
+        run += sp->run[t];
+        busy += sp->busy[t];
+    }
+    if (rc == MGE_OK && run_sec)
+        *run_sec += busy > 0.0 ? wall * run / busy : 0.0;
+out_free:
+    mge_free(sp->run);
+    mge_free(sp->busy);
+    mge_free(sp->rc);
+    return rc;
+}
+
+/* Per-graph input buffers of @n graphs: @rows rows of @xb and @yb bytes each, and @rows
+ * int64 indices (windows' starts or sample numbers). */
+struct split_bufs {
+    void **x, **y;
+    int64_t **idx;
+    int n;
+};
+
+static int split_bufs_init(struct split_bufs *b, int n, int64_t rows, size_t xb, size_t yb)
+{
+    b->n = n;
+    b->x = mge_calloc((size_t)n, sizeof(*b->x));
+    b->y = mge_calloc((size_t)n, sizeof(*b->y));
+    b->idx = mge_calloc((size_t)n, sizeof(*b->idx));
+    if (!b->x || !b->y || !b->idx)
+        return MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
+    for (int t = 0; t < n; t++) {
+        b->x[t] = mge_malloc_aligned(xb * (size_t)rows);
+        b->y[t] = mge_malloc(yb * (size_t)rows);
+        b->idx[t] = mge_malloc(sizeof(int64_t) * (size_t)rows);
+        if (!b->x[t] || !b->y[t] || !b->idx[t])
+            return MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
+    }
+    return MGE_OK;
+}
+
+static void split_bufs_fini(struct split_bufs *b)
+{
+    for (int t = 0; t < b->n && b->x; t++)
+        mge_free_aligned(b->x[t]);
+    for (int t = 0; t < b->n && b->y; t++)
+        mge_free(b->y[t]);
+    for (int t = 0; t < b->n && b->idx; t++)
+        mge_free(b->idx[t]);
+    mge_free(b->x);
+    mge_free(b->y);
+    mge_free(b->idx);
+}
+
+/* mge_evaluate_split(): units of @sub consecutive samples; each keeps its logits. */
+struct split_images {
+    struct split sp; /* first: the worker's argument */
+    struct mge_graph *const *g;
+    const struct mge_model *model;
+    const struct mge_dataset *ds;
+    struct split_bufs b;
+    int64_t sub, V;
+    float *logits; /* (ds->n, V): each unit's rows, written by the graph that ran it */
+};
+
+static int images_unit(struct split *sp, int t, int64_t k, double *run)
+{
+    struct split_images *e = (struct split_images *)sp;
+    struct mge_graph *g = e->g[t];
+    int64_t at = k * e->sub, n = e->ds->n - at < e->sub ? e->ds->n - at : e->sub;
+    float *rows = e->logits + at * e->V;
+    size_t bytes = sizeof(float) * (size_t)(n * e->V);
+    for (int64_t i = 0; i < n; i++)
+        e->b.idx[t][i] = at + i;
+    int rc = mge_dataset_gather(e->ds, e->b.idx[t], n, e->b.x[t], e->b.y[t]);
+    if (rc != MGE_OK)
+        return rc;
+    mge_graph_set_batch(g, n);
+    double r0 = now_sec();
+    rc = mge_graph_run(g, MGE_RUN_INFER, 0);
+    *run += now_sec() - r0;
+    if (rc != MGE_OK)
+        return rc;
+    const float *lg = mge_value_host(g, e->model[t].logits, rows, bytes);
+    if (!lg)
+        return MGE_STATE;
+    if (lg != rows)
+        memcpy(rows, lg, bytes);
+    return MGE_OK;
 }
 
 int mge_evaluate_split(struct mge_graph *const *g, const struct mge_model *model, int n_graphs,
                        const struct mge_dataset *ds, int64_t batch, int64_t sub, float smoothing,
                        double *loss, double *accuracy, int32_t *pred, double *run_sec)
 {
-    struct split_eval e = {.g = g, .model = model, .ds = ds, .sub = sub};
-    int rc = MGE_OK;
+    struct split_images e = {.g = g, .model = model, .ds = ds, .sub = sub};
+    e.sp.unit = images_unit;
+    e.sp.units = (ds->n + sub - 1) / sub;
     e.V = mge_value_shape(g[0], model[0].logits)[1];
     e.logits = mge_malloc(sizeof(float) * (size_t)(ds->n * e.V));
     float *probs = mge_malloc(sizeof(float) * (size_t)(batch * e.V));
-    e.x = mge_calloc((size_t)n_graphs, sizeof(*e.x));
-    e.y = mge_calloc((size_t)n_graphs, sizeof(*e.y));
-    e.idx = mge_calloc((size_t)n_graphs, sizeof(*e.idx));
-    e.run = mge_calloc((size_t)n_graphs, sizeof(*e.run));
-    e.busy = mge_calloc((size_t)n_graphs, sizeof(*e.busy));
-    e.rc = mge_calloc((size_t)n_graphs, sizeof(*e.rc));
-    if (!e.logits || !probs || !e.x || !e.y || !e.idx || !e.run || !e.busy || !e.rc) {
+    int rc = split_bufs_init(&e.b, n_graphs, sub, sizeof(float) * (size_t)ds->dim, sizeof(int32_t));
+    if (rc == MGE_OK && (!e.logits || !probs))
         rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
-        goto out_free;
-    }
-    for (int t = 0; t < n_graphs; t++) {
-        e.x[t] = mge_malloc_aligned(sizeof(float) * (size_t)(sub * ds->dim));
-        e.y[t] = mge_malloc(sizeof(int32_t) * (size_t)sub);
-        e.idx[t] = mge_malloc(sizeof(int64_t) * (size_t)sub);
-        if (!e.x[t] || !e.y[t] || !e.idx[t]) {
-            rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
-            goto out_free;
-        }
-        mge_graph_bind(g[t], model[t].x, e.x[t]);
-        mge_graph_bind(g[t], model[t].y, e.y[t]);
-    }
-    double t0 = now_sec();
-    mge_cpu_run_split(n_graphs, split_worker, &e);
-    double wall = now_sec() - t0, run = 0.0, busy = 0.0;
-    for (int t = 0; t < n_graphs; t++) {
-        if (e.rc[t] != MGE_OK && rc == MGE_OK)
-            rc = MGE_ERR(e.rc[t], "evaluation graph %d failed", t);
-        run += e.run[t];
-        busy += e.busy[t];
-    }
     if (rc != MGE_OK)
         goto out_free;
-    /* the graphs' share of the wall time: gathering runs beside them but is not counted */
-    if (run_sec)
-        *run_sec += busy > 0.0 ? wall * run / busy : 0.0;
+    for (int t = 0; t < n_graphs; t++) {
+        mge_graph_bind(g[t], model[t].x, e.b.x[t]);
+        mge_graph_bind(g[t], model[t].y, e.b.y[t]);
+    }
+    if ((rc = split_run(&e.sp, n_graphs, run_sec)) != MGE_OK)
+        goto out_free;
     /* the loss of each batch of @batch as its graph's cross-entropy node computes it (same
      * kernel, same logits), summed in batch order: mge_evaluate_preds()'s result exactly */
     double sum_loss = 0.0;
@@ -346,20 +408,71 @@ int mge_evaluate_split(struct mge_graph *const *g, const struct mge_model *model
     *loss = sum_loss / (double)ds->n;
     *accuracy = (double)correct / (double)ds->n;
 out_free:
-    for (int t = 0; t < n_graphs && e.x; t++)
-        mge_free_aligned(e.x[t]);
-    for (int t = 0; t < n_graphs && e.y; t++)
-        mge_free(e.y[t]);
-    for (int t = 0; t < n_graphs && e.idx; t++)
-        mge_free(e.idx[t]);
-    mge_free(e.x);
-    mge_free(e.y);
-    mge_free(e.idx);
-    mge_free(e.run);
-    mge_free(e.busy);
-    mge_free(e.rc);
+    split_bufs_fini(&e.b);
     mge_free(e.logits);
     mge_free(probs);
+    return rc;
+}
+
+/* mge_tokens_evaluate_split(): units of @sub windows; each keeps its loss sum. */
+struct split_tokens {
+    struct split sp; /* first: the worker's argument */
+    struct mge_graph *const *g;
+    const struct mge_model *model;
+    const struct mge_tokens *tk;
+    struct split_bufs b;
+    int64_t sub, T, n_win;
+    double *sums; /* (units): a unit's mean loss per token times its windows */
+};
+
+static int tokens_unit(struct split *sp, int t, int64_t k, double *run)
+{
+    struct split_tokens *e = (struct split_tokens *)sp;
+    struct mge_graph *g = e->g[t];
+    int64_t at = k * e->sub, n = e->n_win - at < e->sub ? e->n_win - at : e->sub;
+    for (int64_t i = 0; i < n; i++)
+        e->b.idx[t][i] = (at + i) * e->T;
+    mge_tokens_gather(e->tk, e->b.idx[t], n, e->T, e->b.x[t], e->b.y[t]);
+    mge_graph_set_batch(g, n);
+    double r0 = now_sec();
+    int rc = mge_graph_run(g, MGE_RUN_INFER, 0);
+    *run += now_sec() - r0;
+    float lv = NAN;
+    if (rc == MGE_OK)
+        rc = mge_value_read(g, e->model[t].loss, &lv, sizeof(lv));
+    e->sums[k] = (double)lv * (double)n;
+    return rc;
+}
+
+int mge_tokens_evaluate_split(struct mge_graph *const *g, const struct mge_model *model,
+                              int n_graphs, const struct mge_tokens *tk, int64_t sub, int64_t T,
+                              int64_t max_windows, double *loss, int64_t *windows)
+{
+    struct split_tokens e = {.g = g, .model = model, .tk = tk, .sub = sub, .T = T};
+    e.n_win = (tk->n - 1) / T < max_windows ? (tk->n - 1) / T : max_windows;
+    e.sp.unit = tokens_unit;
+    e.sp.units = (e.n_win + sub - 1) / sub;
+    e.sums = mge_calloc((size_t)(e.sp.units > 0 ? e.sp.units : 1), sizeof(double));
+    int rc = split_bufs_init(&e.b, n_graphs, sub, sizeof(int32_t) * (size_t)T,
+                             sizeof(int32_t) * (size_t)T);
+    if (rc == MGE_OK && !e.sums)
+        rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation windows");
+    if (rc != MGE_OK)
+        goto out_free;
+    for (int t = 0; t < n_graphs; t++) {
+        mge_graph_bind(g[t], model[t].x, e.b.x[t]);
+        mge_graph_bind(g[t], model[t].y, e.b.y[t]);
+    }
+    if ((rc = split_run(&e.sp, n_graphs, NULL)) != MGE_OK)
+        goto out_free;
+    double sum = 0.0;
+    for (int64_t k = 0; k < e.sp.units; k++)
+        sum += e.sums[k];
+    *loss = e.n_win > 0 ? sum / (double)e.n_win : NAN;
+    *windows = e.n_win;
+out_free:
+    split_bufs_fini(&e.b);
+    mge_free(e.sums);
     return rc;
 }
 

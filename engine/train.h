@@ -114,4 +114,16 @@ int mge_tokens_evaluate(struct mge_graph *g, const struct mge_model *model,
                         const struct mge_tokens *tk, int64_t batch, int64_t T, int64_t max_windows,
                         double *loss, int64_t *windows);
 
+/*
+ * mge_tokens_evaluate() with the windows split across @n_graphs graphs run at once, one per
+ * thread (as mge_evaluate_split(): graph t is @g[t] with @model[t], on the host, built for up
+ * to @sub windows and planned under mge_cpu_set_local_threads(1)). Each unit of @sub windows
+ * keeps its loss (its graph's mean per token, as a float, times its windows), added in unit
+ * order: deterministic, and equal to mge_tokens_evaluate()'s within float rounding (each of
+ * its batch means is rounded to float once, each unit's here). Returns as mge_tokens_evaluate().
+ */
+int mge_tokens_evaluate_split(struct mge_graph *const *g, const struct mge_model *model,
+                              int n_graphs, const struct mge_tokens *tk, int64_t sub, int64_t T,
+                              int64_t max_windows, double *loss, int64_t *windows);
+
 #endif

@@ -78,6 +78,30 @@ run rnq "$ROOT/examples/fmnist-resnet20.yaml" --set model.depth=8 --set train.ba
 KEYS= same rn-fp32 "$T/rnq/latest.mgeckpt" 2 --precision fp32
 KEYS= same rn-int8 "$T/rnq/latest.mgeckpt" 2 --precision int8
 
+echo "-- a gpt: held-out loss per token split and unsplit (windows in units of 4 per graph)"
+F=/usr/share/games/fortunes
+if [ -f $F/fortunes ]; then
+    cat > "$T/gpt.yaml" <<EOF
+name: gpt-tiny
+model: {type: gpt, layers: 2, heads: 2, d_model: 32, context: 32, vocab: 256}
+data: {format: text, train_files: [$F/fortunes, $F/literature]}
+train: {steps: 10, batch_size: 8, seed: 7, optimizer: {type: adamw, lr: 0.003}}
+EOF
+    SMALL= run gpt "$T/gpt.yaml"
+    for s in on off; do
+        "$INFER" "$T/gpt/latest.mgeckpt" --json --threads 2 --split $s > "$T/gpt-$s.json" 2> "$T/err" \
+            || bad "gpt: mge-infer --split $s exited $?: $(cat "$T/err")"
+    done
+    a=$(json "$T/gpt-on.json" loss); b=$(json "$T/gpt-off.json" loss)
+    # each unit's mean is rounded to float once (each batch's, unsplit): equal within 1e-6
+    python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-6 * abs(b))' "$a" "$b" \
+        && ok "gpt: loss $a split, $b unsplit (1e-6 relative)" || bad "gpt: loss $a split != $b unsplit"
+    [ "$(json "$T/gpt-on.json" tokens)" = "$(json "$T/gpt-off.json" tokens)" ] \
+        && ok "gpt: $(json "$T/gpt-on.json" tokens) tokens both ways" || bad "gpt: token counts differ"
+else
+    echo "skip - gpt: fortunes-min is not installed"
+fi
+
 echo "-- bad values"
 expect2 "--split" "--split must be auto, on or off, not 'yes'" "$INFER" "$CK" --split yes
 expect2 "--split on off the CPU" "--split on: only for --device cpu" "$INFER" "$CK" --split on --device sim
