@@ -93,7 +93,11 @@ static int plan_alloc(struct mge_graph *g)
 /* --split: -1 auto (on where it wins: the CPU device with more than one thread), 0 off, 1 on */
 static int infer_split = -1;
 
-/* Graphs to split a batch across: one per thread on the CPU device, else one (no split). */
+/*
+ * Graphs to split a batch across: one per thread on the CPU device, else one (no split).
+ * NEEDSWORK: with MGE_CONV=dnnl (not the default) copies of one conv share its oneDNN primitive
+ * (conv_dnnl.c caches one per geometry, under a lock), so they take turns there.
+ */
 static int split_count(int64_t batch)
 {
     int n = mge_cpu_threads();
