@@ -294,15 +294,16 @@ out_free:
     return rc;
 }
 
-/* Per-graph input buffers of @n graphs: @rows rows of @xb and @yb bytes each, and @rows
- * int64 indices (windows' starts or sample numbers). */
+/* Input buffers of @n graphs, bound to their models' x and y: @rows rows of @xb and @yb bytes
+ * each, and @rows int64 indices (windows' starts or sample numbers). */
 struct split_bufs {
     void **x, **y;
     int64_t **idx;
     int n;
 };
 
-static int split_bufs_init(struct split_bufs *b, int n, int64_t rows, size_t xb, size_t yb)
+static int split_bufs_init(struct split_bufs *b, struct mge_graph *const *g,
+                           const struct mge_model *model, int n, int64_t rows, size_t xb, size_t yb)
 {
     b->n = n;
     b->x = mge_calloc((size_t)n, sizeof(*b->x));
@@ -316,6 +317,8 @@ static int split_bufs_init(struct split_bufs *b, int n, int64_t rows, size_t xb,
         b->idx[t] = mge_malloc(sizeof(int64_t) * (size_t)rows);
         if (!b->x[t] || !b->y[t] || !b->idx[t])
             return MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
+        mge_graph_bind(g[t], model[t].x, b->x[t]);
+        mge_graph_bind(g[t], model[t].y, b->y[t]);
     }
     return MGE_OK;
 }
@@ -380,15 +383,12 @@ int mge_evaluate_split(struct mge_graph *const *g, const struct mge_model *model
     e.V = mge_value_shape(g[0], model[0].logits)[1];
     e.logits = mge_malloc(sizeof(float) * (size_t)(ds->n * e.V));
     float *probs = mge_malloc(sizeof(float) * (size_t)(batch * e.V));
-    int rc = split_bufs_init(&e.b, n_graphs, sub, sizeof(float) * (size_t)ds->dim, sizeof(int32_t));
+    int rc = split_bufs_init(&e.b, g, model, n_graphs, sub, sizeof(float) * (size_t)ds->dim,
+                             sizeof(int32_t));
     if (rc == MGE_OK && (!e.logits || !probs))
         rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation buffers");
     if (rc != MGE_OK)
         goto out_free;
-    for (int t = 0; t < n_graphs; t++) {
-        mge_graph_bind(g[t], model[t].x, e.b.x[t]);
-        mge_graph_bind(g[t], model[t].y, e.b.y[t]);
-    }
     if ((rc = split_run(&e.sp, n_graphs, run_sec)) != MGE_OK)
         goto out_free;
     /* the loss of each batch of @batch as its graph's cross-entropy node computes it (same
@@ -453,16 +453,12 @@ int mge_tokens_evaluate_split(struct mge_graph *const *g, const struct mge_model
     e.sp.unit = tokens_unit;
     e.sp.units = (e.n_win + sub - 1) / sub;
     e.sums = mge_calloc((size_t)(e.sp.units > 0 ? e.sp.units : 1), sizeof(double));
-    int rc = split_bufs_init(&e.b, n_graphs, sub, sizeof(int32_t) * (size_t)T,
+    int rc = split_bufs_init(&e.b, g, model, n_graphs, sub, sizeof(int32_t) * (size_t)T,
                              sizeof(int32_t) * (size_t)T);
     if (rc == MGE_OK && !e.sums)
         rc = MGE_ERR(MGE_NOMEM, "cannot allocate evaluation windows");
     if (rc != MGE_OK)
         goto out_free;
-    for (int t = 0; t < n_graphs; t++) {
-        mge_graph_bind(g[t], model[t].x, e.b.x[t]);
-        mge_graph_bind(g[t], model[t].y, e.b.y[t]);
-    }
     if ((rc = split_run(&e.sp, n_graphs, NULL)) != MGE_OK)
         goto out_free;
     double sum = 0.0;
