@@ -54,7 +54,7 @@ same() {
     cmp -s "$T/$name-on.pred" "$T/$name-off.pred" && [ "$n" -eq $N ] \
         && ok "$name: $n predictions identical" || bad "$name: predictions differ ($n lines)"
     for k in test_accuracy loss $KEYS; do
-        a=$(json "$T/$name-on.json" $k); b=$(json "$T/$name-off.json" $k)
+        a=$(json "$T/$name-on.json" "$k"); b=$(json "$T/$name-off.json" "$k")
         [ "$a" = "$b" ] && ok "$name: $k $a split == $b unsplit" || bad "$name: $k $a split != $b unsplit"
     done
     echo "     samples/s split $(json "$T/$name-on.json" samples_per_sec), unsplit $(json "$T/$name-off.json" samples_per_sec)"
@@ -66,17 +66,17 @@ run lenet32 "$LENET" --set train.steps=40 --set train.label_smoothing=0.1
 run lenetq "$LENET" --init-from "$T/lenet32/latest.mgeckpt" --set quant.mode=qat \
     --set train.steps=20 --set train.label_smoothing=0.1
 CK="$T/lenetq/latest.mgeckpt"
-KEYS= same lenet-fp32 "$CK" 2 --precision fp32
-KEYS="fakequant_accuracy agreement" same lenet-int8 "$CK" 2 --precision int8 --compare
-KEYS= same lenet-int8-3t "$CK" 3 --precision int8
+KEYS=""; same lenet-fp32 "$CK" 2 --precision fp32
+KEYS="fakequant_accuracy agreement"; same lenet-int8 "$CK" 2 --precision int8 --compare
+KEYS=""; same lenet-int8-3t "$CK" 3 --precision int8
 
 echo "-- ResNet-8 (batch norm, residual adds): fp32 and int8"
 run rn32 "$ROOT/examples/fmnist-resnet20.yaml" --set model.depth=8 --set train.batch_size=64 \
     --set train.steps=10
 run rnq "$ROOT/examples/fmnist-resnet20.yaml" --set model.depth=8 --set train.batch_size=64 \
     --init-from "$T/rn32/latest.mgeckpt" --set quant.mode=qat --set train.steps=6
-KEYS= same rn-fp32 "$T/rnq/latest.mgeckpt" 2 --precision fp32
-KEYS= same rn-int8 "$T/rnq/latest.mgeckpt" 2 --precision int8
+KEYS=""; same rn-fp32 "$T/rnq/latest.mgeckpt" 2 --precision fp32
+KEYS=""; same rn-int8 "$T/rnq/latest.mgeckpt" 2 --precision int8
 
 echo "-- a gpt: held-out loss per token split and unsplit (windows in units of 4 per graph)"
 F=/usr/share/games/fortunes
@@ -87,7 +87,7 @@ model: {type: gpt, layers: 2, heads: 2, d_model: 32, context: 32, vocab: 256}
 data: {format: text, train_files: [$F/fortunes, $F/literature]}
 train: {steps: 10, batch_size: 8, seed: 7, optimizer: {type: adamw, lr: 0.003}}
 EOF
-    SMALL= run gpt "$T/gpt.yaml"
+    SMALL=""; run gpt "$T/gpt.yaml"
     for s in on off; do
         "$INFER" "$T/gpt/latest.mgeckpt" --json --threads 2 --split $s > "$T/gpt-$s.json" 2> "$T/err" \
             || bad "gpt: mge-infer --split $s exited $?: $(cat "$T/err")"
