@@ -298,6 +298,12 @@ $(BUILD)/bench/bench_attention: $(call obj,tests/bench/bench_attention.c) $(LIB_
 	@echo "  LD      $@"
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_COMMON)
 BENCH_TOOLS += $(BUILD)/bench/bench_attention
+# the int8 convolution kernels alone on ResNet-8's layer shapes (docs/benchmarks.md)
+$(BUILD)/bench/bench_qconv: $(call obj,tests/bench/bench_qconv.c) $(LIB_KERN) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LIBS_BLAS) $(LIBS_COMMON)
+BENCH_TOOLS += $(BUILD)/bench/bench_qconv
 # the machine's fp32 multiply-add peak, the roof tests/bench/engine.py reports against
 $(BUILD)/bench/fma_peak: $(call obj,tests/bench/fma_peak.c)
 	@mkdir -p $(dir $@)

@@ -168,13 +168,25 @@ struct mge_cpu_qpost {
  * @qw packed by mge_cpu_qweight_pack_conv() and the tables of mge_cpu_qconv_tables() for its
  * layout: the GEMM epilogue of mge_cpu_gemm_u8s8() per output, then @post (NULL: none), then
  * @relu, bit for bit the same numbers on every path. With AVX-512 VNNI and VBMI and a stride of
- * at most 4, output pixels are the vector lanes (no transposed stores, @post in registers); @a
- * needs 128 bytes of slack past its last code.
+ * at most 4, output pixels are the vector lanes (no transposed stores, @post in registers), or,
+ * where that leaves many lanes empty (maps of 7x7, strided rows), 16 output channels are the
+ * lanes (rows and channel-quad layouts; @post in registers, scattered stores); @a needs 128
+ * bytes of slack past its last code.
  */
 void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_shape *sh,
                    const uint8_t *a, const int64_t *roff, const int32_t *koff, const uint8_t *idx,
                    const struct mge_cpu_qaffine *qx, const float *bias,
                    const struct mge_cpu_qpost *post, int relu, float *y);
+
+/* Which kernel mge_cpu_qconv() runs with AVX-512 VNNI (results are the same bit for bit). */
+enum mge_cpu_qconv_kernel {
+    MGE_CPU_QCONV_AUTO,     /* whichever fills more of its lanes on the shape */
+    MGE_CPU_QCONV_PIXELS,   /* output pixels as lanes (needs VBMI and a loadable window) */
+    MGE_CPU_QCONV_CHANNELS, /* output channels as lanes (rows and channel-quad layouts) */
+};
+/* Tests and benchmarks: run @kernel where it applies (else the automatic choice). Not
+ * thread-safe against running convolutions. */
+void mge_cpu_qconv_force(int kernel);
 
 /* Whether the int8 GEMM uses AVX-512 VNNI here (MGE_CPU_VNNI=off in the environment: never). */
 int mge_cpu_has_vnni(void);

@@ -745,6 +745,130 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
         }
     }
 }
+
+/*
+ * The epilogue of channel-lane tile vector @acc (16 channels from @n of pixel @m): the float
+ * operations of store_pixels16(), in the same order, scattered into the NCHW output (a pixel's
+ * channels lie @PQ apart). @lanes: l PQ in lane l.
+ */
+__attribute__((target("avx512f,avx512bw"), always_inline)) static inline void
+store_chans16(const struct gemm_args *g, __m512i acc, int n, int64_t m, int64_t PQ, __m512i lanes)
+{
+    int left = g->qw->N - n;
+    __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __m512i zsum = _mm512_mullo_epi32(_mm512_set1_epi32(g->zp),
+                                      _mm512_maskz_loadu_epi32(k, g->qw->colsum + n));
+    __m512 comb = _mm512_mul_ps(_mm512_set1_ps(g->sx), _mm512_maskz_loadu_ps(k, g->qw->scale + n));
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zsum)), comb);
+    if (g->bias)
+        f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(k, g->bias + n));
+    if (g->pmul)
+        f = _mm512_add_ps(_mm512_mul_ps(f, _mm512_maskz_loadu_ps(k, g->pmul + n)),
+                          _mm512_maskz_loadu_ps(k, g->padd + n));
+    __m512i at = _mm512_add_epi32(lanes, _mm512_set1_epi32((int32_t)(n * PQ + m)));
+    if (g->res)
+        f = _mm512_add_ps(f, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, at, g->res, 4));
+    if (g->relu)
+        f = _mm512_max_ps(f, _mm512_setzero_ps());
+    _mm512_mask_i32scatter_ps(g->y, k, at, f, 4);
+}
+
+#define CPX 6 /* pixels per tile of the channel-lane convolution */
+#define CNB 4 /* 16-channel blocks per tile of it (CPX CNB accumulators) */
+
+/*
+ * The channel-lane convolution: 16 output channels per vector and a pixel's k-quad (4
+ * contiguous codes: channel quads or a filter row's taps) broadcast, so a map's size wastes no
+ * lanes (a 7x7 map at stride 2 fills 7 of the pixel kernel's 16). Tiles of CPX pixels x CNB
+ * blocks of 16 channels in 24 named accumulators; pixels past the map's end repeat the tile's
+ * first (unstored), blocks past Np / 16 repeat the last (unstored).
+ */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
+{
+    const struct mge_cpu_qweight *qw = g->qw;
+    const int KQ = qw->Kp / 4, blocks = qw->Np / 16;
+    const __m512i lanes =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32((int32_t)PQ));
+    _Static_assert(CPX == 6 && CNB == 4, "the accumulators below are named for 6 x 4");
+    for (int nb0 = 0; nb0 < blocks; nb0 += CNB) {
+        const int8_t *w0 = qw->packed + (size_t)nb0 * (size_t)KQ * 64;
+        const int8_t *w1 = nb0 + 1 < blocks ? w0 + (size_t)KQ * 64 : w0;
+        const int8_t *w2 = nb0 + 2 < blocks ? w0 + (size_t)2 * KQ * 64 : w1;
+        const int8_t *w3 = nb0 + 3 < blocks ? w0 + (size_t)3 * KQ * 64 : w2;
+        for (int64_t m0 = 0; m0 < PQ; m0 += CPX) {
+            int mp = PQ - m0 < CPX ? (int)(PQ - m0) : CPX;
+            const uint8_t *x0 = g->a + g->roff[m0];
+            const uint8_t *x1 = mp > 1 ? g->a + g->roff[m0 + 1] : x0;
+            const uint8_t *x2 = mp > 2 ? g->a + g->roff[m0 + 2] : x0;
+            const uint8_t *x3 = mp > 3 ? g->a + g->roff[m0 + 3] : x0;
+            const uint8_t *x4 = mp > 4 ? g->a + g->roff[m0 + 4] : x0;
+            const uint8_t *x5 = mp > 5 ? g->a + g->roff[m0 + 5] : x0;
+            __m512i a00 = _mm512_setzero_si512(), a01 = a00, a02 = a00, a03 = a00, a10 = a00,
+                    a11 = a00, a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00,
+                    a30 = a00, a31 = a00, a32 = a00, a33 = a00, a40 = a00, a41 = a00, a42 = a00,
+                    a43 = a00, a50 = a00, a51 = a00, a52 = a00, a53 = a00;
+            for (int kq = 0; kq < KQ; kq++) {
+                const int64_t o = g->koff[kq], wo = (int64_t)kq * 64;
+                const __m512i v0 = _mm512_load_si512((const void *)(w0 + wo));
+                const __m512i v1 = _mm512_load_si512((const void *)(w1 + wo));
+                const __m512i v2 = _mm512_load_si512((const void *)(w2 + wo));
+                const __m512i v3 = _mm512_load_si512((const void *)(w3 + wo));
+#define DP4(i)                                                                                     \
+    do {                                                                                           \
+        int32_t xi;                                                                                \
+        memcpy(&xi, x##i + o, 4);                                                                  \
+        const __m512i b = _mm512_set1_epi32(xi);                                                   \
+        a##i##0 = _mm512_dpbusd_epi32(a##i##0, b, v0);                                             \
+        a##i##1 = _mm512_dpbusd_epi32(a##i##1, b, v1);                                             \
+        a##i##2 = _mm512_dpbusd_epi32(a##i##2, b, v2);                                             \
+        a##i##3 = _mm512_dpbusd_epi32(a##i##3, b, v3);                                             \
+    } while (0)
+                DP4(0);
+                DP4(1);
+                DP4(2);
+                DP4(3);
+                DP4(4);
+                DP4(5);
+#undef DP4
+            }
+            const __m512i acc[CPX][CNB] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
+                                           {a20, a21, a22, a23}, {a30, a31, a32, a33},
+                                           {a40, a41, a42, a43}, {a50, a51, a52, a53}};
+            for (int j = 0; j < CNB && nb0 + j < blocks; j++)
+                for (int i = 0; i < mp; i++)
+                    store_chans16(g, acc[i][j], (nb0 + j) * 16, m0 + i, PQ, lanes);
+        }
+    }
+}
+
+/*
+ * Whether the channel-lane convolution uses more of its lanes than the pixel-lane one on @sh
+ * (the pixel kernel: 3 vectors of 16 pixels x 8 channels at a time; small maps and strided
+ * rows leave lanes empty), by a margin that pays for its scattered stores.
+ */
+static int g_qconv_kernel; /* enum mge_cpu_qconv_kernel: tests force one */
+
+void mge_cpu_qconv_force(int kernel)
+{
+    g_qconv_kernel = kernel;
+}
+
+static int chans_better(const struct mge_cpu_qconv_shape *sh, int layout, int N)
+{
+    if (layout == MGE_CPU_QCONV_TAPS || !mge_cpu_has_vnni() ||
+        g_qconv_kernel == MGE_CPU_QCONV_PIXELS)
+        return 0;
+    if (!pixels_can(sh, layout) || g_qconv_kernel == MGE_CPU_QCONV_CHANNELS)
+        return 1;
+    const int64_t P = sh->P, Q = sh->Q, PQ = P * Q;
+    int64_t nvec = sh->stride == 1 ? ((P - 1) * sh->Wp + Q + 15) / 16 : P * ((Q + 15) / 16);
+    double pix = (double)PQ / (double)((nvec + 2) / 3 * 48) * N / ((N + CB - 1) / CB * CB);
+    double chn = (double)PQ / (double)((PQ + CPX - 1) / CPX * CPX) * N /
+                 ((N + 16 * CNB - 1) / (16 * CNB) * 16 * CNB);
+    return chn > 1.15 * pix;
+}
 #endif
 
 /* Both entry points: A addressed by @lda, or by @roff/@koff when they are not NULL. */
@@ -848,6 +972,10 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_
 #if HAVE_VNNI_BUILD
     /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
     _Static_assert(16 % CB == 0, "a channel block within one packed block");
+    if (chans_better(sh, qw->layout, qw->N)) {
+        conv_chans_vnni(&g, PQ);
+        return;
+    }
     if (pixels_can(sh, qw->layout)) {
         conv_pixels_vnni(&g, sh, quads_window(sh, qw->layout), pixel_bytes(qw->layout));
         return;

@@ -107,15 +107,20 @@ static const int conv_shapes[][8] = {
     {4, 1, 1, 40, 1, 1, 0, 1},    {8, 28, 28, 16, 3, 3, 1, 1},  {16, 28, 28, 32, 3, 3, 1, 2},
     {16, 28, 28, 32, 1, 1, 0, 2}, {32, 14, 14, 64, 3, 3, 1, 2}, {3, 40, 37, 9, 3, 3, 1, 2},
     {2, 20, 21, 5, 5, 5, 2, 3},   {2, 20, 21, 5, 4, 4, 0, 4},   {2, 20, 21, 5, 3, 3, 1, 5},
-    {2, 50, 50, 4, 5, 5, 2, 1},   {3, 12, 12, 5, 7, 7, 3, 2}}; /* taps too wide for one load */
+    {2, 50, 50, 4, 5, 5, 2, 1},   {3, 12, 12, 5, 7, 7, 3, 2}, /* taps too wide for one load */
+    {32, 14, 14, 70, 3, 3, 1, 2}, {12, 7, 7, 64, 3, 3, 1, 1},   {8, 5, 9, 130, 1, 1, 0, 1}};
 
-/* _i: shape x 3 quad layouts (rows, taps, channels) x 2 paths (pixel lanes where the CPU has VNNI
- * and VBMI and the window fits, portable) x relu/bias/post. */
+/* _i: shape x 3 quad layouts (rows, taps, channels) x 3 paths (portable; the automatic choice
+ * where the CPU has VNNI; channel lanes forced: rows and channel quads with VNNI) x
+ * relu/bias/post. */
+static const char *const qconv_paths[3] = {"portable", "automatic", "channel lanes"};
+
 START_TEST(test_qconv_matches_reference)
 {
-    const int *sh = conv_shapes[_i / 6];
+    const int *sh = conv_shapes[_i / 9];
     int C = sh[0], H = sh[1], W = sh[2], N = sh[3], R = sh[4], S = sh[5], pad = sh[6], st = sh[7];
-    int portable = _i % 2, layout = _i / 2 % 3, Hp = H + 2 * pad, Wp = W + 2 * pad;
+    int path = _i % 3, portable = path == 0, layout = _i / 3 % 3;
+    int Hp = H + 2 * pad, Wp = W + 2 * pad;
     int P = (Hp - R) / st + 1, Q = (Wp - S) / st + 1, K = C * R * S;
     struct mge_cpu_qconv_shape shape = {C, Hp, Wp, R, S, st, P, Q};
     int qpc = mge_cpu_qconv_quads(&shape, layout), C4 = (C + 3) / 4;
@@ -148,6 +153,7 @@ START_TEST(test_qconv_matches_reference)
     struct mge_cpu_qaffine qx;
     mge_cpu_qaffine_from_range(-0.7f, 2.0f, &qx);
     mge_cpu_set_vnni(!portable);
+    mge_cpu_qconv_force(path == 2 ? MGE_CPU_QCONV_CHANNELS : MGE_CPU_QCONV_AUTO);
     /* variant 2: a folded batch norm and a residual after the bias, then the relu */
     float *mul = malloc(sizeof(float) * (size_t)N), *add = malloc(sizeof(float) * (size_t)N);
     float *res = malloc(sizeof(float) * (size_t)(N * P * Q));
@@ -189,10 +195,11 @@ START_TEST(test_qconv_matches_reference)
             ck_assert_msg(memcmp(&y[i], &ref[i], sizeof(float)) == 0,
                           "C %d H %d W %d N %d R %d S %d pad %d stride %d %s variant %d: y[%d] = "
                           "%.9g, reference %.9g",
-                          C, H, W, N, R, S, pad, st, portable ? "portable" : "pixel lanes", variant,
-                          i, (double)y[i], (double)ref[i]);
+                          C, H, W, N, R, S, pad, st, qconv_paths[path], variant, i, (double)y[i],
+                          (double)ref[i]);
     }
     mge_cpu_set_vnni(1);
+    mge_cpu_qconv_force(MGE_CPU_QCONV_AUTO);
     mge_cpu_qweight_fini(&qw);
     free(mul);
     free(add);
@@ -700,7 +707,7 @@ static Suite *quant_suite(void)
     tcase_add_loop_test(tc, test_gemm_u8s8_matches_reference, 0,
                         2 * (int)(sizeof(shapes) / sizeof(shapes[0])));
     tcase_add_loop_test(tc, test_qconv_matches_reference, 0,
-                        6 * (int)(sizeof(conv_shapes) / sizeof(conv_shapes[0])));
+                        9 * (int)(sizeof(conv_shapes) / sizeof(conv_shapes[0])));
     tcase_add_test(tc, test_quantisers);
     tcase_add_test(tc, test_ste_finite_differences);
     suite_add_tcase(s, tc);
