@@ -56,7 +56,7 @@ enum mge_op {
 
 const char *mge__op_name(enum mge_op op);
 
-#define MGE_NODE_MAX_IN 9 /* an int8 conv with a fused batch norm and residual: 9 */
+#define MGE_NODE_MAX_IN 10 /* an int8 conv with a fused batch norm, residual and input codes: 10 */
 #define MGE_NODE_MAX_OUT 4
 
 struct mge_device;

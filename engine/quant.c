@@ -204,6 +204,53 @@ static size_t conv_thread_bytes(int64_t C, int64_t H, int64_t W, int pad)
     return ((size_t)(C4 * (H + 2 * pad) * (W + 2 * pad)) + 128 + 63) / 64 * 64;
 }
 
+/* Inputs past the convolution's own four: 4..7 a batch norm's, 8 a residual, 9 its input's
+ * codes written by the int8 convolution before it (-1: none of them). */
+#define QCONV_IN_RES 8
+#define QCONV_IN_CODES 9
+_Static_assert(QCONV_IN_CODES < MGE_NODE_MAX_IN, "an int8 conv's inputs fit a node");
+
+static void widen(struct mge_node *n)
+{
+    for (int i = n->n_in; i <= QCONV_IN_CODES; i++)
+        n->in[i] = -1;
+    if (n->n_in <= QCONV_IN_CODES)
+        n->n_in = QCONV_IN_CODES + 1;
+}
+
+/* Whether int8 convolution @n has a batch norm or a residual folded in. */
+static int folded(const struct mge_node *n)
+{
+    return n->n_in > 4 && (n->in[6] >= 0 || n->in[QCONV_IN_RES] >= 0);
+}
+
+/*
+ * A convolution whose input @x an int8 convolution made (its folds included) reads its codes
+ * from it: a batched byte buffer, one padded image of codes (as conv_thread_bytes() sizes it)
+ * per sample, that the producer writes in its epilogue (its third output) and this one reads
+ * instead of quantising @x (which the producer then skips when nothing else reads it). Returns
+ * the buffer's value, -1 where @x has no such producer, or -err.
+ */
+static int chain_codes(struct mge_graph *g, int x, int pad)
+{
+    int p = g->values[x].producer;
+    if (p < 0 || g->nodes[p].op != MGE_OP_QCONV2D || g->nodes[p].n_out != 2 ||
+        g->nodes[p].out[0] != x)
+        return -1;
+    const struct mge_value X = g->values[x];
+    int64_t shape[2] = {X.shape[0],
+                        (int64_t)conv_thread_bytes(X.shape[1], X.shape[2], X.shape[3], pad) / 4};
+    int v = mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, 2, shape, X.batched,
+                                 "scratch.codes.int8");
+    if (v < 0)
+        return v;
+    struct mge_node *n = &g->nodes[p];
+    n->out[2] = v;
+    n->n_out = 3;
+    g->values[v].producer = p;
+    return v;
+}
+
 int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int pad)
 {
     struct mge__quant *q = g->quant;
@@ -231,12 +278,19 @@ int mge__quant_conv2d(struct mge_graph *g, int x, int w, int b, int stride, int 
     int slot = s < 0 ? s : new_slot(g);
     if (slot < 0)
         return slot;
+    int codes = chain_codes(g, x, pad);
+    if (codes < -1)
+        return codes;
     struct mge_node n = {
         .op = MGE_OP_QCONV2D, .in = {x, w, b, obs}, .n_in = 4, .out = {y, s}, .n_out = 2};
     n.a.q.slot = slot;
     n.a.q.stride = stride;
     n.a.q.pad = pad;
     n.a.q.threads = threads;
+    if (codes >= 0) {
+        widen(&n);
+        n.in[QCONV_IN_CODES] = codes;
+    }
     int id = mge__graph_add_node(g, &n);
     return id < 0 ? id : y;
 }
@@ -273,23 +327,13 @@ static int refold(struct mge_graph *g, struct mge_node *n, int x, const char *wh
     return MGE_OK;
 }
 
-/* Inputs past the convolution's own four: 4..7 a batch norm's, 8 a residual (-1: none). */
-static void widen(struct mge_node *n)
-{
-    if (n->n_in == 9)
-        return;
-    for (int i = n->n_in; i < 9; i++)
-        n->in[i] = -1;
-    n->n_in = 9;
-}
-
 int mge__quant_fuse_batchnorm(struct mge_graph *g, int x, int w, int b, int running_mean,
                               int running_var, float eps, int *y)
 {
     struct mge_node *n = last_qconv(g, x);
     *y = -1;
     /* first of the folds (it comes before an add or relu) */
-    if (!n || n->n_in != 4 || n->a.q.relu)
+    if (!n || folded(n) || n->a.q.relu)
         return MGE_OK;
     widen(n);
     n->in[4] = w;
@@ -310,7 +354,7 @@ int mge__quant_fuse_add(struct mge_graph *g, int a, int b, int *y)
         other = b;
     }
     *y = -1;
-    if (!n || n->a.q.relu || (n->n_in == 9 && n->in[8] >= 0) || other == x)
+    if (!n || n->a.q.relu || (n->n_in > QCONV_IN_RES && n->in[QCONV_IN_RES] >= 0) || other == x)
         return MGE_OK;
     /* a residual of the very same shape only (no broadcast); addition commutes in IEEE */
     const struct mge_value *X = &g->values[x], *O = &g->values[other];
@@ -320,7 +364,7 @@ int mge__quant_fuse_add(struct mge_graph *g, int a, int b, int *y)
         if (O->shape[i] != X->shape[i])
             return MGE_OK;
     widen(n);
-    n->in[8] = other;
+    n->in[QCONV_IN_RES] = other;
     return refold(g, n, x, "qconv2d.add", y);
 }
 
@@ -504,13 +548,19 @@ int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n)
 }
 
 /* One image of an int8 convolution: its codes into @xp (zero-padded with the zero point's
- * code), then the convolution over them straight into the NCHW output @y. */
+ * code), unless @ready has them (written by the convolution before), then the convolution over
+ * them straight into the NCHW output @y. */
 static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_shape *sh,
-                        const struct mge_cpu_qaffine *qa, const float *x, const float *bias,
-                        const struct mge_cpu_qpost *post, int relu, float *y, uint8_t *xp,
-                        const int64_t *roff, const int32_t *koff, const uint8_t *idx, int pad)
+                        const struct mge_cpu_qaffine *qa, const float *x, const uint8_t *ready,
+                        const float *bias, const struct mge_cpu_qpost *post, int relu, float *y,
+                        uint8_t *xp, const int64_t *roff, const int32_t *koff, const uint8_t *idx,
+                        int pad)
 {
     int64_t H = sh->Hp - 2 * pad, W = sh->Wp - 2 * pad, codes = (int64_t)sh->C * sh->Hp * sh->Wp;
+    if (ready) {
+        mge_cpu_qconv(qw, sh, ready, roff, koff, idx, qa, bias, post, relu, y);
+        return;
+    }
     if (qw->layout == MGE_CPU_QCONV_CHANS) {
         codes = (int64_t)(sh->C + 3) / 4 * 4 * sh->Hp * sh->Wp;
         mge_cpu_quantize_u8_padded_quads(xp, x, sh->C, H, W, pad, qa);
@@ -519,6 +569,55 @@ static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_q
     }
     memset(xp + codes, 0, 128);
     mge_cpu_qconv(qw, sh, xp, roff, koff, idx, qa, bias, post, relu, y);
+}
+
+/*
+ * Where int8 convolution @n writes the codes of the int8 convolution after it (chain_codes()):
+ * sets @post's codes fields for image 0 (@qc: the consumer's quantiser) and *@per to the bytes
+ * per image; *@per 0 where @n has no such consumer. MGE_OK, or MGE_NOMEM packing its weights.
+ */
+static int chain_out(struct mge_graph *g, const struct mge_node *n, struct mge_cpu_qpost *post,
+                     struct mge_cpu_qaffine *qc, size_t *per)
+{
+    int cv = n->n_out > 2 ? n->out[2] : -1, y = n->out[0], zi = -1, readers = 0;
+    *per = 0;
+    if (cv < 0)
+        return MGE_OK;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct mge_node *m = &g->nodes[i];
+        if (m->op == MGE_OP_QCONV2D && m->n_in > QCONV_IN_CODES && m->in[QCONV_IN_CODES] == cv)
+            zi = i;
+        for (int k = 0; k < m->n_in; k++)
+            readers += m->in[k] >= 0 && mge__value_root(g, m->in[k]) == mge__value_root(g, y);
+    }
+    if (zi < 0)
+        return MGE_OK;
+    const struct mge_node *z = &g->nodes[zi];
+    int64_t ys[MGE_MAX_DIMS];
+    mge__value_shape_now(g, y, ys);
+    const int64_t *ws = g->values[z->in[1]].shape;
+    int pad = z->a.q.pad, st = z->a.q.stride;
+    struct mge_cpu_qconv_shape zs = {.C = (int)ys[1],
+                                     .Hp = (int)(ys[2] + 2 * pad),
+                                     .Wp = (int)(ys[3] + 2 * pad),
+                                     .R = (int)ws[2],
+                                     .S = (int)ws[3],
+                                     .stride = st,
+                                     .P = (int)((ys[2] + 2 * pad - ws[2]) / st + 1),
+                                     .Q = (int)((ys[3] + 2 * pad - ws[3]) / st + 1)};
+    const struct mge_cpu_qweight *zq = packed_weights(g, z, mge_cpu_qconv_layout(&zs));
+    if (!zq)
+        return MGE_NOMEM;
+    const float *o = F(g, z->in[3]);
+    mge_cpu_qaffine_from_range(o[0], o[1], qc);
+    post->codes = (uint8_t *)F(g, cv);
+    post->qc = qc;
+    post->cpad = pad;
+    post->quads = zq->layout == MGE_CPU_QCONV_CHANS;
+    /* eager mode checks every value but scratch: keep y real there */
+    post->skip_y = readers == 1 && !g->values[y].keep && !g->eager;
+    *per = conv_thread_bytes(ys[1], ys[2], ys[3], pad);
+    return MGE_OK;
 }
 
 int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
@@ -556,7 +655,14 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
     mge_cpu_qconv_tables(&sh, qw->layout, roff, koff, idx);
     const float *xd = F(g, x), *bias = b >= 0 ? F(g, b) : NULL;
     float *yd = F(g, y);
-    struct mge_cpu_qpost post = {NULL, NULL, NULL};
+    struct mge_cpu_qpost post = {.mul = NULL};
+    struct mge_cpu_qaffine qc;
+    size_t next = 0;
+    if (chain_out(g, n, &post, &qc, &next) != MGE_OK)
+        return MGE_NOMEM;
+    const uint8_t *ready = n->n_in > QCONV_IN_CODES && n->in[QCONV_IN_CODES] >= 0
+                               ? (const uint8_t *)F(g, n->in[QCONV_IN_CODES])
+                               : NULL;
     if (n->n_in > 4 && n->in[6] >= 0 && g->training)
         return MGE_ERR(MGE_STATE,
                        "int8 convolution '%s' with a folded batch norm: int8 graphs "
@@ -576,7 +682,8 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
         post.mul = bn;
         post.add = bn + qw->N;
     }
-    const float *res = n->n_in > 8 && n->in[8] >= 0 ? F(g, n->in[8]) : NULL;
+    const float *res =
+        n->n_in > QCONV_IN_RES && n->in[QCONV_IN_RES] >= 0 ? F(g, n->in[QCONV_IN_RES]) : NULL;
     /* as many threads as the scratch was sized for at most */
     int threads = mge_cpu_threads() < n->a.q.threads ? mge_cpu_threads() : n->a.q.threads;
     if (threads > N)
@@ -588,7 +695,9 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
         for (int64_t img = 0; img < N; img++) {
             struct mge_cpu_qpost pi = post;
             pi.res = res ? res + img * qw->N * P * Q : NULL;
-            qconv_image(qw, &sh, &qa, xd + img * C * H * W, bias, &pi, n->a.q.relu,
+            pi.codes = next ? post.codes + (size_t)img * next : NULL;
+            qconv_image(qw, &sh, &qa, xd + img * C * H * W,
+                        ready ? ready + (size_t)img * per : NULL, bias, &pi, n->a.q.relu,
                         yd + img * qw->N * P * Q, xp, roff, koff, idx, pad);
         }
     }

@@ -26,6 +26,7 @@
 /* ---- the CPU check ----------------------------------------------------------------------- */
 
 static int g_has_vnni;
+static int g_qconv_kernel; /* enum mge_cpu_qconv_kernel: tests force one */
 static int g_has_vbmi; /* vpermb: the convolution with output pixels as lanes */
 static pthread_once_t g_vnni_once = PTHREAD_ONCE_INIT;
 
@@ -35,6 +36,12 @@ static void has_vnni_init(void)
     /* MGE_CPU_VNNI=off: behave as a CPU without the instructions (tests of the portable path) */
     if (s && (!strcmp(s, "off") || !strcmp(s, "0")))
         return;
+    /* MGE_CPU_QCONV=pixels|channels: one int8 convolution kernel where it applies (benchmarks) */
+    const char *k = getenv("MGE_CPU_QCONV");
+    if (k && !strcmp(k, "pixels"))
+        g_qconv_kernel = MGE_CPU_QCONV_PIXELS;
+    else if (k && !strcmp(k, "channels"))
+        g_qconv_kernel = MGE_CPU_QCONV_CHANNELS;
 #if HAVE_VNNI_BUILD
     __builtin_cpu_init();
     g_has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
@@ -103,15 +110,21 @@ void mge_cpu_fake_quant_affine_backward(float *dx, const float *dy, const float 
  * the scalar test does), + zp, clamp to [0, 255]. Returns how many leading values it did.
  */
 /* The codes (one per dword) of 16 values @x loaded under mask @k. */
+/* The codes (one per dword) of the 16 values of @x. */
 __attribute__((target("avx512f,avx512bw"), always_inline)) static inline __m512i
-codes16(const float *x, __mmask16 k, const struct mge_cpu_qaffine *p)
+codes16_ps(__m512 x, const struct mge_cpu_qaffine *p)
 {
-    __m512 r =
-        _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x), _mm512_set1_ps(p->inv)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(p->inv)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-512.0f)), _mm512_set1_ps(512.0f));
     __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(r), _mm512_set1_epi32(p->zp));
     return _mm512_min_epi32(_mm512_max_epi32(v, _mm512_setzero_si512()), _mm512_set1_epi32(255));
+}
+
+__attribute__((target("avx512f,avx512bw"), always_inline)) static inline __m512i
+codes16(const float *x, __mmask16 k, const struct mge_cpu_qaffine *p)
+{
+    return codes16_ps(_mm512_maskz_loadu_ps(k, x), p);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static int64_t
@@ -412,10 +425,13 @@ struct gemm_args {
     const uint8_t *idx;  /* convolutions: (qpc, 64) vpermb index of each quad of a channel */
     int qpc;             /* quads per input channel */
     int32_t zp;
-    float sx;          /* the activations' scale */
-    const float *bias; /* (N) or NULL */
-    const float *pmul, *padd; /* (N) or NULL: the convolution's y * pmul[n] + padd[n] */
-    const float *res;         /* like y, or NULL: the convolution's y + res */
+    float sx;                          /* the activations' scale */
+    const float *bias;                 /* (N) or NULL */
+    const float *pmul, *padd;          /* (N) or NULL: the convolution's y * pmul[n] + padd[n] */
+    const float *res;                  /* like y, or NULL: the convolution's y + res */
+    const struct mge_cpu_qpost *codes; /* post->codes wanted (the VNNI kernels), or NULL */
+    int skip_y;                        /* with @codes: y not written */
+    int P, Q;                          /* the convolution's output map */
     int relu;
     float *y;
     int64_t rs, cs;
@@ -580,12 +596,62 @@ static void gemm_run(const struct gemm_args *g, int M, int threads)
 }
 
 #if HAVE_VNNI_BUILD
+/* Where the code of channel @n at output pixel (@p, @q) goes in g->codes's consumer layout. */
+static inline int64_t code_at(const struct gemm_args *g, int n, int64_t p, int64_t q)
+{
+    const struct mge_cpu_qpost *c = g->codes;
+    int64_t Hp = g->P + 2 * c->cpad, Wp = g->Q + 2 * c->cpad;
+    if (!c->quads)
+        return ((int64_t)n * Hp + p + c->cpad) * Wp + q + c->cpad;
+    return (((int64_t)(n / 4) * Hp + p + c->cpad) * Wp + q + c->cpad) * 4 + n % 4;
+}
+
+/*
+ * The codes of @nc channels from @n (at most 8; @n a multiple of 4 with channel quads) of @cnt
+ * output pixels, lanes 0.. of @f, from pixel (@p, @q) on, into g->codes: one masked store per
+ * output row they span and per channel (planes) or per 4 channels (channel quads, whose codes
+ * are one dword a pixel; channels past N get the zero point's code, as the quantiser's).
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void
+put_codes(const struct gemm_args *g, const __m512 *f, int n, int nc, int64_t p, int64_t q, int cnt)
+{
+    const struct mge_cpu_qpost *c = g->codes;
+    __m512i v[8];
+    int groups = c->quads ? (nc + 3) / 4 : nc;
+    for (int j = 0; j < groups; j++) {
+        if (!c->quads) {
+            v[j] = codes16_ps(f[j], c->qc);
+            continue;
+        }
+        v[j] = _mm512_setzero_si512();
+        for (int t = 0; t < 4; t++) {
+            int k = 4 * j + t;
+            __m512i ct = k < nc ? codes16_ps(f[k], c->qc) : _mm512_set1_epi32(c->qc->zp);
+            v[j] = _mm512_or_si512(v[j], _mm512_slli_epi32(ct, 8 * t));
+        }
+    }
+    for (int l = 0; l < cnt; p++, q = 0) {
+        int run = g->Q - q < cnt - l ? (int)(g->Q - q) : cnt - l;
+        __mmask16 k = (__mmask16)((1u << run) - 1u);
+        for (int j = 0; j < groups; j++) {
+            __m512i r = l ? _mm512_maskz_compress_epi32((__mmask16)(0xffffu << l), v[j]) : v[j];
+            if (c->quads)
+                _mm512_mask_storeu_epi32(c->codes + code_at(g, n + 4 * j, p, q), k, r);
+            else
+                _mm_mask_storeu_epi8(c->codes + code_at(g, n + j, p, q), k,
+                                     _mm512_cvtepi32_epi8(r));
+        }
+        l += run;
+    }
+}
+
 /*
  * The epilogue of 16 output pixels of channel @n (lanes of @acc), stored from y + @at: the
  * float operations of the GEMM's epilogue and then post_ops()'s; lanes outside @valid (the
- * padded columns of the virtual grid) are squeezed out, so the valid ones land contiguously.
+ * padded columns of the virtual grid) are squeezed out, so the valid ones land contiguously
+ * (and are returned, in lanes 0..).
  */
-__attribute__((target("avx512f,avx512bw"))) static inline void
+__attribute__((target("avx512f,avx512bw"), always_inline)) static inline __m512
 store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, int64_t at)
 {
     __m512 f = _mm512_mul_ps(
@@ -602,7 +668,9 @@ store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, i
         f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(k, g->res + at));
     if (g->relu)
         f = _mm512_max_ps(f, _mm512_setzero_ps());
-    _mm512_mask_storeu_ps(g->y + at, k, f);
+    if (!g->skip_y)
+        _mm512_mask_storeu_ps(g->y + at, k, f);
+    return f;
 }
 
 /*
@@ -615,17 +683,20 @@ store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, i
  */
 struct pixel_vec {
     int64_t base, dense;
+    int64_t p, q; /* the first real lane's output pixel */
     __mmask16 valid;
 };
 
 static struct pixel_vec pixel_vec_at(int64_t v, int s, int P, int Q, int Wp)
 {
-    struct pixel_vec pv = {0, 0, 0};
+    struct pixel_vec pv = {0, 0, 0, 0, 0};
     if (s == 1) {
         int64_t m = 16 * v, end = (int64_t)(P - 1) * Wp + Q, p = m / Wp, q = m % Wp;
         unsigned mask = 0;
         pv.base = m;
         pv.dense = p * Q + (q < Q ? q : Q);
+        pv.p = q < Q ? p : p + 1;
+        pv.q = q < Q ? q : 0;
         /* runs of real pixels, then the row's padded columns */
         for (int64_t l = 0, left = end - m < 16 ? end - m : 16; l < left;) {
             int64_t run = q < Q ? Q - q : Wp - q;
@@ -645,6 +716,8 @@ static struct pixel_vec pixel_vec_at(int64_t v, int s, int P, int Q, int Wp)
     int n = Q - q0 < 16 ? (int)(Q - q0) : 16;
     pv.base = p * s * Wp + q0 * s;
     pv.dense = p * Q + q0;
+    pv.p = p;
+    pv.q = q0;
     pv.valid = (__mmask16)((1u << n) - 1u);
     return pv;
 }
@@ -671,7 +744,7 @@ load_pixels(const uint8_t *x, int mode, __m512i idx, __mmask64 win, __mmask64 wi
  * accumulators, weights broadcast. Each channel's 16 sums are neighbouring pixels of the NCHW
  * output: stored whole. @pb: bytes per pixel position of the codes.
  */
-__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"))) static void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"))) static void
 conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh, int wbytes,
                  int pb)
 {
@@ -733,15 +806,23 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
             __m512i a0[CB] = {p0, p1, p2, p3, p4, p5, p6, p7};
             __m512i a1[CB] = {q0, q1, q2, q3, q4, q5, q6, q7};
             __m512i a2[CB] = {r0, r1, r2, r3, r4, r5, r6, r7};
-            for (int j = 0; j < CB && n0 + j < N; j++) {
+            __m512 f0[CB], f1[CB], f2[CB];
+            const int nc = N - n0 < CB ? N - n0 : CB;
+            for (int j = 0; j < nc; j++) {
                 int64_t yn = (int64_t)(n0 + j) * PQ;
                 if (e0.valid)
-                    store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense);
+                    f0[j] = store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense);
                 if (e1.valid)
-                    store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense);
+                    f1[j] = store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense);
                 if (e2.valid)
-                    store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense);
+                    f2[j] = store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense);
             }
+            if (g->codes && e0.valid)
+                put_codes(g, f0, n0, nc, e0.p, e0.q, __builtin_popcount(e0.valid));
+            if (g->codes && e1.valid)
+                put_codes(g, f1, n0, nc, e1.p, e1.q, __builtin_popcount(e1.valid));
+            if (g->codes && e2.valid)
+                put_codes(g, f2, n0, nc, e2.p, e2.q, __builtin_popcount(e2.valid));
         }
     }
 }
@@ -770,7 +851,19 @@ store_chans16(const struct gemm_args *g, __m512i acc, int n, int64_t m, int64_t 
         f = _mm512_add_ps(f, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, at, g->res, 4));
     if (g->relu)
         f = _mm512_max_ps(f, _mm512_setzero_ps());
-    _mm512_mask_i32scatter_ps(g->y, k, at, f, 4);
+    if (g->codes) {
+        uint8_t b[16];
+        _mm_storeu_si128((__m128i *)(void *)b, _mm512_cvtepi32_epi8(codes16_ps(f, g->codes->qc)));
+        int64_t p = m / g->Q, q = m % g->Q;
+        if (g->codes->quads) /* n is a multiple of 16: 4 whole quads of channels */
+            for (int j = 0; j < left && j < 16; j += 4)
+                memcpy(g->codes->codes + code_at(g, n + j, p, q), b + j, 4);
+        else
+            for (int j = 0; j < left && j < 16; j++)
+                g->codes->codes[code_at(g, n + j, p, q)] = b[j];
+    }
+    if (!g->skip_y)
+        _mm512_mask_i32scatter_ps(g->y, k, at, f, 4);
 }
 
 #define CPX 6 /* pixels per tile of the channel-lane convolution */
@@ -848,8 +941,6 @@ conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
  * (the pixel kernel: 3 vectors of 16 pixels x 8 channels at a time; small maps and strided
  * rows leave lanes empty), by a margin that pays for its scattered stores.
  */
-static int g_qconv_kernel; /* enum mge_cpu_qconv_kernel: tests force one */
-
 void mge_cpu_qconv_force(int kernel)
 {
     g_qconv_kernel = kernel;
@@ -967,17 +1058,29 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_
                           .pmul = has_post ? post->mul : NULL,
                           .padd = has_post ? post->add : NULL,
                           .res = has_post ? post->res : NULL,
+                          .P = sh->P,
+                          .Q = sh->Q,
                           .relu = relu,
                           .y = y};
+    const struct mge_cpu_qpost *codes = post && post->codes ? post : NULL;
 #if HAVE_VNNI_BUILD
     /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
     _Static_assert(16 % CB == 0, "a channel block within one packed block");
-    if (chans_better(sh, qw->layout, qw->N)) {
-        conv_chans_vnni(&g, PQ);
-        return;
-    }
-    if (pixels_can(sh, qw->layout)) {
-        conv_pixels_vnni(&g, sh, quads_window(sh, qw->layout), pixel_bytes(qw->layout));
+    int chans = chans_better(sh, qw->layout, qw->N);
+    if (chans || pixels_can(sh, qw->layout)) {
+        if (codes) {
+            /* the border and the channels past N: the zero point's code, as the quantiser's */
+            size_t bytes = (size_t)((codes->quads ? (qw->N + 3) / 4 * 4 : qw->N) *
+                                    (sh->P + 2 * codes->cpad) * (sh->Q + 2 * codes->cpad));
+            memset(codes->codes, codes->qc->zp, bytes);
+            memset(codes->codes + bytes, 0, 128);
+            g.codes = codes;
+            g.skip_y = codes->skip_y;
+        }
+        if (chans)
+            conv_chans_vnni(&g, PQ);
+        else
+            conv_pixels_vnni(&g, sh, quads_window(sh, qw->layout), pixel_bytes(qw->layout));
         return;
     }
 #endif
@@ -987,4 +1090,14 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_
         mge_cpu_gemm_u8s8_gather(qw, (int)PQ, a, roff, koff, qx, bias, relu && !has_post, y, 1, PQ);
     if (has_post)
         post_ops(y, qw->N, PQ, post, relu);
+    /* the portable paths write y whole, then code it as the consumer would */
+    if (codes && codes->quads)
+        mge_cpu_quantize_u8_padded_quads(codes->codes, y, qw->N, sh->P, sh->Q, codes->cpad,
+                                         codes->qc);
+    else if (codes)
+        mge_cpu_quantize_u8_padded(codes->codes, y, qw->N, sh->P, sh->Q, codes->cpad, codes->qc);
+    if (codes) {
+        int64_t C = codes->quads ? (qw->N + 3) / 4 * 4 : qw->N;
+        memset(codes->codes + C * (sh->P + 2 * codes->cpad) * (sh->Q + 2 * codes->cpad), 0, 128);
+    }
 }

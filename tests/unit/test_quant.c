@@ -15,6 +15,7 @@
 #include "common/err.h"
 #include "common/rng.h"
 #include "engine/engine.h"
+#include "engine/engine_int.h" /* the values' table: the chained codes */
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_quant.h"
 #include "tests/unit/support/check_run.h"
@@ -163,11 +164,20 @@ START_TEST(test_qconv_matches_reference)
     }
     for (int i = 0; i < N * P * Q; i++)
         res[i] = urand(&rng, -3.0f, 3.0f);
-    struct mge_cpu_qpost post = {mul, add, res};
-    for (int variant = 0; variant < 3; variant++) {
+    /* variants 2 and 3 also write the next convolution's codes (planes with a border of 2;
+     * channel quads with a border of 1, y left unwritten), 0x5a where nothing may remain */
+    struct mge_cpu_qaffine qc;
+    mge_cpu_qaffine_from_range(-0.2f, 3.1f, &qc);
+    size_t cn = (size_t)((N + 3) / 4 * 4 * (P + 4) * (Q + 4)) + 128;
+    uint8_t *codes = malloc(cn), *cref = malloc(cn);
+    struct mge_cpu_qpost post = {.mul = mul, .add = add, .res = res, .codes = codes, .qc = &qc};
+    for (int variant = 0; variant < 4; variant++) {
         int relu = variant >= 1;
         const float *b = variant == 1 ? NULL : bias;
-        const struct mge_cpu_qpost *pp = variant == 2 ? &post : NULL;
+        const struct mge_cpu_qpost *pp = variant >= 2 ? &post : NULL;
+        post.quads = post.skip_y = variant == 3;
+        post.cpad = variant == 3 ? 1 : 2;
+        memset(codes, 0x5a, cn);
         mge_cpu_qconv(&qw, &shape, pb == 4 ? xq : xp, roff, koff, idx, &qx, b, pp, relu, y);
         for (int n = 0; n < N; n++) {
             float inv = 1.0f / qw.scale[n];
@@ -191,7 +201,24 @@ START_TEST(test_qconv_matches_reference)
                     ref[(n * P + p) * Q + q] = v;
                 }
         }
-        for (int i = 0; i < N * P * Q; i++)
+        if (variant >= 2) {
+            size_t used = (size_t)((post.quads ? (N + 3) / 4 * 4 : N) * (P + 2 * post.cpad) *
+                                   (Q + 2 * post.cpad)) +
+                          128;
+            memset(cref, 0x5a, cn);
+            if (post.quads)
+                mge_cpu_quantize_u8_padded_quads(cref, ref, N, P, Q, post.cpad, &qc);
+            else
+                mge_cpu_quantize_u8_padded(cref, ref, N, P, Q, post.cpad, &qc);
+            memset(cref + used - 128, 0, 128);
+            for (size_t i = 0; i < cn; i++)
+                ck_assert_msg(codes[i] == cref[i],
+                              "C %d H %d W %d N %d R %d S %d pad %d stride %d %s variant %d: "
+                              "code %zu of %zu = %d, reference %d",
+                              C, H, W, N, R, S, pad, st, qconv_paths[path], variant, i, used,
+                              codes[i], cref[i]);
+        }
+        for (int i = 0; i < N * P * Q && variant != 3; i++)
             ck_assert_msg(memcmp(&y[i], &ref[i], sizeof(float)) == 0,
                           "C %d H %d W %d N %d R %d S %d pad %d stride %d %s variant %d: y[%d] = "
                           "%.9g, reference %.9g",
@@ -201,6 +228,8 @@ START_TEST(test_qconv_matches_reference)
     mge_cpu_set_vnni(1);
     mge_cpu_qconv_force(MGE_CPU_QCONV_AUTO);
     mge_cpu_qweight_fini(&qw);
+    free(codes);
+    free(cref);
     free(mul);
     free(add);
     free(res);
@@ -608,12 +637,14 @@ static void block_build(struct block *b, int sep)
 
 /*
  * Batch norms, a residual add and relus folded into int8 convolutions give the very numbers of
- * the same ops run one by one (the folds repeat their float operations in order), on both
- * paths; and a folded convolution's plain output cannot be read again.
+ * the same ops run one by one (the folds repeat their float operations in order), and so does
+ * c1 writing c2's input codes in its epilogue (c2 then quantises nothing, c1's float output is
+ * not written), on every path (_i: portable, automatic, channel lanes); and a folded
+ * convolution's plain output cannot be read again.
  */
 START_TEST(test_int8_folds_match_separate_ops)
 {
-    int portable = _i;
+    int portable = _i == 0;
     struct block f, s;
     block_build(&f, 0);
     block_build(&s, 1);
@@ -639,16 +670,24 @@ START_TEST(test_int8_folds_match_separate_ops)
         }
         memcpy(mge_value_data(s.g, u), d, sizeof(float) * (size_t)len);
     }
+    /* c1 -> c2 is chained through codes in the folded graph only */
+    int chained = 0;
+    for (int v = 0; v < f.g->n_values; v++)
+        chained += !strcmp(mge_value_name(f.g, v), "scratch.codes.int8");
+    for (int v = 0; v < s.g->n_values; v++)
+        ck_assert_str_ne(mge_value_name(s.g, v), "scratch.codes.int8");
+    ck_assert_int_eq(chained, 1);
     mge_cpu_set_vnni(!portable);
+    mge_cpu_qconv_force(_i == 2 ? MGE_CPU_QCONV_CHANNELS : MGE_CPU_QCONV_AUTO);
     ck_assert_int_eq(mge_graph_run(f.g, MGE_RUN_INFER, 0), MGE_OK);
     ck_assert_int_eq(mge_graph_run(s.g, MGE_RUN_INFER, 0), MGE_OK);
     mge_cpu_set_vnni(1);
+    mge_cpu_qconv_force(MGE_CPU_QCONV_AUTO);
     const float *yf = mge_value_data(f.g, f.out), *ys = mge_value_data(s.g, s.out);
     int64_t m = mge_value_numel(f.g, f.out), positive = 0;
     for (int64_t i = 0; i < m; i++) {
         ck_assert_msg(memcmp(&yf[i], &ys[i], sizeof(float)) == 0, "%s: y[%lld] = %.9g, not %.9g",
-                      portable ? "portable" : "pixel lanes", (long long)i, (double)yf[i],
-                      (double)ys[i]);
+                      qconv_paths[_i], (long long)i, (double)yf[i], (double)ys[i]);
         positive += yf[i] > 0.0f;
     }
     ck_assert(positive > m / 10 && positive < m); /* the relu and the residual did something */
@@ -716,7 +755,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_observers);
     tcase_add_test(tc, test_qat_linear_gradients);
     tcase_add_loop_test(tc, test_int8_graph_matches_fake, 0, 2);
-    tcase_add_loop_test(tc, test_int8_folds_match_separate_ops, 0, 2);
+    tcase_add_loop_test(tc, test_int8_folds_match_separate_ops, 0, 3);
     tcase_add_test(tc, test_observer_check_names_field);
     suite_add_tcase(s, tc);
     return s;
