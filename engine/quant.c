@@ -227,14 +227,17 @@ static int folded(const struct mge_node *n)
 /*
  * A convolution whose input @x an int8 convolution made (its folds included) reads its codes
  * from it: a batched byte buffer, one padded image of codes (as conv_thread_bytes() sizes it)
- * per sample, that the producer writes in its epilogue (its third output) and this one reads
- * instead of quantising @x (which the producer then skips when nothing else reads it). Returns
- * the buffer's value, -1 where @x has no such producer, or -err.
+ * per sample, that the producer writes in its epilogue (its outputs from the third on: a block's
+ * output feeds the next block's conv1 and its shortcut's conv, each with its own quantiser) and
+ * this one reads instead of quantising @x (the producer skips @x itself when only such
+ * consumers read it). Returns the buffer's value, -1 where @x has no such producer (or it has
+ * MGE_CPU_QNEXT already), or -err.
  */
 static int chain_codes(struct mge_graph *g, int x, int pad)
 {
     int p = g->values[x].producer;
-    if (p < 0 || g->nodes[p].op != MGE_OP_QCONV2D || g->nodes[p].n_out != 2 ||
+    _Static_assert(2 + MGE_CPU_QNEXT <= MGE_NODE_MAX_OUT, "an int8 conv's outputs fit a node");
+    if (p < 0 || g->nodes[p].op != MGE_OP_QCONV2D || g->nodes[p].n_out >= 2 + MGE_CPU_QNEXT ||
         g->nodes[p].out[0] != x)
         return -1;
     const struct mge_value X = g->values[x];
@@ -245,8 +248,7 @@ static int chain_codes(struct mge_graph *g, int x, int pad)
     if (v < 0)
         return v;
     struct mge_node *n = &g->nodes[p];
-    n->out[2] = v;
-    n->n_out = 3;
+    n->out[n->n_out++] = v;
     g->values[v].producer = p;
     return v;
 }
@@ -572,51 +574,56 @@ static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_q
 }
 
 /*
- * Where int8 convolution @n writes the codes of the int8 convolution after it (chain_codes()):
- * sets @post's codes fields for image 0 (@qc: the consumer's quantiser) and *@per to the bytes
- * per image; *@per 0 where @n has no such consumer. MGE_OK, or MGE_NOMEM packing its weights.
+ * Where int8 convolution @n writes the codes of the int8 convolutions after it (chain_codes()):
+ * sets @post's next[] for image 0 (@qc: the consumers' quantisers) and @per[] to their bytes per
+ * image (0: none). MGE_OK, or MGE_NOMEM packing a consumer's weights.
  */
 static int chain_out(struct mge_graph *g, const struct mge_node *n, struct mge_cpu_qpost *post,
                      struct mge_cpu_qaffine *qc, size_t *per)
 {
-    int cv = n->n_out > 2 ? n->out[2] : -1, y = n->out[0], zi = -1, readers = 0;
-    *per = 0;
-    if (cv < 0)
-        return MGE_OK;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const struct mge_node *m = &g->nodes[i];
-        if (m->op == MGE_OP_QCONV2D && m->n_in > QCONV_IN_CODES && m->in[QCONV_IN_CODES] == cv)
-            zi = i;
-        for (int k = 0; k < m->n_in; k++)
-            readers += m->in[k] >= 0 && mge__value_root(g, m->in[k]) == mge__value_root(g, y);
+    int y = n->out[0], readers = 0, chained = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) {
+            int v = g->nodes[i].in[k];
+            readers += v >= 0 && mge__value_root(g, v) == mge__value_root(g, y);
+        }
+    for (int t = 0; t < MGE_CPU_QNEXT; t++) {
+        int cv = n->n_out > 2 + t ? n->out[2 + t] : -1, zi = -1;
+        per[t] = 0;
+        for (int i = 0; cv >= 0 && i < g->n_nodes; i++) {
+            const struct mge_node *m = &g->nodes[i];
+            if (m->op == MGE_OP_QCONV2D && m->n_in > QCONV_IN_CODES && m->in[QCONV_IN_CODES] == cv)
+                zi = i;
+        }
+        if (zi < 0)
+            continue;
+        const struct mge_node *z = &g->nodes[zi];
+        int64_t ys[MGE_MAX_DIMS];
+        mge__value_shape_now(g, y, ys);
+        const int64_t *ws = g->values[z->in[1]].shape;
+        int pad = z->a.q.pad, st = z->a.q.stride;
+        struct mge_cpu_qconv_shape zs = {.C = (int)ys[1],
+                                         .Hp = (int)(ys[2] + 2 * pad),
+                                         .Wp = (int)(ys[3] + 2 * pad),
+                                         .R = (int)ws[2],
+                                         .S = (int)ws[3],
+                                         .stride = st,
+                                         .P = (int)((ys[2] + 2 * pad - ws[2]) / st + 1),
+                                         .Q = (int)((ys[3] + 2 * pad - ws[3]) / st + 1)};
+        const struct mge_cpu_qweight *zq = packed_weights(g, z, mge_cpu_qconv_layout(&zs));
+        if (!zq)
+            return MGE_NOMEM;
+        const float *o = F(g, z->in[3]);
+        mge_cpu_qaffine_from_range(o[0], o[1], &qc[t]);
+        post->next[t] = (struct mge_cpu_qcodes){.codes = (uint8_t *)F(g, cv),
+                                                .qc = &qc[t],
+                                                .pad = pad,
+                                                .quads = zq->layout == MGE_CPU_QCONV_CHANS};
+        per[t] = conv_thread_bytes(ys[1], ys[2], ys[3], pad);
+        chained++;
     }
-    if (zi < 0)
-        return MGE_OK;
-    const struct mge_node *z = &g->nodes[zi];
-    int64_t ys[MGE_MAX_DIMS];
-    mge__value_shape_now(g, y, ys);
-    const int64_t *ws = g->values[z->in[1]].shape;
-    int pad = z->a.q.pad, st = z->a.q.stride;
-    struct mge_cpu_qconv_shape zs = {.C = (int)ys[1],
-                                     .Hp = (int)(ys[2] + 2 * pad),
-                                     .Wp = (int)(ys[3] + 2 * pad),
-                                     .R = (int)ws[2],
-                                     .S = (int)ws[3],
-                                     .stride = st,
-                                     .P = (int)((ys[2] + 2 * pad - ws[2]) / st + 1),
-                                     .Q = (int)((ys[3] + 2 * pad - ws[3]) / st + 1)};
-    const struct mge_cpu_qweight *zq = packed_weights(g, z, mge_cpu_qconv_layout(&zs));
-    if (!zq)
-        return MGE_NOMEM;
-    const float *o = F(g, z->in[3]);
-    mge_cpu_qaffine_from_range(o[0], o[1], qc);
-    post->codes = (uint8_t *)F(g, cv);
-    post->qc = qc;
-    post->cpad = pad;
-    post->quads = zq->layout == MGE_CPU_QCONV_CHANS;
     /* eager mode checks every value but scratch: keep y real there */
-    post->skip_y = readers == 1 && !g->values[y].keep && !g->eager;
-    *per = conv_thread_bytes(ys[1], ys[2], ys[3], pad);
+    post->skip_y = chained && readers == chained && !g->values[y].keep && !g->eager;
     return MGE_OK;
 }
 
@@ -656,9 +663,9 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
     const float *xd = F(g, x), *bias = b >= 0 ? F(g, b) : NULL;
     float *yd = F(g, y);
     struct mge_cpu_qpost post = {.mul = NULL};
-    struct mge_cpu_qaffine qc;
-    size_t next = 0;
-    if (chain_out(g, n, &post, &qc, &next) != MGE_OK)
+    struct mge_cpu_qaffine qc[MGE_CPU_QNEXT];
+    size_t next[MGE_CPU_QNEXT];
+    if (chain_out(g, n, &post, qc, next) != MGE_OK)
         return MGE_NOMEM;
     const uint8_t *ready = n->n_in > QCONV_IN_CODES && n->in[QCONV_IN_CODES] >= 0
                                ? (const uint8_t *)F(g, n->in[QCONV_IN_CODES])
@@ -695,7 +702,9 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
         for (int64_t img = 0; img < N; img++) {
             struct mge_cpu_qpost pi = post;
             pi.res = res ? res + img * qw->N * P * Q : NULL;
-            pi.codes = next ? post.codes + (size_t)img * next : NULL;
+            for (int t = 0; t < MGE_CPU_QNEXT; t++)
+                if (next[t])
+                    pi.next[t].codes += (size_t)img * next[t];
             qconv_image(qw, &sh, &qa, xd + img * C * H * W,
                         ready ? ready + (size_t)img * per : NULL, bias, &pi, n->a.q.relu,
                         yd + img * qw->N * P * Q, xp, roff, koff, idx, pad);

@@ -156,19 +156,26 @@ void mge_cpu_gemm_u8s8_gather(const struct mge_cpu_qweight *qw, int M, const uin
                               const struct mge_cpu_qaffine *qx, const float *bias, int relu,
                               float *y, int64_t rs, int64_t cs);
 
+/* The input codes of an int8 convolution that reads another's output, written by that one:
+ * what the consumer's quantiser would write (mge_cpu_quantize_u8_padded(), or its _quads form
+ * when @quads): (N or ceil(N / 4) 4, P + 2 @pad, Q + 2 @pad) codes under @qc, the border the zero
+ * point, then 128 bytes of 0. */
+struct mge_cpu_qcodes {
+    uint8_t *codes; /* NULL: none */
+    const struct mge_cpu_qaffine *qc;
+    int pad, quads;
+};
+
+#define MGE_CPU_QNEXT 2 /* consumers whose codes one convolution writes, at most */
+
 /* What an int8 convolution does to its outputs after the GEMM's epilogue (bias included), in
- * this order, before @relu: a folded batch norm, then a residual; and after @relu, where the
- * next op is an int8 convolution, its input codes. */
+ * this order, before @relu: a folded batch norm, then a residual; and after @relu, the codes of
+ * the int8 convolutions that read them. */
 struct mge_cpu_qpost {
     const float *mul, *add; /* (N) each, or NULL: y = y * mul[n] + add[n] (two roundings) */
     const float *res;       /* (N, P, Q) or NULL: y = y + res (a residual connection) */
-    /* Or NULL: the codes of y under @qc, as the consumer's quantiser writes them (
-     * mge_cpu_quantize_u8_padded(), or its _quads form when @quads): (N or ceil(N / 4) 4,
-     * P + 2 @cpad, Q + 2 @cpad) with the border the zero point and 128 bytes of 0 after. */
-    uint8_t *codes;
-    const struct mge_cpu_qaffine *qc;
-    int cpad, quads;
-    int skip_y; /* with @codes: y itself may be left unwritten (no one else reads it) */
+    struct mge_cpu_qcodes next[MGE_CPU_QNEXT];
+    int skip_y; /* with codes: y itself may be left unwritten (no one else reads it) */
 };
 
 /*

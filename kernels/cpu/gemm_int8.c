@@ -27,7 +27,7 @@
 
 static int g_has_vnni;
 static int g_qconv_kernel; /* enum mge_cpu_qconv_kernel: tests force one */
-static int g_has_vbmi; /* vpermb: the convolution with output pixels as lanes */
+static int g_has_vbmi;     /* vpermb: the convolution with output pixels as lanes */
 static pthread_once_t g_vnni_once = PTHREAD_ONCE_INIT;
 
 static void has_vnni_init(void)
@@ -425,13 +425,14 @@ struct gemm_args {
     const uint8_t *idx;  /* convolutions: (qpc, 64) vpermb index of each quad of a channel */
     int qpc;             /* quads per input channel */
     int32_t zp;
-    float sx;                          /* the activations' scale */
-    const float *bias;                 /* (N) or NULL */
-    const float *pmul, *padd;          /* (N) or NULL: the convolution's y * pmul[n] + padd[n] */
-    const float *res;                  /* like y, or NULL: the convolution's y + res */
-    const struct mge_cpu_qpost *codes; /* post->codes wanted (the VNNI kernels), or NULL */
-    int skip_y;                        /* with @codes: y not written */
-    int P, Q;                          /* the convolution's output map */
+    float sx;                           /* the activations' scale */
+    const float *bias;                  /* (N) or NULL */
+    const float *pmul, *padd;           /* (N) or NULL: the convolution's y * pmul[n] + padd[n] */
+    const float *res;                   /* like y, or NULL: the convolution's y + res */
+    const struct mge_cpu_qcodes *codes; /* (n_codes) codes wanted (the VNNI kernels) */
+    int n_codes;
+    int skip_y; /* with codes: y not written */
+    int P, Q;   /* the convolution's output map */
     int relu;
     float *y;
     int64_t rs, cs;
@@ -596,26 +597,26 @@ static void gemm_run(const struct gemm_args *g, int M, int threads)
 }
 
 #if HAVE_VNNI_BUILD
-/* Where the code of channel @n at output pixel (@p, @q) goes in g->codes's consumer layout. */
-static inline int64_t code_at(const struct gemm_args *g, int n, int64_t p, int64_t q)
+/* Where the code of channel @n at output pixel (@p, @q) of a @P x @Q map goes in @c. */
+static inline int64_t code_at(const struct mge_cpu_qcodes *c, int P, int Q, int n, int64_t p,
+                              int64_t q)
 {
-    const struct mge_cpu_qpost *c = g->codes;
-    int64_t Hp = g->P + 2 * c->cpad, Wp = g->Q + 2 * c->cpad;
+    int64_t Hp = P + 2 * c->pad, Wp = Q + 2 * c->pad;
     if (!c->quads)
-        return ((int64_t)n * Hp + p + c->cpad) * Wp + q + c->cpad;
-    return (((int64_t)(n / 4) * Hp + p + c->cpad) * Wp + q + c->cpad) * 4 + n % 4;
+        return ((int64_t)n * Hp + p + c->pad) * Wp + q + c->pad;
+    return (((int64_t)(n / 4) * Hp + p + c->pad) * Wp + q + c->pad) * 4 + n % 4;
 }
 
 /*
  * The codes of @nc channels from @n (at most 8; @n a multiple of 4 with channel quads) of @cnt
- * output pixels, lanes 0.. of @f, from pixel (@p, @q) on, into g->codes: one masked store per
- * output row they span and per channel (planes) or per 4 channels (channel quads, whose codes
- * are one dword a pixel; channels past N get the zero point's code, as the quantiser's).
+ * output pixels, lanes 0.. of @f, from pixel (@p, @q) on, into @c: one masked store per output
+ * row they span and per channel (planes) or per 4 channels (channel quads, whose codes are one
+ * dword a pixel; channels past N get the zero point's code, as the quantiser's).
  */
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void
-put_codes(const struct gemm_args *g, const __m512 *f, int n, int nc, int64_t p, int64_t q, int cnt)
+put_codes(const struct gemm_args *g, const struct mge_cpu_qcodes *c, const __m512 *f, int n, int nc,
+          int64_t p, int64_t q, int cnt)
 {
-    const struct mge_cpu_qpost *c = g->codes;
     __m512i v[8];
     int groups = c->quads ? (nc + 3) / 4 : nc;
     for (int j = 0; j < groups; j++) {
@@ -636,9 +637,9 @@ put_codes(const struct gemm_args *g, const __m512 *f, int n, int nc, int64_t p, 
         for (int j = 0; j < groups; j++) {
             __m512i r = l ? _mm512_maskz_compress_epi32((__mmask16)(0xffffu << l), v[j]) : v[j];
             if (c->quads)
-                _mm512_mask_storeu_epi32(c->codes + code_at(g, n + 4 * j, p, q), k, r);
+                _mm512_mask_storeu_epi32(c->codes + code_at(c, g->P, g->Q, n + 4 * j, p, q), k, r);
             else
-                _mm_mask_storeu_epi8(c->codes + code_at(g, n + j, p, q), k,
+                _mm_mask_storeu_epi8(c->codes + code_at(c, g->P, g->Q, n + j, p, q), k,
                                      _mm512_cvtepi32_epi8(r));
         }
         l += run;
@@ -817,12 +818,15 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
                 if (e2.valid)
                     f2[j] = store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense);
             }
-            if (g->codes && e0.valid)
-                put_codes(g, f0, n0, nc, e0.p, e0.q, __builtin_popcount(e0.valid));
-            if (g->codes && e1.valid)
-                put_codes(g, f1, n0, nc, e1.p, e1.q, __builtin_popcount(e1.valid));
-            if (g->codes && e2.valid)
-                put_codes(g, f2, n0, nc, e2.p, e2.q, __builtin_popcount(e2.valid));
+            for (int t = 0; t < g->n_codes; t++) {
+                const struct mge_cpu_qcodes *c = &g->codes[t];
+                if (e0.valid)
+                    put_codes(g, c, f0, n0, nc, e0.p, e0.q, __builtin_popcount(e0.valid));
+                if (e1.valid)
+                    put_codes(g, c, f1, n0, nc, e1.p, e1.q, __builtin_popcount(e1.valid));
+                if (e2.valid)
+                    put_codes(g, c, f2, n0, nc, e2.p, e2.q, __builtin_popcount(e2.valid));
+            }
         }
     }
 }
@@ -851,16 +855,17 @@ store_chans16(const struct gemm_args *g, __m512i acc, int n, int64_t m, int64_t 
         f = _mm512_add_ps(f, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, at, g->res, 4));
     if (g->relu)
         f = _mm512_max_ps(f, _mm512_setzero_ps());
-    if (g->codes) {
+    for (int t = 0; t < g->n_codes; t++) {
+        const struct mge_cpu_qcodes *c = &g->codes[t];
         uint8_t b[16];
-        _mm_storeu_si128((__m128i *)(void *)b, _mm512_cvtepi32_epi8(codes16_ps(f, g->codes->qc)));
+        _mm_storeu_si128((__m128i *)(void *)b, _mm512_cvtepi32_epi8(codes16_ps(f, c->qc)));
         int64_t p = m / g->Q, q = m % g->Q;
-        if (g->codes->quads) /* n is a multiple of 16: 4 whole quads of channels */
+        if (c->quads) /* n is a multiple of 16: 4 whole quads of channels */
             for (int j = 0; j < left && j < 16; j += 4)
-                memcpy(g->codes->codes + code_at(g, n + j, p, q), b + j, 4);
+                memcpy(c->codes + code_at(c, g->P, g->Q, n + j, p, q), b + j, 4);
         else
             for (int j = 0; j < left && j < 16; j++)
-                g->codes->codes[code_at(g, n + j, p, q)] = b[j];
+                c->codes[code_at(c, g->P, g->Q, n + j, p, q)] = b[j];
     }
     if (!g->skip_y)
         _mm512_mask_i32scatter_ps(g->y, k, at, f, 4);
@@ -1039,6 +1044,40 @@ static void conv_portable(const struct gemm_args *g, int64_t PQ, int relu)
     }
 }
 
+/* Bytes of @c's codes for @N channels of a @P x @Q map (without the slack). */
+static int64_t codes_bytes(const struct mge_cpu_qcodes *c, int N, int P, int Q)
+{
+    return (int64_t)(c->quads ? (N + 3) / 4 * 4 : N) * (P + 2 * c->pad) * (Q + 2 * c->pad);
+}
+
+/* What the kernels' epilogues do not write of @c: the border (the zero point's code) and the
+ * slack (0). Their stores cover every interior code, channels past N of a quad included. */
+static void codes_border(const struct mge_cpu_qcodes *c, int N, int P, int Q)
+{
+    const int pb = c->quads ? 4 : 1, planes = c->quads ? (N + 3) / 4 : N, pad = c->pad;
+    const int64_t Wp = (int64_t)(Q + 2 * pad) * pb, plane = Wp * (P + 2 * pad);
+    const uint8_t zp = (uint8_t)c->qc->zp;
+    for (int i = 0; i < planes && pad > 0; i++) {
+        uint8_t *o = c->codes + i * plane;
+        memset(o, zp, (size_t)(pad * Wp));
+        /* a few bytes each side of a row: plain stores (a memset call a row cost 3%) */
+        const uint32_t quad = 0x01010101u * zp;
+        for (int64_t r = pad; r < pad + P; r++)
+            for (int k = 0; k < pad; k++) {
+                uint8_t *l = o + r * Wp + k * pb, *rt = o + r * Wp + Wp - (k + 1) * pb;
+                if (pb == 4) {
+                    memcpy(l, &quad, 4);
+                    memcpy(rt, &quad, 4);
+                } else {
+                    *l = zp;
+                    *rt = zp;
+                }
+            }
+        memset(o + (pad + P) * Wp, zp, (size_t)(pad * Wp));
+    }
+    memset(c->codes + codes_bytes(c, N, P, Q), 0, 128);
+}
+
 void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_shape *sh,
                    const uint8_t *a, const int64_t *roff, const int32_t *koff, const uint8_t *idx,
                    const struct mge_cpu_qaffine *qx, const float *bias,
@@ -1062,21 +1101,21 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_
                           .Q = sh->Q,
                           .relu = relu,
                           .y = y};
-    const struct mge_cpu_qpost *codes = post && post->codes ? post : NULL;
+    struct mge_cpu_qcodes next[MGE_CPU_QNEXT];
+    int n_next = 0;
+    for (int t = 0; post && t < MGE_CPU_QNEXT; t++)
+        if (post->next[t].codes)
+            next[n_next++] = post->next[t];
 #if HAVE_VNNI_BUILD
     /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
     _Static_assert(16 % CB == 0, "a channel block within one packed block");
     int chans = chans_better(sh, qw->layout, qw->N);
     if (chans || pixels_can(sh, qw->layout)) {
-        if (codes) {
-            /* the border and the channels past N: the zero point's code, as the quantiser's */
-            size_t bytes = (size_t)((codes->quads ? (qw->N + 3) / 4 * 4 : qw->N) *
-                                    (sh->P + 2 * codes->cpad) * (sh->Q + 2 * codes->cpad));
-            memset(codes->codes, codes->qc->zp, bytes);
-            memset(codes->codes + bytes, 0, 128);
-            g.codes = codes;
-            g.skip_y = codes->skip_y;
-        }
+        for (int t = 0; t < n_next; t++)
+            codes_border(&next[t], qw->N, sh->P, sh->Q);
+        g.codes = next;
+        g.n_codes = n_next;
+        g.skip_y = n_next && post->skip_y;
         if (chans)
             conv_chans_vnni(&g, PQ);
         else
@@ -1090,14 +1129,13 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_
         mge_cpu_gemm_u8s8_gather(qw, (int)PQ, a, roff, koff, qx, bias, relu && !has_post, y, 1, PQ);
     if (has_post)
         post_ops(y, qw->N, PQ, post, relu);
-    /* the portable paths write y whole, then code it as the consumer would */
-    if (codes && codes->quads)
-        mge_cpu_quantize_u8_padded_quads(codes->codes, y, qw->N, sh->P, sh->Q, codes->cpad,
-                                         codes->qc);
-    else if (codes)
-        mge_cpu_quantize_u8_padded(codes->codes, y, qw->N, sh->P, sh->Q, codes->cpad, codes->qc);
-    if (codes) {
-        int64_t C = codes->quads ? (qw->N + 3) / 4 * 4 : qw->N;
-        memset(codes->codes + C * (sh->P + 2 * codes->cpad) * (sh->Q + 2 * codes->cpad), 0, 128);
+    /* the portable paths write y whole, then code it as the consumers would */
+    for (int t = 0; t < n_next; t++) {
+        const struct mge_cpu_qcodes *c = &next[t];
+        if (c->quads)
+            mge_cpu_quantize_u8_padded_quads(c->codes, y, qw->N, sh->P, sh->Q, c->pad, c->qc);
+        else
+            mge_cpu_quantize_u8_padded(c->codes, y, qw->N, sh->P, sh->Q, c->pad, c->qc);
+        memset(c->codes + codes_bytes(c, qw->N, sh->P, sh->Q), 0, 128);
     }
 }

@@ -102,10 +102,7 @@ int main(int argc, char **argv)
         size_t cbytes = (size_t)(L->N + 3) / 4 * 4 * (size_t)(sh.P + 2) * (size_t)(sh.Q + 2) + 128;
         uint8_t *next = mge_malloc_aligned(cbytes);
         struct mge_cpu_qpost chained = post;
-        chained.codes = next;
-        chained.qc = &qa;
-        chained.cpad = 1;
-        chained.quads = 1;
+        chained.next[0] = (struct mge_cpu_qcodes){.codes = next, .qc = &qa, .pad = 1, .quads = 1};
         chained.skip_y = 1;
         double tcodes = 1e9;
         for (int round = 0; round < 5; round++) {

@@ -170,13 +170,14 @@ START_TEST(test_qconv_matches_reference)
     mge_cpu_qaffine_from_range(-0.2f, 3.1f, &qc);
     size_t cn = (size_t)((N + 3) / 4 * 4 * (P + 4) * (Q + 4)) + 128;
     uint8_t *codes = malloc(cn), *cref = malloc(cn);
-    struct mge_cpu_qpost post = {.mul = mul, .add = add, .res = res, .codes = codes, .qc = &qc};
+    struct mge_cpu_qpost post = {.mul = mul, .add = add, .res = res};
+    post.next[0] = (struct mge_cpu_qcodes){.codes = codes, .qc = &qc};
     for (int variant = 0; variant < 4; variant++) {
         int relu = variant >= 1;
         const float *b = variant == 1 ? NULL : bias;
         const struct mge_cpu_qpost *pp = variant >= 2 ? &post : NULL;
-        post.quads = post.skip_y = variant == 3;
-        post.cpad = variant == 3 ? 1 : 2;
+        post.next[0].quads = post.skip_y = variant == 3;
+        post.next[0].pad = variant == 3 ? 1 : 2;
         memset(codes, 0x5a, cn);
         mge_cpu_qconv(&qw, &shape, pb == 4 ? xq : xp, roff, koff, idx, &qx, b, pp, relu, y);
         for (int n = 0; n < N; n++) {
@@ -202,14 +203,15 @@ START_TEST(test_qconv_matches_reference)
                 }
         }
         if (variant >= 2) {
-            size_t used = (size_t)((post.quads ? (N + 3) / 4 * 4 : N) * (P + 2 * post.cpad) *
-                                   (Q + 2 * post.cpad)) +
+            int cpad = post.next[0].pad;
+            size_t used = (size_t)((post.next[0].quads ? (N + 3) / 4 * 4 : N) * (P + 2 * cpad) *
+                                   (Q + 2 * cpad)) +
                           128;
             memset(cref, 0x5a, cn);
-            if (post.quads)
-                mge_cpu_quantize_u8_padded_quads(cref, ref, N, P, Q, post.cpad, &qc);
+            if (post.next[0].quads)
+                mge_cpu_quantize_u8_padded_quads(cref, ref, N, P, Q, cpad, &qc);
             else
-                mge_cpu_quantize_u8_padded(cref, ref, N, P, Q, post.cpad, &qc);
+                mge_cpu_quantize_u8_padded(cref, ref, N, P, Q, cpad, &qc);
             memset(cref + used - 128, 0, 128);
             for (size_t i = 0; i < cn; i++)
                 ck_assert_msg(codes[i] == cref[i],
@@ -622,23 +624,26 @@ static int block_conv_bn(struct mge_graph *g, const char *name, int x, int64_t c
 static void block_build(struct block *b, int sep)
 {
     struct mge_quant_opts o = {.mode = MGE_QUANT_INT8, .momentum = 0.01f, .percentile = 99.99f};
-    int64_t xs[4] = {4, 8, 9, 9}, os[1] = {1};
+    int64_t xs[4] = {4, 3, 9, 9}, os[1] = {1};
     ck_assert_int_eq(mge_graph_new(&b->g), MGE_OK);
     ck_assert_int_eq(mge_graph_set_quant(b->g, &o), MGE_OK);
     struct mge_graph *g = b->g;
     b->x = mge_input(g, "x", MGE_DTYPE_F32, 4, xs, 1);
     int one = sep ? mge_buffer(g, "one", 1, os, MGE_INIT_ONE) : -1;
-    int h = mge_relu(g, block_conv_bn(g, "c1", b->x, 8, 16, 3, 2, one));
+    /* a stem whose output feeds two int8 convolutions (c1, sc) */
+    int x = mge_relu(g, block_conv_bn(g, "c0", b->x, 3, 8, 3, 1, one));
+    int h = mge_relu(g, block_conv_bn(g, "c1", x, 8, 16, 3, 2, one));
     h = block_conv_bn(g, "c2", h, 16, 16, 3, 1, one);
-    int sc = block_conv_bn(g, "sc", b->x, 8, 16, 1, 2, one);
+    int sc = block_conv_bn(g, "sc", x, 8, 16, 1, 2, one);
     b->out = mge_relu(g, mge_add(g, h, sc));
     graph_ready(g, b->out, 5);
 }
 
 /*
  * Batch norms, a residual add and relus folded into int8 convolutions give the very numbers of
- * the same ops run one by one (the folds repeat their float operations in order), and so does
- * c1 writing c2's input codes in its epilogue (c2 then quantises nothing, c1's float output is
+ * the same ops run one by one (the folds repeat their float operations in order), and so do
+ * convolutions writing their consumers' input codes in their epilogues (c0 for c1 and sc, each
+ * with its own quantiser, c1 for c2; those quantise nothing, and c0's and c1's float outputs are
  * not written), on every path (_i: portable, automatic, channel lanes); and a folded
  * convolution's plain output cannot be read again.
  */
@@ -661,8 +666,9 @@ START_TEST(test_int8_folds_match_separate_ops)
         float *d = mge_value_data(f.g, v);
         int64_t len = mge_value_numel(f.g, v);
         if (strstr(name, "act_observer")) {
-            d[0] = -1.1f;
-            d[1] = 2.3f;
+            /* the two consumers of c0's output quantise it differently */
+            d[0] = strstr(name, "sc.") ? -0.4f : -1.1f;
+            d[1] = strstr(name, "sc.") ? 1.9f : 2.3f;
             d[2] = 1.0f;
         } else if (strstr(name, ".bn.")) {
             for (int64_t k = 0; k < len; k++)
@@ -670,13 +676,13 @@ START_TEST(test_int8_folds_match_separate_ops)
         }
         memcpy(mge_value_data(s.g, u), d, sizeof(float) * (size_t)len);
     }
-    /* c1 -> c2 is chained through codes in the folded graph only */
+    /* c0 -> c1, c0 -> sc, c1 -> c2 are chained through codes in the folded graph only */
     int chained = 0;
     for (int v = 0; v < f.g->n_values; v++)
         chained += !strcmp(mge_value_name(f.g, v), "scratch.codes.int8");
     for (int v = 0; v < s.g->n_values; v++)
         ck_assert_str_ne(mge_value_name(s.g, v), "scratch.codes.int8");
-    ck_assert_int_eq(chained, 1);
+    ck_assert_int_eq(chained, 3);
     mge_cpu_set_vnni(!portable);
     mge_cpu_qconv_force(_i == 2 ? MGE_CPU_QCONV_CHANNELS : MGE_CPU_QCONV_AUTO);
     ck_assert_int_eq(mge_graph_run(f.g, MGE_RUN_INFER, 0), MGE_OK);
