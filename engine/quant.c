@@ -11,6 +11,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -207,6 +208,7 @@ static size_t conv_thread_bytes(int64_t C, int64_t H, int64_t W, int pad)
 /* Inputs past the convolution's own four: 4..7 a batch norm's, 8 a residual, 9 its input's
  * codes written by the int8 convolution before it (-1: none of them). */
 #define QCONV_IN_RES 8
+#define CHAIN_MAX_PIXELS 64 /* chain_codes(): output maps of at most this many pixels */
 #define QCONV_IN_CODES 9
 _Static_assert(QCONV_IN_CODES < MGE_NODE_MAX_IN, "an int8 conv's inputs fit a node");
 
@@ -236,9 +238,18 @@ static int folded(const struct mge_node *n)
 static int chain_codes(struct mge_graph *g, int x, int pad)
 {
     int p = g->values[x].producer;
+    const char *env = getenv("MGE_INT8_CHAIN");
+    if (env && !strcmp(env, "off"))
+        return -1;
     _Static_assert(2 + MGE_CPU_QNEXT <= MGE_NODE_MAX_OUT, "an int8 conv's outputs fit a node");
     if (p < 0 || g->nodes[p].op != MGE_OP_QCONV2D || g->nodes[p].n_out >= 2 + MGE_CPU_QNEXT ||
         g->nodes[p].out[0] != x)
+        return -1;
+    /* small maps only (where the channel-lane kernel runs, writing a pixel's codes as whole
+     * quads): on ResNet-8's 28x28 and 14x14 maps the pixel-lane kernel spent more writing the
+     * codes (a masked store per row run and channel quad) than the consumer's quantiser pass
+     * (layer1.0.conv1 +0.2 ms a batch of 64; docs/benchmarks.md) */
+    if (g->values[x].shape[2] * g->values[x].shape[3] > CHAIN_MAX_PIXELS)
         return -1;
     const struct mge_value X = g->values[x];
     int64_t shape[2] = {X.shape[0],

@@ -807,8 +807,21 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
             __m512i a0[CB] = {p0, p1, p2, p3, p4, p5, p6, p7};
             __m512i a1[CB] = {q0, q1, q2, q3, q4, q5, q6, q7};
             __m512i a2[CB] = {r0, r1, r2, r3, r4, r5, r6, r7};
-            __m512 f0[CB], f1[CB], f2[CB];
             const int nc = N - n0 < CB ? N - n0 : CB;
+            if (!g->n_codes) {
+                for (int j = 0; j < nc; j++) {
+                    int64_t yn = (int64_t)(n0 + j) * PQ;
+                    if (e0.valid)
+                        store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense);
+                    if (e1.valid)
+                        store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense);
+                    if (e2.valid)
+                        store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense);
+                }
+                continue;
+            }
+            /* the values kept for the consumers' codes */
+            __m512 f0[CB], f1[CB], f2[CB];
             for (int j = 0; j < nc; j++) {
                 int64_t yn = (int64_t)(n0 + j) * PQ;
                 if (e0.valid)
@@ -944,20 +957,25 @@ conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
 /*
  * Whether the channel-lane convolution uses more of its lanes than the pixel-lane one on @sh
  * (the pixel kernel: 3 vectors of 16 pixels x 8 channels at a time; small maps and strided
- * rows leave lanes empty), by a margin that pays for its scattered stores.
+ * rows leave lanes empty), by a margin that pays for its scattered stores, on a convolution
+ * with arithmetic enough to matter (at least 32 k-quads: else the epilogue is the cost, and
+ * scattered stores and gathered residuals lose to the pixel kernel's contiguous ones; ResNet-8's
+ * 1x1 shortcut with 8 k-quads ran 25% slower on channel lanes).
  */
 void mge_cpu_qconv_force(int kernel)
 {
     g_qconv_kernel = kernel;
 }
 
-static int chans_better(const struct mge_cpu_qconv_shape *sh, int layout, int N)
+static int chans_better(const struct mge_cpu_qconv_shape *sh, int layout, int N, int KQ)
 {
     if (layout == MGE_CPU_QCONV_TAPS || !mge_cpu_has_vnni() ||
         g_qconv_kernel == MGE_CPU_QCONV_PIXELS)
         return 0;
     if (!pixels_can(sh, layout) || g_qconv_kernel == MGE_CPU_QCONV_CHANNELS)
         return 1;
+    if (KQ < 32)
+        return 0;
     const int64_t P = sh->P, Q = sh->Q, PQ = P * Q;
     int64_t nvec = sh->stride == 1 ? ((P - 1) * sh->Wp + Q + 15) / 16 : P * ((Q + 15) / 16);
     double pix = (double)PQ / (double)((nvec + 2) / 3 * 48) * N / ((N + CB - 1) / CB * CB);
@@ -1109,7 +1127,7 @@ void mge_cpu_qconv(const struct mge_cpu_qweight *qw, const struct mge_cpu_qconv_
 #if HAVE_VNNI_BUILD
     /* a channel block's weights are 4-byte groups of one 16-channel block: CB divides 16 */
     _Static_assert(16 % CB == 0, "a channel block within one packed block");
-    int chans = chans_better(sh, qw->layout, qw->N);
+    int chans = chans_better(sh, qw->layout, qw->N, qw->Kp / 4);
     if (chans || pixels_can(sh, qw->layout)) {
         for (int t = 0; t < n_next; t++)
             codes_border(&next[t], qw->N, sh->P, sh->Q);
