@@ -208,7 +208,6 @@ static size_t conv_thread_bytes(int64_t C, int64_t H, int64_t W, int pad)
 /* Inputs past the convolution's own four: 4..7 a batch norm's, 8 a residual, 9 its input's
  * codes written by the int8 convolution before it (-1: none of them). */
 #define QCONV_IN_RES 8
-#define CHAIN_MAX_PIXELS 64 /* chain_codes(): output maps of at most this many pixels */
 #define QCONV_IN_CODES 9
 _Static_assert(QCONV_IN_CODES < MGE_NODE_MAX_IN, "an int8 conv's inputs fit a node");
 
@@ -231,9 +230,9 @@ static int folded(const struct mge_node *n)
  * from it: a batched byte buffer, one padded image of codes (as conv_thread_bytes() sizes it)
  * per sample, that the producer writes in its epilogue (its outputs from the third on: a block's
  * output feeds the next block's conv1 and its shortcut's conv, each with its own quantiser) and
- * this one reads instead of quantising @x (the producer skips @x itself when only such
- * consumers read it). Returns the buffer's value, -1 where @x has no such producer (or it has
- * MGE_CPU_QNEXT already), or -err.
+ * this one reads instead of quantising @x, where chain_live() says so at run time (then the
+ * producer skips @x itself). Returns the buffer's value, -1 where @x has no such producer (or it
+ * has MGE_CPU_QNEXT already), or -err.
  */
 static int chain_codes(struct mge_graph *g, int x, int pad)
 {
@@ -244,12 +243,6 @@ static int chain_codes(struct mge_graph *g, int x, int pad)
     _Static_assert(2 + MGE_CPU_QNEXT <= MGE_NODE_MAX_OUT, "an int8 conv's outputs fit a node");
     if (p < 0 || g->nodes[p].op != MGE_OP_QCONV2D || g->nodes[p].n_out >= 2 + MGE_CPU_QNEXT ||
         g->nodes[p].out[0] != x)
-        return -1;
-    /* small maps only (where the channel-lane kernel runs, writing a pixel's codes as whole
-     * quads): on ResNet-8's 28x28 and 14x14 maps the pixel-lane kernel spent more writing the
-     * codes (a masked store per row run and channel quad) than the consumer's quantiser pass
-     * (layer1.0.conv1 +0.2 ms a batch of 64; docs/benchmarks.md) */
-    if (g->values[x].shape[2] * g->values[x].shape[3] > CHAIN_MAX_PIXELS)
         return -1;
     const struct mge_value X = g->values[x];
     int64_t shape[2] = {X.shape[0],
@@ -585,6 +578,28 @@ static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_q
 }
 
 /*
+ * Whether int8 convolution node @p writes its consumers' codes (chain_codes()) in this run:
+ * only where they replace its fp32 output, every reader of which reads codes instead. Writing
+ * codes besides the fp32 output cost more than the consumers' own quantisers, which code into a
+ * per-thread buffer that stays in cache (ResNet-8's stem, whose output the residual reads: +0.25
+ * ms a batch of 64). Eager mode checks every value: no chains there. The producer and its
+ * consumers ask alike.
+ */
+static int chain_live(const struct mge_graph *g, int p)
+{
+    const struct mge_node *n = &g->nodes[p];
+    int y = n->out[0], readers = 0;
+    if (n->op != MGE_OP_QCONV2D || n->n_out <= 2 || g->values[y].keep || g->eager)
+        return 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) {
+            int v = g->nodes[i].in[k];
+            readers += v >= 0 && mge__value_root(g, v) == mge__value_root(g, y);
+        }
+    return readers == n->n_out - 2;
+}
+
+/*
  * Where int8 convolution @n writes the codes of the int8 convolutions after it (chain_codes()):
  * sets @post's next[] for image 0 (@qc: the consumers' quantisers) and @per[] to their bytes per
  * image (0: none). MGE_OK, or MGE_NOMEM packing a consumer's weights.
@@ -592,14 +607,9 @@ static void qconv_image(const struct mge_cpu_qweight *qw, const struct mge_cpu_q
 static int chain_out(struct mge_graph *g, const struct mge_node *n, struct mge_cpu_qpost *post,
                      struct mge_cpu_qaffine *qc, size_t *per)
 {
-    int y = n->out[0], readers = 0, chained = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        for (int k = 0; k < g->nodes[i].n_in; k++) {
-            int v = g->nodes[i].in[k];
-            readers += v >= 0 && mge__value_root(g, v) == mge__value_root(g, y);
-        }
+    int y = n->out[0], live = chain_live(g, (int)(n - g->nodes));
     for (int t = 0; t < MGE_CPU_QNEXT; t++) {
-        int cv = n->n_out > 2 + t ? n->out[2 + t] : -1, zi = -1;
+        int cv = live && n->n_out > 2 + t ? n->out[2 + t] : -1, zi = -1;
         per[t] = 0;
         for (int i = 0; cv >= 0 && i < g->n_nodes; i++) {
             const struct mge_node *m = &g->nodes[i];
@@ -631,10 +641,8 @@ static int chain_out(struct mge_graph *g, const struct mge_node *n, struct mge_c
                                                 .pad = pad,
                                                 .quads = zq->layout == MGE_CPU_QCONV_CHANS};
         per[t] = conv_thread_bytes(ys[1], ys[2], ys[3], pad);
-        chained++;
     }
-    /* eager mode checks every value but scratch: keep y real there */
-    post->skip_y = chained && readers == chained && !g->values[y].keep && !g->eager;
+    post->skip_y = live;
     return MGE_OK;
 }
 
@@ -678,7 +686,8 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
     size_t next[MGE_CPU_QNEXT];
     if (chain_out(g, n, &post, qc, next) != MGE_OK)
         return MGE_NOMEM;
-    const uint8_t *ready = n->n_in > QCONV_IN_CODES && n->in[QCONV_IN_CODES] >= 0
+    const uint8_t *ready = n->n_in > QCONV_IN_CODES && n->in[QCONV_IN_CODES] >= 0 &&
+                                   chain_live(g, g->values[x].producer)
                                ? (const uint8_t *)F(g, n->in[QCONV_IN_CODES])
                                : NULL;
     if (n->n_in > 4 && n->in[6] >= 0 && g->training)

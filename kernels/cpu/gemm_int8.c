@@ -649,11 +649,12 @@ put_codes(const struct gemm_args *g, const struct mge_cpu_qcodes *c, const __m51
 /*
  * The epilogue of 16 output pixels of channel @n (lanes of @acc), stored from y + @at: the
  * float operations of the GEMM's epilogue and then post_ops()'s; lanes outside @valid (the
- * padded columns of the virtual grid) are squeezed out, so the valid ones land contiguously
- * (and are returned, in lanes 0..).
+ * padded columns of the virtual grid) are squeezed out, so the valid ones land contiguously.
+ * Returns the values: squeezed (lanes 0..), or with @grid in their lanes, the others 0.
  */
 __attribute__((target("avx512f,avx512bw"), always_inline)) static inline __m512
-store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, int64_t at)
+store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, int64_t at,
+               const int grid)
 {
     __m512 f = _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(g->zp * g->qw->colsum[n]))),
@@ -662,16 +663,51 @@ store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, i
         f = _mm512_add_ps(f, _mm512_set1_ps(g->bias[n]));
     if (g->pmul)
         f = _mm512_add_ps(_mm512_mul_ps(f, _mm512_set1_ps(g->pmul[n])), _mm512_set1_ps(g->padd[n]));
-    if (valid != 0xffff)
-        f = _mm512_maskz_compress_ps(valid, f);
     __mmask16 k = (__mmask16)((1u << __builtin_popcount(valid)) - 1u);
-    if (g->res)
+    if (!grid && valid != 0xffff)
+        f = _mm512_maskz_compress_ps(valid, f);
+    /* in the grid's lanes the residual is spread out to them instead: the same sums */
+    if (g->res && grid)
+        f = _mm512_add_ps(f, _mm512_maskz_expand_ps(valid, _mm512_maskz_loadu_ps(k, g->res + at)));
+    else if (g->res)
         f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(k, g->res + at));
     if (g->relu)
         f = _mm512_max_ps(f, _mm512_setzero_ps());
     if (!g->skip_y)
-        _mm512_mask_storeu_ps(g->y + at, k, f);
-    return f;
+        _mm512_mask_storeu_ps(g->y + at, k,
+                              grid && valid != 0xffff ? _mm512_maskz_compress_ps(valid, f) : f);
+    return grid ? _mm512_maskz_mov_ps(valid, f) : f;
+}
+
+/*
+ * put_codes() for a consumer whose padded grid is the producer's (stride 1, the same padding):
+ * the 16 lanes of the pixel vector at virtual position @m (values in their lanes, 0 off the
+ * map) are 16 neighbouring codes there, the lanes off the map its border (0's code: the zero
+ * point), so one store per channel or channel quad; lanes past the map's last pixel (@end) are
+ * not stored.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void
+put_codes_grid(const struct gemm_args *g, const struct mge_cpu_qcodes *c, const __m512 *f, int n,
+               int nc, int64_t m, int64_t end)
+{
+    const int64_t Wp = g->Q + 2 * c->pad, plane = (g->P + 2 * c->pad) * Wp;
+    const int64_t at = m + c->pad * Wp + c->pad;
+    __mmask16 k = end - m >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (end - m)) - 1u);
+    if (!c->quads) {
+        for (int j = 0; j < nc; j++)
+            _mm_mask_storeu_epi8(c->codes + (int64_t)(n + j) * plane + at, k,
+                                 _mm512_cvtepi32_epi8(codes16_ps(f[j], c->qc)));
+        return;
+    }
+    for (int j = 0; 4 * j < nc; j++) {
+        __m512i v = _mm512_setzero_si512();
+        for (int t = 0; t < 4; t++) {
+            int q = 4 * j + t;
+            __m512i ct = q < nc ? codes16_ps(f[q], c->qc) : _mm512_set1_epi32(c->qc->zp);
+            v = _mm512_or_si512(v, _mm512_slli_epi32(ct, 8 * t));
+        }
+        _mm512_mask_storeu_epi32(c->codes + ((int64_t)(n / 4 + j) * plane + at) * 4, k, v);
+    }
 }
 
 /*
@@ -752,7 +788,8 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
     const struct mge_cpu_qweight *qw = g->qw;
     const int KQ = qw->Kp / 4, N = qw->N, s = sh->stride, P = sh->P, Q = sh->Q, Wp = sh->Wp;
     const int64_t PQ = (int64_t)P * Q;
-    const int64_t nvec = s == 1 ? ((int64_t)(P - 1) * Wp + Q + 15) / 16 : P * ((Q + 15) / 16);
+    const int64_t end = (int64_t)(P - 1) * Wp + Q; /* stride 1: past the last pixel's position */
+    const int64_t nvec = s == 1 ? (end + 15) / 16 : P * ((Q + 15) / 16);
     const __mmask64 win = wbytes >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << wbytes) - 1;
     const __mmask64 win2 = wbytes <= 64    ? 0
                            : wbytes >= 128 ? ~(__mmask64)0
@@ -812,33 +849,47 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
                 for (int j = 0; j < nc; j++) {
                     int64_t yn = (int64_t)(n0 + j) * PQ;
                     if (e0.valid)
-                        store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense);
+                        store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense, 0);
                     if (e1.valid)
-                        store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense);
+                        store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense, 0);
                     if (e2.valid)
-                        store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense);
+                        store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense, 0);
                 }
                 continue;
             }
-            /* the values kept for the consumers' codes */
+            /* the values kept for the consumers' codes, in their grid lanes */
             __m512 f0[CB], f1[CB], f2[CB];
             for (int j = 0; j < nc; j++) {
                 int64_t yn = (int64_t)(n0 + j) * PQ;
                 if (e0.valid)
-                    f0[j] = store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense);
+                    f0[j] = store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense, 1);
                 if (e1.valid)
-                    f1[j] = store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense);
+                    f1[j] = store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense, 1);
                 if (e2.valid)
-                    f2[j] = store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense);
+                    f2[j] = store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense, 1);
             }
             for (int t = 0; t < g->n_codes; t++) {
                 const struct mge_cpu_qcodes *c = &g->codes[t];
-                if (e0.valid)
-                    put_codes(g, c, f0, n0, nc, e0.p, e0.q, __builtin_popcount(e0.valid));
-                if (e1.valid)
-                    put_codes(g, c, f1, n0, nc, e1.p, e1.q, __builtin_popcount(e1.valid));
-                if (e2.valid)
-                    put_codes(g, c, f2, n0, nc, e2.p, e2.q, __builtin_popcount(e2.valid));
+                if (s == 1 && Q + 2 * c->pad == Wp && P + 2 * c->pad == sh->Hp) {
+                    if (e0.valid)
+                        put_codes_grid(g, c, f0, n0, nc, e0.base, end);
+                    if (e1.valid)
+                        put_codes_grid(g, c, f1, n0, nc, e1.base, end);
+                    if (e2.valid)
+                        put_codes_grid(g, c, f2, n0, nc, e2.base, end);
+                    continue;
+                }
+                const struct pixel_vec *es[3] = {&e0, &e1, &e2};
+                const __m512 *fs[3] = {f0, f1, f2};
+                for (int i = 0; i < 3; i++) {
+                    __m512 fc[CB]; /* squeezed, as put_codes() takes them */
+                    if (!es[i]->valid)
+                        continue;
+                    for (int j = 0; j < nc; j++)
+                        fc[j] = _mm512_maskz_compress_ps(es[i]->valid, fs[i][j]);
+                    put_codes(g, c, fc, n0, nc, es[i]->p, es[i]->q,
+                              __builtin_popcount(es[i]->valid));
+                }
             }
         }
     }
