@@ -308,6 +308,7 @@ static const char *const conv_names[MGE__CONV_COUNT] = {
     [MGE__CONV_IM2COL] = "im2col",
     [MGE__CONV_DNNL] = "dnnl",
     [MGE__CONV_DIRECT] = "direct",
+    [MGE__CONV_WINOGRAD] = "winograd",
 };
 
 const char *mge__conv_backend_name(int b)
@@ -316,10 +317,14 @@ const char *mge__conv_backend_name(int b)
 }
 
 static int g_conv_backend = MGE__CONV_AUTO;
+static int g_conv_winograd = 1; /* "auto" may take Winograd; $MGE_CONV_WINOGRAD=0 turns it off */
 static pthread_once_t g_conv_once = PTHREAD_ONCE_INIT;
 
 static void conv_backend_init(void)
 {
+    const char *w = getenv("MGE_CONV_WINOGRAD");
+    if (w && strcmp(w, "0") == 0)
+        g_conv_winograd = 0;
     const char *s = getenv("MGE_CONV");
     if (!s || !*s)
         return;
@@ -357,7 +362,31 @@ static int direct_for_data(int b, int bf16, const struct mge_cpu_conv *cv)
     if (b != MGE__CONV_AUTO || bf16)
         return 0;
     pthread_once(&g_conv_once, conv_backend_init);
-    return g_conv_backend == MGE__CONV_AUTO && cv->S <= 3 && mge__conv_direct_scratch_bytes(cv) > 0;
+    return (g_conv_backend == MGE__CONV_AUTO || g_conv_backend == MGE__CONV_WINOGRAD) &&
+           cv->S <= 3 && mge__conv_direct_scratch_bytes(cv) > 0;
+}
+
+/*
+ * Whether the forward and the data gradient of @cv run Winograd F(2x2, 3x3) (conv_winograd.c):
+ * asked for ("winograd", which hands everything else to "auto"), or "auto" on a 3x3 stride-1
+ * pad-1 fp32 conv with at least MGE__CONV_WINOGRAD_MIN_C channels in and out, unless
+ * $MGE_CONV_WINOGRAD=0.
+ */
+#define MGE__CONV_WINOGRAD_MIN_C 32
+
+static int use_winograd(int b, int bf16, const struct mge_cpu_conv *cv)
+{
+    if (bf16 || !mge__conv_winograd_ok(cv))
+        return 0;
+    if (b == MGE__CONV_WINOGRAD)
+        return 1;
+    if (b != MGE__CONV_AUTO)
+        return 0;
+    pthread_once(&g_conv_once, conv_backend_init);
+    if (g_conv_backend != MGE__CONV_AUTO)
+        return g_conv_backend == MGE__CONV_WINOGRAD;
+    return g_conv_winograd && cv->C >= MGE__CONV_WINOGRAD_MIN_C &&
+           cv->K >= MGE__CONV_WINOGRAD_MIN_C;
 }
 
 static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
@@ -366,6 +395,8 @@ static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
         pthread_once(&g_conv_once, conv_backend_init);
         b = g_conv_backend;
     }
+    if (b == MGE__CONV_WINOGRAD) /* what Winograd does not do goes where "auto" sends it */
+        b = MGE__CONV_AUTO;
     /* mixed precision: oneDNN's bf16 convolution (conv_bf16.c) where the CPU has the
      * instructions, else im2col over mge_cpu_gemm_bf16 (emulated); an explicit backend still
      * wins, but direct is fp32 only and hands a bf16 conv to im2col */
@@ -382,6 +413,8 @@ static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
 const char *mge_cpu_conv_backend(void)
 {
     int b = conv_backend(MGE__CONV_AUTO, 0, NULL);
+    if (g_conv_backend == MGE__CONV_WINOGRAD)
+        return conv_names[MGE__CONV_WINOGRAD];
     return b == MGE__CONV_DIRECT && g_conv_backend == MGE__CONV_AUTO ? "auto" : conv_names[b];
 }
 
@@ -402,6 +435,8 @@ static size_t scratch_bytes(int backend, int bf16, const struct mge_cpu_conv *cv
     default:
         break;
     }
+    if (use_winograd(backend, bf16, cv) && mge__conv_winograd_scratch_bytes(cv) > b)
+        b = mge__conv_winograd_scratch_bytes(cv);
     return b > fallback ? b : fallback; /* room for the fallback too */
 }
 
@@ -424,6 +459,9 @@ static void forward_with(int backend, int bf16, const struct mge_cpu_conv *cv, f
                          const float *inp, const float *w, const float *bias, void *scratch)
 {
     bf16 = is_bf16(bf16, cv);
+    if (use_winograd(backend, bf16, cv) &&
+        mge__conv_winograd_forward(cv, out, inp, w, bias, scratch) == 0)
+        return;
     switch (conv_backend(backend, bf16, cv)) {
     case MGE__CONV_DNNL:
         if ((bf16 ? mge__conv_bf16_forward : mge__conv_dnnl_forward)(cv, out, inp, w, bias,
@@ -462,6 +500,13 @@ static void backward_with(int backend, int bf16, const struct mge_cpu_conv *cv, 
          * a temporary in scratch until it returns */
         backward_with(backend, bf16, cv, dinp, NULL, dbias, dout, inp, w, scratch, acc);
         im2col_backward(0, cv, NULL, dw, NULL, dout, inp, w, scratch, acc);
+        return;
+    }
+    if (dinp && use_winograd(backend, bf16, cv) &&
+        mge__conv_winograd_backward_data(cv, dinp, dout, w, scratch, acc) == 0) {
+        /* dw and dbias as they would be without Winograd (scratch is free again) */
+        if (dw || dbias)
+            backward_with(backend, bf16, cv, NULL, dw, dbias, dout, inp, w, scratch, acc);
         return;
     }
     switch (conv_backend(backend, bf16, cv)) {

@@ -137,7 +137,7 @@ int main(int argc, char **argv)
     if (argc > 4 && strcmp(argv[4], "cpu") == 0)
         g_clock = CLOCK_PROCESS_CPUTIME_ID;
     static const int backends[] = {MGE__CONV_IM2COL, MGE__CONV_DNNL, MGE__CONV_DIRECT,
-                                   MGE__CONV_AUTO};
+                                   MGE__CONV_WINOGRAD, MGE__CONV_AUTO};
     int nb = (int)(sizeof(backends) / sizeof(backends[0]));
     printf("conv ms per call, batch %d (median of 9, %s clock); default backend: %s\n", N,
            g_clock == CLOCK_MONOTONIC ? "wall" : "CPU", mge_cpu_conv_backend());

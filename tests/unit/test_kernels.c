@@ -55,27 +55,33 @@ static void assert_close(const char *what, const float *got, const float *want, 
 /* Forward under test: writes nout outputs from the nx inputs in x. */
 typedef void (*fwd_fn)(void *ctx, float *out, const float *x);
 
-/* Central-difference gradient of sum(out * dout) with respect to x, in double. */
-static void fd_grad(fwd_fn f, void *ctx, float *x, int64_t nx, int64_t nout, const float *dout,
-                    float *grad)
+/* Central-difference gradient of sum(out * dout) with respect to x, in double, step @eps. */
+static void fd_grad_eps(fwd_fn f, void *ctx, float *x, int64_t nx, int64_t nout, const float *dout,
+                        float *grad, float eps)
 {
     float *out = malloc((size_t)nout * sizeof(float));
     ck_assert_ptr_nonnull(out);
     for (int64_t i = 0; i < nx; i++) {
         float save = x[i];
         double lp = 0.0, lm = 0.0;
-        x[i] = save + FD_EPS;
+        x[i] = save + eps;
         f(ctx, out, x);
         for (int64_t j = 0; j < nout; j++)
             lp += (double)out[j] * dout[j];
-        x[i] = save - FD_EPS;
+        x[i] = save - eps;
         f(ctx, out, x);
         for (int64_t j = 0; j < nout; j++)
             lm += (double)out[j] * dout[j];
         x[i] = save;
-        grad[i] = (float)((lp - lm) / (2.0 * FD_EPS));
+        grad[i] = (float)((lp - lm) / (2.0 * eps));
     }
     free(out);
+}
+
+static void fd_grad(fwd_fn f, void *ctx, float *x, int64_t nx, int64_t nout, const float *dout,
+                    float *grad)
+{
+    fd_grad_eps(f, ctx, x, nx, nout, dout, grad, FD_EPS);
 }
 
 /* acc check: a backward run with acc on a buffer holding @base must give base + fresh result. */
@@ -692,6 +698,7 @@ struct conv_ctx {
     void *scratch;
     int wrt; /* 0 x, 1 w, 2 b */
     int backend;
+    float eps; /* finite-difference step */
 };
 
 static void conv_fwd(void *v, float *out, const float *p)
@@ -737,14 +744,19 @@ static void check_conv_with(int backend, int N, int C, int H, int W, int K, int 
     assert_close("conv dw", dw, rw, nw, 1e-4, tol);
     assert_close("conv dbias", db, rb, K, 1e-4, tol);
     if (fd) {
-        struct conv_ctx c = {&cv, x, w, b, scratch, 0, backend};
-        fd_grad(conv_fwd, &c, x, nx, ny, dy, num);
+        /* a conv is linear in each of x, w and b, so a central difference has no truncation
+         * error at any step and only the forward's rounding counts: Winograd's rounds ~3x more
+         * than a direct sum (intermediates larger than the outputs) and takes a 10x larger step
+         * for the same tolerance */
+        float eps = backend == MGE__CONV_WINOGRAD ? 10 * FD_EPS : FD_EPS;
+        struct conv_ctx c = {&cv, x, w, b, scratch, 0, backend, eps};
+        fd_grad_eps(conv_fwd, &c, x, nx, ny, dy, num, eps);
         assert_close("conv dinp vs FD", dx, num, nx, FD_REL, FD_ABS);
         c.wrt = 1;
-        fd_grad(conv_fwd, &c, w, nw, ny, dy, num);
+        fd_grad_eps(conv_fwd, &c, w, nw, ny, dy, num, eps);
         assert_close("conv dw vs FD", dw, num, nw, FD_REL, FD_ABS);
         c.wrt = 2;
-        fd_grad(conv_fwd, &c, b, K, ny, dy, num);
+        fd_grad_eps(conv_fwd, &c, b, K, ny, dy, num, eps);
         assert_close("conv dbias vs FD", db, num, K, FD_REL, FD_ABS);
     }
 
@@ -842,6 +854,61 @@ START_TEST(test_conv_resnet_batch)
             /* dw with channels in lanes, odd vector and channel counts */
             check_conv_with(conv_backends[i], 2, 3, 5, 6, 48, 3, 3, 1, 1, t, 0);
         }
+}
+END_TEST
+
+/*
+ * Winograd F(2x2, 3x3) (forward and dinp; dw is direct's) against the fp64 reference: forward
+ * and dinp within rel 1e-4 + abs 1e-5 (dinp: 1e-5 * K * 9), as every backend, on odd shapes
+ * (odd H and W: half tiles at the edges; batch 1; channel counts off the 8- and 16-blocks),
+ * finite differences where the shapes are small, and ResNet-20's shapes on a few images. Shapes
+ * Winograd does not take (stride 2, 5x5, pad 0) pass through to "auto".
+ */
+START_TEST(test_conv_winograd)
+{
+    rng_state = 17;
+    for (int t = 1; t <= 2; t++) {
+        check_conv_with(MGE__CONV_WINOGRAD, 1, 5, 7, 9, 3, 3, 3, 1, 1, t, 1);
+        check_conv_with(MGE__CONV_WINOGRAD, 1, 3, 1, 1, 2, 3, 3, 1, 1, t, 1);
+        check_conv_with(MGE__CONV_WINOGRAD, 3, 2, 5, 6, 9, 3, 3, 1, 1, t, 1);
+        check_conv_with(MGE__CONV_WINOGRAD, 1, 2, 5, 37, 5, 3, 3, 1, 1, t, 1);
+        check_conv_with(MGE__CONV_WINOGRAD, 2, 17, 9, 7, 19, 3, 3, 1, 1, t, 0);
+        check_conv_with(MGE__CONV_WINOGRAD, 1, 33, 13, 11, 24, 3, 3, 1, 1, t, 0);
+        check_conv_with(MGE__CONV_WINOGRAD, 9, 20, 3, 3, 17, 3, 3, 1, 1, t, 0);
+        check_conv_with(MGE__CONV_WINOGRAD, 4, 16, 28, 28, 16, 3, 3, 1, 1, t, 0);
+        check_conv_with(MGE__CONV_WINOGRAD, 5, 32, 14, 14, 32, 3, 3, 1, 1, t, 0);
+        check_conv_with(MGE__CONV_WINOGRAD, 6, 64, 7, 7, 64, 3, 3, 1, 1, t, 0);
+        check_conv_with(MGE__CONV_WINOGRAD, 3, 2, 7, 6, 4, 3, 3, 2, 1, t, 1);
+        check_conv_with(MGE__CONV_WINOGRAD, 2, 1, 8, 8, 3, 5, 5, 1, 2, t, 1);
+        check_conv_with(MGE__CONV_WINOGRAD, 2, 3, 6, 5, 9, 3, 3, 1, 0, t, 1);
+    }
+}
+END_TEST
+
+/* Winograd's forward and dinp are the same bits at 1 and 2 threads (one image per output) */
+START_TEST(test_conv_winograd_threads)
+{
+    struct mge_cpu_conv cv = {7, 24, 9, 11, 20, 3, 3, 1, 1, 0, 0, 0};
+    int old = mge_cpu_threads();
+    mge_cpu_set_threads(2);
+    ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+    int64_t nx = 7 * 24 * 9 * 11, nw = 20 * 24 * 9, ny = 7 * 20 * 9 * 11;
+    rng_state = 18;
+    void *scratch = malloc(mge__conv_scratch_bytes_with(MGE__CONV_WINOGRAD, &cv));
+    ck_assert_ptr_nonnull(scratch);
+    float *x = rnd_new(nx), *w = rnd_new(nw), *b = rnd_new(20), *dy = rnd_new(ny);
+    float *y[2] = {rnd_new(ny), rnd_new(ny)}, *dx[2] = {rnd_new(nx), rnd_new(nx)};
+    for (int t = 1; t <= 2; t++) {
+        mge_cpu_set_threads(t);
+        mge__cpu_conv2d_forward_with(MGE__CONV_WINOGRAD, &cv, y[t - 1], x, w, b, scratch);
+        mge__cpu_conv2d_backward_with(MGE__CONV_WINOGRAD, &cv, dx[t - 1], NULL, NULL, dy, x, w,
+                                      scratch, 0);
+    }
+    ck_assert(memcmp(y[0], y[1], sizeof(float) * ny) == 0);
+    ck_assert(memcmp(dx[0], dx[1], sizeof(float) * nx) == 0);
+    free(scratch), free(x), free(w), free(b), free(dy), free(y[0]), free(y[1]), free(dx[0]);
+    free(dx[1]);
+    mge_cpu_set_threads(old);
 }
 END_TEST
 
@@ -1223,6 +1290,8 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_conv_lenet_batch);
     tcase_add_test(tc, test_conv_flat);
     tcase_add_test(tc, test_conv_resnet_batch);
+    tcase_add_test(tc, test_conv_winograd);
+    tcase_add_test(tc, test_conv_winograd_threads);
     tcase_add_test(tc, test_conv_init_invalid);
     tcase_add_test(tc, test_conv_lenet_deterministic);
     suite_add_tcase(s, tc);
