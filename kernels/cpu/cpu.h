@@ -208,9 +208,10 @@ void mge_cpu_conv2d_backward_bf16(const struct mge_cpu_conv *cv, float *dinp, fl
                                   float *dbias, const float *dout, const float *inp, const float *w,
                                   void *scratch, int acc);
 
-/* Name of the conv backend in use ("im2col", "dnnl", "direct", or "auto": direct, except im2col
- * for convs of more than 8 input channels and outputs narrower than 16); $MGE_CONV overrides
- * the default. Read once, at the first conv call. */
+/* Name of the conv backend in use ("im2col", "dnnl", "direct", "winograd", or "auto": direct,
+ * except im2col for convs of more than 8 input channels and outputs narrower than 16, and
+ * Winograd for the forward and dinp of 3x3 stride-1 pad-1 convs of >= 16 channels unless
+ * $MGE_CONV_WINOGRAD=0); $MGE_CONV overrides the default. Read once, at the first conv call. */
 const char *mge_cpu_conv_backend(void);
 
 struct mge_cpu_pool {
