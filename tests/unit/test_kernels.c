@@ -866,22 +866,30 @@ END_TEST
  */
 START_TEST(test_conv_winograd)
 {
+    /* backend, N, C, H, W, K, R, S, stride, pad, finite differences */
+    static const int shapes[][11] = {
+        {MGE__CONV_WINOGRAD, 1, 5, 7, 9, 3, 3, 3, 1, 1, 1},
+        {MGE__CONV_WINOGRAD, 1, 3, 1, 1, 2, 3, 3, 1, 1, 1},
+        {MGE__CONV_WINOGRAD, 3, 2, 5, 6, 9, 3, 3, 1, 1, 1},
+        {MGE__CONV_WINOGRAD, 1, 2, 5, 37, 5, 3, 3, 1, 1, 1},
+        {MGE__CONV_WINOGRAD, 2, 17, 9, 7, 19, 3, 3, 1, 1, 0},
+        {MGE__CONV_WINOGRAD, 1, 33, 13, 11, 24, 3, 3, 1, 1, 0},
+        {MGE__CONV_WINOGRAD, 9, 20, 3, 3, 17, 3, 3, 1, 1, 0},
+        {MGE__CONV_WINOGRAD, 4, 16, 28, 28, 16, 3, 3, 1, 1, 0},
+        {MGE__CONV_WINOGRAD, 5, 32, 14, 14, 32, 3, 3, 1, 1, 0},
+        {MGE__CONV_WINOGRAD, 6, 64, 7, 7, 64, 3, 3, 1, 1, 0},
+        {MGE__CONV_WINOGRAD, 3, 2, 7, 6, 4, 3, 3, 2, 1, 1},
+        {MGE__CONV_WINOGRAD, 2, 1, 8, 8, 3, 5, 5, 1, 2, 1},
+        {MGE__CONV_WINOGRAD, 2, 3, 6, 5, 9, 3, 3, 1, 0, 1},
+        /* "auto" takes Winograd from 16 channels in and out */
+        {MGE__CONV_AUTO, 2, 16, 9, 7, 16, 3, 3, 1, 1, 0},
+    };
     rng_state = 17;
-    for (int t = 1; t <= 2; t++) {
-        check_conv_with(MGE__CONV_WINOGRAD, 1, 5, 7, 9, 3, 3, 3, 1, 1, t, 1);
-        check_conv_with(MGE__CONV_WINOGRAD, 1, 3, 1, 1, 2, 3, 3, 1, 1, t, 1);
-        check_conv_with(MGE__CONV_WINOGRAD, 3, 2, 5, 6, 9, 3, 3, 1, 1, t, 1);
-        check_conv_with(MGE__CONV_WINOGRAD, 1, 2, 5, 37, 5, 3, 3, 1, 1, t, 1);
-        check_conv_with(MGE__CONV_WINOGRAD, 2, 17, 9, 7, 19, 3, 3, 1, 1, t, 0);
-        check_conv_with(MGE__CONV_WINOGRAD, 1, 33, 13, 11, 24, 3, 3, 1, 1, t, 0);
-        check_conv_with(MGE__CONV_WINOGRAD, 9, 20, 3, 3, 17, 3, 3, 1, 1, t, 0);
-        check_conv_with(MGE__CONV_WINOGRAD, 4, 16, 28, 28, 16, 3, 3, 1, 1, t, 0);
-        check_conv_with(MGE__CONV_WINOGRAD, 5, 32, 14, 14, 32, 3, 3, 1, 1, t, 0);
-        check_conv_with(MGE__CONV_WINOGRAD, 6, 64, 7, 7, 64, 3, 3, 1, 1, t, 0);
-        check_conv_with(MGE__CONV_WINOGRAD, 3, 2, 7, 6, 4, 3, 3, 2, 1, t, 1);
-        check_conv_with(MGE__CONV_WINOGRAD, 2, 1, 8, 8, 3, 5, 5, 1, 2, t, 1);
-        check_conv_with(MGE__CONV_WINOGRAD, 2, 3, 6, 5, 9, 3, 3, 1, 0, t, 1);
-    }
+    for (int t = 1; t <= 2; t++)
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+            const int *z = shapes[i];
+            check_conv_with(z[0], z[1], z[2], z[3], z[4], z[5], z[6], z[7], z[8], z[9], t, z[10]);
+        }
 }
 END_TEST
 
