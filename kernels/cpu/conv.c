@@ -374,9 +374,12 @@ static int direct_for_data(int b, int bf16, const struct mge_cpu_conv *cv)
  * against Winograd; backward is dinp + dw, dw direct in both; tests/bench/run_conv.sh under
  * load 4): 16x28x28 fwd 5.08 / 4.04, bwd 12.10 / 11.87; 32x14x14 fwd 5.09 / 3.42, bwd 10.28 /
  * 8.71; 64x7x7 fwd 5.68 / 4.81, bwd 10.60 / 9.61. Few channels leave the tile transforms
- * (linear in C + K) heavier than the GEMMs (C * K), hence the bound.
+ * (linear in C + K) heavier than the GEMMs (C * K), hence the bound. A work item is at least one
+ * whole image, whose transformed tiles take 16 / 4 = 4x its input and output: beyond 32x32 maps
+ * (not measured) they leave L2, so "auto" stops there.
  */
 #define MGE__CONV_WINOGRAD_MIN_C 16
+#define MGE__CONV_WINOGRAD_MAX_HW (32 * 32)
 
 static int use_winograd(int b, int bf16, const struct mge_cpu_conv *cv)
 {
@@ -390,7 +393,7 @@ static int use_winograd(int b, int bf16, const struct mge_cpu_conv *cv)
     if (g_conv_backend != MGE__CONV_AUTO)
         return g_conv_backend == MGE__CONV_WINOGRAD;
     return g_conv_winograd && cv->C >= MGE__CONV_WINOGRAD_MIN_C &&
-           cv->K >= MGE__CONV_WINOGRAD_MIN_C;
+           cv->K >= MGE__CONV_WINOGRAD_MIN_C && cv->H * cv->W <= MGE__CONV_WINOGRAD_MAX_HW;
 }
 
 static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
