@@ -20,10 +20,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu_int.h"
-
-#define V 16 /* lanes per vector */
-typedef float vf __attribute__((vector_size(V * sizeof(float))));
+#include "kernels/cpu/conv_tile_int.h"
 
 #define KBW 4   /* output channels per dw block */
 #define MAX_S 7 /* widest kernel the dw blocks take (KBW * MAX_S accumulators) */
@@ -31,24 +28,6 @@ typedef float vf __attribute__((vector_size(V * sizeof(float))));
 #define FLAT_MAX_S 3
 #define FLAT_QB 3  /* vectors per flat forward tile (KB * FLAT_QB accumulators) */
 #define KL_MIN_C 8 /* input channels from which a 3x3 dw puts output channels in lanes */
-
-/* One direct conv: input (C, H, W) padded by ph, pw into (C, Hp, Wp); output (K, P, Q). */
-struct geo {
-    int C, H, W, ph, pw;
-    int K, R, S, P, Q;
-    int Hp, Wp;
-    int QV;     /* vectors per output row: ceil(Q / V) */
-    int KB, Kp; /* output channels per block (weights are packed by it), K rounded up to KB */
-    int flat;   /* planes as one row each (see the top of the file); then Wp = W + 2 * pw */
-    int LW;     /* flat: floats per wide output plane, P * Wp rounded up to vectors */
-};
-
-static inline __attribute__((always_inline)) vf ld(const float *p)
-{
-    vf v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
 
 static int kb_pick(int K, int QV)
 {
@@ -112,68 +91,6 @@ static void pack_weights(const struct geo *g, float *restrict wp, const float *r
                                  : w[(((size_t)k * C + c) * R + r) * S + s];
                     wp[((((size_t)(k / KB) * C + c) * R + r) * S + s) * KB + k % KB] = v;
                 }
-}
-
-/*
- * One register tile: channels [k0, k0 + KB) at QB vectors of positions, the sum over c, r, s of
- * x[c * plane + r * Wp + s + j * V] * w[k][c][r][s] for r in [r0, r1), where @x points at the
- * tile's first position in channel 0, row 0 (rows: xp at output (p, q0); flat: xp + i0). Stored
- * at o[(k - k0) * ostride + j * V], the first @nvalid positions only, added to what is there when
- * @acc. KB and QB are constants at every call, so the accumulators live in registers once the
- * loops are unrolled.
- */
-static inline __attribute__((always_inline)) void
-conv_tile(const int KB, const int QB, const struct geo *g, float *o, size_t ostride, int nvalid,
-          int acc, const float *x, const float *wp, const float *bias, int k0, int r0, int r1)
-{
-    vf a[16][3];
-#pragma GCC unroll 16
-    for (int kk = 0; kk < KB; kk++) {
-        float b0 = bias && k0 + kk < g->K ? bias[k0 + kk] : 0.0f;
-#pragma GCC unroll 3
-        for (int j = 0; j < QB; j++)
-            a[kk][j] = (vf){0} + b0;
-    }
-    const float *wk = wp + (size_t)(k0 / KB) * g->C * g->R * g->S * KB;
-    size_t plane = (size_t)g->Hp * g->Wp;
-    for (int c = 0; c < g->C; c++)
-        for (int r = r0; r < r1; r++) {
-            const float *row = x + c * plane + (size_t)r * g->Wp;
-            const float *wr = wk + ((size_t)c * g->R + r) * g->S * KB;
-            for (int s = 0; s < g->S; s++) {
-                vf xv[3];
-#pragma GCC unroll 3
-                for (int j = 0; j < QB; j++)
-                    xv[j] = ld(row + s + j * V);
-                const float *wv = wr + (size_t)s * KB;
-#pragma GCC unroll 16
-                for (int kk = 0; kk < KB; kk++)
-#pragma GCC unroll 3
-                    for (int j = 0; j < QB; j++)
-                        a[kk][j] += xv[j] * wv[kk];
-            }
-        }
-#pragma GCC unroll 16
-    for (int kk = 0; kk < KB; kk++) {
-        if (k0 + kk >= g->K)
-            break;
-#pragma GCC unroll 3
-        for (int j = 0; j < QB; j++) {
-            int n = nvalid - j * V < V ? nvalid - j * V : V;
-            float *ov = o + kk * ostride + j * V;
-            vf v = a[kk][j]; /* a copy: no address of @a escapes, so it stays in registers */
-            if (n == V) {
-                if (acc)
-                    v += ld(ov);
-                memcpy(ov, &v, sizeof(v));
-                continue;
-            }
-            float t[V];
-            memcpy(t, &v, sizeof(t));
-            for (int i = 0; i < n; i++) /* a loop: memcpy of a variable size is a libc call */
-                ov[i] = acc ? ov[i] + t[i] : t[i];
-        }
-    }
 }
 
 #define TILE(KB_, QB_)                                                                             \
@@ -553,11 +470,6 @@ size_t mge__conv_direct_scratch_bytes(const struct mge_cpu_conv *cv)
 {
     struct plan pl;
     return plan_init(&pl, cv) == 0 ? pl.total * sizeof(float) + 64 : 0;
-}
-
-static float *aligned(void *scratch)
-{
-    return (float *)(((uintptr_t)scratch + 63) / 64 * 64);
 }
 
 static int threads_for(const struct plan *pl, int N)

@@ -18,10 +18,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu_int.h"
-
-#define V 16 /* lanes per vector */
-typedef float vf __attribute__((vector_size(V * sizeof(float))));
+#include "kernels/cpu/conv_tile_int.h"
 
 #define KB 8         /* output channels per GEMM register tile (U is packed by it) */
 #define TV 3         /* vectors of tiles per GEMM register tile */
@@ -96,22 +93,10 @@ size_t mge__conv_winograd_scratch_bytes(const struct mge_cpu_conv *cv)
     return (f.total > d.total ? f.total : d.total) * sizeof(float) + 64;
 }
 
-static float *aligned(void *scratch)
-{
-    return (float *)(((uintptr_t)scratch + 63) / 64 * 64);
-}
-
 /* Where V's row of channel c at tile t0, position 0, lies in a slot */
 static float *vt_at(const struct wgeo *g, const struct wplan *pl, float *sl, int c, int t0)
 {
     return sl + pl->vt + (size_t)c * g->Tp + t0;
-}
-
-static inline __attribute__((always_inline)) vf ld(const float *p)
-{
-    vf v;
-    memcpy(&v, p, sizeof(v));
-    return v;
 }
 
 /*
@@ -201,60 +186,27 @@ static void input_tiles(const struct wgeo *g, const struct wplan *pl, float *res
     }
 }
 
-/*
- * One register tile of the GEMMs: mt[xi][kb * KB + kk][t0 + j * V + lane] = sum over c of
- * U[xi][kb * KB + kk][c] * vt[xi][c][t0 + j * V + lane], for j < NV. NV is a constant at every
- * call, so the accumulators stay in registers.
- */
-static inline __attribute__((always_inline)) void gemm_tile(const int NV, const struct wgeo *g,
-                                                            float *mt, const float *vt,
-                                                            const float *u, int xi, int kb, int t0)
-{
-    vf a[KB][TV];
-#pragma GCC unroll 8
-    for (int kk = 0; kk < KB; kk++)
-#pragma GCC unroll 3
-        for (int j = 0; j < NV; j++)
-            a[kk][j] = (vf){0};
-    const float *v = vt + (size_t)xi * g->Ci * g->Tp + t0;
-    const float *w = u + ((size_t)xi * (g->Kp / KB) + kb) * g->Ci * KB;
-    for (int c = 0; c < g->Ci; c++) {
-        vf x[TV];
-#pragma GCC unroll 3
-        for (int j = 0; j < NV; j++)
-            x[j] = ld(v + (size_t)c * g->Tp + j * V);
-        const float *wc = w + (size_t)c * KB;
-#pragma GCC unroll 8
-        for (int kk = 0; kk < KB; kk++)
-#pragma GCC unroll 3
-            for (int j = 0; j < NV; j++)
-                a[kk][j] += x[j] * wc[kk];
-    }
-#pragma GCC unroll 8
-    for (int kk = 0; kk < KB; kk++)
-#pragma GCC unroll 3
-        for (int j = 0; j < NV; j++) {
-            vf r = a[kk][j];
-            memcpy(mt + ((size_t)xi * g->Kp + (size_t)kb * KB + kk) * g->Tp + t0 + j * V, &r,
-                   sizeof(r));
-        }
-}
-
 /* mt = U x vt for the first @nt tiles (a multiple of V) at all 16 positions. */
 MGE__CPU_CLONES
 static void gemms(const struct wgeo *g, float *mt, const float *vt, const float *u, int nt)
 {
-    for (int xi = 0; xi < NX; xi++)
-        for (int kb = 0; kb < g->Kp / KB; kb++)
+    /* direct's register tile as a GEMM: a 1x1 "conv" over planes of Tp tiles, C = Ci, K = Kp */
+    struct geo m = {.C = g->Ci, .K = g->Kp, .R = 1, .S = 1, .Hp = 1, .Wp = g->Tp};
+    for (int xi = 0; xi < NX; xi++) {
+        const float *v = vt + (size_t)xi * g->Ci * g->Tp, *ux = u + (size_t)xi * g->Kp * g->Ci;
+        float *mx = mt + (size_t)xi * g->Kp * g->Tp;
+        for (int k0 = 0; k0 < g->Kp; k0 += KB)
             for (int t0 = 0; t0 < nt; t0 += TV * V) {
+                float *o = mx + (size_t)k0 * g->Tp + t0;
                 int nv = (nt - t0) / V;
                 if (nv >= 3)
-                    gemm_tile(3, g, mt, vt, u, xi, kb, t0);
+                    conv_tile(KB, 3, &m, o, g->Tp, 3 * V, 0, v + t0, ux, NULL, k0, 0, 1);
                 else if (nv == 2)
-                    gemm_tile(2, g, mt, vt, u, xi, kb, t0);
+                    conv_tile(KB, 2, &m, o, g->Tp, 2 * V, 0, v + t0, ux, NULL, k0, 0, 1);
                 else
-                    gemm_tile(1, g, mt, vt, u, xi, kb, t0);
+                    conv_tile(KB, 1, &m, o, g->Tp, V, 0, v + t0, ux, NULL, k0, 0, 1);
             }
+    }
 }
 
 /*
