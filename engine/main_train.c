@@ -137,6 +137,7 @@ int main(int argc, char **argv)
     static struct mge_data_roots roots; /* lives as long as the loads that check it */
     struct mge_train_opts o = {0};
     omp_policy_reexec(argv);
+    mge_train_signals_init(); /* before any thread starts */
     if (!memory_limit_from_env())
         return 2;
     mge_alloc_keep_memory();

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1645,6 +1646,45 @@ static int stage_ahead(struct trainer *t)
     return mge_graph_stage(t->g);
 }
 
+/* A SIGUSR2 asks for a checkpoint at the next step boundary (rank 0 writes it), and training
+ * goes on: the coordinator asks so before it preempts a job, so that no step is lost; a user
+ * may send it too. Under mpirun every rank gets it (mpirun forwards SIGUSR2). */
+static volatile sig_atomic_t g_ckpt_asked;
+
+static void on_ckpt_signal(int sig)
+{
+    (void)sig;
+    g_ckpt_asked = 1;
+}
+
+void mge_train_signals_init(void)
+{
+    struct sigaction sa;
+    sigset_t set;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_ckpt_signal; /* for threads that started before this call */
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR2, &sa, NULL);
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+/* Whether a checkpoint was asked for since the last call: a SIGUSR2 pending (blocked, see
+ * mge_train_signals_init) or taken by a thread that had it unblocked. */
+static int ckpt_signal_taken(void)
+{
+    sigset_t set;
+    struct timespec zero = {0, 0};
+    int asked = g_ckpt_asked;
+    g_ckpt_asked = 0;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR2);
+    while (sigtimedwait(&set, NULL, &zero) == SIGUSR2)
+        asked = 1;
+    return asked;
+}
+
 static int train_loop(struct trainer *t)
 {
     const struct mge_jobspec *spec = t->spec;
@@ -1773,8 +1813,13 @@ static int train_loop(struct trainer *t)
         if (t->gpt && t->have_test && ce > 0 && t->step % ce == 0 && t->step < t->total_steps &&
             (rc = evaluate_epoch(t, o->json)) != MGE_OK)
             goto out_free;
+        int asked = ckpt_signal_taken();
         if (lead && t->step < t->total_steps &&
-            ((ce > 0 && t->step % ce == 0) || (ce_sec > 0 && now_sec() - last_ckpt >= ce_sec))) {
+            ((ce > 0 && t->step % ce == 0) || (ce_sec > 0 && now_sec() - last_ckpt >= ce_sec) ||
+             asked)) {
+            if (asked)
+                fprintf(stderr, "mge-train: checkpoint of step %lld on request (SIGUSR2)\n",
+                        (long long)t->step);
             if ((rc = ckpt_save(t, 0)) != MGE_OK)
                 goto out_free;
             last_ckpt = now_sec();
