@@ -30,6 +30,7 @@ struct config {
     int worker_timeout_s, heartbeat_ms, http_threads, cancel_grace_ms;
     int progress_timeout_s, startup_timeout_s; /* the watchdog; 0: off */
     int grow;                                  /* 0: elastic jobs do not grow while running */
+    int preempt_checkpoint_s; /* a preemption waits this long for the victim's checkpoint */
 };
 
 static void usage(FILE *f)
@@ -54,6 +55,9 @@ static void usage(FILE *f)
         "                                (default 300; 0: off)\n"
         "  --grow 0|1                    grow a running elastic job onto a free worker at\n"
         "                                its next checkpoint (default 1)\n"
+        "  --preempt-checkpoint SEC      a preemption asks the job it ends for a checkpoint\n"
+        "                                and waits up to SEC for it (default 30; 0: ends it\n"
+        "                                at once, losing the steps since its last one)\n"
         "  --http-threads N              HTTP thread pool size (default 4)\n"
         "  --tls-cert FILE               serve the API and dashboard over HTTPS only, with\n"
         "                                this PEM certificate (chain after it); needs:\n"
@@ -115,6 +119,8 @@ static bool config_set(struct config *c, const char *key, const char *val)
         i = &c->startup_timeout_s;
     else if (!strcmp(key, "grow"))
         i = &c->grow;
+    else if (!strcmp(key, "preempt-checkpoint"))
+        i = &c->preempt_checkpoint_s;
     else
         return false;
     if (s) {
@@ -278,7 +284,8 @@ static bool planner_setup(struct config *c, struct mge_data_roots *roots, char *
 
 int main(int argc, char **argv)
 {
-    struct config c = {.progress_timeout_s = 10, .startup_timeout_s = 300, .grow = 1};
+    struct config c = {
+        .progress_timeout_s = 10, .startup_timeout_s = 300, .grow = 1, .preempt_checkpoint_s = 30};
     struct mge_store *st = NULL;
     struct mge_sched *sched = NULL;
     struct mge_rpc *rpc = NULL;
@@ -426,6 +433,7 @@ int main(int argc, char **argv)
     so.progress_timeout_ms = c.progress_timeout_s > 0 ? c.progress_timeout_s * 1000 : -1;
     so.startup_timeout_ms = c.startup_timeout_s > 0 ? c.startup_timeout_s * 1000 : -1;
     so.no_grow = !c.grow;
+    so.preempt_ckpt_ms = c.preempt_checkpoint_s > 0 ? c.preempt_checkpoint_s * 1000 : -1;
     so.notify = mge_rpc_notify;
     so.notify_arg = rpc;
     rc = mge_sched_new(st, &so, &sched);

@@ -216,6 +216,28 @@ static int cancels_to_pb(const struct mge_sched_cmds *cmds, Mge__Cancel **cs, Mg
     return MGE_OK;
 }
 
+/* The checkpoint requests of @cmds as protobuf: *@ks and *@ksp are mge_calloc'ed (caller
+ * frees both). */
+static int ckpts_to_pb(const struct mge_sched_cmds *cmds, Mge__CkptRequest **ks,
+                       Mge__CkptRequest ***ksp)
+{
+    *ks = NULL;
+    *ksp = NULL;
+    if (!cmds->n_ckpt)
+        return MGE_OK;
+    *ks = mge_calloc(cmds->n_ckpt, sizeof(**ks));
+    *ksp = mge_calloc(cmds->n_ckpt, sizeof(**ksp));
+    if (!*ks || !*ksp)
+        return MGE_NOMEM;
+    for (size_t i = 0; i < cmds->n_ckpt; i++) {
+        mge__ckpt_request__init(&(*ks)[i]);
+        (*ks)[i].job_id = cmds->ckpt[i].job_id;
+        (*ks)[i].attempt = cmds->ckpt[i].attempt;
+        (*ksp)[i] = &(*ks)[i];
+    }
+    return MGE_OK;
+}
+
 static bool refusal_logged(struct mge_rpc *r);
 
 /* Whether @s has a control character (names reach logs, the store and the dashboard). */
@@ -417,6 +439,7 @@ static int handle_heartbeat(struct mge_rpc *r, struct rpc_session *se, Mge__Hear
     Mge__Assign *as = NULL, **asp = NULL;
     Mge__Peer *pe = NULL, **pep = NULL;
     size_t n_pe = 0;
+    Mge__CkptRequest *ks = NULL, **ksp = NULL;
     Mge__Cancel *cs = NULL, **csp = NULL;
     Mge__Ack *ak = NULL, **akp = NULL;
     size_t n_ak = 0, cap_ak;
@@ -550,8 +573,12 @@ static int handle_heartbeat(struct mge_rpc *r, struct rpc_session *se, Mge__Hear
         }
     }
     rc = cancels_to_pb(&cmds, &cs, &csp);
+    if (rc == MGE_OK)
+        rc = ckpts_to_pb(&cmds, &ks, &ksp);
     if (rc != MGE_OK)
         goto out_free;
+    tw.n_checkpoint = cmds.n_ckpt;
+    tw.checkpoint = ksp;
     tw.n_assign = cmds.n_assign;
     tw.assign = asp;
     tw.n_cancel = cmds.n_cancel;
@@ -578,6 +605,8 @@ out_free:
     mge_free(pep);
     mge_free(cs);
     mge_free(csp);
+    mge_free(ks);
+    mge_free(ksp);
     mge_free(ak);
     mge_free(akp);
     mge_sched_cmds_fini(&cmds);

@@ -46,6 +46,8 @@ struct worker {
     size_t n_assign, cap_assign;
     struct mge_sched_cancel *cancel;
     size_t n_cancel, cap_cancel;
+    struct mge_sched_ckpt_req *ckpt; /* queued checkpoint requests (preemption) */
+    size_t n_ckpt, cap_ckpt;
     int64_t fault_job;            /* the last attempt a worker fault ended here: job, */
     int fault_attempt;            /* attempt (job_worker_fault, worker_avoided) */
     int64_t joined;               /* scheduler ms of its last registration (0: loaded) */
@@ -93,6 +95,10 @@ struct resv {
     int grow_to;                  /* rank 0: grow to this many ranks at the next checkpoint,
                                      0 when no grow is pending (grow_plan) */
     char grow_why[200];           /* rank 0, grow pending: "worker w4 joined" */
+    int64_t preempt_at;           /* every rank: scheduler ms a preemption asked the attempt
+                                     for a checkpoint (it ends when that comes), 0: none */
+    int64_t preempt_step;         /* rank 0: its step then; a checkpoint this new ends it */
+    char preempt_why[160];        /* rank 0: "preempted by job 7 (priority 10)" */
 };
 
 /* A requeue the store could not write: the job stays running there until a retry succeeds. */
@@ -141,6 +147,7 @@ void mge_sched_cmds_fini(struct mge_sched_cmds *c)
     mge_free(c->assign);
     mge_free(c->cancel);
     mge_free(c->acks);
+    mge_free(c->ckpt);
     memset(c, 0, sizeof(*c));
 }
 
@@ -265,6 +272,21 @@ static void queue_cancel(struct mge_sched *s, int wi, int64_t job, int attempt)
     w->cancel[w->n_cancel].job_id = job;
     w->cancel[w->n_cancel].attempt = attempt;
     w->n_cancel++;
+    notify(s, wi);
+}
+
+/* Ask worker @wi for a checkpoint of (@job, @attempt) by its rank 0 (in its next reply). */
+static void queue_ckpt(struct mge_sched *s, int wi, int64_t job, int attempt)
+{
+    struct worker *w = &s->w[wi];
+    for (size_t i = 0; i < w->n_ckpt; i++)
+        if (w->ckpt[i].job_id == job && w->ckpt[i].attempt == attempt)
+            return;
+    if (mge_array_grow((void **)&w->ckpt, &w->cap_ckpt, w->n_ckpt + 1, sizeof(*w->ckpt)) != MGE_OK)
+        return; /* the preemption then ends the attempt at its deadline */
+    w->ckpt[w->n_ckpt].job_id = job;
+    w->ckpt[w->n_ckpt].attempt = attempt;
+    w->n_ckpt++;
     notify(s, wi);
 }
 
@@ -509,6 +531,7 @@ static void worker_set_lost(struct mge_sched *s, int wi)
         assign_fini(&w->assign[i]);
     w->n_assign = 0;
     w->n_cancel = 0;
+    w->n_ckpt = 0;
     s->dirty = true;
 }
 
@@ -886,7 +909,7 @@ static int grow_plan(struct mge_sched *s, const struct resv *r0, char *why, size
 
 /*
  * Mark the grows that are due (see grow_plan), or drop those that are no longer; they happen
- * at the attempt's next checkpoint (grow_at_checkpoint). Lock held.
+ * at the attempt's next checkpoint (at_checkpoint). Lock held.
  */
 static void grow_check(struct mge_sched *s)
 {
@@ -894,7 +917,8 @@ static void grow_check(struct mge_sched *s)
         struct resv *r0 = &s->r[i];
         char why[sizeof(r0->grow_why)];
         int to;
-        if (r0->rank != 0 || r0->finished || r0->failing || r0->exited || r0->widx < 0)
+        if (r0->rank != 0 || r0->finished || r0->failing || r0->exited || r0->widx < 0 ||
+            r0->preempt_at)
             continue;
         to = grow_plan(s, r0, why, sizeof(why));
         if (to == r0->grow_to)
@@ -911,26 +935,37 @@ static void grow_check(struct mge_sched *s)
 }
 
 /*
- * A commit boundary: checkpoint notices in @lines from worker @wi of rank 0 of an attempt with
- * a grow pending end that attempt (requeued, not charged: "worker w4 joined: growing"), its
- * ranks cancelled; the next incarnation is placed once they have ended (prev_attempt_live),
- * on the survivors and the free workers, and resumes from that very checkpoint, the newest
- * the store has indexed (the lines were stored before this is called), so no step it
- * committed is lost. The grow is planned again first: a worker taken meanwhile cancels it.
+ * A commit boundary: checkpoint notices in @lines from worker @wi of rank 0 of an attempt that
+ * a preemption asked for a checkpoint (preempt_ask) end it once one is new enough; of an
+ * attempt with a grow pending they end that attempt (requeued, not charged: "worker w4 joined:
+ * growing"), its ranks cancelled; the next incarnation is placed once they have ended
+ * (prev_attempt_live), on the survivors and the free workers, and resumes from that very
+ * checkpoint, the newest the store has indexed (the lines were stored before this is called), so no
+ * step it committed is lost. The grow is planned again first: a worker taken meanwhile cancels it.
  * Lock held.
  */
-static void grow_at_checkpoint(struct mge_sched *s, int wi, const struct mge_store_line *lines,
-                               size_t n)
+static bool preempt_end(struct mge_sched *s, int64_t job, int attempt, const char *reason);
+
+static void at_checkpoint(struct mge_sched *s, int wi, const struct mge_store_line *lines, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const struct mge_store_line *l = &lines[i];
         struct resv *r0;
         char why[sizeof(r0->grow_why)], reason[sizeof(why) + 16];
         bool requeued = false;
+        long long step = -1;
         if (l->stream != 3 || l->rank != 0 || !l->text || !strncmp(l->text, "latest ", 7))
             continue;
         r0 = resv_find(s, l->job_id, l->attempt, 0);
-        if (!r0 || r0->widx != wi || r0->finished || r0->failing || !r0->grow_to)
+        if (!r0 || r0->widx != wi || r0->finished || r0->failing)
+            continue;
+        /* a preemption waits for a checkpoint of the step it found the attempt at, or newer */
+        if (r0->preempt_at && sscanf(l->text, "%*s %lld", &step) == 1 && step >= r0->preempt_step) {
+            snprintf(reason, sizeof(reason), "%s", r0->preempt_why);
+            preempt_end(s, r0->job_id, r0->attempt, reason);
+            continue;
+        }
+        if (!r0->grow_to || r0->preempt_at)
             continue;
         r0->grow_to = grow_plan(s, r0, why, sizeof(why));
         if (!r0->grow_to)
@@ -1024,6 +1059,61 @@ static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *
     return fit;
 }
 
+/* End attempt (@job, @attempt) for a preemption: requeued, not charged to its restarts, its
+ * ranks cancelled. Whether it was (else the next pass tries again). Lock held. */
+static bool preempt_end(struct mge_sched *s, int64_t job, int attempt, const char *reason)
+{
+    bool requeued = false;
+    if (mge_store_job_requeue(s->st, job, attempt, reason, false, &requeued) != MGE_OK)
+        return false;
+    mge_log_warn("job %lld attempt %d: %s: %s", (long long)job, attempt, reason,
+                 requeued ? "requeued" : "failed");
+    attempt_finish(s, job, attempt, true);
+    s->dirty = true;
+    return true;
+}
+
+/*
+ * Ask the attempt of rank 0 @r0 for a checkpoint before a preemption (@reason) ends it: the
+ * worker of rank 0 sends mge-train SIGUSR2, which writes one at its next step boundary; the
+ * attempt ends when a checkpoint of at least the step it had reached is indexed
+ * (at_checkpoint) or after opts.preempt_ckpt_ms (preempt_overdue). Meanwhile its slots count as
+ * free for preemptions. False when it is not worth asking (off, no step run yet, its worker
+ * lost): the caller ends it at once. Lock held.
+ */
+static bool preempt_ask(struct mge_sched *s, struct resv *r0, const char *reason)
+{
+    int64_t now = now_ms(s);
+    if (s->opts.preempt_ckpt_ms < 0 || r0->prog.step <= 0 || r0->widx < 0 ||
+        s->w[r0->widx].state == W_LOST)
+        return false;
+    for (size_t i = 0; i < s->n_r; i++)
+        if (s->r[i].job_id == r0->job_id && s->r[i].attempt == r0->attempt)
+            s->r[i].preempt_at = now;
+    r0->preempt_step = r0->prog.step;
+    snprintf(r0->preempt_why, sizeof(r0->preempt_why), "%s", reason);
+    queue_ckpt(s, r0->widx, r0->job_id, r0->attempt);
+    mge_log_info("job %lld attempt %d: %s: asked for a checkpoint of step >= %lld first",
+                 (long long)r0->job_id, r0->attempt, reason, (long long)r0->prog.step);
+    return true;
+}
+
+/* Preemptions whose checkpoint did not come in time end their attempts now. Lock held. */
+static void preempt_overdue(struct mge_sched *s)
+{
+    int64_t now = now_ms(s);
+    for (size_t i = 0; i < s->n_r; i++) {
+        struct resv *r0 = &s->r[i];
+        char reason[sizeof(r0->preempt_why) + 64];
+        if (r0->rank != 0 || !r0->preempt_at || r0->finished ||
+            now - r0->preempt_at < s->opts.preempt_ckpt_ms)
+            continue;
+        snprintf(reason, sizeof(reason), "%s; no checkpoint came within %d ms", r0->preempt_why,
+                 s->opts.preempt_ckpt_ms);
+        preempt_end(s, r0->job_id, r0->attempt, reason);
+    }
+}
+
 /*
  * Preemption: queued job @j (not placed this pass) may take the slots of running attempts of
  * lower priority. Counting the slots of attempts already ending as free, if @j still cannot
@@ -1050,11 +1140,12 @@ static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
     mem = sl.mem;
     for (size_t i = 0; i < s->n_r; i++) {
         const struct resv *r = &s->r[i];
-        if (r->finished && !r->exited && r->widx >= 0) { /* ending: its slots come back */
+        /* ending, or asked for its checkpoint by a preemption: its slots come back */
+        if ((r->finished || r->preempt_at) && !r->exited && r->widx >= 0) {
             cpus[r->widx] += r->cpus;
             gpus[r->widx] |= r->gpu_mask;
             mem[r->widx] += r->memory_mb;
-        } else if (r->rank == 0 && !r->finished && r->priority < j->priority) {
+        } else if (r->rank == 0 && !r->finished && !r->preempt_at && r->priority < j->priority) {
             v[n_v].job_id = r->job_id;
             v[n_v].attempt = r->attempt;
             v[n_v].priority = r->priority;
@@ -1072,17 +1163,14 @@ static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
         goto out;
     for (size_t k = 0; k < take; k++) {
         char reason[160];
-        bool requeued = false;
+        struct resv *r0 = resv_find(s, v[k].job_id, v[k].attempt, 0);
         snprintf(reason, sizeof(reason), "preempted by job %lld (priority %d)", (long long)j->id,
                  j->priority);
-        if (mge_store_job_requeue(s->st, v[k].job_id, v[k].attempt, reason, false, &requeued) !=
-            MGE_OK)
-            continue; /* the next pass tries again */
-        mge_log_warn("job %lld attempt %d (priority %d): %s: %s", (long long)v[k].job_id,
-                     v[k].attempt, v[k].priority, reason, requeued ? "requeued" : "failed");
-        attempt_finish(s, v[k].job_id, v[k].attempt, true);
-        s->dirty = true;
-        done = true;
+        if (r0 && preempt_ask(s, r0, reason)) {
+            done = true;
+            continue;
+        }
+        done |= preempt_end(s, v[k].job_id, v[k].attempt, reason);
     }
 out:
     slots_fini(&sl);
@@ -1130,6 +1218,7 @@ static void periodic(struct mge_sched *s)
     requeue_retry_run(s);
     check_lost(s);
     watchdog_check(s);
+    preempt_overdue(s);
     resv_gc(s);
 }
 
@@ -1195,6 +1284,8 @@ int mge_sched_new(struct mge_store *st, const struct mge_sched_opts *opts, struc
         s->opts.cancel_grace_ms = 5000;
     if (s->opts.progress_timeout_ms == 0)
         s->opts.progress_timeout_ms = 10000;
+    if (s->opts.preempt_ckpt_ms == 0)
+        s->opts.preempt_ckpt_ms = 30000;
     s->started = now_ms(s);
     if (s->opts.startup_timeout_ms == 0)
         s->opts.startup_timeout_ms = 300000;
@@ -1334,6 +1425,7 @@ void mge_sched_free(struct mge_sched *s)
             assign_fini(&s->w[i].assign[k]);
         mge_free(s->w[i].assign);
         mge_free(s->w[i].cancel);
+        mge_free(s->w[i].ckpt);
     }
     mge_free(s->w);
     mge_free(s->r);
@@ -1447,6 +1539,7 @@ int mge_sched_worker_register(struct mge_sched *s, const struct mge_worker_info 
         assign_fini(&w->assign[i]);
     w->n_assign = 0;
     w->n_cancel = 0;
+    w->n_ckpt = 0; /* the preemptions that asked end their attempts at the deadline */
     /* Running ranks of an attempt that is not current here (the worker was lost and came
      * back, or the job ended meanwhile) end now: their cancels go back in this reply. */
     for (size_t k = 0; k < n; k++) {
@@ -1692,7 +1785,7 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
     w->seen = true;
     w->last_seen_wall = mge_now_ms();
     progress_from_lines(s, wi, lines, n_lines);
-    grow_at_checkpoint(s, wi, lines, n_lines);
+    at_checkpoint(s, wi, lines, n_lines);
     out->acks = n ? mge_calloc(n, sizeof(*out->acks)) : NULL;
     for (size_t i = 0; i < n; i++) {
         const struct mge_rank_report *rep = &ranks[i];
@@ -1776,6 +1869,10 @@ int mge_sched_worker_heartbeat(struct mge_sched *s, const char *id,
     w->n_assign = w->cap_assign = 0;
     w->cancel = NULL;
     w->n_cancel = w->cap_cancel = 0;
+    out->ckpt = w->ckpt;
+    out->n_ckpt = w->n_ckpt;
+    w->ckpt = NULL;
+    w->n_ckpt = w->cap_ckpt = 0;
     if (s->dirty)
         pthread_cond_signal(&s->cv);
 out_unlock:

@@ -63,6 +63,10 @@ struct mge_sched_opts {
     void *now_arg;
     bool no_thread;          /* tests: no scheduler thread; the caller runs mge_sched_tick() */
     bool no_grow;            /* running elastic jobs never grow (mge-coordinator --grow 0) */
+    /* A preemption first asks the victim for a checkpoint and ends it when that arrives, or
+     * after this many ms without one (0: 30000; < 0: no request, the victim ends at once and
+     * loses the steps since its last checkpoint). */
+    int preempt_ckpt_ms;
     /* Called (with the scheduler's lock held, so it must not call back) when @worker_id has
      * commands waiting; the RPC layer wakes the worker. May be NULL. */
     void (*notify)(void *arg, const char *worker_id);
@@ -117,6 +121,11 @@ struct mge_sched_cancel {
     int attempt;
 };
 
+struct mge_sched_ckpt_req { /* rank 0 of (job, attempt): write a checkpoint now */
+    int64_t job_id;
+    int attempt;
+};
+
 struct mge_sched_exit_ack {
     int64_t job_id;
     int attempt, rank;
@@ -130,6 +139,8 @@ struct mge_sched_cmds {
     size_t n_cancel;
     struct mge_sched_exit_ack *acks;
     size_t n_acks;
+    struct mge_sched_ckpt_req *ckpt;
+    size_t n_ckpt;
     int grace_ms;
 };
 

@@ -319,6 +319,10 @@ static void apply_reply(struct mge_link *l, Mge__ToWorker *tw)
                          tw->cancel[i]->grace_ms);
         wake = true;
     }
+    for (size_t i = 0; i < tw->n_checkpoint; i++) {
+        mge_ranks_checkpoint(l->rs, tw->checkpoint[i]->job_id, tw->checkpoint[i]->attempt);
+        wake = true;
+    }
     for (size_t i = 0; i < tw->n_acks; i++) {
         Mge__Ack *a = tw->acks[i];
         mge_ranks_ack(l->rs, a->job_id, a->attempt, a->rank, a->seq, a->exit_acked);

@@ -937,6 +937,14 @@ static void on_async(uv_async_t *a)
             mge_log_info("job %lld rank %d: cancelled, SIGTERM to group %d", (long long)r->job_id,
                          r->rank, r->pid);
         }
+        /* the process alone, not its group: mpirun's rsh agents there would die of it */
+        if (r->ckpt_requested && r->state == MGE_RANK_RUNNING && !r->killed && r->pid > 0 &&
+            !r->proc_exited) {
+            r->ckpt_requested = false;
+            kill(r->pid, SIGUSR2);
+            mge_log_info("job %lld attempt %d rank %d: checkpoint asked for, SIGUSR2 to %d",
+                         (long long)r->job_id, r->attempt, r->rank, r->pid);
+        }
     }
     /* forget ranks whose end and output the coordinator has stored */
     for (size_t i = 0; i < rs->n;) {
@@ -1191,6 +1199,15 @@ void mge_ranks_cancel(struct mge_ranks *rs, int64_t job_id, int attempt, int gra
             rs->r[i]->cancel_requested = true;
             rs->r[i]->grace_ms = grace_ms;
         }
+    pthread_mutex_unlock(&rs->mu);
+}
+
+void mge_ranks_checkpoint(struct mge_ranks *rs, int64_t job_id, int attempt)
+{
+    pthread_mutex_lock(&rs->mu);
+    for (size_t i = 0; i < rs->n; i++)
+        if (rs->r[i]->job_id == job_id && rs->r[i]->attempt == attempt && rs->r[i]->rank == 0)
+            rs->r[i]->ckpt_requested = true;
     pthread_mutex_unlock(&rs->mu);
 }
 

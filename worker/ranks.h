@@ -75,6 +75,7 @@ struct mge_rank {
     char failure[256];       /* worker-side reason ("" if none) */
     bool worker_fault;       /* @failure is this worker's (disk, spawn), not the job's */
     bool cancel_requested;
+    bool ckpt_requested; /* rank 0: the coordinator wants a checkpoint now (SIGUSR2) */
     int grace_ms;
     bool exit_acked;         /* the coordinator stored the exit */
     struct mge_out_line *lines; /* unacked output, oldest first */
@@ -151,6 +152,11 @@ int mge_ranks_launch(struct mge_ranks *rs, int64_t job_id, int attempt, int rank
                      const char *token, const char *command, char *why, size_t why_len);
 /* Cancel the ranks of @job_id (@attempt 0: every attempt). Any thread, mu NOT held. */
 void mge_ranks_cancel(struct mge_ranks *rs, int64_t job_id, int attempt, int grace_ms);
+/* Ask rank 0 of (@job_id, @attempt), if it runs here, for a checkpoint at its next step
+ * boundary: its process (mge-train, or the guard of mpirun, which passes it on to every rank)
+ * gets SIGUSR2. Unknown or ended ranks: nothing. Any thread, mu NOT held; mge_ranks_wake()
+ * after. */
+void mge_ranks_checkpoint(struct mge_ranks *rs, int64_t job_id, int attempt);
 /* Drop lines up to @seq; record the exit ack. Any thread, mu NOT held. */
 void mge_ranks_ack(struct mge_ranks *rs, int64_t job_id, int attempt, int rank, uint64_t seq,
                    bool exit_acked);

@@ -1,9 +1,10 @@
 #!/bin/sh
 # control_preempt.sh: priorities. On a full cluster (one worker, 2 CPUs) a priority-10 job
 # preempts the running priority-0 job: that one is requeued ("preempted by job N (priority
-# 10)", not charged to its restarts), the high one runs at once, and the preempted one resumes
-# from its last checkpoint afterwards and ends with the same final loss as an undisturbed run
-# of its spec (bit-identical). A job of the same priority never preempts.
+# 10)", not charged to its restarts) once it has written the checkpoint the preemption asked
+# for, the high one runs within seconds, and the preempted one resumes from that checkpoint
+# afterwards (no step lost) and ends with the same final loss as an undisturbed run of its spec
+# (bit-identical). A job of the same priority never preempts.
 . "$(dirname "$0")/lib/control.sh"
 
 # long enough that the low job is still running when the high one arrives, however fast the
@@ -54,8 +55,16 @@ check "the priority-0 job was requeued, preempted by job $HIGH, not charged" jq 
 check "the priority-10 job succeeds" wait_until 60 state_is "$HIGH" succeeded
 check "then the preempted job resumes and succeeds" wait_until 300 state_is "$LOW" succeeded
 api GET "/api/v1/jobs/$LOW" >"$T/low.json"
-check "... from its last checkpoint before the preemption" jq -e '
-    .incarnations[-1].start_step > 0 and .incarnations[-1].start_step % 50 == 0 and
+# the preemption asked it for a checkpoint first (mge-train got SIGUSR2): it resumes from that
+# one, of a step at least as far as it had come when the high job arrived, not from its last
+# periodic checkpoint (a multiple of $CKPT)
+curl -s -H "Authorization: Bearer $ADMIN" "$URL/api/v1/jobs/$LOW/logs" |
+    jq -r '.lines[].text' >"$T/low.log"
+asked=$(sed -n 's/.*checkpoint of step \([0-9]*\) on request (SIGUSR2).*/\1/p' "$T/low.log" | head -n 1)
+check "its log says a checkpoint was written on request (step ${asked:-none})" test -n "$asked"
+check "... from that checkpoint (step ${asked:-none} >= $at: none of its steps before the preemption lost)" \
+    jq -e --argjson at "$at" --argjson asked "${asked:--1}" '
+    .incarnations[-1].start_step == $asked and $asked >= $at and
     .result.steps_run == .result.steps - .incarnations[-1].start_step' "$T/low.json"
 "$MGE_TRAIN_BIN" "$T/low.yaml" --out "$T/undisturbed" --json --threads 2 >"$T/undisturbed.json" \
     2>"$T/undisturbed.err"

@@ -7,7 +7,8 @@
  * naming of the rank that broke a gang, and elastic jobs (shrink on a lost worker, waiting
  * below min, infrastructure restarts not charged, the watchdog's re-form, a drain's re-form,
  * incarnation rows, growing at a checkpoint when a worker joins, a restart of the scheduler
- * right after a membership change).
+ * right after a membership change), and preemption (a checkpoint asked for first, its
+ * deadline, the switch that turns the asking off).
  */
 #include <check.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@ static struct mge_store *g_st;
 static struct mge_sched *g_s;
 static int64_t g_now; /* the scheduler's clock, ms */
 static bool g_no_grow; /* sched_start: mge-coordinator --grow 0 */
+static int g_preempt_ms; /* sched_start: opts.preempt_ckpt_ms (0: the default, 30 s) */
 
 static int64_t fake_now(void *arg)
 {
@@ -46,6 +48,7 @@ static void sched_start(void)
     o.now_ms = fake_now;
     o.no_thread = true;
     o.no_grow = g_no_grow;
+    o.preempt_ckpt_ms = g_preempt_ms;
     ck_assert_int_eq(mge_sched_new(g_st, &o, &g_s), MGE_OK);
 }
 
@@ -57,6 +60,7 @@ static void setup(void)
     ck_assert_int_eq(mge_store_open(g_dir, &g_st), MGE_OK);
     g_now = 1000000;
     g_no_grow = false;
+    g_preempt_ms = 0;
     sched_start();
 }
 
@@ -1259,8 +1263,20 @@ END_TEST
 
 /* Rank 0 of @attempt of @job on @wid reports step @step (line @seq) and, when @ckpt, a
  * checkpoint of that step (line @seq + 1). */
+static void step_at_cmds(const char *wid, int64_t job, int attempt, int64_t step, uint64_t seq,
+                         bool ckpt, struct mge_sched_cmds *cmds);
+
 static void step_at(const char *wid, int64_t job, int attempt, int64_t step, uint64_t seq,
                     bool ckpt)
+{
+    struct mge_sched_cmds cmds;
+    step_at_cmds(wid, job, attempt, step, seq, ckpt, &cmds);
+    mge_sched_cmds_fini(&cmds);
+}
+
+/* step_at, with the heartbeat's commands in *@cmds (caller finis). */
+static void step_at_cmds(const char *wid, int64_t job, int attempt, int64_t step, uint64_t seq,
+                         bool ckpt, struct mge_sched_cmds *cmds)
 {
     char note[200], metric[64];
     struct mge_store_line l[2];
@@ -1271,7 +1287,7 @@ static void step_at(const char *wid, int64_t job, int attempt, int64_t step, uin
              (long long)step, (long long)step, (long long)job, attempt, (long long)step);
     l[0] = line(job, attempt, 0, seq, 2, metric, (int64_t)seq);
     l[1] = line(job, attempt, 0, seq + 1, 3, note, (int64_t)seq + 1);
-    beat_quiet(wid, &r, 1, l, ckpt ? 2 : 1);
+    ck_assert_int_eq(beat(wid, &r, 1, l, ckpt ? 2 : 1, cmds), MGE_OK);
 }
 
 /* The job is in @state at attempt @attempt. */
@@ -1532,6 +1548,144 @@ START_TEST(test_sched_restart_grace)
 }
 END_TEST
 
+/* ---- preemption: a checkpoint first ---- */
+
+/* A priority-0 job runs on the only worker (w1, 2 CPUs), at step 30 with its last checkpoint
+ * of step 20, when a priority-10 job of 2 CPUs arrives (*@high) and a pass runs; its id. */
+static int64_t preempt_setup(char w1[40], int64_t *high)
+{
+    int64_t low;
+    worker_add("w1", false, w1);
+    low = job_add_priority(2, 0);
+    mge_sched_tick(g_s);
+    assert_at(low, MGE_JOB_RUNNING, 1);
+    step_at(w1, low, 1, 20, 1, true);
+    step_at(w1, low, 1, 30, 3, false);
+    *high = job_add_priority(2, 10);
+    g_now += 2000; /* a full cluster is scanned for preemptions once a second */
+    mge_sched_tick(g_s);
+    return low;
+}
+
+/* Incarnation 0 of @job ended requeued, not charged, for a preemption by @high: @detail in
+ * its reason too, when not NULL. */
+static void assert_preempted(int64_t job, int64_t high, const char *detail)
+{
+    char want[80];
+    json_t *inc = incarnation(job, 0);
+    const char *why = json_string_value(json_object_get(inc, "reason"));
+    snprintf(want, sizeof(want), "preempted by job %lld (priority 10)", (long long)high);
+    ck_assert_str_eq(json_string_value(json_object_get(inc, "ended")), "requeued");
+    ck_assert(json_is_true(json_object_get(inc, "infra")));
+    ck_assert_ptr_nonnull(why);
+    ck_assert_msg(!strncmp(why, want, strlen(want)), "reason '%s'", why);
+    if (detail)
+        ck_assert_msg(strstr(why, detail) != NULL, "reason '%s' lacks '%s'", why, detail);
+    json_decref(inc);
+}
+
+/* The preemption asks for a checkpoint and ends the job when one of its step or newer comes;
+ * the high job runs once its rank has ended. */
+START_TEST(test_sched_preempt_asks_checkpoint)
+{
+    char w1[40], note[200];
+    int64_t high, low = preempt_setup(w1, &high);
+    struct mge_rank_report r = running(low, 1, 0);
+    struct mge_store_line l;
+    struct mge_sched_cmds c;
+    /* asked, not ended: rank 0's worker gets the request, nothing is cancelled */
+    assert_at(low, MGE_JOB_RUNNING, 1);
+    assert_at(high, MGE_JOB_QUEUED, 1);
+    ck_assert_int_eq(beat(w1, &r, 1, NULL, 0, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_ckpt, 1);
+    ck_assert_int_eq(c.ckpt[0].job_id, low);
+    ck_assert_int_eq(c.ckpt[0].attempt, 1);
+    ck_assert(!has_cancel(&c, low, 1));
+    mge_sched_cmds_fini(&c);
+    /* the next passes neither ask again nor end it */
+    g_now += 2000;
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(beat(w1, &r, 1, NULL, 0, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_ckpt, 0);
+    ck_assert(!has_cancel(&c, low, 1));
+    mge_sched_cmds_fini(&c);
+    assert_at(low, MGE_JOB_RUNNING, 1);
+    /* a checkpoint older than the step it had reached (reported late) changes nothing */
+    snprintf(note, sizeof(note),
+             "ckpt-000025.mgeckpt 25 100 /w1/job-%lld/attempt-1/rank-0/"
+             "ckpt-000025.mgeckpt",
+             (long long)low);
+    l = line(low, 1, 0, 5, 3, note, 5);
+    beat_quiet(w1, &r, 1, &l, 1);
+    mge_sched_tick(g_s);
+    assert_at(low, MGE_JOB_RUNNING, 1);
+    /* the one it asked for ends it: requeued, not charged, its rank cancelled */
+    step_at_cmds(w1, low, 1, 31, 6, true, &c);
+    assert_at(low, MGE_JOB_QUEUED, 2);
+    ck_assert(has_cancel(&c, low, 1));
+    mge_sched_cmds_fini(&c);
+    assert_preempted(low, high, NULL);
+    /* its rank ends: the high job runs, the low one waits for it */
+    r = exited(low, 1, 0, 0, 15);
+    beat_quiet(w1, &r, 1, NULL, 0);
+    g_now += 2000;
+    mge_sched_tick(g_s);
+    assert_at(high, MGE_JOB_RUNNING, 1);
+    assert_at(low, MGE_JOB_QUEUED, 2);
+}
+END_TEST
+
+/* No checkpoint within the deadline (30 s by default): the job is ended anyway. */
+START_TEST(test_sched_preempt_deadline)
+{
+    char w1[40];
+    int64_t high, low = preempt_setup(w1, &high);
+    /* it trains on (a step a second: the watchdog is content) but writes no checkpoint */
+    for (int t = 1; t <= 29; t++) {
+        g_now += 1000;
+        step_at(w1, low, 1, 30 + t, 3 + 2 * (uint64_t)t, false);
+        mge_sched_tick(g_s);
+    }
+    assert_at(low, MGE_JOB_RUNNING, 1);
+    g_now += 1500;
+    step_at(w1, low, 1, 60, 100, false);
+    mge_sched_tick(g_s);
+    assert_at(low, MGE_JOB_QUEUED, 2);
+    assert_preempted(low, high, "no checkpoint came within 30000 ms");
+}
+END_TEST
+
+/* Asking off (mge-coordinator --preempt-checkpoint 0), or a job that has not run a step yet:
+ * the job is ended at once and nothing is asked. */
+START_TEST(test_sched_preempt_at_once)
+{
+    char w1[40];
+    int64_t high, low;
+    struct mge_sched_cmds c;
+    if (_i == 0) {
+        mge_sched_free(g_s);
+        g_preempt_ms = -1;
+        sched_start();
+        low = preempt_setup(w1, &high);
+    } else {
+        struct mge_rank_report r;
+        worker_add("w1", false, w1);
+        low = job_add_priority(2, 0);
+        mge_sched_tick(g_s);
+        r = running(low, 1, 0);
+        beat_quiet(w1, &r, 1, NULL, 0);
+        high = job_add_priority(2, 10);
+        g_now += 2000;
+        mge_sched_tick(g_s);
+    }
+    assert_at(low, MGE_JOB_QUEUED, 2);
+    assert_preempted(low, high, NULL);
+    ck_assert_int_eq(beat(w1, NULL, 0, NULL, 0, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_ckpt, 0);
+    mge_sched_cmds_fini(&c);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1574,6 +1728,9 @@ static Suite *sched_suite(void)
         {"restart_mid_change", test_sched_restart_mid_change, 1},
         {"restart_unseen", test_sched_restart_unseen_worker, 1},
         {"restart_grace", test_sched_restart_grace, 1},
+        {"preempt_checkpoint", test_sched_preempt_asks_checkpoint, 1},
+        {"preempt_deadline", test_sched_preempt_deadline, 1},
+        {"preempt_at_once", test_sched_preempt_at_once, 2},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -128,6 +128,16 @@ static void on_parent_death(int sig)
     kill(0, SIGKILL); /* the whole process group, this process included */
 }
 
+static volatile pid_t g_guarded; /* --guard: PROGRAM's pid, once forked */
+
+/* SIGUSR2 (the coordinator's "checkpoint now") goes on to PROGRAM, i.e. mpirun, which passes
+ * it to every rank; the group is not signalled, as the rsh agents in it would die of it. */
+static void on_forward(int sig)
+{
+    if (g_guarded > 0)
+        kill(g_guarded, sig);
+}
+
 /* --guard: see the top of the file. Returns PROGRAM's exit status (or dies of its signal). */
 static int guard(int argc, char **argv)
 {
@@ -148,6 +158,9 @@ static int guard(int argc, char **argv)
     /* a cancel's SIGTERM goes to the whole group: PROGRAM handles it, we wait for PROGRAM */
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
+    sa.sa_handler = on_forward;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR2, &sa, NULL);
     child = fork();
     if (child < 0) {
         perror("mge-launch: fork");
@@ -160,6 +173,7 @@ static int guard(int argc, char **argv)
         fprintf(stderr, "mge-launch: cannot run '%s': %s\n", argv[3], strerror(errno));
         _exit(127);
     }
+    g_guarded = child;
     while (waitpid(child, &status, 0) < 0)
         if (errno != EINTR)
             return 1;
