@@ -175,6 +175,18 @@ int mge__cpu_fake_quant(struct mge_graph *g, const struct mge_node *n);
 int mge__cpu_fake_quant_grad(struct mge_graph *g, const struct mge_node *n);
 int mge__cpu_qlinear(struct mge_graph *g, const struct mge_node *n);
 int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n);
+/*
+ * int8 graphs (not eager; MGE_INT8_BLOCK=off: never): runs of consecutive int8 convolutions
+ * become image-major segments, each image through all of them before the next (the first node
+ * runs the segment, the others nothing), with values used only inside one kept per image in
+ * per-thread buffers. mge_graph_plan() calls it before lifetimes and gives every node of a
+ * segment the segment's whole span (mge__quant_span(): [*@lo, *@hi], @ni itself outside any).
+ * MGE_OK or MGE_NOMEM.
+ */
+int mge__quant_plan(struct mge_graph *g);
+void mge__quant_span(const struct mge_graph *g, int ni, int64_t *lo, int64_t *hi);
+/* Tests: nodes in image-major segments, and (@locals) values kept per image. */
+int mge__quant_segment_nodes(const struct mge_graph *g, int *locals);
 
 /* Sticky error: record the first failure and return -code. */
 int mge__graph_fail(struct mge_graph *g, int code, const char *fmt, ...)

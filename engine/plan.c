@@ -718,16 +718,24 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
         g->n_forward = g->n_nodes;
     if (!g->eager && (rc = plan_inplace(g)) != MGE_OK) /* eager: every value its own memory */
         return rc;
+    if ((rc = mge__quant_plan(g)) != MGE_OK)
+        return rc;
 
     /* lifetimes over the execution order */
     for (int v = 0; v < g->n_values; v++)
         g->values[v].first_use = g->values[v].last_use = -1;
     for (int ni = 0; ni < g->n_nodes; ni++) {
         const struct mge_node *n = &g->nodes[ni];
-        for (int i = 0; i < n->n_in; i++)
-            touch(g, n->in[i], ni);
-        for (int i = 0; i < n->n_out; i++)
-            touch(g, n->out[i], ni);
+        int64_t lo, hi; /* an int8 segment's node runs any time during the segment */
+        mge__quant_span(g, ni, &lo, &hi);
+        for (int i = 0; i < n->n_in; i++) {
+            touch(g, n->in[i], lo);
+            touch(g, n->in[i], hi);
+        }
+        for (int i = 0; i < n->n_out; i++) {
+            touch(g, n->out[i], lo);
+            touch(g, n->out[i], hi);
+        }
     }
     int64_t end = g->n_nodes;
     for (int v = 0; v < g->n_values; v++)

@@ -30,6 +30,14 @@ struct mge__quant {
     int n_slots, cap_slots;
     int *gone; /* (n_gone) int8 convs' outputs that a fold replaced (mge__quant_fuse_*) */
     int n_gone, cap_gone;
+    /* image-major segments (mge__quant_plan()), or NULL: every int8 convolution batch-wide */
+    int *seg;           /* (n_seg) per node: a segment's first: its last node; -2: in one; -1 */
+    int n_seg;          /* nodes when planned */
+    int64_t *loc;       /* (n_loc) per value: its image's offset in a thread's local area, or -1 */
+    int n_loc;          /* values when planned */
+    size_t loc_bytes;   /* one thread's local area (64-byte multiple) */
+    int loc_threads;    /* threads the local area is for */
+    uint8_t *loc_area;  /* (loc_threads, loc_bytes), 64-byte aligned, made at the first run */
 };
 
 int mge_graph_set_quant(struct mge_graph *g, const struct mge_quant_opts *o)
@@ -54,6 +62,9 @@ void mge__quant_free(struct mge__quant *q)
         mge_cpu_qweight_fini(&q->qw[i]);
     mge_free(q->qw);
     mge_free(q->gone);
+    mge_free(q->seg);
+    mge_free(q->loc);
+    mge_free_aligned(q->loc_area);
     mge_free(q);
 }
 
@@ -395,6 +406,131 @@ int mge__quant_check_use(struct mge_graph *g, int v, const char *op)
     return MGE_OK;
 }
 
+/* ---- image-major segments ------------------------------------------------------------- */
+
+#define SEG_MAX 32 /* int8 convolutions in one image-major segment, at most */
+
+/* Bytes of one image of batched value @v (F32 storage). */
+static size_t image_bytes(const struct mge_graph *g, int v)
+{
+    const struct mge_value *x = &g->values[v];
+    size_t n = sizeof(float);
+    for (int i = 1; i < x->ndim; i++)
+        n *= (size_t)x->shape[i];
+    return n;
+}
+
+/* The segment [*@lo, *@hi] node @ni belongs to (itself where none). */
+void mge__quant_span(const struct mge_graph *g, int ni, int64_t *lo, int64_t *hi)
+{
+    const struct mge__quant *q = g->quant;
+    *lo = *hi = ni;
+    if (!q || !q->seg || ni < 0 || ni >= q->n_seg || q->seg[ni] == -1)
+        return;
+    int h = ni;
+    while (q->seg[h] == -2)
+        h--;
+    *lo = h;
+    *hi = q->seg[h];
+}
+
+/*
+ * Values whose every use lies inside one segment (made and read there only, not kept) are
+ * segment-local: image i of them lives in a per-thread buffer of one image, overwritten by image
+ * i + 1, so a block's activations and chained codes stay in L2 instead of going batch-wide.
+ */
+static void plan_locals(struct mge_graph *g)
+{
+    struct mge__quant *q = g->quant;
+    size_t off = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        const struct mge_value *x = &g->values[v];
+        q->loc[v] = -1;
+        if (x->kind != MGE_VALUE_ACT || x->alias >= 0 || x->keep || !x->batched ||
+            x->producer < 0 || q->seg[x->producer] == -1)
+            continue;
+        int64_t lo, hi;
+        mge__quant_span(g, x->producer, &lo, &hi);
+        int inside = 1;
+        for (int ni = 0; ni < g->n_nodes && inside; ni++)
+            for (int k = 0; k < g->nodes[ni].n_in; k++) {
+                int u = g->nodes[ni].in[k];
+                if (u >= 0 && mge__value_root(g, u) == v && (ni < lo || ni > hi))
+                    inside = 0;
+            }
+        for (int u = 0; u < g->n_values && inside; u++)
+            if (u != v && mge__value_root(g, u) == v)
+                inside = 0; /* a view of it: keep it plain */
+        if (!inside)
+            continue;
+        q->loc[v] = (int64_t)off;
+        off += (image_bytes(g, v) + 63) / 64 * 64;
+    }
+    q->loc_bytes = off;
+}
+
+int mge__quant_segment_nodes(const struct mge_graph *g, int *locals)
+{
+    const struct mge__quant *q = g->quant;
+    int nodes = 0;
+    *locals = 0;
+    for (int i = 0; q && q->seg && i < q->n_seg; i++)
+        nodes += q->seg[i] != -1;
+    for (int v = 0; q && q->loc && v < q->n_loc; v++)
+        *locals += q->loc[v] >= 0;
+    return nodes;
+}
+
+int mge__quant_plan(struct mge_graph *g)
+{
+    struct mge__quant *q = g->quant;
+    const char *env = getenv("MGE_INT8_BLOCK");
+    if (!q || q->o.mode != MGE_QUANT_INT8 || g->eager || (env && !strcmp(env, "off")))
+        return MGE_OK;
+    mge_free(q->seg);
+    mge_free(q->loc);
+    q->seg = mge_malloc(sizeof(int) * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    q->loc = mge_malloc(sizeof(int64_t) * (size_t)(g->n_values ? g->n_values : 1));
+    if (!q->seg || !q->loc) {
+        mge_free(q->seg);
+        mge_free(q->loc);
+        q->seg = NULL;
+        q->loc = NULL;
+        return MGE_ERR(MGE_NOMEM, "cannot allocate int8 segments");
+    }
+    q->n_seg = g->n_nodes;
+    q->n_loc = g->n_values;
+    q->loc_threads = 1;
+    int segs = 0;
+    for (int ni = 0; ni < g->n_nodes; ni++)
+        q->seg[ni] = -1;
+    /* consecutive int8 convolutions of the forward pass over one batch, same threads */
+    for (int ni = 0; ni < g->n_forward;) {
+        const struct mge_node *h = &g->nodes[ni];
+        int j = ni;
+        while (j < g->n_forward && j - ni < SEG_MAX && g->nodes[j].op == MGE_OP_QCONV2D &&
+               g->nodes[j].a.q.threads == h->a.q.threads && g->values[g->nodes[j].in[0]].batched)
+            j++;
+        if (j - ni >= 2) {
+            q->seg[ni] = j - 1;
+            for (int k = ni + 1; k < j; k++)
+                q->seg[k] = -2;
+            q->loc_threads = h->a.q.threads > q->loc_threads ? h->a.q.threads : q->loc_threads;
+            segs++;
+        }
+        ni = j > ni ? j : ni + 1;
+    }
+    if (segs == 0) {
+        mge_free(q->seg);
+        mge_free(q->loc);
+        q->seg = NULL;
+        q->loc = NULL;
+        return MGE_OK;
+    }
+    plan_locals(g);
+    return MGE_OK;
+}
+
 /* ---- observers ----------------------------------------------------------------------------- */
 
 /* The [100 - p, p] percentiles of @x by a histogram over [lo, hi] (bin edges: within a bin). */
@@ -646,29 +782,79 @@ static int chain_out(struct mge_graph *g, const struct mge_node *n, struct mge_c
     return MGE_OK;
 }
 
-int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
+/* Where one image of a value lies: @base + img * @img + thread * @thr (a batch-wide value:
+ * @thr 0; a segment-local one, mge__quant_plan(): @img 0, each thread its own image). */
+struct qconv_ptr {
+    uint8_t *base; /* NULL: no such value */
+    size_t img, thr;
+};
+
+/* One int8 convolution node of a run, prepared for its images (qconv_job_image()). */
+struct qconv_job {
+    const struct mge_cpu_qweight *qw;
+    struct mge_cpu_qconv_shape sh;
+    struct mge_cpu_qaffine qa;                /* its input's quantiser */
+    struct mge_cpu_qaffine qc[MGE_CPU_QNEXT]; /* the consumers' whose codes it writes */
+    struct mge_cpu_qpost post;                /* res and next[].codes: image 0's, set per image */
+    const int64_t *roff;
+    const int32_t *koff;
+    const uint8_t *idx;
+    const float *bias;
+    int relu, pad;
+    struct qconv_ptr x, y, res, ready, next[MGE_CPU_QNEXT];
+    uint8_t *images; /* (threads, per): each thread's padded codes of its image */
+    size_t per;
+};
+
+static uint8_t *ptr_at(const struct qconv_ptr *p, int64_t img, int thread)
+{
+    return p->base ? p->base + (size_t)img * p->img + (size_t)thread * p->thr : NULL;
+}
+
+/* @v's images (@bytes each) as @g runs it: in the local area where mge__quant_plan() made it
+ * segment-local, else batch-wide. */
+static struct qconv_ptr value_ptr(const struct mge_graph *g, int v, size_t bytes)
+{
+    const struct mge__quant *q = g->quant;
+    int r = v >= 0 ? mge__value_root(g, v) : -1;
+    if (r < 0)
+        return (struct qconv_ptr){.base = NULL};
+    if (q->loc && r < q->n_loc && q->loc[r] >= 0)
+        return (struct qconv_ptr){.base = q->loc_area + q->loc[r], .img = 0, .thr = q->loc_bytes};
+    return (struct qconv_ptr){.base = (uint8_t *)F(g, v), .img = bytes, .thr = 0};
+}
+
+/* Prepare int8 convolution @n for this run's images into @j (kept where it is: its post
+ * points into it). MGE_OK, MGE_NOMEM (packing weights) or MGE_STATE (a training run). */
+static int qconv_prepare(struct mge_graph *g, const struct mge_node *n, struct qconv_job *j)
 {
     int x = n->in[0], w = n->in[1], b = n->in[2], obs = n->in[3], y = n->out[0];
     int64_t xs[MGE_MAX_DIMS];
     mge__value_shape_now(g, x, xs);
     const int64_t *ws = g->values[w].shape;
-    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], R = ws[2], S = ws[3];
+    int64_t C = xs[1], H = xs[2], W = xs[3], R = ws[2], S = ws[3];
     int stride = n->a.q.stride, pad = n->a.q.pad;
     int64_t P = (H + 2 * pad - R) / stride + 1, Q = (W + 2 * pad - S) / stride + 1;
-    struct mge_cpu_qconv_shape sh = {.C = (int)C,
-                                     .Hp = (int)(H + 2 * pad),
-                                     .Wp = (int)(W + 2 * pad),
-                                     .R = (int)R,
-                                     .S = (int)S,
-                                     .stride = stride,
-                                     .P = (int)P,
-                                     .Q = (int)Q};
-    const struct mge_cpu_qweight *qw = packed_weights(g, n, mge_cpu_qconv_layout(&sh));
+    memset(j, 0, sizeof(*j));
+    j->sh = (struct mge_cpu_qconv_shape){.C = (int)C,
+                                         .Hp = (int)(H + 2 * pad),
+                                         .Wp = (int)(W + 2 * pad),
+                                         .R = (int)R,
+                                         .S = (int)S,
+                                         .stride = stride,
+                                         .P = (int)P,
+                                         .Q = (int)Q};
+    const struct mge_cpu_qweight *qw = packed_weights(g, n, mge_cpu_qconv_layout(&j->sh));
     if (!qw)
         return MGE_NOMEM;
+    j->qw = qw;
+    if (n->n_in > 4 && n->in[6] >= 0 && g->training)
+        return MGE_ERR(MGE_STATE,
+                       "int8 convolution '%s' with a folded batch norm: int8 graphs "
+                       "run inference only (a training batch norm needs its batch)",
+                       g->values[y].name);
     const float *o = F(g, obs);
-    struct mge_cpu_qaffine qa;
-    mge_cpu_qaffine_from_range(o[0], o[1], &qa);
+    mge_cpu_qaffine_from_range(o[0], o[1], &j->qa);
     uint8_t *base = (uint8_t *)F(g, n->out[1]);
     base += (64 - ((uintptr_t)base & 63)) & 63; /* the scratch has 64 bytes of slack */
     int64_t quads = R * S;                      /* as conv_shared_bytes() counts */
@@ -676,25 +862,23 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
     int32_t *koff = (int32_t *)(void *)(base + ((size_t)(8 * P * Q) + 63) / 64 * 64);
     uint8_t *idx = (uint8_t *)(koff + (4 * C * quads + 63) / 64 * 16);
     float *bn = (float *)(void *)(idx + 64 * quads);
-    uint8_t *images = base + conv_shared_bytes(C, R, S, P * Q, qw->N);
-    size_t per = conv_thread_bytes(C, H, W, pad);
-    mge_cpu_qconv_tables(&sh, qw->layout, roff, koff, idx);
-    const float *xd = F(g, x), *bias = b >= 0 ? F(g, b) : NULL;
-    float *yd = F(g, y);
-    struct mge_cpu_qpost post = {.mul = NULL};
-    struct mge_cpu_qaffine qc[MGE_CPU_QNEXT];
+    j->images = base + conv_shared_bytes(C, R, S, P * Q, qw->N);
+    j->per = conv_thread_bytes(C, H, W, pad);
+    mge_cpu_qconv_tables(&j->sh, qw->layout, roff, koff, idx);
+    j->roff = roff;
+    j->koff = koff;
+    j->idx = idx;
+    j->bias = b >= 0 ? F(g, b) : NULL;
+    j->relu = n->a.q.relu;
+    j->pad = pad;
     size_t next[MGE_CPU_QNEXT];
-    if (chain_out(g, n, &post, qc, next) != MGE_OK)
+    if (chain_out(g, n, &j->post, j->qc, next) != MGE_OK)
         return MGE_NOMEM;
-    const uint8_t *ready = n->n_in > QCONV_IN_CODES && n->in[QCONV_IN_CODES] >= 0 &&
-                                   chain_live(g, g->values[x].producer)
-                               ? (const uint8_t *)F(g, n->in[QCONV_IN_CODES])
-                               : NULL;
-    if (n->n_in > 4 && n->in[6] >= 0 && g->training)
-        return MGE_ERR(MGE_STATE,
-                       "int8 convolution '%s' with a folded batch norm: int8 graphs "
-                       "run inference only (a training batch norm needs its batch)",
-                       g->values[y].name);
+    for (int t = 0; t < MGE_CPU_QNEXT; t++)
+        j->next[t] = next[t] ? value_ptr(g, n->out[2 + t], next[t]) : (struct qconv_ptr){0};
+    if (n->n_in > QCONV_IN_CODES && n->in[QCONV_IN_CODES] >= 0 &&
+        chain_live(g, g->values[x].producer))
+        j->ready = value_ptr(g, n->in[QCONV_IN_CODES], j->per);
     if (n->n_in > 4 && n->in[6] >= 0) {
         /* the batch norm's inference form, as mge_cpu_batchnorm_forward() computes it */
         const float *bw = n->in[4] >= 0 ? F(g, n->in[4]) : NULL;
@@ -706,29 +890,71 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
             bn[c] = k;
             bn[qw->N + c] = (bb ? bb[c] : 0.0f) - rm[c] * k;
         }
-        post.mul = bn;
-        post.add = bn + qw->N;
+        j->post.mul = bn;
+        j->post.add = bn + qw->N;
     }
-    const float *res =
-        n->n_in > QCONV_IN_RES && n->in[QCONV_IN_RES] >= 0 ? F(g, n->in[QCONV_IN_RES]) : NULL;
-    /* as many threads as the scratch was sized for at most */
-    int threads = mge_cpu_threads() < n->a.q.threads ? mge_cpu_threads() : n->a.q.threads;
+    size_t ybytes = sizeof(float) * (size_t)(qw->N * P * Q);
+    j->x = value_ptr(g, x, sizeof(float) * (size_t)(C * H * W));
+    j->y = value_ptr(g, y, ybytes);
+    if (n->n_in > QCONV_IN_RES && n->in[QCONV_IN_RES] >= 0)
+        j->res = value_ptr(g, n->in[QCONV_IN_RES], ybytes);
+    return MGE_OK;
+}
+
+/* Image @img of prepared convolution @j on OpenMP thread @thread. */
+static void qconv_job_image(const struct qconv_job *j, int64_t img, int thread)
+{
+    struct mge_cpu_qpost pi = j->post;
+    pi.res = (const float *)(void *)ptr_at(&j->res, img, thread);
+    for (int t = 0; t < MGE_CPU_QNEXT; t++)
+        if (j->next[t].base)
+            pi.next[t].codes = ptr_at(&j->next[t], img, thread);
+    qconv_image(j->qw, &j->sh, &j->qa, (const float *)(void *)ptr_at(&j->x, img, thread),
+                ptr_at(&j->ready, img, thread), j->bias, &pi, j->relu,
+                (float *)(void *)ptr_at(&j->y, img, thread), j->images + (size_t)thread * j->per,
+                j->roff, j->koff, j->idx, j->pad);
+}
+
+/* Run the @K int8 convolution nodes from @head on over the batch image by image: each image
+ * goes through all of them before the next starts (one node: the plain batch-wide run). */
+static int run_qconvs(struct mge_graph *g, const struct mge_node *head, int K)
+{
+    struct qconv_job jobs[SEG_MAX];
+    MGE_ASSERT(K >= 1 && K <= SEG_MAX);
+    int64_t xs[MGE_MAX_DIMS];
+    mge__value_shape_now(g, head->in[0], xs);
+    int64_t N = xs[0];
+    for (int k = 0; k < K; k++) {
+        int rc = qconv_prepare(g, &head[k], &jobs[k]);
+        if (rc != MGE_OK)
+            return rc;
+    }
+    /* as many threads as the scratch (and the local area) was sized for at most */
+    int threads = mge_cpu_threads() < head->a.q.threads ? mge_cpu_threads() : head->a.q.threads;
     if (threads > N)
         threads = (int)N;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        uint8_t *xp = images + (size_t)omp_get_thread_num() * per;
+        int t = omp_get_thread_num();
 #pragma omp for schedule(static)
-        for (int64_t img = 0; img < N; img++) {
-            struct mge_cpu_qpost pi = post;
-            pi.res = res ? res + img * qw->N * P * Q : NULL;
-            for (int t = 0; t < MGE_CPU_QNEXT; t++)
-                if (next[t])
-                    pi.next[t].codes += (size_t)img * next[t];
-            qconv_image(qw, &sh, &qa, xd + img * C * H * W,
-                        ready ? ready + (size_t)img * per : NULL, bias, &pi, n->a.q.relu,
-                        yd + img * qw->N * P * Q, xp, roff, koff, idx, pad);
-        }
+        for (int64_t img = 0; img < N; img++)
+            for (int k = 0; k < K; k++)
+                qconv_job_image(&jobs[k], img, t);
     }
     return MGE_OK;
+}
+
+int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n)
+{
+    struct mge__quant *q = g->quant;
+    int ni = n >= g->nodes && n < g->nodes + g->n_nodes ? (int)(n - g->nodes) : -1;
+    if (q->seg && ni >= 0 && ni < q->n_seg && q->seg[ni] != -1) {
+        if (q->seg[ni] == -2)
+            return MGE_OK; /* its segment's first node ran it */
+        if (q->loc_bytes && !q->loc_area &&
+            !(q->loc_area = mge_malloc_aligned(q->loc_bytes * (size_t)q->loc_threads)))
+            return MGE_ERR(MGE_NOMEM, "cannot allocate int8 segment buffers");
+        return run_qconvs(g, n, q->seg[ni] - ni + 1);
+    }
+    return run_qconvs(g, n, 1);
 }

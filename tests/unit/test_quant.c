@@ -719,6 +719,67 @@ START_TEST(test_int8_folds_match_separate_ops)
 }
 END_TEST
 
+/*
+ * The folded block's four int8 convolutions run image by image as one segment (each image
+ * through c0, c1, c2, sc before the next; the stem's output, c2's and the chained codes kept per
+ * image in per-thread buffers) give the very numbers of the batch-wide run (MGE_INT8_BLOCK=off),
+ * on the portable path and the automatic one, at 1 and 2 threads (_i: path + 2 * (threads - 1)).
+ */
+START_TEST(test_int8_segments_match_batchwide)
+{
+    int portable = _i % 2 == 0, threads = 1 + _i / 2, saved = mge_cpu_threads(), locals;
+    struct block f, s;
+    mge_cpu_set_threads(threads);
+    setenv("MGE_INT8_BLOCK", "off", 1);
+    block_build(&f, 0);
+    unsetenv("MGE_INT8_BLOCK");
+    block_build(&s, 0);
+    ck_assert_int_eq(mge__quant_segment_nodes(f.g, &locals), 0);
+    ck_assert_int_eq(mge__quant_segment_nodes(s.g, &locals), 4);
+    /* c0's, c1's, c2's outputs and the three code buffers; not the kept output */
+    ck_assert_int_eq(locals, 6);
+    struct mge_rng rng;
+    float *x = bind_random(f.g, f.x, s.g, s.x, 35, &rng);
+    mge_rng_seed(&rng, 36);
+    for (int i = 0; i < mge_graph_n_params(f.g); i++) {
+        int v = mge_graph_param(f.g, i), u = mge_graph_param(s.g, i);
+        ck_assert_str_eq(mge_value_name(f.g, v), mge_value_name(s.g, u));
+        const char *name = mge_value_name(f.g, v);
+        float *d = mge_value_data(f.g, v);
+        int64_t len = mge_value_numel(f.g, v);
+        if (strstr(name, "act_observer")) {
+            d[0] = strstr(name, "sc.") ? -0.4f : -1.1f;
+            d[1] = strstr(name, "sc.") ? 1.9f : 2.3f;
+            d[2] = 1.0f;
+        } else if (strstr(name, ".bn.")) {
+            for (int64_t k = 0; k < len; k++)
+                d[k] = strstr(name, ".var") ? urand(&rng, 0.3f, 2.0f) : urand(&rng, -0.7f, 0.7f);
+        }
+        memcpy(mge_value_data(s.g, u), d, sizeof(float) * (size_t)len);
+    }
+    mge_cpu_set_vnni(!portable);
+    /* twice: the second run reuses the per-image buffers the first left dirty */
+    for (int run = 0; run < 2; run++) {
+        ck_assert_int_eq(mge_graph_run(f.g, MGE_RUN_INFER, 0), MGE_OK);
+        ck_assert_int_eq(mge_graph_run(s.g, MGE_RUN_INFER, 0), MGE_OK);
+        const float *yf = mge_value_data(f.g, f.out), *ys = mge_value_data(s.g, s.out);
+        int64_t m = mge_value_numel(f.g, f.out), positive = 0;
+        for (int64_t i = 0; i < m; i++) {
+            ck_assert_msg(memcmp(&yf[i], &ys[i], sizeof(float)) == 0,
+                          "%s, %d threads: y[%lld] = %.9g, not %.9g", qconv_paths[_i % 2], threads,
+                          (long long)i, (double)ys[i], (double)yf[i]);
+            positive += yf[i] > 0.0f;
+        }
+        ck_assert(positive > m / 10 && positive < m);
+    }
+    mge_cpu_set_vnni(1);
+    mge_cpu_set_threads(saved);
+    free(x);
+    mge_graph_free(f.g);
+    mge_graph_free(s.g);
+}
+END_TEST
+
 START_TEST(test_observer_check_names_field)
 {
     char err[256];
@@ -762,6 +823,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_qat_linear_gradients);
     tcase_add_loop_test(tc, test_int8_graph_matches_fake, 0, 2);
     tcase_add_loop_test(tc, test_int8_folds_match_separate_ops, 0, 3);
+    tcase_add_loop_test(tc, test_int8_segments_match_batchwide, 0, 4);
     tcase_add_test(tc, test_observer_check_names_field);
     suite_add_tcase(s, tc);
     return s;
