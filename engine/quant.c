@@ -31,13 +31,13 @@ struct mge__quant {
     int *gone; /* (n_gone) int8 convs' outputs that a fold replaced (mge__quant_fuse_*) */
     int n_gone, cap_gone;
     /* image-major segments (mge__quant_plan()), or NULL: every int8 convolution batch-wide */
-    int *seg;           /* (n_seg) per node: a segment's first: its last node; -2: in one; -1 */
-    int n_seg;          /* nodes when planned */
-    int64_t *loc;       /* (n_loc) per value: its image's offset in a thread's local area, or -1 */
-    int n_loc;          /* values when planned */
-    size_t loc_bytes;   /* one thread's local area (64-byte multiple) */
-    int loc_threads;    /* threads the local area is for */
-    uint8_t *loc_area;  /* (loc_threads, loc_bytes), 64-byte aligned, made at the first run */
+    int *seg;          /* (n_seg) per node: a segment's first: its last node; -2: in one; -1 */
+    int n_seg;         /* nodes when planned */
+    int64_t *loc;      /* (n_loc) per value: its image's offset in a thread's local area, or -1 */
+    int n_loc;         /* values when planned */
+    size_t loc_bytes;  /* one thread's local area (64-byte multiple) */
+    int loc_threads;   /* threads the local area is for */
+    uint8_t *loc_area; /* (loc_threads, loc_bytes), 64-byte aligned, made at the first run */
 };
 
 int mge_graph_set_quant(struct mge_graph *g, const struct mge_quant_opts *o)
