@@ -785,6 +785,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"))) stati
 conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh, int wbytes,
                  int pb)
 {
+    /* a local copy: the epilogue's stores may alias *g as far as the compiler knows, so it
+     * reloaded every field after each (the stem's epilogue-bound time) */
+    const struct gemm_args gl = *g;
+    g = &gl;
     const struct mge_cpu_qweight *qw = g->qw;
     const int KQ = qw->Kp / 4, N = qw->N, s = sh->stride, P = sh->P, Q = sh->Q, Wp = sh->Wp;
     const int64_t PQ = (int64_t)P * Q;
