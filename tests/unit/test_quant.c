@@ -639,6 +639,32 @@ static void block_build(struct block *b, int sep)
     graph_ready(g, b->out, 5);
 }
 
+/* @s gets @f's parameters by name, with batch norms (from @rng) and observers away from their
+ * initial values. */
+static void block_same_params(struct block *f, struct block *s, struct mge_rng *rng)
+{
+    for (int i = 0; i < mge_graph_n_params(f->g); i++) {
+        int v = mge_graph_param(f->g, i), u = -1;
+        const char *name = mge_value_name(f->g, v);
+        for (int j = 0; j < mge_graph_n_params(s->g); j++)
+            if (!strcmp(mge_value_name(s->g, mge_graph_param(s->g, j)), name))
+                u = mge_graph_param(s->g, j);
+        ck_assert_msg(u >= 0, "no '%s' in the other graph", name);
+        float *d = mge_value_data(f->g, v);
+        int64_t len = mge_value_numel(f->g, v);
+        if (strstr(name, "act_observer")) {
+            /* the two consumers of c0's output quantise it differently */
+            d[0] = strstr(name, "sc.") ? -0.4f : -1.1f;
+            d[1] = strstr(name, "sc.") ? 1.9f : 2.3f;
+            d[2] = 1.0f;
+        } else if (strstr(name, ".bn.")) {
+            for (int64_t k = 0; k < len; k++)
+                d[k] = strstr(name, ".var") ? urand(rng, 0.3f, 2.0f) : urand(rng, -0.7f, 0.7f);
+        }
+        memcpy(mge_value_data(s->g, u), d, sizeof(float) * (size_t)len);
+    }
+}
+
 /*
  * Batch norms, a residual add and relus folded into int8 convolutions give the very numbers of
  * the same ops run one by one (the folds repeat their float operations in order), and so do
@@ -655,27 +681,7 @@ START_TEST(test_int8_folds_match_separate_ops)
     block_build(&s, 1);
     struct mge_rng rng;
     float *x = bind_random(f.g, f.x, s.g, s.x, 33, &rng);
-    /* the same parameters by name; batch norms and observers away from their initial values */
-    for (int i = 0; i < mge_graph_n_params(f.g); i++) {
-        int v = mge_graph_param(f.g, i), u = -1;
-        const char *name = mge_value_name(f.g, v);
-        for (int j = 0; j < mge_graph_n_params(s.g); j++)
-            if (!strcmp(mge_value_name(s.g, mge_graph_param(s.g, j)), name))
-                u = mge_graph_param(s.g, j);
-        ck_assert_msg(u >= 0, "no '%s' in the separate graph", name);
-        float *d = mge_value_data(f.g, v);
-        int64_t len = mge_value_numel(f.g, v);
-        if (strstr(name, "act_observer")) {
-            /* the two consumers of c0's output quantise it differently */
-            d[0] = strstr(name, "sc.") ? -0.4f : -1.1f;
-            d[1] = strstr(name, "sc.") ? 1.9f : 2.3f;
-            d[2] = 1.0f;
-        } else if (strstr(name, ".bn.")) {
-            for (int64_t k = 0; k < len; k++)
-                d[k] = strstr(name, ".var") ? urand(&rng, 0.3f, 2.0f) : urand(&rng, -0.7f, 0.7f);
-        }
-        memcpy(mge_value_data(s.g, u), d, sizeof(float) * (size_t)len);
-    }
+    block_same_params(&f, &s, &rng);
     /* c0 -> c1, c0 -> sc, c1 -> c2 are chained through codes in the folded graph only */
     int chained = 0;
     for (int v = 0; v < f.g->n_values; v++)
@@ -740,23 +746,7 @@ START_TEST(test_int8_segments_match_batchwide)
     ck_assert_int_eq(locals, 6);
     struct mge_rng rng;
     float *x = bind_random(f.g, f.x, s.g, s.x, 35, &rng);
-    mge_rng_seed(&rng, 36);
-    for (int i = 0; i < mge_graph_n_params(f.g); i++) {
-        int v = mge_graph_param(f.g, i), u = mge_graph_param(s.g, i);
-        ck_assert_str_eq(mge_value_name(f.g, v), mge_value_name(s.g, u));
-        const char *name = mge_value_name(f.g, v);
-        float *d = mge_value_data(f.g, v);
-        int64_t len = mge_value_numel(f.g, v);
-        if (strstr(name, "act_observer")) {
-            d[0] = strstr(name, "sc.") ? -0.4f : -1.1f;
-            d[1] = strstr(name, "sc.") ? 1.9f : 2.3f;
-            d[2] = 1.0f;
-        } else if (strstr(name, ".bn.")) {
-            for (int64_t k = 0; k < len; k++)
-                d[k] = strstr(name, ".var") ? urand(&rng, 0.3f, 2.0f) : urand(&rng, -0.7f, 0.7f);
-        }
-        memcpy(mge_value_data(s.g, u), d, sizeof(float) * (size_t)len);
-    }
+    block_same_params(&f, &s, &rng);
     mge_cpu_set_vnni(!portable);
     /* twice: the second run reuses the per-image buffers the first left dirty */
     for (int run = 0; run < 2; run++) {
