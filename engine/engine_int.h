@@ -180,11 +180,13 @@ int mge__cpu_qconv2d(struct mge_graph *g, const struct mge_node *n);
  * become image-major segments, each image through all of them before the next (the first node
  * runs the segment, the others nothing), with values used only inside one kept per image in
  * per-thread buffers. mge_graph_plan() calls it before lifetimes and gives every node of a
- * segment the segment's whole span (mge__quant_span(): [*@lo, *@hi], @ni itself outside any).
- * MGE_OK or MGE_NOMEM.
+ * segment the segment's whole span (mge__quant_span(): [*@lo, *@hi], @ni itself outside any)
+ * and no lifetime to the per-image values (mge__quant_local()). MGE_OK or MGE_NOMEM.
  */
 int mge__quant_plan(struct mge_graph *g);
 void mge__quant_span(const struct mge_graph *g, int ni, int64_t *lo, int64_t *hi);
+/* Whether value @v lives in a segment's per-image buffers (then it gets no arena memory). */
+int mge__quant_local(const struct mge_graph *g, int v);
 /* Tests: nodes in image-major segments, and (@locals) values kept per image. */
 int mge__quant_segment_nodes(const struct mge_graph *g, int *locals);
 

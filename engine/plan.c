@@ -728,13 +728,12 @@ int mge_graph_plan(struct mge_graph *g, struct mge_plan_stats *stats)
         const struct mge_node *n = &g->nodes[ni];
         int64_t lo, hi; /* an int8 segment's node runs any time during the segment */
         mge__quant_span(g, ni, &lo, &hi);
-        for (int i = 0; i < n->n_in; i++) {
-            touch(g, n->in[i], lo);
-            touch(g, n->in[i], hi);
-        }
-        for (int i = 0; i < n->n_out; i++) {
-            touch(g, n->out[i], lo);
-            touch(g, n->out[i], hi);
+        for (int i = 0; i < n->n_in + n->n_out; i++) {
+            int v = i < n->n_in ? n->in[i] : n->out[i - n->n_in];
+            if (mge__quant_local(g, v))
+                continue; /* in the segment's per-image buffers, not the arena */
+            touch(g, v, lo);
+            touch(g, v, hi);
         }
     }
     int64_t end = g->n_nodes;

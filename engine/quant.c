@@ -469,6 +469,13 @@ static void plan_locals(struct mge_graph *g)
     q->loc_bytes = off;
 }
 
+int mge__quant_local(const struct mge_graph *g, int v)
+{
+    const struct mge__quant *q = g->quant;
+    int r = v >= 0 ? mge__value_root(g, v) : -1;
+    return q && q->loc && r >= 0 && r < q->n_loc && q->loc[r] >= 0;
+}
+
 int mge__quant_segment_nodes(const struct mge_graph *g, int *locals)
 {
     const struct mge__quant *q = g->quant;
@@ -816,11 +823,11 @@ static uint8_t *ptr_at(const struct qconv_ptr *p, int64_t img, int thread)
 static struct qconv_ptr value_ptr(const struct mge_graph *g, int v, size_t bytes)
 {
     const struct mge__quant *q = g->quant;
-    int r = v >= 0 ? mge__value_root(g, v) : -1;
-    if (r < 0)
+    if (v < 0)
         return (struct qconv_ptr){.base = NULL};
-    if (q->loc && r < q->n_loc && q->loc[r] >= 0)
-        return (struct qconv_ptr){.base = q->loc_area + q->loc[r], .img = 0, .thr = q->loc_bytes};
+    if (mge__quant_local(g, v))
+        return (struct qconv_ptr){
+            .base = q->loc_area + q->loc[mge__value_root(g, v)], .img = 0, .thr = q->loc_bytes};
     return (struct qconv_ptr){.base = (uint8_t *)F(g, v), .img = bytes, .thr = 0};
 }
 

@@ -742,8 +742,11 @@ START_TEST(test_int8_segments_match_batchwide)
     block_build(&s, 0);
     ck_assert_int_eq(mge__quant_segment_nodes(f.g, &locals), 0);
     ck_assert_int_eq(mge__quant_segment_nodes(s.g, &locals), 4);
-    /* c0's, c1's, c2's outputs and the three code buffers; not the kept output */
+    /* c0's, c1's, c2's outputs and the three code buffers; not the kept output: they take no
+     * arena memory */
     ck_assert_int_eq(locals, 6);
+    ck_assert_msg(s.g->act_bytes < f.g->act_bytes, "arena %zu, batch-wide %zu", s.g->act_bytes,
+                  f.g->act_bytes);
     struct mge_rng rng;
     float *x = bind_random(f.g, f.x, s.g, s.x, 35, &rng);
     block_same_params(&f, &s, &rng);
