@@ -5,6 +5,9 @@
  *
  * Fan-out: the first contribution to a value's gradient overwrites its buffer, later ones
  * accumulate into it (every backward kernel has an accumulate flag), so no add ops are needed.
+ * A gradient that flows unchanged to two values (both inputs of a residual add) is shared, not
+ * copied: the second value borrows the buffer read-only, and the first later contribution to
+ * it accumulates in place once nobody else can still read that buffer (ad_dst).
  */
 #include <stdio.h>
 #include <string.h>
@@ -16,8 +19,10 @@
 
 struct ad {
     struct mge_graph *g;
-    int *grad;   /* per value: its gradient value, or -1 */
-    char *owned; /* per gradient value: 1 if no other gradient shares its storage */
+    int *grad;      /* per value: its gradient value, or -1 */
+    char *owned;    /* per gradient value: 1 if no other gradient shares its storage */
+    char *borrowed; /* per gradient value: a read-only view of a buffer other gradients share */
+    int cur;        /* the forward node whose gradient is being emitted */
 };
 
 static int ad_new_grad(struct ad *ad, int v)
@@ -55,6 +60,48 @@ static int ad_view(struct ad *ad, int d, int v)
     return a;
 }
 
+static int ad_node(struct ad *ad, struct mge_node *n)
+{
+    n->backward = 1;
+    int id = mge__graph_add_node(ad->g, n);
+    return id < 0 ? id : MGE_OK;
+}
+
+/* dst (+)= src over the whole tensor (same element count). */
+static int ad_add_into(struct ad *ad, int dst, int src, int acc)
+{
+    struct mge_node n = {.op = MGE_OP_COPY_AXIS, .in = {src}, .n_in = 1, .out = {dst}, .n_out = 1,
+                         .acc = acc};
+    n.a.copy.axis = -1; /* whole tensor */
+    return ad_node(ad, &n);
+}
+
+/*
+ * The borrowed gradient of @root is about to be added to: write in place when every other
+ * value whose gradient lives in that buffer is produced after the current node (its gradient
+ * is complete and every node reading it comes earlier, as nodes run in order), else copy it
+ * into a buffer of its own first. Returns the gradient value to add to, or -err.
+ */
+static int ad_unborrow(struct ad *ad, int root)
+{
+    struct mge_graph *g = ad->g;
+    int d = ad->grad[root], r = mge__value_root(g, d), safe = 1;
+    for (int w = 0; w < g->n_values && safe; w++)
+        if (w != root && ad->grad[w] >= 0 && mge__value_root(g, ad->grad[w]) == r &&
+            g->values[w].producer <= ad->cur)
+            safe = 0;
+    ad->borrowed[d] = 0;
+    if (safe)
+        return d;
+    int c = ad_new_grad(ad, root);
+    if (c < 0)
+        return c;
+    ad->owned[c] = 1;
+    ad->grad[root] = c;
+    int rc = ad_add_into(ad, c, d, 0);
+    return rc < 0 ? rc : c;
+}
+
 /*
  * Where the next contribution to the gradient of @v goes: *dst, and *acc = 1 when it must
  * add to what is there. Returns MGE_OK, or -err.
@@ -68,6 +115,8 @@ static int ad_dst(struct ad *ad, int v, int *dst, int *acc)
     if (ad->grad[root] >= 0) {
         *acc = 1;
         d = ad->grad[root];
+        if (ad->borrowed[d] && (d = ad_unborrow(ad, root)) < 0)
+            return d;
     } else {
         *acc = 0;
         d = ad_new_grad(ad, root);
@@ -83,13 +132,6 @@ static int ad_dst(struct ad *ad, int v, int *dst, int *acc)
     return MGE_OK;
 }
 
-static int ad_node(struct ad *ad, struct mge_node *n)
-{
-    n->backward = 1;
-    int id = mge__graph_add_node(ad->g, n);
-    return id < 0 ? id : MGE_OK;
-}
-
 /* A fresh temporary with the shape of @like. */
 static int ad_temp(struct ad *ad, int like, const char *what)
 {
@@ -99,18 +141,10 @@ static int ad_temp(struct ad *ad, int like, const char *what)
                                 what);
 }
 
-/* dst (+)= src over the whole tensor (same element count). */
-static int ad_add_into(struct ad *ad, int dst, int src, int acc)
-{
-    struct mge_node n = {.op = MGE_OP_COPY_AXIS, .in = {src}, .n_in = 1, .out = {dst}, .n_out = 1,
-                         .acc = acc};
-    n.a.copy.axis = -1; /* whole tensor */
-    return ad_node(ad, &n);
-}
-
 /*
  * Contribute @src (a gradient with @v's shape, or broadcastable to it when @sum) to @v.
- * Without accumulation and sharing issues the gradient is passed through with no copy.
+ * Without accumulation and sharing issues the gradient is passed through with no copy; a
+ * gradient that was already passed through to another value is borrowed (ad_unborrow).
  */
 static int ad_contribute(struct ad *ad, int v, int src, int sum)
 {
@@ -130,6 +164,21 @@ static int ad_contribute(struct ad *ad, int v, int src, int sum)
             return d;
         g->values[d].alias = src;
         ad->grad[root] = d;
+        return MGE_OK;
+    }
+    if (same && ad->grad[root] < 0 && g->values[root].kind != MGE_VALUE_PARAM &&
+        g->values[root].producer >= 0) {
+        int d = mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, g->values[root].ndim,
+                                     g->values[root].shape, g->values[root].batched, "dshared");
+        if (d < 0)
+            return d;
+        g->values[d].alias = src;
+        ad->grad[root] = d;
+        /* every gradient in that buffer is now shared: none may add to it unchecked */
+        int r = mge__value_root(g, src);
+        for (int w = 0; w < g->n_values; w++)
+            if (ad->grad[w] >= 0 && mge__value_root(g, ad->grad[w]) == r)
+                ad->borrowed[ad->grad[w]] = 1;
         return MGE_OK;
     }
     int dst, acc, rc = ad_dst(ad, v, &dst, &acc);
@@ -353,6 +402,7 @@ static int ad_forward_node(struct ad *ad, int ni)
     struct mge_graph *g = ad->g;
     const struct mge_node f = g->nodes[ni]; /* copy: the node array may grow */
     int dy = ad->grad[f.out[0]];
+    ad->cur = ni;
     int rc = MGE_OK;
     if (dy < 0)
         return MGE_OK; /* nothing flows back through this op */
@@ -501,8 +551,9 @@ int mge_graph_backward(struct mge_graph *g, int loss)
     int cap = g->n_values * 8 + 64;
     ad.grad = mge_malloc(sizeof(int) * (size_t)cap);
     ad.owned = mge_calloc((size_t)cap, 1);
+    ad.borrowed = mge_calloc((size_t)cap, 1);
     g->grads = mge_malloc(sizeof(int) * (size_t)(g->n_params ? g->n_params : 1));
-    if (!ad.grad || !ad.owned || !g->grads) {
+    if (!ad.grad || !ad.owned || !ad.borrowed || !g->grads) {
         rc = MGE_ERR(MGE_NOMEM, "cannot allocate autodiff tables");
         goto out_free;
     }
@@ -535,14 +586,18 @@ int mge_graph_backward(struct mge_graph *g, int loss)
             char *no = ng ? mge_realloc(ad.owned, (size_t)ncap) : NULL;
             if (ng)
                 ad.grad = ng;
-            if (!no) {
+            if (no)
+                ad.owned = no;
+            char *nb = no ? mge_realloc(ad.borrowed, (size_t)ncap) : NULL;
+            if (!nb) {
                 rc = MGE_ERR(MGE_NOMEM, "cannot grow autodiff tables");
                 goto out_free;
             }
-            ad.owned = no;
+            ad.borrowed = nb;
             for (int i = cap; i < ncap; i++) {
                 ad.grad[i] = -1;
                 ad.owned[i] = 0;
+                ad.borrowed[i] = 0;
             }
             cap = ncap;
         }
@@ -554,5 +609,6 @@ int mge_graph_backward(struct mge_graph *g, int loss)
 out_free:
     mge_free(ad.grad);
     mge_free(ad.owned);
+    mge_free(ad.borrowed);
     return rc;
 }

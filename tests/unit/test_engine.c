@@ -805,6 +805,67 @@ START_TEST(test_grad_fan_out)
 }
 END_TEST
 
+/* The graph's nodes of kind @op. */
+static int count_ops(const struct mge_graph *g, enum mge_op op)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        n += g->nodes[i].op == op;
+    return n;
+}
+
+START_TEST(test_grad_shared_residual)
+{
+    /*
+     * A gradient flowing unchanged into both inputs of an add is shared, not copied (autodiff.c
+     * ad_unborrow), and stays right where a later contribution must then add to it:
+     * _i == 0: h + f(g(h)), the ResNet block: h's other gradient adds in place, no copy;
+     * 1: h + f(h): f's backward reads the shared buffer while adding to h's, so h gets a copy;
+     * 2: f(h) + g(h) (a shortcut conv): both only read it, no copy;
+     * 3: z = f(h) + x; z * z + h: h's second contribution lands on a shared buffer whose
+     *    readers have all run, so it adds in place (copies: x, a parameter, gets its own, and
+     *    z's second contribution from z * z is added in);
+     * 4: h + h: one value twice (a copy, then the second contribution added in).
+     */
+    struct gc c;
+    gc_init(&c);
+    int64_t xs[2] = {3, 4}, ws[2] = {4, 4};
+    int x = gc_param(&c, "x", 2, xs), w0 = gc_param(&c, "w0", 2, ws);
+    int w1 = gc_param(&c, "w1", 2, ws), w2 = gc_param(&c, "w2", 2, ws);
+    int h = mge_linear(c.g, x, w0, -1, MGE_ACT_FN_TANH), y = -1, copies = 0;
+    switch (_i) {
+    case 0:
+        y = mge_add(
+            c.g,
+            mge_linear(c.g, mge_linear(c.g, h, w1, -1, MGE_ACT_FN_TANH), w2, -1, MGE_ACT_FN_TANH),
+            h);
+        break;
+    case 1:
+        y = mge_add(c.g, mge_linear(c.g, h, w1, -1, MGE_ACT_FN_TANH), h);
+        copies = 1;
+        break;
+    case 2:
+        y = mge_add(c.g, mge_linear(c.g, h, w1, -1, MGE_ACT_FN_TANH),
+                    mge_linear(c.g, h, w2, -1, MGE_ACT_FN_TANH));
+        break;
+    case 3: {
+        int z = mge_add(c.g, mge_linear(c.g, h, w1, -1, MGE_ACT_FN_TANH), x);
+        y = mge_add(c.g, mge_mul(c.g, z, z), h);
+        copies = 2;
+        break;
+    }
+    default:
+        y = mge_add(c.g, h, h);
+        copies = 2;
+        break;
+    }
+    gc_finish(&c, y);
+    ck_assert_int_eq(count_ops(c.g, MGE_OP_COPY_AXIS), copies);
+    gc_check(&c);
+    gc_fini(&c);
+}
+END_TEST
+
 START_TEST(test_batch_smaller_than_planned)
 {
     /* a graph planned for 8 rows run with 5 gives what a graph built for 5 gives */
@@ -1316,6 +1377,7 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_model_resnet_torchvision);
     tcase_add_test(tc, test_model_resnet_small_inputs);
     tcase_add_test(tc, test_grad_fan_out);
+    tcase_add_loop_test(tc, test_grad_shared_residual, 0, 5);
     suite_add_tcase(s, tc);
     tc = tcase_create("graph");
     tcase_add_test(tc, test_batch_smaller_than_planned);
