@@ -510,6 +510,10 @@ static int ad_forward_node(struct ad *ad, int ni)
                              .in = {dy, f.in[0], f.in[1], f.out[1], f.out[2]},
                              .n_in = 5,
                              .n_out = 3};
+        if (f.op == MGE_OP_BATCHNORM && f.a.bn.relu) { /* the fused relu's mask: its output */
+            n.in[5] = f.out[0];
+            n.n_in = 6;
+        }
         return ad_norm_grad(ad, &n, f.in);
     }
     case MGE_OP_ATTENTION: {
@@ -536,6 +540,53 @@ static int ad_forward_node(struct ad *ad, int ni)
     }
 }
 
+/*
+ * Fuse each batch norm whose output only a relu reads into that relu: the batch norm writes
+ * the relu's output (a.bn.relu) and its backward masks the gradient itself, bit for bit as the
+ * pair computes it, which saves a pass over the tensor each way. Done on the forward graph
+ * before differentiating; node ids after a fused relu shift down by one per fusion.
+ */
+static int fuse_bn_relu(struct mge_graph *g, int loss)
+{
+    int *uses = mge_calloc((size_t)(g->n_values ? g->n_values : 1), sizeof(int));
+    int *at = mge_malloc(sizeof(int) * (size_t)(g->n_nodes ? g->n_nodes : 1)); /* new node ids */
+    if (!uses || !at) {
+        mge_free(uses);
+        mge_free(at);
+        return MGE_ERR(MGE_NOMEM, "cannot allocate fusion tables");
+    }
+    for (int ni = 0; ni < g->n_nodes; ni++)
+        for (int i = 0; i < g->nodes[ni].n_in; i++)
+            if (g->nodes[ni].in[i] >= 0)
+                uses[mge__value_root(g, g->nodes[ni].in[i])]++;
+    int kept = 0;
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        struct mge_node *n = &g->nodes[ni];
+        int y = n->op == MGE_OP_UNARY && n->a.act.act == MGE_ACT_FN_RELU ? n->in[0] : -1;
+        int p = y >= 0 ? g->values[y].producer : -1;
+        if (p >= 0 && g->nodes[p].op == MGE_OP_BATCHNORM && !g->nodes[p].a.bn.relu &&
+            g->nodes[p].out[0] == y && uses[y] == 1 && !g->values[y].keep && y != loss &&
+            g->values[y].alias < 0 && g->values[n->out[0]].alias < 0) {
+            struct mge_node *bn = &g->nodes[at[p]]; /* p < ni: already moved */
+            bn->out[0] = n->out[0];
+            bn->a.bn.relu = 1;
+            g->values[y].producer = -1; /* gone: nothing reads it */
+            at[ni] = -1;
+            continue;
+        }
+        at[ni] = kept;
+        g->nodes[kept++] = *n;
+    }
+    g->n_nodes = kept;
+    for (int ni = 0; ni < g->n_nodes; ni++)
+        for (int i = 0; i < g->nodes[ni].n_out; i++)
+            if (g->nodes[ni].out[i] >= 0)
+                g->values[g->nodes[ni].out[i]].producer = ni;
+    mge_free(uses);
+    mge_free(at);
+    return MGE_OK;
+}
+
 int mge_graph_backward(struct mge_graph *g, int loss)
 {
     struct ad ad = {.g = g};
@@ -546,6 +597,8 @@ int mge_graph_backward(struct mge_graph *g, int loss)
         return mge__graph_fail(g, MGE_INVAL, "backward: loss must be a scalar value"), g->err;
     if (g->loss >= 0)
         return mge__graph_fail(g, MGE_STATE, "backward: already built"), g->err;
+    if ((rc = fuse_bn_relu(g, loss)) != MGE_OK)
+        return rc;
     int n_forward = g->n_nodes;
     /* the value array grows while we go: size the side tables for the worst case lazily */
     int cap = g->n_values * 8 + 64;

@@ -281,7 +281,7 @@ static int cpu_batchnorm(struct mge_graph *g, const struct mge_node *n)
     mge_cpu_batchnorm_forward(F(g, n->out[0]), F(g, n->out[1]), F(g, n->out[2]), F(g, n->in[0]),
                               FOPT(g, n->in[1]), FOPT(g, n->in[2]), running ? F(g, n->in[3]) : NULL,
                               running ? F(g, n->in[4]) : NULL, N, C, HW, n->a.bn.eps,
-                              n->a.bn.momentum, g->training);
+                              n->a.bn.momentum, g->training, n->a.bn.relu);
     return MGE_OK;
 }
 
@@ -290,8 +290,8 @@ static int cpu_batchnorm_grad(struct mge_graph *g, const struct mge_node *n)
     int64_t N, C, HW;
     mge__bn_geometry(g, n->in[1], &N, &C, &HW);
     mge_cpu_batchnorm_backward(FOPT(g, n->out[0]), FOPT(g, n->out[1]), FOPT(g, n->out[2]),
-                               F(g, n->in[0]), F(g, n->in[1]), FOPT(g, n->in[2]), F(g, n->in[3]),
-                               F(g, n->in[4]), N, C, HW, n->acc);
+                               F(g, n->in[0]), n->n_in > 5 ? F(g, n->in[5]) : NULL, F(g, n->in[1]),
+                               FOPT(g, n->in[2]), F(g, n->in[3]), F(g, n->in[4]), N, C, HW, n->acc);
     return MGE_OK;
 }
 

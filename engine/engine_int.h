@@ -101,7 +101,7 @@ struct mge_node {
         struct { int max, k, stride, pad; } pool;
         struct { float p; uint64_t salt; } drop;
         struct { float eps; } ln;
-        struct { float eps, momentum; } bn;
+        struct { float eps, momentum; int relu; } bn; /* relu: fused relu (autodiff.c) */
         struct { float smoothing; } xent; /* label smoothing in [0, 1) */
         struct { int heads; } attn;
         struct {

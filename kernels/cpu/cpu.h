@@ -259,17 +259,21 @@ void mge_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *
  * update them: r = (1 - momentum) r + momentum s, with the unbiased variance (N HW / (N HW - 1))
  * for @running_var. @train == 0: normalise with the running statistics (which must be given)
  * and write those to @mean and @rstd. Sums go plane by plane in a fixed order, in double, so
- * results do not depend on the thread count. @w, @b (C) may be NULL (1 and 0).
+ * results do not depend on the thread count. @w, @b (C) may be NULL (1 and 0). @relu != 0:
+ * out = relu(batchnorm(inp)), bit for bit what mge_cpu_unary_forward() would make of it.
  */
 void mge_cpu_batchnorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *w, const float *b, float *running_mean,
                                float *running_var, int64_t N, int64_t C, int64_t HW, float eps,
-                               float momentum, int train);
+                               float momentum, int train, int relu);
 /* Backward of a training-mode forward (batch statistics @mean, @rstd): dinp, dw, db (C) (+)=;
- * any output may be NULL. */
+ * any output may be NULL. @relu_out: the output of a forward with @relu, whose gradient @dout
+ * is (the relu's gradient is applied here, bit for bit as mge_cpu_unary_backward() would),
+ * or NULL without. */
 void mge_cpu_batchnorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                const float *inp, const float *w, const float *mean,
-                                const float *rstd, int64_t N, int64_t C, int64_t HW, int acc);
+                                const float *relu_out, const float *inp, const float *w,
+                                const float *mean, const float *rstd, int64_t N, int64_t C,
+                                int64_t HW, int acc);
 /* out[n, :] = table[ids[n], :] (C floats); ids outside [0, V) are the caller's bug. */
 void mge_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
                                int64_t C);

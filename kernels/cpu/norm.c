@@ -212,6 +212,35 @@ plane_dots(const float *x, const float *dy, int64_t n, float m, float *sdy, floa
     bn_finish(&a, &b, sdy, sdyx);
 }
 
+typedef int32_t bn_vi __attribute__((vector_size(BN_LANES * sizeof(int32_t))));
+
+/*
+ * plane_dots of dy masked by a fused relu's output @y: y > 0 ? dy : +0, ReLU's gradient bit for
+ * bit (an and with the comparison's all-ones or zero lanes).
+ */
+static inline __attribute__((always_inline)) void plane_dots_relu(const float *x, const float *dy,
+                                                                  const float *y, int64_t n,
+                                                                  float m, float *sdy, float *sdyx)
+{
+    bn_vf a = {0}, b = {0};
+    int64_t i = 0;
+    for (; i + BN_LANES <= n; i += BN_LANES) {
+        bn_vf g, v, o;
+        memcpy(&g, dy + i, sizeof(g));
+        memcpy(&v, x + i, sizeof(v));
+        memcpy(&o, y + i, sizeof(o));
+        g = (bn_vf)((bn_vi)g & (o > 0.0f));
+        a += g;
+        b += g * (v - m);
+    }
+    for (int j = 0; i < n; i++, j++) {
+        float g = y[i] > 0.0f ? dy[i] : 0.0f;
+        a[j] += g;
+        b[j] += g * (x[i] - m);
+    }
+    bn_finish(&a, &b, sdy, sdyx);
+}
+
 /*
  * Channels [*c0, *c1) of @C for this thread: contiguous ranges, one per thread. Within its range
  * a thread walks images outer and a block of channels inner, so it reads each image's planes of
@@ -232,7 +261,7 @@ MGE__CPU_CLONES
 void mge_cpu_batchnorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *w, const float *b, float *running_mean,
                                float *running_var, int64_t N, int64_t C, int64_t HW, float eps,
-                               float momentum, int train)
+                               float momentum, int train, int relu)
 {
     int64_t cnt = N * HW;
     int par = N * C * HW > MGE__PAR_MIN && C > 1;
@@ -284,8 +313,14 @@ void mge_cpu_batchnorm_forward(float *out, float *mean, float *rstd, const float
                     float k = rstd[c] * (w ? w[c] : 1.0f), off = (b ? b[c] : 0.0f) - mean[c] * k;
                     const float *p = inp + (n * C + c) * HW;
                     float *q = out + (n * C + c) * HW;
-                    for (int64_t i = 0; i < HW; i++)
-                        q[i] = p[i] * k + off;
+                    if (relu)
+                        for (int64_t i = 0; i < HW; i++) {
+                            float t = p[i] * k + off;
+                            q[i] = t > 0.0f ? t : 0.0f;
+                        }
+                    else
+                        for (int64_t i = 0; i < HW; i++)
+                            q[i] = p[i] * k + off;
                 }
         }
     }
@@ -294,11 +329,14 @@ void mge_cpu_batchnorm_forward(float *out, float *mean, float *rstd, const float
 /*
  * dx = rstd w (dy - mean(dy) - xhat mean(dy xhat)), xhat = (x - mean) rstd; dw = sum dy xhat,
  * db = sum dy, per channel (channel ranges in parallel, planes in image order within one).
+ * With a fused relu dy is masked where it is read (y > 0 ? dy : 0, as mge_cpu_unary_backward
+ * writes it), so the sums and dx are those of the unfused pair.
  */
 MGE__CPU_CLONES
 void mge_cpu_batchnorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                const float *inp, const float *w, const float *mean,
-                                const float *rstd, int64_t N, int64_t C, int64_t HW, int acc)
+                                const float *relu_out, const float *inp, const float *w,
+                                const float *mean, const float *rstd, int64_t N, int64_t C,
+                                int64_t HW, int acc)
 {
     int64_t cnt = N * HW;
     int par = N * C * HW > MGE__PAR_MIN && C > 1;
@@ -313,8 +351,12 @@ void mge_cpu_batchnorm_backward(float *dinp, float *dw, float *db, const float *
             for (int64_t n = 0; n < N; n++)
                 for (int64_t c = cb; c < ce; c++) {
                     float t, u;
-                    plane_dots(inp + (n * C + c) * HW, dout + (n * C + c) * HW, HW, mean[c], &t,
-                               &u);
+                    if (relu_out)
+                        plane_dots_relu(inp + (n * C + c) * HW, dout + (n * C + c) * HW,
+                                        relu_out + (n * C + c) * HW, HW, mean[c], &t, &u);
+                    else
+                        plane_dots(inp + (n * C + c) * HW, dout + (n * C + c) * HW, HW, mean[c], &t,
+                                   &u);
                     sdy[c - cb] += t;
                     sdyx[c - cb] += u;
                 }
@@ -336,7 +378,13 @@ void mge_cpu_batchnorm_backward(float *dinp, float *dw, float *db, const float *
                     const float *x = inp + (n * C + c) * HW, *dy = dout + (n * C + c) * HW;
                     float *dx = dinp + (n * C + c) * HW;
                     float k = ka[c - cb], a = aa[c - cb], bx = ba[c - cb], m = mean[c];
-                    if (acc)
+                    if (relu_out) {
+                        const float *y = relu_out + (n * C + c) * HW;
+                        for (int64_t i = 0; i < HW; i++) {
+                            float g = k * ((y[i] > 0.0f ? dy[i] : 0.0f) - a - (x[i] - m) * bx);
+                            dx[i] = acc ? dx[i] + g : g;
+                        }
+                    } else if (acc)
                         for (int64_t i = 0; i < HW; i++)
                             dx[i] += k * (dy[i] - a - (x[i] - m) * bx);
                     else

@@ -140,13 +140,15 @@ int mge_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float
 int mge_cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
                                 const float *inp, const float *w, const float *mean,
                                 const float *rstd, int64_t rows, int64_t C, int acc);
+/* As mge_cpu_batchnorm_forward/backward, fused relu (@relu, @relu_out) included. */
 int mge_cuda_batchnorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *w, const float *b, float *running_mean,
                                float *running_var, int64_t N, int64_t C, int64_t HW, float eps,
-                               float momentum, int train);
+                               float momentum, int train, int relu);
 int mge_cuda_batchnorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                const float *inp, const float *w, const float *mean,
-                                const float *rstd, int64_t N, int64_t C, int64_t HW, int acc);
+                                const float *relu_out, const float *inp, const float *w,
+                                const float *mean, const float *rstd, int64_t N, int64_t C,
+                                int64_t HW, int acc);
 int mge_cuda_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
                                int64_t C);
 /* Deterministic: one thread per column, tokens in order (no atomics). */

@@ -628,7 +628,8 @@ int mge_cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *
 __global__ static void batchnorm_forward_kernel(float *out, float *mean, float *rstd,
                                                 const float *inp, const float *w, const float *b,
                                                 float *rmean, float *rvar, int64_t N, int64_t C,
-                                                int64_t HW, float eps, float momentum, int train)
+                                                int64_t HW, float eps, float momentum, int train,
+                                                int relu)
 {
     __shared__ double red[BN_THREADS];
     int64_t c = blockIdx.x, cnt = N * HW;
@@ -665,27 +666,35 @@ __global__ static void batchnorm_forward_kernel(float *out, float *mean, float *
     float k = s * (w ? w[c] : 1.0f), off = (b ? b[c] : 0.0f) - m * k;
     for (int64_t i = threadIdx.x; i < cnt; i += BN_THREADS) {
         int64_t idx = (i / HW * C + c) * HW + i % HW;
-        out[idx] = inp[idx] * k + off;
+        float v = inp[idx] * k + off;
+        out[idx] = relu && !(v > 0.0f) ? 0.0f : v;
     }
 }
 
 int mge_cuda_batchnorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *w, const float *b, float *running_mean,
                                float *running_var, int64_t N, int64_t C, int64_t HW, float eps,
-                               float momentum, int train)
+                               float momentum, int train, int relu)
 {
     if (C == 0)
         return MGE_OK;
-    batchnorm_forward_kernel<<<(unsigned)C, BN_THREADS>>>(
-        out, mean, rstd, inp, w, b, running_mean, running_var, N, C, HW, eps, momentum, train);
+    batchnorm_forward_kernel<<<(unsigned)C, BN_THREADS>>>(out, mean, rstd, inp, w, b, running_mean,
+                                                          running_var, N, C, HW, eps, momentum,
+                                                          train, relu);
     return mge__cuda_launched("batchnorm_forward");
 }
 
+/* dout at @idx, masked by a fused relu's output (NULL: none) as relu_backward_kernel does */
+__device__ static inline float bn_dout(const float *dout, const float *relu_out, int64_t idx)
+{
+    return relu_out && !(relu_out[idx] > 0.0f) ? 0.0f : dout[idx];
+}
+
 __global__ static void batchnorm_backward_kernel(float *dinp, float *dw, float *db,
-                                                 const float *dout, const float *inp,
-                                                 const float *w, const float *mean,
-                                                 const float *rstd, int64_t N, int64_t C,
-                                                 int64_t HW, int acc)
+                                                 const float *dout, const float *relu_out,
+                                                 const float *inp, const float *w,
+                                                 const float *mean, const float *rstd, int64_t N,
+                                                 int64_t C, int64_t HW, int acc)
 {
     __shared__ double red[BN_THREADS];
     int64_t c = blockIdx.x, cnt = N * HW;
@@ -693,8 +702,9 @@ __global__ static void batchnorm_backward_kernel(float *dinp, float *dw, float *
     double sdy = 0.0, sdyx = 0.0;
     for (int64_t i = threadIdx.x; i < cnt; i += BN_THREADS) {
         int64_t idx = (i / HW * C + c) * HW + i % HW;
-        sdy += (double)dout[idx];
-        sdyx += (double)(dout[idx] * (inp[idx] - m));
+        float d = bn_dout(dout, relu_out, idx);
+        sdy += (double)d;
+        sdyx += (double)(d * (inp[idx] - m));
     }
     sdy = mge__block_reduce<double, BN_THREADS>(sdy, red, 0);
     sdyx = mge__block_reduce<double, BN_THREADS>(sdyx, red, 0);
@@ -710,19 +720,20 @@ __global__ static void batchnorm_backward_kernel(float *dinp, float *dw, float *
     float k = s * (w ? w[c] : 1.0f), a = gsum / (float)cnt, bx = gxhat / (float)cnt * s;
     for (int64_t i = threadIdx.x; i < cnt; i += BN_THREADS) {
         int64_t idx = (i / HW * C + c) * HW + i % HW;
-        float g = k * (dout[idx] - a - (inp[idx] - m) * bx);
+        float g = k * (bn_dout(dout, relu_out, idx) - a - (inp[idx] - m) * bx);
         dinp[idx] = acc ? dinp[idx] + g : g;
     }
 }
 
 int mge_cuda_batchnorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                const float *inp, const float *w, const float *mean,
-                                const float *rstd, int64_t N, int64_t C, int64_t HW, int acc)
+                                const float *relu_out, const float *inp, const float *w,
+                                const float *mean, const float *rstd, int64_t N, int64_t C,
+                                int64_t HW, int acc)
 {
     if (C == 0)
         return MGE_OK;
-    batchnorm_backward_kernel<<<(unsigned)C, BN_THREADS>>>(dinp, dw, db, dout, inp, w, mean, rstd,
-                                                           N, C, HW, acc);
+    batchnorm_backward_kernel<<<(unsigned)C, BN_THREADS>>>(dinp, dw, db, dout, relu_out, inp, w,
+                                                           mean, rstd, N, C, HW, acc);
     return mge__cuda_launched("batchnorm_backward");
 }
 

@@ -112,9 +112,9 @@ static void bench_batchnorm(int N)
         double best[2] = {1e9, 1e9};
         for (int r = 0; r < 20; r++) {
             double t0 = now();
-            mge_cpu_batchnorm_forward(y, m, rs, x, w, b, rm, rv, N, C, HW, 1e-5f, 0.1f, 1);
+            mge_cpu_batchnorm_forward(y, m, rs, x, w, b, rm, rv, N, C, HW, 1e-5f, 0.1f, 1, 0);
             double t1 = now();
-            mge_cpu_batchnorm_backward(dx, dw, db, dy, x, w, m, rs, N, C, HW, 0);
+            mge_cpu_batchnorm_backward(dx, dw, db, dy, NULL, x, w, m, rs, N, C, HW, 0);
             double t2 = now();
             best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
             best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];

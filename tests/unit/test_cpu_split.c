@@ -109,7 +109,7 @@ static void net_run(struct net *n, float *out)
     size_t co = conv_out(n);
     mge_cpu_conv2d_forward(&n->cv, out, n->x, n->w, n->bias, n->scratch);
     mge_cpu_batchnorm_forward(out, n->mean, n->rstd, out, n->bn_w, n->bn_b, n->rm, n->rv, N, K,
-                              (int64_t)n->cv.P * n->cv.Q, 1e-5f, 0.1f, 0);
+                              (int64_t)n->cv.P * n->cv.Q, 1e-5f, 0.1f, 0, 0);
     mge_cpu_sgemm(0, 0, GM, GN, GK, 1.0f, n->a, GK, n->b, GN, 0.0f, out + co, GN);
     mge_cpu_softmax_forward(out + co + (size_t)GM * GN, out + co, GM, GN);
 }

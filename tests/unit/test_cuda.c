@@ -548,9 +548,9 @@ START_TEST(test_cuda_norms)
         rm[c] = 0.1f * (float)c, rv[c] = 1.0f + 0.2f * (float)c;
     float *drm = dev_copy(rm, sizeof(rm)), *drv = dev_copy(rv, sizeof(rv));
     for (int train = 1; train >= 0; train--) {
-        mge_cpu_batchnorm_forward(y, bm, br, x, w, b, rm, rv, N, BC, HW, 1e-5f, 0.1f, train);
+        mge_cpu_batchnorm_forward(y, bm, br, x, w, b, rm, rv, N, BC, HW, 1e-5f, 0.1f, train, 0);
         ck_assert_int_eq(mge_cuda_batchnorm_forward(dyy, dm, dr, dxx, dww, dbb, drm, drv, N, BC, HW,
-                                                    1e-5f, 0.1f, train),
+                                                    1e-5f, 0.1f, train, 0),
                          MGE_OK);
         expect_dev(train ? "batchnorm (train)" : "batchnorm (eval)", dyy, y, n, 1e-4);
         expect_dev("batchnorm running mean", drm, rm, BC, 1e-5);
@@ -558,12 +558,29 @@ START_TEST(test_cuda_norms)
     }
     ck_assert_int_eq(mge_cuda_to_device(dm, bm, sizeof(bm)), MGE_OK);
     ck_assert_int_eq(mge_cuda_to_device(dr, br, sizeof(br)), MGE_OK);
-    mge_cpu_batchnorm_backward(dx, dw, db, dy, x, w, bm, br, N, BC, HW, _i);
+    mge_cpu_batchnorm_backward(dx, dw, db, dy, NULL, x, w, bm, br, N, BC, HW, _i);
     ck_assert_int_eq(
-        mge_cuda_batchnorm_backward(ddx, ddw, ddb, ddy, dxx, dww, dm, dr, N, BC, HW, _i), MGE_OK);
+        mge_cuda_batchnorm_backward(ddx, ddw, ddb, ddy, NULL, dxx, dww, dm, dr, N, BC, HW, _i),
+        MGE_OK);
     expect_dev("batchnorm dinp", ddx, dx, n, 1e-4);
     expect_dev("batchnorm dw", ddw, dw, BC, 1e-4);
     expect_dev("batchnorm db", ddb, db, BC, 1e-4);
+    /* with a fused relu (training statistics); the backward masks with the CPU's output on both */
+    mge_cpu_batchnorm_forward(y, bm, br, x, w, b, NULL, NULL, N, BC, HW, 1e-5f, 0.1f, 1, 1);
+    ck_assert_int_eq(mge_cuda_batchnorm_forward(dyy, dm, dr, dxx, dww, dbb, NULL, NULL, N, BC, HW,
+                                                1e-5f, 0.1f, 1, 1),
+                     MGE_OK);
+    expect_dev("batchnorm + relu", dyy, y, n, 1e-4);
+    ck_assert_int_eq(mge_cuda_to_device(dyy, y, sizeof(float) * (size_t)n), MGE_OK);
+    ck_assert_int_eq(mge_cuda_to_device(dm, bm, sizeof(bm)), MGE_OK);
+    ck_assert_int_eq(mge_cuda_to_device(dr, br, sizeof(br)), MGE_OK);
+    mge_cpu_batchnorm_backward(dx, dw, db, dy, y, x, w, bm, br, N, BC, HW, _i);
+    ck_assert_int_eq(
+        mge_cuda_batchnorm_backward(ddx, ddw, ddb, ddy, dyy, dxx, dww, dm, dr, N, BC, HW, _i),
+        MGE_OK);
+    expect_dev("batchnorm + relu dinp", ddx, dx, n, 1e-4);
+    expect_dev("batchnorm + relu dw", ddw, dw, BC, 1e-4);
+    expect_dev("batchnorm + relu db", ddb, db, BC, 1e-4);
     float *fr[] = {dxx, dww, dbb, ddy, ddx, ddw, ddb, dyy, dm, dr, drm, drv};
     for (size_t i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
         mge_cuda_free(fr[i]);

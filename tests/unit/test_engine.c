@@ -805,6 +805,70 @@ START_TEST(test_grad_fan_out)
 }
 END_TEST
 
+/*
+ * conv -> batch norm -> relu -> (x r) -> sum, with the batch norm and relu fused by autodiff
+ * (@fuse) or kept apart (the batch norm's output kept); writes the loss and every parameter's
+ * gradient (the input x, a parameter, too) to @out, and how many relu nodes were left.
+ */
+static int bn_relu_run(int fuse, float *out, int64_t *n_out)
+{
+    struct mge_graph *g;
+    ck_assert_int_eq(mge_graph_new(&g), MGE_OK);
+    int64_t xs[4] = {3, 2, 5, 7}, ws[4] = {4, 2, 3, 3}, cs[1] = {4}, ys[4] = {3, 4, 5, 7};
+    int x = mge_param(g, "x", 4, xs, MGE_INIT_UNIFORM_FAN_IN, 1);
+    int cw = mge_param(g, "conv.weight", 4, ws, MGE_INIT_UNIFORM_FAN_IN, 18);
+    int w = mge_param(g, "bn.weight", 1, cs, MGE_INIT_UNIFORM_FAN_IN, 1);
+    int b = mge_param(g, "bn.bias", 1, cs, MGE_INIT_UNIFORM_FAN_IN, 1);
+    int rm = mge_buffer(g, "bn.running_mean", 1, cs, MGE_INIT_ZERO);
+    int rv = mge_buffer(g, "bn.running_var", 1, cs, MGE_INIT_ONE);
+    int r = mge_input(g, "r", MGE_DTYPE_F32, 4, ys, 0);
+    int y = mge_batchnorm2d(g, mge_conv2d(g, x, cw, -1, 1, 1), w, b, rm, rv, 1e-5f, 0.1f);
+    if (!fuse)
+        ck_assert_int_eq(mge_graph_keep(g, y), MGE_OK);
+    int loss = mge_sum(g, mge_mul(g, mge_relu(g, y), r), -1);
+    ck_assert_msg(loss >= 0, "%s", mge_graph_error_msg(g));
+    ck_assert_int_eq(mge_graph_backward(g, loss), MGE_OK);
+    ck_assert_int_eq(mge_graph_plan(g, NULL), MGE_OK);
+    ck_assert_int_eq(mge_graph_alloc(g), MGE_OK);
+    mge_graph_init_params(g, 4);
+    float rd[3 * 4 * 5 * 7];
+    struct mge_rng rng;
+    mge_rng_seed(&rng, 8);
+    for (size_t i = 0; i < sizeof(rd) / sizeof(rd[0]); i++)
+        rd[i] = 2.0f * mge_rng_float(&rng) - 1.0f;
+    mge_graph_bind(g, r, rd);
+    ck_assert_int_eq(mge_graph_run(g, MGE_RUN_TRAIN, 0), MGE_OK);
+    int64_t k = 0;
+    out[k++] = *(float *)mge_value_data(g, loss);
+    for (int i = 0; i < mge_graph_n_params(g); i++) {
+        int v = mge_graph_param(g, i);
+        if (mge_value_is_buffer(g, v))
+            continue;
+        const float *d = mge_value_data(g, mge_graph_grad(g, v));
+        for (int64_t j = 0; j < mge_value_numel(g, v); j++)
+            out[k++] = d[j];
+    }
+    *n_out = k;
+    int relus = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        relus += g->nodes[i].op == MGE_OP_UNARY;
+    mge_graph_free(g);
+    return relus;
+}
+
+START_TEST(test_batchnorm_relu_fusion)
+{
+    /* the fused pair gives the loss and gradients of the separate ops, bit for bit */
+    float a[1 + 210 + 72 + 8], bb[1 + 210 + 72 + 8];
+    int64_t na, nb;
+    ck_assert_int_eq(bn_relu_run(1, a, &na), 0);
+    ck_assert_int_eq(bn_relu_run(0, bb, &nb), 1);
+    ck_assert_int_eq(na, (int64_t)(sizeof(a) / sizeof(a[0])));
+    ck_assert_int_eq(na, nb);
+    ck_assert_mem_eq(a, bb, sizeof(a));
+}
+END_TEST
+
 /* The graph's nodes of kind @op. */
 static int count_ops(const struct mge_graph *g, enum mge_op op)
 {
@@ -1378,6 +1442,7 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_model_resnet_small_inputs);
     tcase_add_test(tc, test_grad_fan_out);
     tcase_add_loop_test(tc, test_grad_shared_residual, 0, 5);
+    tcase_add_test(tc, test_batchnorm_relu_fusion);
     suite_add_tcase(s, tc);
     tc = tcase_create("graph");
     tcase_add_test(tc, test_batch_smaller_than_planned);

@@ -1190,6 +1190,51 @@ START_TEST(test_layernorm)
 }
 END_TEST
 
+/*
+ * Batch norm with a fused relu against the pair it replaces (mge_cpu_unary_forward/backward
+ * around the plain batch norm), bit for bit: odd shapes (plane tails of the 16-lane sums, one
+ * pixel planes), exact zeros in the input, accumulating or not, 1 and 2 threads.
+ */
+START_TEST(test_batchnorm_relu_fused)
+{
+    static const int64_t shapes[][3] = {{3, 5, 37}, {2, 3, 16}, {5, 7, 1}, {4, 17, 49}};
+    int old = mge_cpu_threads();
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int64_t N = shapes[si][0], C = shapes[si][1], HW = shapes[si][2], n = N * C * HW;
+        float *x = rnd_new(n), *w = rnd_new(C), *b = rnd_new(C), *dy = rnd_new(n);
+        float *y0 = rnd_new(n), *y1 = rnd_new(n), *dr = rnd_new(n);
+        float *m0 = rnd_new(C), *r0 = rnd_new(C), *m1 = rnd_new(C), *r1 = rnd_new(C);
+        float *dx0 = rnd_new(n), *dx1 = copy_new(dx0, n), *dw0 = rnd_new(C);
+        float *dw1 = copy_new(dw0, C), *db0 = rnd_new(C), *db1 = copy_new(db0, C);
+        for (int64_t i = 0; i < n; i += 7)
+            x[i] = 0.0f;
+        for (int threads = 1; threads <= 2; threads++) {
+            mge_cpu_set_threads(threads);
+            for (int acc = 0; acc <= 1; acc++) {
+                mge_cpu_batchnorm_forward(y0, m0, r0, x, w, b, NULL, NULL, N, C, HW, 1e-5f, 0.1f, 1,
+                                          0);
+                mge_cpu_unary_forward(MGE_CPU_RELU, y0, y0, n);
+                mge_cpu_batchnorm_forward(y1, m1, r1, x, w, b, NULL, NULL, N, C, HW, 1e-5f, 0.1f, 1,
+                                          1);
+                ck_assert_mem_eq(y1, y0, (size_t)n * sizeof(float));
+                ck_assert_mem_eq(m1, m0, (size_t)C * sizeof(float));
+                ck_assert_mem_eq(r1, r0, (size_t)C * sizeof(float));
+                mge_cpu_unary_backward(MGE_CPU_RELU, dr, dy, NULL, y0, n, 0);
+                mge_cpu_batchnorm_backward(dx0, dw0, db0, dr, NULL, x, w, m0, r0, N, C, HW, acc);
+                mge_cpu_batchnorm_backward(dx1, dw1, db1, dy, y1, x, w, m1, r1, N, C, HW, acc);
+                ck_assert_mem_eq(dx1, dx0, (size_t)n * sizeof(float));
+                ck_assert_mem_eq(dw1, dw0, (size_t)C * sizeof(float));
+                ck_assert_mem_eq(db1, db0, (size_t)C * sizeof(float));
+            }
+        }
+        float *all[] = {x, w, b, dy, y0, y1, dr, m0, r0, m1, r1, dx0, dx1, dw0, dw1, db0, db1};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+            free(all[i]);
+    }
+    mge_cpu_set_threads(old);
+}
+END_TEST
+
 START_TEST(test_embedding)
 {
     int64_t V = 5, C = 3, n = 6;
@@ -1317,6 +1362,7 @@ static Suite *kernels_suite(void)
 
     tc = tcase_create("norm");
     tcase_add_test(tc, test_layernorm);
+    tcase_add_test(tc, test_batchnorm_relu_fused);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_dropout);
     suite_add_tcase(s, tc);
