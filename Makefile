@@ -116,11 +116,12 @@ $(BUILD)/obj/%.o: %.c | $(PROTO_H)
 # the direct conv's and the attention's vector loops are written as a * b + c: let them become
 # FMAs (-std=c11 turns contraction off); results stay deterministic, only the rounding differs
 $(BUILD)/obj/kernels/cpu/conv_direct.o $(BUILD)/obj/kernels/cpu/attention.o \
-    $(BUILD)/obj/kernels/cpu/conv_winograd.o: ALL_CFLAGS += -ffp-contract=fast
+    $(BUILD)/obj/kernels/cpu/conv_winograd.o $(BUILD)/obj/kernels/cpu/conv_stride2.o: \
+    ALL_CFLAGS += -ffp-contract=fast
 # its 64-byte vectors pass between static, always-inlined helpers only: no ABI boundary, so
 # GCC's note that the baseline clone passes them differently from the AVX-512 one is moot
-$(BUILD)/obj/kernels/cpu/conv_direct.o $(BUILD)/obj/kernels/cpu/conv_winograd.o: \
-    ALL_CFLAGS += -Wno-psabi
+$(BUILD)/obj/kernels/cpu/conv_direct.o $(BUILD)/obj/kernels/cpu/conv_winograd.o \
+    $(BUILD)/obj/kernels/cpu/conv_stride2.o: ALL_CFLAGS += -Wno-psabi
 # kernels: full auto-vectorisation (GCC 12's -O2 only vectorises with its very-cheap model)
 $(BUILD)/obj/kernels/cpu/%.o: OPT += -O3
 

@@ -396,6 +396,29 @@ static int use_winograd(int b, int bf16, const struct mge_cpu_conv *cv)
            cv->K >= MGE__CONV_WINOGRAD_MIN_C && cv->H * cv->W <= MGE__CONV_WINOGRAD_MAX_HW;
 }
 
+/*
+ * Whether @cv runs conv_stride2.c's phase-split kernels: a stride-2 fp32 conv they take, asked
+ * for ("direct": forward, dinp and dw), or a 3x3 one under "auto" (or "winograd", which hands it
+ * to "auto"): its forward and data gradient. ResNet-20's downsampling convs at batch 128, one
+ * thread, CPU ms per call (im2col against stride2; tests/bench/run_conv.sh, load 5): 16x28x28 ->
+ * 32 fwd 4.68 / 4.02, dinp 5.14 / 4.16, dw 5.10 / 5.89; 32x14x14 -> 64 fwd 4.47 / 3.67, dinp 4.70
+ * / 4.34, dw 3.83 / 9.49 (its dw sums 16-lane partials per image, too many for 7x7 outputs); the
+ * 1x1 shortcuts lose everywhere (0.70 / 1.79 fwd: the phase split costs more than their GEMM).
+ */
+static int use_stride2(int b, int bf16, const struct mge_cpu_conv *cv)
+{
+    if (bf16 || mge__conv_stride2_scratch_bytes(cv) == 0)
+        return 0;
+    if (b == MGE__CONV_DIRECT)
+        return 1;
+    if (b != MGE__CONV_AUTO)
+        return 0;
+    pthread_once(&g_conv_once, conv_backend_init);
+    return (g_conv_backend == MGE__CONV_AUTO || g_conv_backend == MGE__CONV_WINOGRAD ||
+            g_conv_backend == MGE__CONV_DIRECT) &&
+           cv->R == 3 && cv->S == 3;
+}
+
 static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
 {
     if (b == MGE__CONV_AUTO) {
@@ -444,6 +467,8 @@ static size_t scratch_bytes(int backend, int bf16, const struct mge_cpu_conv *cv
     }
     if (use_winograd(backend, bf16, cv) && mge__conv_winograd_scratch_bytes(cv) > b)
         b = mge__conv_winograd_scratch_bytes(cv);
+    if (use_stride2(backend, bf16, cv) && mge__conv_stride2_scratch_bytes(cv) > b)
+        b = mge__conv_stride2_scratch_bytes(cv);
     return b > fallback ? b : fallback; /* room for the fallback too */
 }
 
@@ -468,6 +493,9 @@ static void forward_with(int backend, int bf16, const struct mge_cpu_conv *cv, f
     bf16 = is_bf16(bf16, cv);
     if (use_winograd(backend, bf16, cv) &&
         mge__conv_winograd_forward(cv, out, inp, w, bias, scratch) == 0)
+        return;
+    if (use_stride2(backend, bf16, cv) &&
+        mge__conv_stride2_forward(cv, out, inp, w, bias, scratch) == 0)
         return;
     switch (conv_backend(backend, bf16, cv)) {
     case MGE__CONV_DNNL:
@@ -515,6 +543,15 @@ static void backward_with(int backend, int bf16, const struct mge_cpu_conv *cv, 
         if (dw || dbias)
             backward_with(backend, bf16, cv, NULL, dw, dbias, dout, inp, w, scratch, acc);
         return;
+    }
+    if (use_stride2(backend, bf16, cv)) {
+        int all = backend == MGE__CONV_DIRECT; /* else dw and dbias stay on im2col (above) */
+        if (mge__conv_stride2_backward(cv, dinp, all ? dw : NULL, all ? dbias : NULL, dout, inp, w,
+                                       scratch, acc) == 0) {
+            if (!all && (dw || dbias))
+                im2col_backward(bf16, cv, NULL, dw, dbias, dout, inp, w, scratch, acc);
+            return;
+        }
     }
     switch (conv_backend(backend, bf16, cv)) {
     case MGE__CONV_DNNL:

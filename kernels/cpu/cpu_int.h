@@ -158,6 +158,19 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
                               int acc);
 
 /*
+ * conv_stride2.c: stride 2, R, S <= 3, pad < R and pad < S only. Scratch bytes: 0 when it
+ * cannot do @cv. forward: out = conv + bias (may be NULL); backward: dinp, dw, dbias (+)= (any
+ * may be NULL). Both return 0, or -1 (not this shape) with the outputs untouched. dw and dbias
+ * depend on the thread count only. Thread: any, outside a parallel region (they fork their own).
+ */
+size_t mge__conv_stride2_scratch_bytes(const struct mge_cpu_conv *cv);
+int mge__conv_stride2_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+                              const float *w, const float *bias, void *scratch);
+int mge__conv_stride2_backward(const struct mge_cpu_conv *cv, float *dinp, float *dw, float *dbias,
+                               const float *dout, const float *inp, const float *w, void *scratch,
+                               int acc);
+
+/*
  * conv_winograd.c: Winograd F(2x2, 3x3), 3x3 stride-1 pad-1 convs only (mge__conv_winograd_ok).
  * Scratch bytes: 0 when it cannot do @cv. forward: out = conv + bias (may be NULL);
  * backward_data: dinp (+)= conv^T(dout, w) (+ when @acc). Both return 0, or -1 (not this shape)

@@ -929,6 +929,34 @@ START_TEST(test_conv_init_invalid)
 }
 END_TEST
 
+/*
+ * conv_stride2.c (what "direct" and "auto" run for these) on odd shapes against the naive conv
+ * and finite differences: 3x3 pad 1 and 0, 2x2, 1x1 shortcuts, odd and even sizes, channel
+ * counts off the 8-channel blocks, 1 and 2 threads; ResNet-20's two 3x3 and 1x1 shapes at a
+ * small batch.
+ */
+START_TEST(test_conv_stride2)
+{
+    static const int shapes[][10] = {
+        /* N, C, H, W, K, R, S, pad, fd, threads */
+        {2, 4, 7, 9, 3, 3, 3, 1, 1, 1},     {3, 5, 8, 8, 13, 3, 3, 1, 1, 2},
+        {1, 6, 9, 7, 8, 3, 3, 0, 1, 1},     {2, 4, 6, 11, 5, 2, 2, 1, 1, 2},
+        {2, 9, 5, 5, 17, 1, 1, 0, 1, 1},    {1, 17, 13, 10, 9, 3, 3, 1, 1, 2},
+        {1, 4, 1, 1, 2, 3, 3, 1, 1, 1},     {3, 16, 28, 28, 32, 3, 3, 1, 0, 2},
+        {2, 32, 14, 14, 64, 3, 3, 1, 0, 1}, {3, 16, 28, 28, 32, 1, 1, 0, 0, 2},
+        {2, 32, 14, 14, 64, 1, 1, 0, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        const int *h = shapes[i];
+        struct mge_cpu_conv cv = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], 2, h[7], 0, 0, 0};
+        ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+        ck_assert_msg(mge__conv_stride2_scratch_bytes(&cv) > 0, "shape %zu not taken", i);
+        check_conv_with(MGE__CONV_DIRECT, h[0], h[1], h[2], h[3], h[4], h[5], h[6], 2, h[7], h[9],
+                        h[8]);
+    }
+}
+END_TEST
+
 START_TEST(test_conv_lenet_deterministic)
 {
     /* LeNet-5 conv2 at batch 16: two runs are bit-identical (same slots) */
@@ -1346,6 +1374,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_conv_winograd);
     tcase_add_test(tc, test_conv_winograd_threads);
     tcase_add_test(tc, test_conv_init_invalid);
+    tcase_add_test(tc, test_conv_stride2);
     tcase_add_test(tc, test_conv_lenet_deterministic);
     suite_add_tcase(s, tc);
 
