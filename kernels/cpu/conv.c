@@ -398,12 +398,11 @@ static int use_winograd(int b, int bf16, const struct mge_cpu_conv *cv)
 
 /*
  * Whether @cv runs conv_stride2.c's phase-split kernels: a stride-2 fp32 conv they take, asked
- * for ("direct": forward, dinp and dw), or a 3x3 one under "auto" (or "winograd", which hands it
- * to "auto"): its forward and data gradient. ResNet-20's downsampling convs at batch 128, one
- * thread, CPU ms per call (im2col against stride2; tests/bench/run_conv.sh, load 5): 16x28x28 ->
- * 32 fwd 4.68 / 4.02, dinp 5.14 / 4.16, dw 5.10 / 5.89; 32x14x14 -> 64 fwd 4.47 / 3.67, dinp 4.70
- * / 4.34, dw 3.83 / 9.49 (its dw sums 16-lane partials per image, too many for 7x7 outputs); the
- * 1x1 shortcuts lose everywhere (0.70 / 1.79 fwd: the phase split costs more than their GEMM).
+ * for ("direct"), or a 3x3 one under "auto" (or "winograd", which hands it to "auto").
+ * ResNet-20's downsampling convs at batch 128, one thread, CPU ms per call, im2col against
+ * stride2 (load 5): 16x28x28 -> 32 fwd 4.60 / 3.34, dinp 5.02 / 4.17, dw 5.01 / 3.99; 32x14x14
+ * -> 64 fwd 4.32 / 3.32, dinp 4.53 / 4.32, dw 3.69 / 3.49. The 1x1 shortcuts stay on im2col
+ * (0.62 / 1.04 fwd, 0.83 / 1.39 dw: the phase split costs more than their small GEMMs).
  */
 static int use_stride2(int b, int bf16, const struct mge_cpu_conv *cv)
 {
@@ -544,15 +543,9 @@ static void backward_with(int backend, int bf16, const struct mge_cpu_conv *cv, 
             backward_with(backend, bf16, cv, NULL, dw, dbias, dout, inp, w, scratch, acc);
         return;
     }
-    if (use_stride2(backend, bf16, cv)) {
-        int all = backend == MGE__CONV_DIRECT; /* else dw and dbias stay on im2col (above) */
-        if (mge__conv_stride2_backward(cv, dinp, all ? dw : NULL, all ? dbias : NULL, dout, inp, w,
-                                       scratch, acc) == 0) {
-            if (!all && (dw || dbias))
-                im2col_backward(bf16, cv, NULL, dw, dbias, dout, inp, w, scratch, acc);
-            return;
-        }
-    }
+    if (use_stride2(backend, bf16, cv) &&
+        mge__conv_stride2_backward(cv, dinp, dw, dbias, dout, inp, w, scratch, acc) == 0)
+        return;
     switch (conv_backend(backend, bf16, cv)) {
     case MGE__CONV_DNNL:
         if ((bf16 ? mge__conv_bf16_backward : mge__conv_dnnl_backward)(cv, dinp, dw, dbias, dout,
