@@ -155,30 +155,24 @@ static int ad_contribute(struct ad *ad, int v, int src, int sum)
     int same = g->values[src].ndim == g->values[v].ndim &&
                !memcmp(g->values[src].shape, g->values[v].shape,
                        sizeof(int64_t) * (size_t)g->values[v].ndim);
-    if (same && ad->grad[root] < 0 && g->values[root].kind != MGE_VALUE_PARAM && ad->owned[src]) {
-        /* pass-through: v's gradient is src itself (viewed with v's root shape) */
+    int pass = ad->owned[src], shared = !pass && g->values[root].producer >= 0;
+    if (same && ad->grad[root] < 0 && g->values[root].kind != MGE_VALUE_PARAM && (pass || shared)) {
+        /* pass-through: v's gradient is src itself (viewed with v's root shape); src shared
+         * already (passed through to another value): borrowed */
+        int d = mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, g->values[root].ndim,
+                                     g->values[root].shape, g->values[root].batched,
+                                     pass ? "dpass" : "dshared");
+        if (d < 0)
+            return d;
+        g->values[d].alias = src;
+        ad->grad[root] = d;
         ad->owned[src] = 0;
-        int d = mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, g->values[root].ndim,
-                                     g->values[root].shape, g->values[root].batched, "dpass");
-        if (d < 0)
-            return d;
-        g->values[d].alias = src;
-        ad->grad[root] = d;
-        return MGE_OK;
-    }
-    if (same && ad->grad[root] < 0 && g->values[root].kind != MGE_VALUE_PARAM &&
-        g->values[root].producer >= 0) {
-        int d = mge__graph_add_value(g, MGE_VALUE_ACT, MGE_DTYPE_F32, g->values[root].ndim,
-                                     g->values[root].shape, g->values[root].batched, "dshared");
-        if (d < 0)
-            return d;
-        g->values[d].alias = src;
-        ad->grad[root] = d;
-        /* every gradient in that buffer is now shared: none may add to it unchecked */
-        int r = mge__value_root(g, src);
-        for (int w = 0; w < g->n_values; w++)
-            if (ad->grad[w] >= 0 && mge__value_root(g, ad->grad[w]) == r)
-                ad->borrowed[ad->grad[w]] = 1;
+        if (shared) { /* every gradient in that buffer: none may add to it unchecked */
+            int r = mge__value_root(g, src);
+            for (int w = 0; w < g->n_values; w++)
+                if (ad->grad[w] >= 0 && mge__value_root(g, ad->grad[w]) == r)
+                    ad->borrowed[ad->grad[w]] = 1;
+        }
         return MGE_OK;
     }
     int dst, acc, rc = ad_dst(ad, v, &dst, &acc);

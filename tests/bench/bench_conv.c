@@ -98,7 +98,11 @@ static float *rnd(size_t n)
     return p;
 }
 
-/* ResNet-20's batch norms (training): ms per forward and backward call, one per stage shape */
+/*
+ * ResNet-20's batch norms (training): ms per forward and backward call, one per stage shape;
+ * then a batch norm and the ReLU after it, as the two ops (the ReLU in place, as the planner
+ * runs it) and fused (what autodiff makes of them)
+ */
 static void bench_batchnorm(int N)
 {
     static const int stages[3][2] = {{16, 28 * 28}, {32, 14 * 14}, {64, 7 * 7}};
@@ -106,23 +110,37 @@ static void bench_batchnorm(int N)
         int C = stages[i][0], HW = stages[i][1];
         size_t n = (size_t)N * C * HW;
         float *x = rnd(n), *y = rnd(n), *dy = rnd(n), *dx = rnd(n), *w = rnd(C), *b = rnd(C);
-        float *rm = rnd(C), *rv = rnd(C), *m = rnd(C), *rs = rnd(C), *dw = rnd(C), *db = rnd(C);
+        float *dr = rnd(n), *rm = rnd(C), *rv = rnd(C), *m = rnd(C), *rs = rnd(C), *dw = rnd(C),
+              *db = rnd(C);
         for (int c = 0; c < C; c++)
             rv[c] = 1.0f;
-        double best[2] = {1e9, 1e9};
+        double best[6] = {1e9, 1e9, 1e9, 1e9, 1e9, 1e9};
         for (int r = 0; r < 20; r++) {
-            double t0 = now();
+            double t[7];
+            t[0] = now();
             mge_cpu_batchnorm_forward(y, m, rs, x, w, b, rm, rv, N, C, HW, 1e-5f, 0.1f, 1, 0);
-            double t1 = now();
+            t[1] = now();
             mge_cpu_batchnorm_backward(dx, dw, db, dy, NULL, x, w, m, rs, N, C, HW, 0);
-            double t2 = now();
-            best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
-            best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
+            t[2] = now();
+            mge_cpu_batchnorm_forward(y, m, rs, x, w, b, rm, rv, N, C, HW, 1e-5f, 0.1f, 1, 0);
+            mge_cpu_unary_forward(MGE_CPU_RELU, y, y, (int64_t)n);
+            t[3] = now();
+            mge_cpu_unary_backward(MGE_CPU_RELU, dr, dy, NULL, y, (int64_t)n, 0);
+            mge_cpu_batchnorm_backward(dx, dw, db, dr, NULL, x, w, m, rs, N, C, HW, 0);
+            t[4] = now();
+            mge_cpu_batchnorm_forward(y, m, rs, x, w, b, rm, rv, N, C, HW, 1e-5f, 0.1f, 1, 1);
+            t[5] = now();
+            mge_cpu_batchnorm_backward(dx, dw, db, dy, y, x, w, m, rs, N, C, HW, 0);
+            t[6] = now();
+            for (int k = 0; k < 6; k++)
+                best[k] = t[k + 1] - t[k] < best[k] ? t[k + 1] - t[k] : best[k];
         }
-        printf("batchnorm %2dx%-4d (fastest of 20)  fwd %7.3f  bwd %7.3f ms\n", C, HW,
-               best[0] * 1e3, best[1] * 1e3);
+        printf("batchnorm %2dx%-4d (fastest of 20)  fwd %7.3f  bwd %7.3f ms;  + relu: pair fwd "
+               "%7.3f  bwd %7.3f, fused fwd %7.3f  bwd %7.3f ms\n",
+               C, HW, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, best[3] * 1e3, best[4] * 1e3,
+               best[5] * 1e3);
         free(x), free(y), free(dy), free(dx), free(w), free(b), free(rm), free(rv), free(m);
-        free(rs), free(dw), free(db);
+        free(rs), free(dw), free(db), free(dr);
     }
 }
 
