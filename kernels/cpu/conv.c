@@ -410,7 +410,7 @@ static int use_stride2(int b, int bf16, const struct mge_cpu_conv *cv)
         return 0;
     if (b == MGE__CONV_DIRECT)
         return 1;
-    if (b != MGE__CONV_AUTO)
+    if (b != MGE__CONV_AUTO && b != MGE__CONV_WINOGRAD)
         return 0;
     pthread_once(&g_conv_once, conv_backend_init);
     return (g_conv_backend == MGE__CONV_AUTO || g_conv_backend == MGE__CONV_WINOGRAD ||
