@@ -198,6 +198,23 @@ static void im2col_forward(int bf16, const struct mge_cpu_conv *cv, float *out, 
     }
 }
 
+int mge__conv_slot_threads(int slots, int N)
+{
+    int t = mge_cpu_threads(), s = slots > 0 ? slots : 1;
+    s = s < N ? s : N;
+    return t < s ? t : s;
+}
+
+void mge__conv_dbias_image(float *db_part, const float *dy, int K, size_t PQ)
+{
+    for (int k = 0; k < K; k++) {
+        float s = 0.0f;
+        for (size_t i = 0; i < PQ; i++)
+            s += dy[(size_t)k * PQ + i];
+        db_part[k] += s;
+    }
+}
+
 /* One image's share: dw_part, db_part += this image; dinp image (+)= conv^T(dout). */
 static void backward_image(int bf16, const struct mge_cpu_conv *cv, int n, float *dinp,
                            float *dw_part, float *db_part, const float *dout, const float *inp,
@@ -209,12 +226,7 @@ static void backward_image(int bf16, const struct mge_cpu_conv *cv, int n, float
     const float *dy = dout + (size_t)n * cv->K * PQ;
     int pw = is_pointwise(cv);
     if (db_part)
-        for (int k = 0; k < cv->K; k++) {
-            float s = 0.0f;
-            for (int i = 0; i < PQ; i++)
-                s += dy[(size_t)k * PQ + i];
-            db_part[k] += s;
-        }
+        mge__conv_dbias_image(db_part, dy, cv->K, (size_t)PQ);
     if (dw_part) {
         const float *cx = x;
         if (!pw) {

@@ -472,12 +472,6 @@ size_t mge__conv_direct_scratch_bytes(const struct mge_cpu_conv *cv)
     return plan_init(&pl, cv) == 0 ? pl.total * sizeof(float) + 64 : 0;
 }
 
-static int threads_for(const struct plan *pl, int N)
-{
-    int t = mge_cpu_threads(), s = pl->slots < N ? pl->slots : N;
-    return t < s ? t : s;
-}
-
 int mge__conv_direct_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
                              const float *w, const float *bias, void *scratch)
 {
@@ -488,7 +482,7 @@ int mge__conv_direct_forward(const struct mge_cpu_conv *cv, float *out, const fl
     const struct geo *g = &pl.f;
     pack_weights(g, base + pl.wpk, w, 0);
     size_t CHW = (size_t)cv->C * cv->H * cv->W, KPQ = (size_t)cv->K * cv->P * cv->Q;
-    int nt = threads_for(&pl, cv->N);
+    int nt = mge__conv_slot_threads(pl.slots, cv->N);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *sl = base + pl.slot0 + (size_t)omp_get_thread_num() * pl.slot;
@@ -524,7 +518,7 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
     size_t CHW = (size_t)cv->C * cv->H * cv->W, PQ = (size_t)cv->P * cv->Q;
     size_t KPQ = (size_t)cv->K * PQ, nw = (size_t)cv->K * cv->C * cv->R * cv->S;
     size_t crs = (size_t)cv->C * cv->R * cv->S;
-    int QW = f->QV * V, nt = threads_for(&pl, cv->N);
+    int QW = f->QV * V, nt = mge__conv_slot_threads(pl.slots, cv->N);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *sl = base + pl.slot0 + (size_t)omp_get_thread_num() * pl.slot;
@@ -547,12 +541,7 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
         for (int n = 0; n < cv->N; n++) {
             const float *dy = dout + (size_t)n * KPQ;
             if (dbias)
-                for (int k = 0; k < cv->K; k++) {
-                    float s = 0.0f;
-                    for (size_t i = 0; i < PQ; i++)
-                        s += dy[(size_t)k * PQ + i];
-                    dbp[k] += s;
-                }
+                mge__conv_dbias_image(dbp, dy, cv->K, PQ);
             if (dw) {
                 pad_copy(f, xp, inp + (size_t)n * CHW);
                 if (kl) {

@@ -226,12 +226,6 @@ static void s2_pack_data(const struct s2 *s, float *restrict wp, const float *re
     }
 }
 
-static int s2_threads(const struct s2 *s, int N)
-{
-    int t = mge_cpu_threads(), n = s->slots < N ? s->slots : N;
-    return t < n ? t : n;
-}
-
 int mge__conv_stride2_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
                               const float *w, const float *bias, void *scratch)
 {
@@ -241,7 +235,7 @@ int mge__conv_stride2_forward(const struct mge_cpu_conv *cv, float *out, const f
     float *base = aligned(scratch);
     s2_pack_forward(&s, base + s.wf, w);
     size_t CHW = (size_t)s.C * s.H * s.W, PQ = (size_t)s.P * s.Q;
-    int nt = s2_threads(&s, cv->N);
+    int nt = mge__conv_slot_threads(s.slots, cv->N);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *sl = base + s.slot0 + (size_t)omp_get_thread_num() * s.slot;
@@ -444,7 +438,7 @@ int mge__conv_stride2_backward(const struct mge_cpu_conv *cv, float *dinp, float
         s2_pack_data(&s, base + s.wd, w);
     size_t CHW = (size_t)s.C * s.H * s.W, PQ = (size_t)s.P * s.Q, KPQ = (size_t)s.K * PQ;
     size_t nw = (size_t)s.K * s.C * s.nt, ctaps = (size_t)s.C * s.nt;
-    int nt = s2_threads(&s, cv->N);
+    int nt = mge__conv_slot_threads(s.slots, cv->N);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *sl = base + s.slot0 + (size_t)omp_get_thread_num() * s.slot;
@@ -464,12 +458,7 @@ int mge__conv_stride2_backward(const struct mge_cpu_conv *cv, float *dinp, float
         for (int n = 0; n < cv->N; n++) {
             const float *dy = dout + (size_t)n * KPQ;
             if (dbias)
-                for (int k = 0; k < s.K; k++) {
-                    float t = 0.0f;
-                    for (size_t i = 0; i < PQ; i++)
-                        t += dy[(size_t)k * PQ + i];
-                    dbp[k] += t;
-                }
+                mge__conv_dbias_image(dbp, dy, s.K, PQ);
             if (dw && kl) {
                 s2_split(&s, xph, inp + (size_t)n * CHW);
                 s2_transpose(dyw, dy, s.K, PQ); /* dyw has room: K P Q <= Kp LWf */

@@ -157,6 +157,12 @@ int mge__conv_direct_backward(const struct mge_cpu_conv *cv, float *dinp, float 
                               const float *dout, const float *inp, const float *w, void *scratch,
                               int acc);
 
+/* conv.c, for the conv backends: how many per-thread slots a call over @N images uses (the
+ * thread count, at most @slots and @N), and one image's dbias sums (db_part[k] += sum of dy's
+ * plane k, PQ floats, in order) */
+int mge__conv_slot_threads(int slots, int N);
+void mge__conv_dbias_image(float *db_part, const float *dy, int K, size_t PQ);
+
 /*
  * conv_stride2.c: stride 2, R, S <= 3, pad < R and pad < S only. Scratch bytes: 0 when it
  * cannot do @cv. forward: out = conv + bias (may be NULL); backward: dinp, dw, dbias (+)= (any
