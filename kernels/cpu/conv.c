@@ -329,7 +329,8 @@ const char *mge__conv_backend_name(int b)
 }
 
 static int g_conv_backend = MGE__CONV_AUTO;
-static int g_conv_winograd = 1; /* "auto" may take Winograd; $MGE_CONV_WINOGRAD=0 turns it off */
+static int g_conv_winograd = 1;    /* "auto" may take Winograd; $MGE_CONV_WINOGRAD=0 turns it off */
+static int g_conv_winograd_dw = 1; /* $MGE_CONV_WINOGRAD_DW=0: Winograd's dw off, the rest on */
 static pthread_once_t g_conv_once = PTHREAD_ONCE_INIT;
 
 static void conv_backend_init(void)
@@ -337,6 +338,9 @@ static void conv_backend_init(void)
     const char *w = getenv("MGE_CONV_WINOGRAD");
     if (w && strcmp(w, "0") == 0)
         g_conv_winograd = 0;
+    const char *wd = getenv("MGE_CONV_WINOGRAD_DW");
+    if (wd && strcmp(wd, "0") == 0)
+        g_conv_winograd_dw = 0;
     const char *s = getenv("MGE_CONV");
     if (!s || !*s)
         return;
@@ -428,6 +432,18 @@ static int use_stride2(int b, int bf16, const struct mge_cpu_conv *cv)
     return (g_conv_backend == MGE__CONV_AUTO || g_conv_backend == MGE__CONV_WINOGRAD ||
             g_conv_backend == MGE__CONV_DIRECT) &&
            cv->R == 3 && cv->S == 3;
+}
+
+/*
+ * Whether the weight gradient of @cv runs Winograd too: wherever its forward does, unless
+ * $MGE_CONV_WINOGRAD_DW=0 (a switch for before/after benchmarks in one build). ResNet-20's
+ * convs at batch 128, one thread, CPU ms per dw call, direct against Winograd: see
+ * docs/benchmarks.md, "Winograd F(2x2, 3x3)".
+ */
+static int use_winograd_dw(int b, int bf16, const struct mge_cpu_conv *cv)
+{
+    pthread_once(&g_conv_once, conv_backend_init);
+    return g_conv_winograd_dw && use_winograd(b, bf16, cv);
 }
 
 static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
@@ -546,6 +562,13 @@ static void backward_with(int backend, int bf16, const struct mge_cpu_conv *cv, 
          * a temporary in scratch until it returns */
         backward_with(backend, bf16, cv, dinp, NULL, dbias, dout, inp, w, scratch, acc);
         im2col_backward(0, cv, NULL, dw, NULL, dout, inp, w, scratch, acc);
+        return;
+    }
+    if (dw && use_winograd_dw(backend, bf16, cv) &&
+        mge__conv_winograd_backward_weights(cv, dw, dout, inp, scratch, acc) == 0) {
+        /* dinp and dbias as they would be without dw (scratch is free again) */
+        if (dinp || dbias)
+            backward_with(backend, bf16, cv, dinp, NULL, dbias, dout, inp, w, scratch, acc);
         return;
     }
     if (dinp && use_winograd(backend, bf16, cv) &&

@@ -354,12 +354,9 @@ static int kl_ok(const struct geo *g)
     return g->R == 3 && g->S == 3 && g->K % V == 0 && g->C >= KL_MIN_C;
 }
 
-typedef int vi __attribute__((vector_size(V * sizeof(int))));
-
 /*
  * dyt (PQ, K) = dy (K, PQ) transposed, K a multiple of V: V x V blocks transposed in registers
- * (four rounds of two-vector shuffles, each swapping the off-diagonal sub-blocks of one size),
- * the last PQ % V pixels one by one. Scalar copies took a fifth of a 16x28x28 dw.
+ * (transpose16), the last PQ % V pixels one by one. Scalar copies took a fifth of a 16x28x28 dw.
  */
 MGE__CPU_CLONES
 static void kl_transpose(float *restrict dyt, const float *restrict dy, int K, size_t PQ)
@@ -371,21 +368,7 @@ static void kl_transpose(float *restrict dyt, const float *restrict dy, int K, s
 #pragma GCC unroll 16
             for (int r = 0; r < V; r++)
                 t[r] = ld(dy + (size_t)(k0 + r) * PQ + i0);
-#pragma GCC unroll 4
-            for (int b = V / 2; b >= 1; b /= 2) {
-                vi lo, hi;
-                for (int l = 0; l < V; l++) {
-                    lo[l] = l & b ? V + l - b : l;
-                    hi[l] = l & b ? V + l : l + b;
-                }
-#pragma GCC unroll 16
-                for (int r = 0; r < V; r++)
-                    if (!(r & b)) {
-                        vf a = t[r], c = t[r + b];
-                        t[r] = __builtin_shuffle(a, c, lo);
-                        t[r + b] = __builtin_shuffle(a, c, hi);
-                    }
-            }
+            transpose16(t);
 #pragma GCC unroll 16
             for (int j = 0; j < V; j++)
                 memcpy(dyt + (i0 + j) * K + k0, &t[j], sizeof(vf));

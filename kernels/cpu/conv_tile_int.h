@@ -93,6 +93,31 @@ conv_tile(const int KB, const int QB, const struct geo *g, float *o, size_t ostr
     }
 }
 
+typedef int vi __attribute__((vector_size(V * sizeof(int))));
+
+/*
+ * t[j][i] = t[i][j] in place for a V x V block held as V vectors: four rounds of two-vector
+ * shuffles, each swapping the off-diagonal sub-blocks of one size (no scalar copies).
+ */
+static inline __attribute__((always_inline)) void transpose16(vf t[V])
+{
+#pragma GCC unroll 4
+    for (int b = V / 2; b >= 1; b /= 2) {
+        vi lo, hi;
+        for (int l = 0; l < V; l++) {
+            lo[l] = l & b ? V + l - b : l;
+            hi[l] = l & b ? V + l : l + b;
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < V; r++)
+            if (!(r & b)) {
+                vf a = t[r], c = t[r + b];
+                t[r] = __builtin_shuffle(a, c, lo);
+                t[r + b] = __builtin_shuffle(a, c, hi);
+            }
+    }
+}
+
 /* The first 64-byte boundary in @scratch (callers size scratch with 64 bytes to spare) */
 static inline float *aligned(void *scratch)
 {

@@ -83,16 +83,6 @@ int mge__conv_winograd_ok(const struct mge_cpu_conv *cv)
            cv->Q == cv->W;
 }
 
-size_t mge__conv_winograd_scratch_bytes(const struct mge_cpu_conv *cv)
-{
-    if (!mge__conv_winograd_ok(cv))
-        return 0;
-    struct wplan f, d;
-    plan_init(&f, cv, 0);
-    plan_init(&d, cv, 1);
-    return (f.total > d.total ? f.total : d.total) * sizeof(float) + 64;
-}
-
 /* Where V's row of channel c at tile t0, position 0, lies in a slot */
 static float *vt_at(const struct wgeo *g, const struct wplan *pl, float *sl, int c, int t0)
 {
@@ -316,4 +306,289 @@ int mge__conv_winograd_backward_data(const struct mge_cpu_conv *cv, float *dinp,
     plan_init(&pl, cv, 1);
     run(&pl, dinp, dout, w, 1, NULL, acc, scratch);
     return 0;
+}
+
+/*
+ * ---- the weight gradient ---------------------------------------------------------------------
+ *
+ * The forward is y = A^T [U .* V] A per tile with U = G g G^T, so the weight gradient is its
+ * adjoint: dU[xi][k][c] = sum over tiles of dM[xi][k] * V[xi][c] with dM = A dY A^T (dY the
+ * tile's 2x2 output gradient, zero past the image), then dw = G^T dU G: 16 GEMMs (K, tiles) x
+ * (tiles, C) reducing over tiles, 16 multiplications per 2x2 outputs and channel pair where the
+ * direct dw does 36. The reduction runs along tiles, so lanes must hold channels (a lane that
+ * summed tiles would need a sum across lanes per element and work item): each image and its
+ * output gradient are first transposed to channels last, and both transforms then work on
+ * whole vectors of 16 channels per tile, with no junk tile. A work item is a group of whole
+ * images (~DW_MIN_TILES tiles); each thread adds its items into its own dU in item order, and
+ * the partials are added in thread order before the (double) filter transform: the same bits
+ * for the same thread count, as direct's dw.
+ */
+
+#define DW_MIN_TILES 128 /* tiles a dw work item should have: images are grouped up to this */
+
+struct dwplan {
+    int C, K, H, W, N;
+    int TH, TW, NT; /* tile rows, columns, tiles per image */
+    int Cp, Kp;     /* C and K rounded up to V (channels are the lanes) */
+    int Wx;         /* padded input row, in positions: 2 * TW + 2 */
+    int G, Tg;      /* images per work item, tiles of a full one */
+    int slots;
+    /* float offsets in each slot (stride @slot): the input image channels last, padded by one
+     * (2 TH + 2, Wx, Cp); the output gradient channels last, zero past H and W (2 TH, 2 TW, Kp);
+     * V (16, Tg, Cp); dM (16, Tg, Kp); the partial dU (16, Kp, Cp) */
+    size_t xp, dyp, vt, mt, du, slot, total;
+};
+
+static void dw_plan_init(struct dwplan *pl, const struct mge_cpu_conv *cv)
+{
+    pl->C = cv->C, pl->K = cv->K, pl->H = cv->H, pl->W = cv->W, pl->N = cv->N;
+    pl->TH = (cv->H + 1) / 2, pl->TW = (cv->W + 1) / 2, pl->NT = pl->TH * pl->TW;
+    pl->Cp = (cv->C + V - 1) / V * V, pl->Kp = (cv->K + V - 1) / V * V;
+    pl->Wx = 2 * pl->TW + 2;
+    pl->G = (DW_MIN_TILES + pl->NT - 1) / pl->NT;
+    if (pl->G > cv->N)
+        pl->G = cv->N;
+    pl->Tg = pl->G * pl->NT;
+    pl->slots = cv->slots > 0 ? cv->slots : 1;
+    pl->xp = 0;
+    pl->dyp = pl->xp + up16((size_t)(2 * pl->TH + 2) * pl->Wx * pl->Cp);
+    pl->vt = pl->dyp + up16((size_t)(2 * pl->TH) * (2 * pl->TW) * pl->Kp);
+    pl->mt = pl->vt + (size_t)NX * pl->Tg * pl->Cp;
+    pl->du = pl->mt + (size_t)NX * pl->Tg * pl->Kp;
+    pl->slot = pl->du + (size_t)NX * pl->Kp * pl->Cp;
+    pl->total = (size_t)pl->slots * pl->slot;
+}
+
+/*
+ * dst[pos(i) * Cp + c] = src[c * n + i] (zeros for C <= c < Cp) for the n positions of a (C, n)
+ * plane whose rows are @w wide: pos(i) = (i / w + oh) * rw + i % w + ow puts them into rows of
+ * @rw positions, offset by (oh, ow). Whole V x V blocks go through registers (transpose16).
+ */
+MGE__CPU_CLONES
+static void to_channels_last(float *restrict dst, const float *restrict src, int C, int Cp, int n,
+                             int w, int rw, int oh, int ow)
+{
+    int i0 = 0;
+    for (; i0 + V <= n; i0 += V)
+        for (int c0 = 0; c0 < Cp; c0 += V) {
+            vf t[V];
+#pragma GCC unroll 16
+            for (int r = 0; r < V; r++)
+                t[r] = c0 + r < C ? ld(src + (size_t)(c0 + r) * n + i0) : (vf){0};
+            transpose16(t);
+#pragma GCC unroll 16
+            for (int j = 0; j < V; j++) {
+                int i = i0 + j;
+                float *d = dst + ((size_t)(i / w + oh) * rw + i % w + ow) * Cp + c0;
+                memcpy(d, &t[j], sizeof(vf));
+            }
+        }
+    for (int i = i0; i < n; i++) {
+        float *d = dst + ((size_t)(i / w + oh) * rw + i % w + ow) * Cp;
+        for (int c = 0; c < Cp; c++)
+            d[c] = c < C ? src[(size_t)c * n + i] : 0.0f;
+    }
+}
+
+/* vt[xi][t0 + t][c] = (B^T d B)[xi] for the tiles t of one image, xp as dwplan says */
+MGE__CPU_CLONES
+static void dw_input_tiles(const struct dwplan *pl, float *restrict vt, const float *restrict xp,
+                           int t0)
+{
+    size_t xs = (size_t)pl->Tg * pl->Cp, rs = (size_t)pl->Wx * pl->Cp;
+    for (int ty = 0; ty < pl->TH; ty++)
+        for (int tx = 0; tx < pl->TW; tx++) {
+            const float *x0 = xp + (size_t)(2 * ty) * rs + (size_t)(2 * tx) * pl->Cp;
+            float *v0 = vt + (size_t)(t0 + ty * pl->TW + tx) * pl->Cp;
+            for (int c0 = 0; c0 < pl->Cp; c0 += V) {
+                vf d[4][4], e[4][4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+                    for (int s = 0; s < 4; s++)
+                        d[r][s] = ld(x0 + r * rs + (size_t)s * pl->Cp + c0);
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; s++) {
+                    e[0][s] = d[0][s] - d[2][s], e[1][s] = d[1][s] + d[2][s];
+                    e[2][s] = d[2][s] - d[1][s], e[3][s] = d[1][s] - d[3][s];
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    vf o[4] = {e[i][0] - e[i][2], e[i][1] + e[i][2], e[i][2] - e[i][1],
+                               e[i][1] - e[i][3]};
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
+                        memcpy(v0 + (size_t)(4 * i + j) * xs + c0, &o[j], sizeof(vf));
+                }
+            }
+        }
+}
+
+/* mt[xi][t0 + t][k] = (A dY A^T)[xi] for the tiles t of one image, dyp as dwplan says */
+MGE__CPU_CLONES
+static void dw_output_tiles(const struct dwplan *pl, float *restrict mt, const float *restrict dyp,
+                            int t0)
+{
+    size_t xs = (size_t)pl->Tg * pl->Kp, rs = (size_t)(2 * pl->TW) * pl->Kp;
+    for (int ty = 0; ty < pl->TH; ty++)
+        for (int tx = 0; tx < pl->TW; tx++) {
+            const float *y0 = dyp + (size_t)(2 * ty) * rs + (size_t)(2 * tx) * pl->Kp;
+            float *m0 = mt + (size_t)(t0 + ty * pl->TW + tx) * pl->Kp;
+            for (int k0 = 0; k0 < pl->Kp; k0 += V) {
+                vf a = ld(y0 + k0), b = ld(y0 + pl->Kp + k0);
+                vf c = ld(y0 + rs + k0), d = ld(y0 + rs + pl->Kp + k0);
+                vf e[4][2] = {{a, b}, {a + c, b + d}, {a - c, b - d}, {-c, -d}};
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    vf o[4] = {e[i][0], e[i][0] + e[i][1], e[i][0] - e[i][1], -e[i][1]};
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
+                        memcpy(m0 + (size_t)(4 * i + j) * xs + k0, &o[j], sizeof(vf));
+                }
+            }
+        }
+}
+
+/*
+ * One register tile: du[k][c] += sum over t < nt of mt[t][k] * vt[t][c] for k in [k0, k0 + KN)
+ * and c in [c0, c0 + CV * V); rows of vt are Cp, of mt Kp, of du Cp floats. KN and CV are
+ * constants at every call, so the accumulators stay in registers.
+ */
+static inline __attribute__((always_inline)) void dw_tile(const int KN, const int CV, float *du,
+                                                          const float *vt, const float *mt, int nt,
+                                                          int Cp, int Kp, int k0, int c0)
+{
+    vf a[16][4];
+#pragma GCC unroll 16
+    for (int kb = 0; kb < KN; kb++)
+#pragma GCC unroll 4
+        for (int j = 0; j < CV; j++)
+            a[kb][j] = (vf){0};
+    for (int t = 0; t < nt; t++) {
+        const float *vr = vt + (size_t)t * Cp + c0, *mr = mt + (size_t)t * Kp + k0;
+        vf xv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < CV; j++)
+            xv[j] = ld(vr + j * V);
+#pragma GCC unroll 16
+        for (int kb = 0; kb < KN; kb++)
+#pragma GCC unroll 4
+            for (int j = 0; j < CV; j++)
+                a[kb][j] += xv[j] * mr[kb];
+    }
+#pragma GCC unroll 16
+    for (int kb = 0; kb < KN; kb++)
+#pragma GCC unroll 4
+        for (int j = 0; j < CV; j++) {
+            float *o = du + (size_t)(k0 + kb) * Cp + c0 + j * V;
+            vf v = a[kb][j] + ld(o);
+            memcpy(o, &v, sizeof(v));
+        }
+}
+
+/* du[xi] += mt[xi]^T x vt[xi] over the first @nt tiles, all 16 positions */
+MGE__CPU_CLONES
+static void dw_gemms(const struct dwplan *pl, float *du, const float *vt, const float *mt, int nt)
+{
+    int Cp = pl->Cp, Kp = pl->Kp;
+    for (int xi = 0; xi < NX; xi++) {
+        const float *v = vt + (size_t)xi * pl->Tg * Cp, *m = mt + (size_t)xi * pl->Tg * Kp;
+        float *d = du + (size_t)xi * Kp * Cp;
+        for (int k0 = 0; k0 < Kp; k0 += 8) {
+            int c0 = 0;
+            for (; c0 + 2 * V <= Cp; c0 += 2 * V)
+                dw_tile(8, 2, d, v, m, nt, Cp, Kp, k0, c0);
+            if (c0 < Cp)
+                dw_tile(8, 1, d, v, m, nt, Cp, Kp, k0, c0);
+        }
+    }
+}
+
+/* The images [n0, n1) of one work item into this slot's partial dU */
+static void dw_group(const struct dwplan *pl, float *sl, const float *dout, const float *inp,
+                     int n0, int n1)
+{
+    size_t hw = (size_t)pl->H * pl->W;
+    for (int n = n0; n < n1; n++) {
+        const float *dy = dout + (size_t)n * pl->K * hw;
+        to_channels_last(sl + pl->xp, inp + (size_t)n * pl->C * hw, pl->C, pl->Cp, (int)hw, pl->W,
+                         pl->Wx, 1, 1);
+        to_channels_last(sl + pl->dyp, dy, pl->K, pl->Kp, (int)hw, pl->W, 2 * pl->TW, 0, 0);
+        dw_input_tiles(pl, sl + pl->vt, sl + pl->xp, (n - n0) * pl->NT);
+        dw_output_tiles(pl, sl + pl->mt, sl + pl->dyp, (n - n0) * pl->NT);
+    }
+    dw_gemms(pl, sl + pl->du, sl + pl->vt, sl + pl->mt, (n1 - n0) * pl->NT);
+}
+
+/*
+ * dw[k][c] (+)= G^T dU G, dU the sum of the @ns slots' partials in slot order (in double, as the
+ * transform; rounded once), for one (k, c)
+ */
+static void dw_filter_grad(const struct dwplan *pl, float *dw, const float *base, int ns, int k,
+                           int c, int acc)
+{
+    double u[4][4], t[3][4];
+    for (int xi = 0; xi < NX; xi++) {
+        double s = 0.0;
+        for (int i = 0; i < ns; i++)
+            s += base[(size_t)i * pl->slot + pl->du + ((size_t)xi * pl->Kp + k) * pl->Cp + c];
+        u[xi / 4][xi % 4] = s;
+    }
+    for (int j = 0; j < 4; j++) {
+        t[0][j] = u[0][j] + 0.5 * (u[1][j] + u[2][j]);
+        t[1][j] = 0.5 * (u[1][j] - u[2][j]);
+        t[2][j] = 0.5 * (u[1][j] + u[2][j]) + u[3][j];
+    }
+    float *o = dw + ((size_t)k * pl->C + c) * 9;
+    for (int r = 0; r < 3; r++) {
+        double g[3] = {t[r][0] + 0.5 * (t[r][1] + t[r][2]), 0.5 * (t[r][1] - t[r][2]),
+                       0.5 * (t[r][1] + t[r][2]) + t[r][3]};
+        for (int s = 0; s < 3; s++)
+            o[r * 3 + s] = acc ? (float)(o[r * 3 + s] + g[s]) : (float)g[s];
+    }
+}
+
+int mge__conv_winograd_backward_weights(const struct mge_cpu_conv *cv, float *dw, const float *dout,
+                                        const float *inp, void *scratch, int acc)
+{
+    if (!mge__conv_winograd_ok(cv))
+        return -1;
+    struct dwplan pl;
+    dw_plan_init(&pl, cv);
+    float *base = aligned(scratch);
+    int ngroups = (pl.N + pl.G - 1) / pl.G;
+    int nt = mge_cpu_threads();
+    nt = nt < pl.slots ? nt : pl.slots;
+    nt = nt < ngroups ? nt : ngroups;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *sl = base + (size_t)omp_get_thread_num() * pl.slot;
+        int ns = omp_get_num_threads();
+        /* the pads of the channels-last planes, and the partial */
+        memset(sl, 0, pl.vt * sizeof(float));
+        memset(sl + pl.du, 0, (pl.slot - pl.du) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int i = 0; i < ngroups; i++) {
+            int n0 = i * pl.G, n1 = n0 + pl.G < pl.N ? n0 + pl.G : pl.N;
+            dw_group(&pl, sl, dout, inp, n0, n1);
+        }
+        /* implicit barrier: all partials complete */
+#pragma omp for schedule(static)
+        for (int j = 0; j < pl.K * pl.C; j++)
+            dw_filter_grad(&pl, dw, base, ns, j / pl.C, j % pl.C, acc);
+    }
+    return 0;
+}
+
+size_t mge__conv_winograd_scratch_bytes(const struct mge_cpu_conv *cv)
+{
+    if (!mge__conv_winograd_ok(cv))
+        return 0;
+    struct wplan f, d;
+    plan_init(&f, cv, 0);
+    plan_init(&d, cv, 1);
+    struct dwplan w;
+    dw_plan_init(&w, cv);
+    size_t t = f.total > d.total ? f.total : d.total;
+    return (t > w.total ? t : w.total) * sizeof(float) + 64;
 }

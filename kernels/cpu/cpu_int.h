@@ -96,8 +96,9 @@ enum mge__conv_backend {
     MGE__CONV_IM2COL, /* "im2col": per-image im2col + mge_cpu_sgemm; the others' fallback */
     MGE__CONV_DNNL,   /* "dnnl": oneDNN convolution primitives on plain NCHW (conv_dnnl.c) */
     MGE__CONV_DIRECT, /* "direct": vectorised direct conv, stride 1 (conv_direct.c); default */
-    /* "winograd": F(2x2, 3x3) forward and dinp of 3x3 stride-1 pad-1 convs (conv_winograd.c),
-     * dw and every other conv as "auto" does them; "auto" takes it where it wins (conv.c) */
+    /* "winograd": F(2x2, 3x3) forward, dinp and dw of 3x3 stride-1 pad-1 convs
+     * (conv_winograd.c), every other conv as "auto" does them; "auto" takes it where it wins
+     * (conv.c) */
     MGE__CONV_WINOGRAD,
     MGE__CONV_COUNT
 };
@@ -179,9 +180,11 @@ int mge__conv_stride2_backward(const struct mge_cpu_conv *cv, float *dinp, float
 /*
  * conv_winograd.c: Winograd F(2x2, 3x3), 3x3 stride-1 pad-1 convs only (mge__conv_winograd_ok).
  * Scratch bytes: 0 when it cannot do @cv. forward: out = conv + bias (may be NULL);
- * backward_data: dinp (+)= conv^T(dout, w) (+ when @acc). Both return 0, or -1 (not this shape)
- * with the outputs untouched. Same bits at any thread count. Thread: any, outside a parallel
- * region (they fork their own).
+ * backward_data: dinp (+)= conv^T(dout, w) (+ when @acc); backward_weights: dw (+)= the weight
+ * gradient (dbias is left to the other backends). All return 0, or -1 (not
+ * this shape) with the outputs untouched. forward and backward_data: the same bits at any
+ * thread count; backward_weights: the same bits for the same thread count (per-thread partials
+ * added in thread order). Thread: any, outside a parallel region (they fork their own).
  */
 int mge__conv_winograd_ok(const struct mge_cpu_conv *cv);
 size_t mge__conv_winograd_scratch_bytes(const struct mge_cpu_conv *cv);
@@ -189,6 +192,8 @@ int mge__conv_winograd_forward(const struct mge_cpu_conv *cv, float *out, const 
                                const float *w, const float *bias, void *scratch);
 int mge__conv_winograd_backward_data(const struct mge_cpu_conv *cv, float *dinp, const float *dout,
                                      const float *w, void *scratch, int acc);
+int mge__conv_winograd_backward_weights(const struct mge_cpu_conv *cv, float *dw, const float *dout,
+                                        const float *inp, void *scratch, int acc);
 
 #ifdef __cplusplus
 }

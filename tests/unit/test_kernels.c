@@ -920,6 +920,67 @@ START_TEST(test_conv_winograd_threads)
 }
 END_TEST
 
+/*
+ * Winograd's weight gradient called directly (so no fallback can hide it) against the fp64
+ * reference, on odd shapes: H and W odd (half tiles at the edges), a 1x1 image, batch 1, C and K
+ * off the 16-lane blocks, more images than one work item (a short last one). Bound: rel 1e-4 +
+ * abs 1e-5 * sqrt(N * H * W) + 1e-5, as every backend's dw. Through the "winograd" backend the
+ * same bits (the dispatch takes it), with acc adding onto what is there, a repeat the same bits
+ * at 2 threads, and 1 against 2 threads within the bound. Shapes it does not take return -1.
+ */
+START_TEST(test_conv_winograd_dw)
+{
+    /* N, C, H, W, K */
+    static const int shapes[][5] = {
+        {1, 5, 7, 9, 3},     {1, 3, 1, 1, 2},    {3, 2, 5, 6, 9},   {2, 17, 9, 7, 19},
+        {1, 33, 13, 11, 24}, {20, 16, 7, 7, 16}, {3, 64, 7, 7, 48}, {2, 16, 28, 28, 32},
+    };
+    int old = mge_cpu_threads();
+    rng_state = 19;
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        const int *z = shapes[i];
+        int N = z[0], C = z[1], H = z[2], W = z[3], K = z[4];
+        int64_t nx = (int64_t)N * C * H * W, nw = (int64_t)K * C * 9, ny = (int64_t)N * K * H * W;
+        float *x = rnd_new(nx), *w = rnd_new(nw), *dy = rnd_new(ny), *rx = rnd_new(nx);
+        float *rw = rnd_new(nw), *rb = rnd_new(K), *dw[2] = {rnd_new(nw), rnd_new(nw)};
+        float *via = rnd_new(nw), *base = rnd_new(nw), *acc = copy_new(base, nw);
+        struct mge_cpu_conv cv = {N, C, H, W, K, 3, 3, 1, 1, 0, 0, 0};
+        double tol = 1e-5 * sqrt((double)N * H * W) + 1e-5;
+        mge_cpu_set_threads(2);
+        ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+        void *scratch = malloc(mge__conv_scratch_bytes_with(MGE__CONV_WINOGRAD, &cv));
+        ck_assert_ptr_nonnull(scratch);
+        conv_naive_backward(&cv, rx, rw, rb, dy, x, w);
+        for (int t = 1; t <= 2; t++) {
+            mge_cpu_set_threads(t);
+            ck_assert_int_eq(mge__conv_winograd_backward_weights(&cv, dw[t - 1], dy, x, scratch, 0),
+                             0);
+            assert_close("winograd dw", dw[t - 1], rw, nw, 1e-4, tol);
+        }
+        assert_close("winograd dw, 1 vs 2 threads", dw[0], dw[1], nw, 1e-4, tol);
+        mge__cpu_conv2d_backward_with(MGE__CONV_WINOGRAD, &cv, NULL, via, NULL, dy, x, w, scratch,
+                                      0);
+        ck_assert(memcmp(via, dw[1], sizeof(float) * nw) == 0);
+        ck_assert_int_eq(mge__conv_winograd_backward_weights(&cv, via, dy, x, scratch, 0), 0);
+        ck_assert(memcmp(via, dw[1], sizeof(float) * nw) == 0);
+        ck_assert_int_eq(mge__conv_winograd_backward_weights(&cv, acc, dy, x, scratch, 1), 0);
+        assert_acc("winograd dw", acc, base, dw[1], nw);
+        free(scratch), free(x), free(w), free(dy), free(rx), free(rw), free(rb), free(dw[0]);
+        free(dw[1]), free(via), free(base), free(acc);
+    }
+    /* stride 2, 5x5 and pad 0: not Winograd's, nothing written */
+    static const int no[][5] = {{3, 3, 2, 2}, {5, 5, 1, 2}, {3, 3, 1, 0}};
+    for (int i = 0; i < 3; i++) {
+        struct mge_cpu_conv cv = {2, 3, 8, 8, 4, no[i][0], no[i][1], no[i][2], no[i][3], 0, 0, 0};
+        ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
+        float dw = 7.0f;
+        ck_assert_int_eq(mge__conv_winograd_backward_weights(&cv, &dw, NULL, NULL, NULL, 0), -1);
+        ck_assert(dw == 7.0f);
+    }
+    mge_cpu_set_threads(old);
+}
+END_TEST
+
 START_TEST(test_conv_init_invalid)
 {
     struct mge_cpu_conv bad = {1, 1, 4, 4, 1, 5, 5, 1, 0, 0, 0, 0};
@@ -1373,6 +1434,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_conv_resnet_batch);
     tcase_add_test(tc, test_conv_winograd);
     tcase_add_test(tc, test_conv_winograd_threads);
+    tcase_add_test(tc, test_conv_winograd_dw);
     tcase_add_test(tc, test_conv_init_invalid);
     tcase_add_test(tc, test_conv_stride2);
     tcase_add_test(tc, test_conv_lenet_deterministic);
