@@ -324,7 +324,7 @@ int mge__conv_winograd_backward_data(const struct mge_cpu_conv *cv, float *dinp,
  * for the same thread count, as direct's dw.
  */
 
-#define DW_MIN_TILES 128 /* tiles a dw work item should have: images are grouped up to this */
+#define DW_MIN_TILES 64 /* tiles a dw work item should have: images are grouped up to this */
 
 struct dwplan {
     int C, K, H, W, N;
@@ -365,25 +365,31 @@ static void dw_plan_init(struct dwplan *pl, const struct mge_cpu_conv *cv)
  * @rw positions, offset by (oh, ow). Whole V x V blocks go through registers (transpose16).
  */
 MGE__CPU_CLONES
-static void to_channels_last(float *restrict dst, const float *restrict src, int C, int Cp, int n,
-                             int w, int rw, int oh, int ow)
+static void to_channels_last(float *restrict dst, const float *restrict src, const float *next,
+                             int C, int Cp, int n, int w, int rw, int oh, int ow)
 {
-    int i0 = 0;
-    for (; i0 + V <= n; i0 += V)
-        for (int c0 = 0; c0 < Cp; c0 += V) {
+    int nb = n / V * V;
+    for (int c0 = 0; c0 < Cp; c0 += V)
+        for (int i0 = 0; i0 < nb; i0 += V) {
             vf t[V];
 #pragma GCC unroll 16
             for (int r = 0; r < V; r++)
                 t[r] = c0 + r < C ? ld(src + (size_t)(c0 + r) * n + i0) : (vf){0};
+            if (next)
+#pragma GCC unroll 16
+                for (int r = 0; r < V; r++)
+                    if (c0 + r < C)
+                        __builtin_prefetch(next + (size_t)(c0 + r) * n + i0, 0, 2);
             transpose16(t);
+            int h = i0 / w, q = i0 % w;
 #pragma GCC unroll 16
             for (int j = 0; j < V; j++) {
-                int i = i0 + j;
-                float *d = dst + ((size_t)(i / w + oh) * rw + i % w + ow) * Cp + c0;
-                memcpy(d, &t[j], sizeof(vf));
+                memcpy(dst + ((size_t)(h + oh) * rw + q + ow) * Cp + c0, &t[j], sizeof(vf));
+                if (++q == w)
+                    q = 0, h++;
             }
         }
-    for (int i = i0; i < n; i++) {
+    for (int i = nb; i < n; i++) {
         float *d = dst + ((size_t)(i / w + oh) * rw + i % w + ow) * Cp;
         for (int c = 0; c < Cp; c++)
             d[c] = c < C ? src[(size_t)c * n + i] : 0.0f;
@@ -510,10 +516,12 @@ static void dw_group(const struct dwplan *pl, float *sl, const float *dout, cons
 {
     size_t hw = (size_t)pl->H * pl->W;
     for (int n = n0; n < n1; n++) {
-        const float *dy = dout + (size_t)n * pl->K * hw;
-        to_channels_last(sl + pl->xp, inp + (size_t)n * pl->C * hw, pl->C, pl->Cp, (int)hw, pl->W,
-                         pl->Wx, 1, 1);
-        to_channels_last(sl + pl->dyp, dy, pl->K, pl->Kp, (int)hw, pl->W, 2 * pl->TW, 0, 0);
+        const float *x = inp + (size_t)n * pl->C * hw, *dy = dout + (size_t)n * pl->K * hw;
+        int more = n + 1 < pl->N; /* a thread's groups are consecutive (schedule(static)) */
+        to_channels_last(sl + pl->xp, x, more ? x + (size_t)pl->C * hw : NULL, pl->C, pl->Cp,
+                         (int)hw, pl->W, pl->Wx, 1, 1);
+        to_channels_last(sl + pl->dyp, dy, more ? dy + (size_t)pl->K * hw : NULL, pl->K, pl->Kp,
+                         (int)hw, pl->W, 2 * pl->TW, 0, 0);
         dw_input_tiles(pl, sl + pl->vt, sl + pl->xp, (n - n0) * pl->NT);
         dw_output_tiles(pl, sl + pl->mt, sl + pl->dyp, (n - n0) * pl->NT);
     }
