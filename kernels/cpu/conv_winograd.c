@@ -29,8 +29,8 @@
 struct wgeo {
     int Ci, Co, H, W;
     int TH, TW; /* tile rows and columns */
-    int Wp;     /* padded row: 2 * TW + 2 (pad column, W, zeros) */
-    int NU;     /* tiles per image, TH * (TW + 1): one junk tile ends each row (see below) */
+    int Wp;     /* padded row: 2 * TW + 2 (pad column, W, zeros), or W + 1 for an odd W */
+    int NU;     /* tiles per image, TH * Wp / 2: one junk tile ends each row of an even W */
     int G;      /* images per work item */
     int Tp;     /* tiles of a work item, rounded up to whole vectors */
     int Kp;     /* Co rounded up to KB */
@@ -58,7 +58,7 @@ static void plan_init(struct wplan *pl, const struct mge_cpu_conv *cv, int data)
     g->Co = data ? cv->C : cv->K;
     g->H = cv->H, g->W = cv->W;
     g->TH = (g->H + 1) / 2, g->TW = (g->W + 1) / 2;
-    g->Wp = 2 * g->TW + 2, g->NU = g->TH * (g->TW + 1);
+    g->Wp = g->W % 2 ? g->W + 1 : 2 * g->TW + 2, g->NU = g->TH * g->Wp / 2;
     g->G = (MIN_TILES + g->NU - 1) / g->NU;
     if (g->G > cv->N)
         g->G = cv->N;
@@ -70,7 +70,7 @@ static void plan_init(struct wplan *pl, const struct mge_cpu_conv *cv, int data)
     pl->slot0 = up16((size_t)NX * g->Kp * g->Ci);
     pl->zr = 0;
     pl->tmp = up16((size_t)g->W);
-    pl->tmps = up16((size_t)g->TH * g->Wp + 4); /* the last junk tile reads 2 floats past */
+    pl->tmps = up16((size_t)g->TH * g->Wp + 4); /* the last tile reads 2 floats past */
     pl->vt = pl->tmp + 8 * pl->tmps;
     pl->mt = pl->vt + (size_t)NX * g->Ci * g->Tp;
     pl->slot = pl->mt + (size_t)NX * g->Kp * g->Tp;
@@ -125,10 +125,18 @@ static void filter_transform(const struct wgeo *g, float *restrict u, const floa
  * The tile transforms run in two passes over flat planes. Tile (ty, tx) reads padded rows
  * 2 ty .. 2 ty + 3 and columns 2 tx .. 2 tx + 3. The vertical pass combines each tile row's 4
  * input rows into 4 rows of Wp (B^T d along columns), stored one tile row after another: tile
- * (ty, tx) then starts at ty * Wp + 2 tx = 2 u for u = ty * (TW + 1) + tx, and the horizontal
+ * (ty, tx) then starts at ty * Wp + 2 tx = 2 u for u = ty * Wp / 2 + tx, and the horizontal
  * pass (times B) is one long stride-2 loop over u, which vectorises on a 7-wide image too. The
- * price is tile tx = TW of each row, computed and dropped (7x7: 20 tiles for 16). The output
- * transform is the same two passes the other way round.
+ * output transform is the same two passes the other way round.
+ *
+ * A row's last tile reads columns W - 1 .. W + 2 of the padded row (odd W) or W - 2 .. W + 1
+ * (even W). For an even W the rows are 2 TW + 2 = W + 2 apart, and the price of the long loop
+ * is tile tx = TW of each row, computed and dropped (14x14: 56 tiles for 49). For an odd W the
+ * rows are W + 1 apart, so the right pad column of a row is the left one of the next, both
+ * zero, and there is no junk tile (7x7: 16 tiles, where it was 20 until 2026-11): the last
+ * tile's fourth column (W + 2) then reads the next row's first input value instead of a zero,
+ * which only enters V's fourth column, hence M's, which only the tile's second output column
+ * uses: output column W, past the image, dropped.
  */
 
 /* One tile row's B^T d: 4 rows of n from the 4 input rows */
