@@ -388,8 +388,9 @@ static int direct_for_data(int b, int bf16, const struct mge_cpu_conv *cv)
  * pad-1 fp32 conv with at least MGE__CONV_WINOGRAD_MIN_C channels in and out, unless
  * $MGE_CONV_WINOGRAD=0. ResNet-20's convs at batch 128, one thread, CPU ms per call (direct
  * against Winograd; backward is dinp + dw, dw direct in both; tests/bench/run_conv.sh under
- * load 4): 16x28x28 fwd 5.08 / 4.04, bwd 12.10 / 11.87; 32x14x14 fwd 5.09 / 3.42, bwd 10.28 /
- * 8.71; 64x7x7 fwd 5.68 / 4.81, bwd 10.60 / 9.61. Few channels leave the tile transforms
+ * load 4, before odd widths lost their junk tile): 16x28x28 fwd 5.08 / 4.04, bwd 12.10 / 11.87;
+ * 32x14x14 fwd 5.09 / 3.42, bwd 10.28 / 8.71; 64x7x7 fwd 5.68 / 4.81, bwd 10.60 / 9.61. Few
+ * channels leave the tile transforms
  * (linear in C + K) heavier than the GEMMs (C * K), hence the bound. A work item is at least one
  * whole image, whose transformed tiles take 16 / 4 = 4x its input and output: beyond 32x32 maps
  * (not measured) they leave L2, so "auto" stops there.
@@ -437,8 +438,9 @@ static int use_stride2(int b, int bf16, const struct mge_cpu_conv *cv)
 /*
  * Whether the weight gradient of @cv runs Winograd too: wherever its forward does, unless
  * $MGE_CONV_WINOGRAD_DW=0 (a switch for before/after benchmarks in one build). ResNet-20's
- * convs at batch 128, one thread, CPU ms per dw call, direct against Winograd: see
- * docs/benchmarks.md, "Winograd F(2x2, 3x3)".
+ * convs at batch 128, one thread, CPU ms per dinp + dw (tests/bench/run_conv.sh, load ~5,
+ * direct dw against Winograd dw): 16x28x28 12.3 / 10.4, 32x14x14 9.1 / 7.1, 64x7x7 9.1 / 7.6;
+ * see docs/benchmarks.md, "Winograd F(2x2, 3x3)".
  */
 static int use_winograd_dw(int b, int bf16, const struct mge_cpu_conv *cv)
 {

@@ -1,6 +1,6 @@
 /*
  * conv_winograd.c: Winograd F(2x2, 3x3) convolution for 3x3, stride-1, pad-1 convs (ResNet's),
- * forward and data gradient; conv.c picks it and keeps the direct kernel for the weight gradient.
+ * forward, data gradient and weight gradient (the last in its own section below); conv.c picks it.
  *
  * Each 2x2 block of outputs ("tile") comes from a 4x4 window of the input: V = B^T d B per input
  * channel, M = sum over c of U[c] .* V[c] with U = G g G^T per filter, and Y = A^T M A: 16

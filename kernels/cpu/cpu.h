@@ -210,9 +210,9 @@ void mge_cpu_conv2d_backward_bf16(const struct mge_cpu_conv *cv, float *dinp, fl
 
 /* Name of the conv backend in use ("im2col", "dnnl", "direct", "winograd", or "auto": direct,
  * except im2col for convs of more than 8 input channels and outputs narrower than 16, and
- * Winograd for the forward and dinp of 3x3 stride-1 pad-1 convs of >= 16 channels on maps up to
- * 32x32 unless
- * $MGE_CONV_WINOGRAD=0); $MGE_CONV overrides the default. Read once, at the first conv call. */
+ * Winograd for the forward, dinp and dw of 3x3 stride-1 pad-1 convs of >= 16 channels on maps
+ * up to 32x32 unless $MGE_CONV_WINOGRAD=0 (all of it) or $MGE_CONV_WINOGRAD_DW=0 (dw only);
+ * $MGE_CONV overrides the default. Read once, at the first conv call. */
 const char *mge_cpu_conv_backend(void);
 
 struct mge_cpu_pool {
