@@ -95,27 +95,35 @@ conv_tile(const int KB, const int QB, const struct geo *g, float *o, size_t ostr
 
 typedef int vi __attribute__((vector_size(V * sizeof(int))));
 
+/* Lane l of the two-vector shuffles that swap the off-diagonal b x b sub-blocks of a pair */
+#define TR_LO(b, l) ((l) & (b) ? V + (l) - (b) : (l))
+#define TR_HI(b, l) ((l) & (b) ? V + (l) : (l) + (b))
+#define TR_LANES(f, b)                                                                             \
+    {                                                                                              \
+        f(b, 0), f(b, 1), f(b, 2), f(b, 3), f(b, 4), f(b, 5), f(b, 6), f(b, 7), f(b, 8), f(b, 9),  \
+            f(b, 10), f(b, 11), f(b, 12), f(b, 13), f(b, 14), f(b, 15)                             \
+    }
+
 /*
  * t[j][i] = t[i][j] in place for a V x V block held as V vectors: four rounds of two-vector
- * shuffles, each swapping the off-diagonal sub-blocks of one size (no scalar copies).
+ * shuffles, each swapping the off-diagonal sub-blocks of one size (no scalar copies). The lane
+ * tables are constants: built in a loop, GCC rebuilt them on the stack at every call.
  */
 static inline __attribute__((always_inline)) void transpose16(vf t[V])
 {
+    static const vi lo[4] = {TR_LANES(TR_LO, 8), TR_LANES(TR_LO, 4), TR_LANES(TR_LO, 2),
+                             TR_LANES(TR_LO, 1)};
+    static const vi hi[4] = {TR_LANES(TR_HI, 8), TR_LANES(TR_HI, 4), TR_LANES(TR_HI, 2),
+                             TR_LANES(TR_HI, 1)};
 #pragma GCC unroll 4
-    for (int b = V / 2; b >= 1; b /= 2) {
-        vi lo, hi;
-        for (int l = 0; l < V; l++) {
-            lo[l] = l & b ? V + l - b : l;
-            hi[l] = l & b ? V + l : l + b;
-        }
+    for (int i = 0, b = V / 2; i < 4; i++, b /= 2)
 #pragma GCC unroll 16
         for (int r = 0; r < V; r++)
             if (!(r & b)) {
                 vf a = t[r], c = t[r + b];
-                t[r] = __builtin_shuffle(a, c, lo);
-                t[r + b] = __builtin_shuffle(a, c, hi);
+                t[r] = __builtin_shuffle(a, c, lo[i]);
+                t[r + b] = __builtin_shuffle(a, c, hi[i]);
             }
-    }
 }
 
 /* The first 64-byte boundary in @scratch (callers size scratch with 64 bytes to spare) */
