@@ -354,28 +354,11 @@ static int kl_ok(const struct geo *g)
     return g->R == 3 && g->S == 3 && g->K % V == 0 && g->C >= KL_MIN_C;
 }
 
-/*
- * dyt (PQ, K) = dy (K, PQ) transposed, K a multiple of V: V x V blocks transposed in registers
- * (transpose16), the last PQ % V pixels one by one. Scalar copies took a fifth of a 16x28x28 dw.
- */
+/* dyt (PQ, K) = dy (K, PQ) transposed (conv_tile_int.h), compiled for each target */
 MGE__CPU_CLONES
 static void kl_transpose(float *restrict dyt, const float *restrict dy, int K, size_t PQ)
 {
-    size_t i0 = 0;
-    for (; i0 + V <= PQ; i0 += V)
-        for (int k0 = 0; k0 < K; k0 += V) {
-            vf t[V];
-#pragma GCC unroll 16
-            for (int r = 0; r < V; r++)
-                t[r] = ld(dy + (size_t)(k0 + r) * PQ + i0);
-            transpose16(t);
-#pragma GCC unroll 16
-            for (int j = 0; j < V; j++)
-                memcpy(dyt + (i0 + j) * K + k0, &t[j], sizeof(vf));
-        }
-    for (int k = 0; k < K; k++)
-        for (size_t i = i0; i < PQ; i++)
-            dyt[i * K + k] = dy[(size_t)k * PQ + i];
+    transpose_pixels(dyt, dy, K, PQ);
 }
 
 /* One image's k-lanes dw: dwk (C, 3, 3, K) += dw of dyt (P * Q, K) against xp */

@@ -365,19 +365,11 @@ static void s2_kl_image(const struct s2 *s, float *dwk, const float *xph, const 
         }
 }
 
-/*
- * dyt (PQ, K) = dy (K, PQ) transposed, a block of V pixels at a time.
- * NEEDSWORK: conv_direct.c's in-register 16 x 16 transpose would serve here once it is shared.
- */
+/* dyt (PQ, K) = dy (K, PQ) transposed (conv_tile_int.h; K is a multiple of V, s2_kl_ok) */
 MGE__CPU_CLONES
 static void s2_transpose(float *restrict dyt, const float *restrict dy, int K, size_t PQ)
 {
-    for (size_t i0 = 0; i0 < PQ; i0 += V) {
-        size_t i1 = i0 + V < PQ ? i0 + V : PQ;
-        for (int k = 0; k < K; k++)
-            for (size_t i = i0; i < i1; i++)
-                dyt[i * K + k] = dy[(size_t)k * PQ + i];
-    }
+    transpose_pixels(dyt, dy, K, PQ);
 }
 
 MGE__CPU_CLONES
