@@ -944,6 +944,8 @@ static void grow_check(struct mge_sched *s)
  * step it committed is lost. The grow is planned again first: a worker taken meanwhile cancels it.
  * Lock held.
  */
+static bool attempt_requeue(struct mge_sched *s, int64_t job, int attempt, const char *reason,
+                            bool *requeued);
 static bool preempt_end(struct mge_sched *s, int64_t job, int attempt, const char *reason);
 
 static void at_checkpoint(struct mge_sched *s, int wi, const struct mge_store_line *lines, size_t n)
@@ -971,13 +973,10 @@ static void at_checkpoint(struct mge_sched *s, int wi, const struct mge_store_li
         if (!r0->grow_to)
             continue;
         snprintf(reason, sizeof(reason), "%s: growing", why);
-        if (mge_store_job_requeue(s->st, r0->job_id, r0->attempt, reason, false, &requeued) !=
-            MGE_OK)
+        if (!attempt_requeue(s, r0->job_id, r0->attempt, reason, &requeued))
             continue; /* the next checkpoint tries again */
         mge_log_info("job %lld attempt %d: %s %d -> %d at checkpoint '%.80s'",
                      (long long)r0->job_id, r0->attempt, reason, r0->world, r0->grow_to, l->text);
-        attempt_finish(s, r0->job_id, r0->attempt, true);
-        s->dirty = true;
     }
 }
 
@@ -1059,17 +1058,27 @@ static int workers_fitting(const struct mge_sched *s, const struct mge_job_row *
     return fit;
 }
 
-/* End attempt (@job, @attempt) for a preemption: requeued, not charged to its restarts, its
- * ranks cancelled. Whether it was (else the next pass tries again). Lock held. */
+/* End attempt (@job, @attempt), requeued and not charged to its restarts (a preemption, a
+ * grow), its ranks cancelled; *@requeued: whether the job went back in line (else it failed, at
+ * its cap). False when the store could not write it (the caller tries again later). Lock held. */
+static bool attempt_requeue(struct mge_sched *s, int64_t job, int attempt, const char *reason,
+                            bool *requeued)
+{
+    if (mge_store_job_requeue(s->st, job, attempt, reason, false, requeued) != MGE_OK)
+        return false;
+    attempt_finish(s, job, attempt, true);
+    s->dirty = true;
+    return true;
+}
+
+/* End attempt (@job, @attempt) for a preemption (@reason). Whether it was. Lock held. */
 static bool preempt_end(struct mge_sched *s, int64_t job, int attempt, const char *reason)
 {
     bool requeued = false;
-    if (mge_store_job_requeue(s->st, job, attempt, reason, false, &requeued) != MGE_OK)
+    if (!attempt_requeue(s, job, attempt, reason, &requeued))
         return false;
     mge_log_warn("job %lld attempt %d: %s: %s", (long long)job, attempt, reason,
                  requeued ? "requeued" : "failed");
-    attempt_finish(s, job, attempt, true);
-    s->dirty = true;
     return true;
 }
 
