@@ -32,13 +32,25 @@
  *       takes over its session) uploads FILE as checkpoint CKPT_NAME of JOB's ATTEMPT to the
  *       coordinator's store, in 1 MiB chunks (Heartbeat.upload), declaring SIZE bytes if given.
  *       Prints each answer. Exit 0 when the upload was refused, 1 when it was committed.
+ *   mge-forge mitm LISTEN_URL UPSTREAM_URL PORT_FILE JOB SECONDS
+ *       a man in the middle between a worker and the coordinator (the worker's --coordinator is
+ *       this tool: the port it listens on goes to PORT_FILE as "port=N"). It relays frames and
+ *       replies and keeps the genuine reply that assigned JOB; four relayed frames later it
+ *       answers the worker's next frames itself, one attack each: that Assign reply again
+ *       (replayed: an old counter, a genuine MAC), that reply with its counter changed to the
+ *       frame's, a reply asking JOB for a checkpoint and assigning a job JOB+1000 with a MAC of
+ *       zeros, then one that also cancels JOB without a MAC, and that one as a refusal (an
+ *       error). Then it relays again until SECONDS have passed since it started. Prints
+ *       "attacks done" after the fifth. Exit 0 when all five were sent.
  */
 #include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/crypto.h"
 #include "proto/worker.pb-c.h"
@@ -545,6 +557,182 @@ static int forge_launch(const char *url, long long job, int attempt, int rank, c
     return code;
 }
 
+/* A forged ToWorker for mitm: ask @job for a checkpoint, assign job @job + 1000, and when
+ * @cancel, cancel @job (after the checkpoint: a worker that obeyed would do both). */
+static uint8_t *forged_to_worker(long long job, int attempt, bool cancel, bool refusal, bool reg,
+                                 size_t *len)
+{
+    Mge__ToWorker tw = MGE__TO_WORKER__INIT;
+    Mge__Cancel c = MGE__CANCEL__INIT, *cp[1] = {&c};
+    Mge__CkptRequest k = MGE__CKPT_REQUEST__INIT, *kp[1] = {&k};
+    Mge__Assign a = MGE__ASSIGN__INIT, *ap[1] = {&a};
+    uint8_t *b;
+    c.job_id = job, c.grace_ms = 0; /* attempt 0: every attempt */
+    k.job_id = job, k.attempt = attempt;
+    a.job_id = job + 1000, a.attempt = 1, a.world_size = 1;
+    a.spec_yaml = (char *)"name: forged\nmodel: {type: mlp, hidden: [8]}\n"
+                          "data: {format: synthetic, train_size: 64, test_size: 64, input_dim: 4, "
+                          "classes: 2}\ntrain: {steps: 1000000, batch_size: 8, optimizer: {type: "
+                          "sgd, lr: 0.1}}\n";
+    tw.n_cancel = cancel ? 1 : 0, tw.cancel = cp;
+    tw.n_checkpoint = 1, tw.checkpoint = kp;
+    tw.n_assign = 1, tw.assign = ap;
+    if (refusal)
+        tw.error = (char *)"forged refusal that carries commands";
+    if (reg)
+        tw.worker_id = (char *)"w-forged";
+    *len = mge__to_worker__get_packed_size(&tw);
+    b = malloc(*len ? *len : 1);
+    if (!b)
+        exit(2);
+    mge__to_worker__pack(&tw, b);
+    return b;
+}
+
+/* Pack @lr into a new message for nng_sendmsg, or exit. */
+static nng_msg *reply_msg(const Mge__LinkReply *lr)
+{
+    nng_msg *m;
+    size_t len = mge__link_reply__get_packed_size(lr);
+    if (nng_msg_alloc(&m, len) != 0)
+        exit(2);
+    mge__link_reply__pack(lr, nng_msg_body(m));
+    return m;
+}
+
+/*
+ * The attack @i (0..4) as the answer to a frame with counter @counter; @assign is the genuine
+ * reply that assigned the job (a packed LinkReply). To a Register (@reg) a reply carries a
+ * worker id and a server nonce, as a genuine one does, so that the worker gets as far as its MAC.
+ */
+static nng_msg *mitm_attack(int i, uint64_t counter, bool reg, const uint8_t *assign,
+                            size_t assign_len, long long job, int attempt, const char **what)
+{
+    static const char *names[5] = {"the Assign reply replayed", "the Assign reply, counter changed",
+                                   "forged commands (no cancel), MAC of zeros",
+                                   "forged commands, no MAC", "forged commands in a refusal"};
+    uint8_t zeros[MGE_HMAC_LEN] = {0}, nonce[MGE_NONCE_LEN], *body;
+    Mge__LinkReply *old, lr = MGE__LINK_REPLY__INIT;
+    nng_msg *m;
+    size_t len;
+    *what = names[i];
+    memset(nonce, 0x5a, sizeof(nonce));
+    if (i == 0) {
+        if (nng_msg_alloc(&m, assign_len) != 0)
+            exit(2);
+        memcpy(nng_msg_body(m), assign, assign_len);
+        return m;
+    }
+    if (i == 1) {
+        old = mge__link_reply__unpack(NULL, assign_len, assign);
+        Mge__ToWorker *tw =
+            old ? mge__to_worker__unpack(NULL, old->body.len, old->body.data) : NULL;
+        if (!tw)
+            exit(2);
+        char *id = tw->worker_id; /* the unpacked message frees its own string */
+        lr = *old;
+        if (reg)
+            tw->worker_id = (char *)"w-forged";
+        body = malloc(mge__to_worker__get_packed_size(tw) + 1);
+        if (!body)
+            exit(2);
+        lr.body.data = body, lr.body.len = mge__to_worker__pack(tw, body);
+        tw->worker_id = id;
+        mge__to_worker__free_unpacked(tw, NULL);
+    } else {
+        body = forged_to_worker(job, attempt, i != 2, i == 4, reg, &len);
+        lr.body.data = body, lr.body.len = len;
+        if (i == 2)
+            lr.mac.data = zeros, lr.mac.len = sizeof(zeros);
+        old = NULL;
+    }
+    lr.counter = counter;
+    if (reg)
+        lr.nonce.data = nonce, lr.nonce.len = sizeof(nonce);
+    m = reply_msg(&lr);
+    free(body);
+    mge__link_reply__free_unpacked(old, NULL);
+    return m;
+}
+
+static int forge_mitm(const char *listen, const char *upstream, const char *port_file,
+                      long long job, int seconds)
+{
+    nng_socket rep, req = dial(upstream);
+    nng_listener lst;
+    uint8_t *assign = NULL;
+    size_t assign_len = 0;
+    int rv, port = 0, after = 0, attack = 0, attempt = 0;
+    time_t end = time(NULL) + seconds;
+    FILE *f;
+
+    if ((rv = nng_rep0_open(&rep)) != 0 || (rv = nng_listen(rep, listen, &lst, 0)) != 0 ||
+        (rv = nng_listener_get_int(lst, NNG_OPT_TCP_BOUND_PORT, &port)) != 0) {
+        fprintf(stderr, "mge-forge: cannot listen on '%s': %s\n", listen, nng_strerror(rv));
+        return 2;
+    }
+    nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, 500);
+    if (!(f = fopen(port_file, "w")) || fprintf(f, "port=%d\n", port) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "mge-forge: cannot write '%s'\n", port_file);
+        return 2;
+    }
+    while (time(NULL) < end) {
+        nng_msg *in, *out;
+        if (nng_recvmsg(rep, &in, 0) != 0)
+            continue;
+        Mge__LinkFrame *fr = mge__link_frame__unpack(NULL, nng_msg_len(in), nng_msg_body(in));
+        uint64_t counter = fr ? fr->counter : 0;
+        bool reg = fr && fr->nonce.len;
+        mge__link_frame__free_unpacked(fr, NULL);
+        if (assign && after >= 4 && attack < 5) {
+            const char *what;
+            out = mitm_attack(attack, counter, reg, assign, assign_len, job, attempt, &what);
+            printf("attack %d on %s %llu: %s\n", attack + 1, reg ? "Register" : "frame",
+                   (unsigned long long)counter, what);
+            if (++attack == 5)
+                printf("attacks done\n");
+            fflush(stdout);
+            nng_msg_free(in);
+            if (nng_sendmsg(rep, out, 0) != 0)
+                nng_msg_free(out);
+            continue;
+        }
+        if (nng_sendmsg(req, in, 0) != 0 || nng_recvmsg(req, &out, 0) != 0) {
+            nng_msg_free(in);
+            fprintf(stderr, "mge-forge: the coordinator did not answer\n");
+            continue; /* the worker's request times out and it retries */
+        }
+        if (assign)
+            after++;
+        else {
+            Mge__LinkReply *lr = mge__link_reply__unpack(NULL, nng_msg_len(out), nng_msg_body(out));
+            Mge__ToWorker *tw =
+                lr ? mge__to_worker__unpack(NULL, lr->body.len, lr->body.data) : NULL;
+            for (size_t i = 0; tw && i < tw->n_assign; i++)
+                if (tw->assign[i]->job_id == job && lr->mac.len) {
+                    attempt = tw->assign[i]->attempt;
+                    assign_len = nng_msg_len(out);
+                    assign = malloc(assign_len);
+                    if (!assign)
+                        exit(2);
+                    memcpy(assign, nng_msg_body(out), assign_len);
+                    printf("relayed the genuine Assign of job %lld attempt %d (frame %llu)\n", job,
+                           attempt, (unsigned long long)lr->counter);
+                    fflush(stdout);
+                    break;
+                }
+            mge__to_worker__free_unpacked(tw, NULL);
+            mge__link_reply__free_unpacked(lr, NULL);
+        }
+        if (nng_sendmsg(rep, out, 0) != 0)
+            nng_msg_free(out);
+    }
+    free(assign);
+    nng_close(rep);
+    nng_close(req);
+    return attack == 5 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 7 && !strcmp(argv[1], "heartbeat"))
@@ -563,6 +751,8 @@ int main(int argc, char **argv)
     if (argc == 8 && !strcmp(argv[1], "launch"))
         return forge_launch(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), argv[6],
                             argv[7]);
+    if (argc == 7 && !strcmp(argv[1], "mitm"))
+        return forge_mitm(argv[2], argv[3], argv[4], atoll(argv[5]), atoi(argv[6]));
     fprintf(stderr, "usage: see the top of tests/tools/mge-forge.c (an attack tool for tests)\n");
     return 2;
 }
