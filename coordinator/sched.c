@@ -99,6 +99,8 @@ struct resv {
                                      for a checkpoint (it ends when that comes), 0: none */
     int64_t preempt_step;         /* rank 0: its step then; a checkpoint this new ends it */
     char preempt_why[160];        /* rank 0: "preempted by job 7 (priority 10)" */
+    int64_t preempt_by;           /* rank 0: the job the preemption makes room for (7) ... */
+    int preempt_by_attempt;       /* ... in this attempt of it: while it waits for the room */
 };
 
 /* A requeue the store could not write: the job stays running there until a retry succeeds. */
@@ -947,6 +949,7 @@ static void grow_check(struct mge_sched *s)
 static bool attempt_requeue(struct mge_sched *s, int64_t job, int attempt, const char *reason,
                             bool *requeued);
 static bool preempt_end(struct mge_sched *s, int64_t job, int attempt, const char *reason);
+static bool preempt_still_wanted(struct mge_sched *s, struct resv *r0);
 
 static void at_checkpoint(struct mge_sched *s, int wi, const struct mge_store_line *lines, size_t n)
 {
@@ -962,7 +965,8 @@ static void at_checkpoint(struct mge_sched *s, int wi, const struct mge_store_li
         if (!r0 || r0->widx != wi || r0->finished || r0->failing)
             continue;
         /* a preemption waits for a checkpoint of the step it found the attempt at, or newer */
-        if (r0->preempt_at && sscanf(l->text, "%*s %lld", &step) == 1 && step >= r0->preempt_step) {
+        if (r0->preempt_at && sscanf(l->text, "%*s %lld", &step) == 1 && step >= r0->preempt_step &&
+            preempt_still_wanted(s, r0)) {
             snprintf(reason, sizeof(reason), "%s", r0->preempt_why);
             preempt_end(s, r0->job_id, r0->attempt, reason);
             continue;
@@ -1087,10 +1091,12 @@ static bool preempt_end(struct mge_sched *s, int64_t job, int attempt, const cha
  * worker of rank 0 sends mge-train SIGUSR2, which writes one at its next step boundary; the
  * attempt ends when a checkpoint of at least the step it had reached is indexed
  * (at_checkpoint) or after opts.preempt_ckpt_ms (preempt_overdue). Meanwhile its slots count as
- * free for preemptions. False when it is not worth asking (off, no step run yet, its worker
- * lost): the caller ends it at once. Lock held.
+ * free for preemptions; if job @by stops waiting for the room meanwhile (cancelled, placed
+ * elsewhere), the preemption is withdrawn (preempt_still_wanted). False when it is not worth
+ * asking (off, no step run yet, its worker lost): the caller ends it at once. Lock held.
  */
-static bool preempt_ask(struct mge_sched *s, struct resv *r0, const char *reason)
+static bool preempt_ask(struct mge_sched *s, struct resv *r0, const struct mge_job_row *by,
+                        const char *reason)
 {
     int64_t now = now_ms(s);
     if (s->opts.preempt_ckpt_ms < 0 || r0->prog.step <= 0 || r0->widx < 0 ||
@@ -1100,6 +1106,8 @@ static bool preempt_ask(struct mge_sched *s, struct resv *r0, const char *reason
         if (s->r[i].job_id == r0->job_id && s->r[i].attempt == r0->attempt)
             s->r[i].preempt_at = now;
     r0->preempt_step = r0->prog.step;
+    r0->preempt_by = by->id;
+    r0->preempt_by_attempt = by->attempt;
     snprintf(r0->preempt_why, sizeof(r0->preempt_why), "%s", reason);
     queue_ckpt(s, r0->widx, r0->job_id, r0->attempt);
     mge_log_info("job %lld attempt %d: %s: asked for a checkpoint of step >= %lld first",
@@ -1107,14 +1115,46 @@ static bool preempt_ask(struct mge_sched *s, struct resv *r0, const char *reason
     return true;
 }
 
-/* Preemptions whose checkpoint did not come in time end their attempts now. Lock held. */
+/*
+ * Whether the preemption pending on the attempt of rank 0 @r0 is still wanted: the job it makes
+ * room for still waits for it (queued, in the same attempt, not placed). If not (cancelled,
+ * failed, placed on room that came elsewhere), the preemption is withdrawn: the attempt trains
+ * on, its slots no longer free, and a checkpoint it wrote on the request is just a checkpoint.
+ * A store that cannot answer keeps the preemption. Lock held.
+ */
+static bool preempt_still_wanted(struct mge_sched *s, struct resv *r0)
+{
+    struct mge_job_row by;
+    const char *why;
+    int rc = mge_store_job_row(s->st, r0->preempt_by, &by);
+    if (rc != MGE_OK && rc != MGE_NOENT)
+        return true;
+    if (rc == MGE_OK && by.state == MGE_JOB_QUEUED && by.attempt == r0->preempt_by_attempt &&
+        !attempt_placed(s, by.id, by.attempt))
+        return true;
+    why = rc == MGE_NOENT                 ? "is gone"
+          : by.state == MGE_JOB_QUEUED    ? "was placed"
+          : by.state == MGE_JOB_RUNNING   ? "was placed"
+          : by.state == MGE_JOB_CANCELLED ? "was cancelled"
+                                          : "ended";
+    for (size_t i = 0; i < s->n_r; i++)
+        if (s->r[i].job_id == r0->job_id && s->r[i].attempt == r0->attempt)
+            s->r[i].preempt_at = 0;
+    mge_log_info("job %lld attempt %d: preemption withdrawn: job %lld %s; training on",
+                 (long long)r0->job_id, r0->attempt, (long long)r0->preempt_by, why);
+    s->dirty = true;
+    return false;
+}
+
+/* Preemptions whose checkpoint did not come in time end their attempts now; those no longer
+ * wanted are withdrawn. Lock held. */
 static void preempt_overdue(struct mge_sched *s)
 {
     int64_t now = now_ms(s);
     for (size_t i = 0; i < s->n_r; i++) {
         struct resv *r0 = &s->r[i];
         char reason[sizeof(r0->preempt_why) + 64];
-        if (r0->rank != 0 || !r0->preempt_at || r0->finished ||
+        if (r0->rank != 0 || !r0->preempt_at || r0->finished || !preempt_still_wanted(s, r0) ||
             now - r0->preempt_at < s->opts.preempt_ckpt_ms)
             continue;
         snprintf(reason, sizeof(reason), "%s; no checkpoint came within %d ms", r0->preempt_why,
@@ -1175,7 +1215,7 @@ static bool preempt_for(struct mge_sched *s, const struct mge_job_row *j)
         struct resv *r0 = resv_find(s, v[k].job_id, v[k].attempt, 0);
         snprintf(reason, sizeof(reason), "preempted by job %lld (priority %d)", (long long)j->id,
                  j->priority);
-        if (r0 && preempt_ask(s, r0, reason)) {
+        if (r0 && preempt_ask(s, r0, j, reason)) {
             done = true;
             continue;
         }

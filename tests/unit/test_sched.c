@@ -1655,6 +1655,48 @@ START_TEST(test_sched_preempt_deadline)
 }
 END_TEST
 
+/* The job a preemption makes room for is cancelled while the victim writes its checkpoint: the
+ * preemption is withdrawn, the victim trains on through its checkpoint and past the deadline,
+ * and a new arrival preempts it again (its slots are not counted free twice). */
+START_TEST(test_sched_preempt_withdrawn)
+{
+    char w1[40];
+    int64_t high, high2, low = preempt_setup(w1, &high);
+    struct mge_rank_report r = running(low, 1, 0);
+    struct mge_sched_cmds c;
+    ck_assert_int_eq(beat(w1, &r, 1, NULL, 0, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_ckpt, 1);
+    mge_sched_cmds_fini(&c);
+    ck_assert_int_eq(mge_sched_job_cancel(g_s, high), MGE_OK);
+    g_now += 1000;
+    mge_sched_tick(g_s);
+    /* the checkpoint it was asked for comes: it does not end the job */
+    step_at_cmds(w1, low, 1, 31, 6, true, &c);
+    ck_assert(!has_cancel(&c, low, 1));
+    mge_sched_cmds_fini(&c);
+    assert_at(low, MGE_JOB_RUNNING, 1);
+    /* nor does the deadline */
+    for (int t = 1; t <= 40; t++) {
+        g_now += 1000;
+        step_at(w1, low, 1, 31 + t, 7 + (uint64_t)t, false);
+        mge_sched_tick(g_s);
+    }
+    assert_at(low, MGE_JOB_RUNNING, 1);
+    /* a new arrival preempts it again: asked for a checkpoint once more */
+    high2 = job_add_priority(2, 10);
+    g_now += 2000;
+    mge_sched_tick(g_s);
+    ck_assert_int_eq(beat(w1, &r, 1, NULL, 0, &c), MGE_OK);
+    ck_assert_uint_eq(c.n_ckpt, 1);
+    mge_sched_cmds_fini(&c);
+    step_at_cmds(w1, low, 1, 80, 60, true, &c);
+    ck_assert(has_cancel(&c, low, 1));
+    mge_sched_cmds_fini(&c);
+    assert_at(low, MGE_JOB_QUEUED, 2);
+    assert_preempted(low, high2, NULL);
+}
+END_TEST
+
 /* Asking off (mge-coordinator --preempt-checkpoint 0), or a job that has not run a step yet:
  * the job is ended at once and nothing is asked. */
 START_TEST(test_sched_preempt_at_once)
@@ -1731,6 +1773,7 @@ static Suite *sched_suite(void)
         {"preempt_checkpoint", test_sched_preempt_asks_checkpoint, 1},
         {"preempt_deadline", test_sched_preempt_deadline, 1},
         {"preempt_at_once", test_sched_preempt_at_once, 2},
+        {"preempt_withdrawn", test_sched_preempt_withdrawn, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);
