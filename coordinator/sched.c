@@ -2154,11 +2154,30 @@ out:
 
 char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
 {
-    char need[160], buf[400], eta[160] = "", gpu_why[200] = "";
-    int total = 0, fit_ever = 0, fit_now = 0, usable = 0;
+    char need[160], buf[600], eta[160] = "", gpu_why[200] = "", pre[200] = "";
+    int total = 0, fit_ever = 0, fit_now = 0, usable = 0, n_pre = 0;
     int n = j->workers_min;
 
     pthread_mutex_lock(&s->mu);
+    /* attempts a preemption for @j asked for their checkpoint: "; preempting job 3 (checkpoint
+     * of step >= 30 asked 2 s ago, at most 30 s)", the first of them named */
+    for (size_t i = 0; i < s->n_r; i++) {
+        const struct resv *r = &s->r[i];
+        if (r->rank != 0 || !r->preempt_at || r->finished || r->preempt_by != j->id ||
+            r->preempt_by_attempt != j->attempt)
+            continue;
+        if (n_pre++ == 0)
+            snprintf(pre, sizeof(pre),
+                     "; preempting job %lld (checkpoint of step >= %lld asked %lld s ago, at "
+                     "most %d s)",
+                     (long long)r->job_id, (long long)r->preempt_step,
+                     (long long)((now_ms(s) - r->preempt_at) / 1000),
+                     s->opts.preempt_ckpt_ms / 1000);
+    }
+    if (n_pre > 1) {
+        size_t len = strlen(pre);
+        snprintf(pre + len, sizeof(pre) - len, " and %d more", n_pre - 1);
+    }
     for (size_t i = 0; i < s->n_w; i++) {
         int cpus;
         uint64_t gpus;
@@ -2228,7 +2247,7 @@ char *mge_sched_pending_reason(struct mge_sched *s, const struct mge_job_row *j)
         snprintf(buf, sizeof(buf), "%s, only %d worker%s that large", need, fit_ever,
                  fit_ever == 1 ? " is" : "s are");
     else if (fit_now < n)
-        snprintf(buf, sizeof(buf), "%s, %d free%s", need, fit_now, eta);
+        snprintf(buf, sizeof(buf), "%s, %d free%s%s", need, fit_now, eta, pre);
     else
         snprintf(buf, sizeof(buf), "%s, %d free: waiting for the scheduler", need, fit_now);
     return mge_strdup(buf);

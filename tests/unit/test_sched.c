@@ -1596,6 +1596,16 @@ START_TEST(test_sched_preempt_asks_checkpoint)
     /* asked, not ended: rank 0's worker gets the request, nothing is cancelled */
     assert_at(low, MGE_JOB_RUNNING, 1);
     assert_at(high, MGE_JOB_QUEUED, 1);
+    {
+        struct mge_job_row row = job_row(high);
+        char *why = mge_sched_pending_reason(g_s, &row), want[160];
+        snprintf(want, sizeof(want),
+                 "; preempting job %lld (checkpoint of step >= 30 asked 0 s ago, at most 30 s)",
+                 (long long)low);
+        ck_assert_ptr_nonnull(why);
+        ck_assert_msg(strstr(why, want) != NULL, "pending reason '%s'", why);
+        mge_free(why);
+    }
     ck_assert_int_eq(beat(w1, &r, 1, NULL, 0, &c), MGE_OK);
     ck_assert_uint_eq(c.n_ckpt, 1);
     ck_assert_int_eq(c.ckpt[0].job_id, low);
