@@ -124,6 +124,9 @@ $(BUILD)/obj/kernels/cpu/conv_direct.o $(BUILD)/obj/kernels/cpu/conv_winograd.o 
     $(BUILD)/obj/kernels/cpu/conv_stride2.o: ALL_CFLAGS += -Wno-psabi
 # kernels: full auto-vectorisation (GCC 12's -O2 only vectorises with its very-cheap model)
 $(BUILD)/obj/kernels/cpu/%.o: OPT += -O3
+# the Winograd weight gradients' shared part and F(4x4)'s transforms: as conv_winograd.o
+$(BUILD)/obj/kernels/cpu/conv_winograd_dw.o $(BUILD)/obj/kernels/cpu/conv_winograd4_dw.o: \
+    ALL_CFLAGS += -ffp-contract=fast -Wno-psabi
 
 $(BUILD)/obj/engine/comm/comm_mpi.o: ALL_CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/obj/engine/comm/comm_nccl.o $(BUILD)/obj/tests/unit/test_comm_nccl.o \

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/conv_winograd_dw_int.h"
 #include "kernels/cpu/cpu_int.h"
 
 /* Per-slot scratch: the column matrix, then the slot's partial dw and dbias (backward). */
@@ -316,11 +317,8 @@ void mge__conv_bias_grad(const struct mge_cpu_conv *cv, float *db, const float *
 /* ---- backend choice ------------------------------------------------------------------------ */
 
 static const char *const conv_names[MGE__CONV_COUNT] = {
-    [MGE__CONV_AUTO] = "auto",
-    [MGE__CONV_IM2COL] = "im2col",
-    [MGE__CONV_DNNL] = "dnnl",
-    [MGE__CONV_DIRECT] = "direct",
-    [MGE__CONV_WINOGRAD] = "winograd",
+    [MGE__CONV_AUTO] = "auto",     [MGE__CONV_IM2COL] = "im2col",     [MGE__CONV_DNNL] = "dnnl",
+    [MGE__CONV_DIRECT] = "direct", [MGE__CONV_WINOGRAD] = "winograd",
 };
 
 const char *mge__conv_backend_name(int b)
@@ -331,6 +329,7 @@ const char *mge__conv_backend_name(int b)
 static int g_conv_backend = MGE__CONV_AUTO;
 static int g_conv_winograd = 1;    /* "auto" may take Winograd; $MGE_CONV_WINOGRAD=0 turns it off */
 static int g_conv_winograd_dw = 1; /* $MGE_CONV_WINOGRAD_DW=0: Winograd's dw off, the rest on */
+static int g_conv_winograd4_dw = 1; /* $MGE_CONV_WINOGRAD4_DW=0: F(2x2)'s dw where F(4x4)'s was */
 static pthread_once_t g_conv_once = PTHREAD_ONCE_INIT;
 
 static void conv_backend_init(void)
@@ -341,6 +340,9 @@ static void conv_backend_init(void)
     const char *wd = getenv("MGE_CONV_WINOGRAD_DW");
     if (wd && strcmp(wd, "0") == 0)
         g_conv_winograd_dw = 0;
+    const char *w4 = getenv("MGE_CONV_WINOGRAD4_DW");
+    if (w4 && strcmp(w4, "0") == 0)
+        g_conv_winograd4_dw = 0;
     const char *s = getenv("MGE_CONV");
     if (!s || !*s)
         return;
@@ -448,6 +450,33 @@ static int use_winograd_dw(int b, int bf16, const struct mge_cpu_conv *cv)
     return g_conv_winograd_dw && use_winograd(b, bf16, cv);
 }
 
+/*
+ * Whether a Winograd weight gradient (use_winograd_dw) is F(4x4, 3x3)'s (conv_winograd4_dw.c)
+ * rather than F(2x2, 3x3)'s: where its GEMMs multiply at most 3/4 as often (36 per 4x4 tile
+ * against 16 per 2x2 tile, partial tiles at the edges counted whole), unless
+ * $MGE_CONV_WINOGRAD4_DW=0. Its transforms cost more per output, so the gain is smaller than the
+ * count's: ResNet-20's convs at batch 128, one thread, CPU ms per dw alone, F(2x2) against
+ * F(4x4) (tests/bench/run_conv.sh ... dw, load 3): 16x28x28 3.18 / 2.13 (multiplies 1.78x
+ * fewer), 32x14x14 2.57 / 2.34 (1.36x), 64x7x7 3.20 / 2.31 (1.78x). A 5x5 or 6x6 map (1.0x)
+ * and a 1x1 one (F(4x4) 2.25x more) stay on F(2x2).
+ */
+int mge__conv_winograd_dw_is_f4(const struct mge_cpu_conv *cv)
+{
+    pthread_once(&g_conv_once, conv_backend_init);
+    long m2 = (long)((cv->H + 1) / 2) * ((cv->W + 1) / 2) * 16;
+    long m4 = (long)((cv->H + 3) / 4) * ((cv->W + 3) / 4) * 36;
+    return g_conv_winograd4_dw && 4 * m4 <= 3 * m2;
+}
+
+/* dw (+)= the weight gradient by the Winograd kernel mge__conv_winograd_dw_is_f4 picks */
+static int winograd_dw(const struct mge_cpu_conv *cv, float *dw, const float *dout,
+                       const float *inp, void *scratch, int acc)
+{
+    if (mge__conv_winograd_dw_is_f4(cv))
+        return mge__conv_winograd4_backward_weights(cv, dw, dout, inp, scratch, acc);
+    return mge__conv_winograd_backward_weights(cv, dw, dout, inp, scratch, acc);
+}
+
 static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
 {
     if (b == MGE__CONV_AUTO) {
@@ -496,6 +525,9 @@ static size_t scratch_bytes(int backend, int bf16, const struct mge_cpu_conv *cv
     }
     if (use_winograd(backend, bf16, cv) && mge__conv_winograd_scratch_bytes(cv) > b)
         b = mge__conv_winograd_scratch_bytes(cv);
+    if (use_winograd_dw(backend, bf16, cv) && mge__conv_winograd_dw_is_f4(cv) &&
+        mge__conv_winograd4_dw_scratch_bytes(cv) > b)
+        b = mge__conv_winograd4_dw_scratch_bytes(cv);
     if (use_stride2(backend, bf16, cv) && mge__conv_stride2_scratch_bytes(cv) > b)
         b = mge__conv_stride2_scratch_bytes(cv);
     return b > fallback ? b : fallback; /* room for the fallback too */
@@ -567,7 +599,7 @@ static void backward_with(int backend, int bf16, const struct mge_cpu_conv *cv, 
         return;
     }
     if (dw && use_winograd_dw(backend, bf16, cv) &&
-        mge__conv_winograd_backward_weights(cv, dw, dout, inp, scratch, acc) == 0) {
+        winograd_dw(cv, dw, dout, inp, scratch, acc) == 0) {
         /* dinp and dbias as they would be without dw (scratch is free again) */
         if (dinp || dbias)
             backward_with(backend, bf16, cv, dinp, NULL, dbias, dout, inp, w, scratch, acc);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kernels/cpu/conv_tile_int.h"
+#include "kernels/cpu/conv_winograd_dw_int.h"
 
 #define KB 8         /* output channels per GEMM register tile (U is packed by it) */
 #define TV 3         /* vectors of tiles per GEMM register tile */
@@ -319,97 +320,21 @@ int mge__conv_winograd_backward_data(const struct mge_cpu_conv *cv, float *dinp,
 /*
  * ---- the weight gradient ---------------------------------------------------------------------
  *
- * The forward is y = A^T [U .* V] A per tile with U = G g G^T, so the weight gradient is its
- * adjoint: dU[xi][k][c] = sum over tiles of dM[xi][k] * V[xi][c] with dM = A dY A^T (dY the
- * tile's 2x2 output gradient, zero past the image), then dw = G^T dU G: 16 GEMMs (K, tiles) x
- * (tiles, C) reducing over tiles, 16 multiplications per 2x2 outputs and channel pair where the
- * direct dw does 36. The reduction runs along tiles, so lanes must hold channels (a lane that
- * summed tiles would need a sum across lanes per element and work item): each image and its
- * output gradient are first transposed to channels last, and both transforms then work on
- * whole vectors of 16 channels per tile, with no junk tile. A work item is a group of whole
- * images (~DW_MIN_TILES tiles); each thread adds its items into its own dU in item order, and
- * the partials are added in thread order before the (double) filter transform: the same bits
- * for the same thread count, as direct's dw.
+ * The adjoint of the forward (conv_winograd_dw_int.h says how; conv_winograd_dw.c runs it): dM =
+ * A dY A^T from each tile's 2x2 output gradient, 16 GEMMs reducing over tiles into dU, dw =
+ * G^T dU G, 16 multiplications per 2x2 outputs and channel pair where the direct dw does 36.
+ * Channels are the lanes (both transforms work on whole vectors of 16 channels per tile, with no
+ * junk tile); F(4x4, 3x3)'s weight gradient (conv_winograd4_dw.c) is the same with 6x6 tiles.
  */
 
 #define DW_MIN_TILES 64 /* tiles a dw work item should have: images are grouped up to this */
 
-struct dwplan {
-    int C, K, H, W, N;
-    int TH, TW, NT; /* tile rows, columns, tiles per image */
-    int Cp, Kp;     /* C and K rounded up to V (channels are the lanes) */
-    int Wx;         /* padded input row, in positions: 2 * TW + 2 */
-    int G, Tg;      /* images per work item, tiles of a full one */
-    int slots;
-    /* float offsets in each slot (stride @slot): the input image channels last, padded by one
-     * (2 TH + 2, Wx, Cp); the output gradient channels last, zero past H and W (2 TH, 2 TW, Kp);
-     * V (16, Tg, Cp); dM (16, Kp / KB, Tg, KB); the partial dU (16, Kp, Cp) */
-    size_t mbs; /* floats between dM's blocks of KB output channels */
-    size_t xp, dyp, vt, mt, du, slot, total;
-};
+_Static_assert(KB == MGE__WDW_KB, "dM's blocks are the GEMMs' register tile");
 
-static void dw_plan_init(struct dwplan *pl, const struct mge_cpu_conv *cv)
-{
-    pl->C = cv->C, pl->K = cv->K, pl->H = cv->H, pl->W = cv->W, pl->N = cv->N;
-    pl->TH = (cv->H + 1) / 2, pl->TW = (cv->W + 1) / 2, pl->NT = pl->TH * pl->TW;
-    pl->Cp = (cv->C + V - 1) / V * V, pl->Kp = (cv->K + V - 1) / V * V;
-    pl->Wx = 2 * pl->TW + 2;
-    pl->G = (DW_MIN_TILES + pl->NT - 1) / pl->NT;
-    if (pl->G > cv->N)
-        pl->G = cv->N;
-    pl->Tg = pl->G * pl->NT;
-    pl->slots = cv->slots > 0 ? cv->slots : 1;
-    pl->xp = 0;
-    pl->dyp = pl->xp + up16((size_t)(2 * pl->TH + 2) * pl->Wx * pl->Cp);
-    pl->vt = pl->dyp + up16((size_t)(2 * pl->TH) * (2 * pl->TW) * pl->Kp);
-    pl->mt = pl->vt + (size_t)NX * pl->Tg * pl->Cp;
-    pl->mbs = (size_t)pl->Tg * KB + V; /* + V: blocks a multiple of 4 KiB apart thrashed L1 */
-    pl->du = pl->mt + (size_t)NX * (pl->Kp / KB) * pl->mbs;
-    pl->slot = pl->du + (size_t)NX * pl->Kp * pl->Cp;
-    pl->total = (size_t)pl->slots * pl->slot;
-}
-
-/*
- * dst[pos(i) * Cp + c] = src[c * n + i] (zeros for C <= c < Cp) for the n positions of a (C, n)
- * plane whose rows are @w wide: pos(i) = (i / w + oh) * rw + i % w + ow puts them into rows of
- * @rw positions, offset by (oh, ow). Whole V x V blocks go through registers (transpose16).
- */
+/* vt[xi][t0 + t][c] = (B^T d B)[xi] for the tiles t of one image, xp as the plan says */
 MGE__CPU_CLONES
-static void to_channels_last(float *restrict dst, const float *restrict src, const float *next,
-                             int C, int Cp, int n, int w, int rw, int oh, int ow)
-{
-    int nb = n / V * V;
-    for (int c0 = 0; c0 < Cp; c0 += V)
-        for (int i0 = 0; i0 < nb; i0 += V) {
-            vf t[V];
-#pragma GCC unroll 16
-            for (int r = 0; r < V; r++)
-                t[r] = c0 + r < C ? ld(src + (size_t)(c0 + r) * n + i0) : (vf){0};
-            if (next)
-#pragma GCC unroll 16
-                for (int r = 0; r < V; r++)
-                    if (c0 + r < C)
-                        __builtin_prefetch(next + (size_t)(c0 + r) * n + i0, 0, 2);
-            transpose16(t);
-            int h = i0 / w, q = i0 % w;
-#pragma GCC unroll 16
-            for (int j = 0; j < V; j++) {
-                memcpy(dst + ((size_t)(h + oh) * rw + q + ow) * Cp + c0, &t[j], sizeof(vf));
-                if (++q == w)
-                    q = 0, h++;
-            }
-        }
-    for (int i = nb; i < n; i++) {
-        float *d = dst + ((size_t)(i / w + oh) * rw + i % w + ow) * Cp;
-        for (int c = 0; c < Cp; c++)
-            d[c] = c < C ? src[(size_t)c * n + i] : 0.0f;
-    }
-}
-
-/* vt[xi][t0 + t][c] = (B^T d B)[xi] for the tiles t of one image, xp as dwplan says */
-MGE__CPU_CLONES
-static void dw_input_tiles(const struct dwplan *pl, float *restrict vt, const float *restrict xp,
-                           int t0)
+static void dw_input_tiles(const struct mge__wdw_plan *pl, float *restrict vt,
+                           const float *restrict xp, int t0)
 {
     size_t xs = (size_t)pl->Tg * pl->Cp, rs = (size_t)pl->Wx * pl->Cp;
     for (int ty = 0; ty < pl->TH; ty++)
@@ -440,15 +365,12 @@ static void dw_input_tiles(const struct dwplan *pl, float *restrict vt, const fl
         }
 }
 
-/* A block of KB output channels: half a vector (what AVX-512 machines split vectors into anyway) */
-typedef float vkb __attribute__((vector_size(KB * sizeof(float))));
-
-/* mt[xi][k / KB][t0 + t][k % KB] = (A dY A^T)[xi] for the tiles t of one image, dyp as dwplan
+/* mt[xi][k / KB][t0 + t][k % KB] = (A dY A^T)[xi] for the tiles t of one image, dyp as the plan
  * says: packed as the forward's U, the GEMMs' broadcast operand, a block of KB channels at a
  * time (splitting 16-lane vectors into blocks on the way out took a third longer) */
 MGE__CPU_CLONES
-static void dw_output_tiles(const struct dwplan *pl, float *restrict mt, const float *restrict dyp,
-                            int t0)
+static void dw_output_tiles(const struct mge__wdw_plan *pl, float *restrict mt,
+                            const float *restrict dyp, int t0)
 {
     size_t bs = pl->mbs, xs = (size_t)(pl->Kp / KB) * bs, rs = (size_t)(2 * pl->TW) * pl->Kp;
     for (int ty = 0; ty < pl->TH; ty++)
@@ -456,128 +378,48 @@ static void dw_output_tiles(const struct dwplan *pl, float *restrict mt, const f
             const float *y0 = dyp + (size_t)(2 * ty) * rs + (size_t)(2 * tx) * pl->Kp;
             float *m0 = mt + (size_t)(t0 + ty * pl->TW + tx) * KB;
             for (int k0 = 0; k0 < pl->Kp; k0 += KB) {
-                vkb a, b, c, d;
+                mge__vkb a, b, c, d;
                 memcpy(&a, y0 + k0, sizeof(a)), memcpy(&b, y0 + pl->Kp + k0, sizeof(b));
                 memcpy(&c, y0 + rs + k0, sizeof(c)), memcpy(&d, y0 + rs + pl->Kp + k0, sizeof(d));
-                vkb e[4][2] = {{a, b}, {a + c, b + d}, {a - c, b - d}, {-c, -d}};
+                mge__vkb e[4][2] = {{a, b}, {a + c, b + d}, {a - c, b - d}, {-c, -d}};
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++) {
-                    vkb o[4] = {e[i][0], e[i][0] + e[i][1], e[i][0] - e[i][1], -e[i][1]};
+                    mge__vkb o[4] = {e[i][0], e[i][0] + e[i][1], e[i][0] - e[i][1], -e[i][1]};
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++)
                         memcpy(m0 + (size_t)(4 * i + j) * xs + (size_t)(k0 / KB) * bs, &o[j],
-                               sizeof(vkb));
+                               sizeof(mge__vkb));
                 }
             }
         }
 }
 
-/*
- * du[xi] += mt[xi]^T x vt[xi] over the first @nt tiles, all 16 positions: the forward's register
- * tile again, as a 1x1 "conv" over nt "channels" (tiles) with Cp-wide planes (input channels in
- * the lanes) and dM as the weights of Kp output channels
- */
-MGE__CPU_CLONES
-static void dw_gemms(const struct dwplan *pl, float *du, const float *vt, const float *mt, int nt)
+/* g (3, 3) = G^T du G for du (4, 4), in double */
+static void dw_filter(const double *du, double *g)
 {
-    int Cp = pl->Cp, Kp = pl->Kp;
-    struct geo m = {.C = nt, .K = KB, .R = 1, .S = 1, .Hp = 1, .Wp = Cp};
-    for (int xi = 0; xi < NX; xi++) {
-        const float *v = vt + (size_t)xi * pl->Tg * Cp, *mx = mt + (size_t)xi * (Kp / KB) * pl->mbs;
-        float *d = du + (size_t)xi * Kp * Cp;
-        for (int k0 = 0; k0 < Kp; k0 += KB) {
-            const float *w = mx + (size_t)(k0 / KB) * pl->mbs;
-            float *o = d + (size_t)k0 * Cp;
-            /* 3 vectors at a time, but 2 + 2 rather than 3 + 1 (64 channels: 5 % faster) */
-            for (int c0 = 0, nv; c0 < Cp; c0 += nv * V) {
-                nv = (Cp - c0) / V;
-                nv = nv == 4 ? 2 : nv > 3 ? 3 : nv;
-                if (nv == 3)
-                    conv_tile(KB, 3, &m, o + c0, Cp, 3 * V, 1, v + c0, w, NULL, 0, 0, 1);
-                else if (nv == 2)
-                    conv_tile(KB, 2, &m, o + c0, Cp, 2 * V, 1, v + c0, w, NULL, 0, 0, 1);
-                else
-                    conv_tile(KB, 1, &m, o + c0, Cp, V, 1, v + c0, w, NULL, 0, 0, 1);
-            }
-        }
-    }
-}
-
-/* The images [n0, n1) of one work item into this slot's partial dU */
-static void dw_group(const struct dwplan *pl, float *sl, const float *dout, const float *inp,
-                     int n0, int n1)
-{
-    size_t hw = (size_t)pl->H * pl->W;
-    for (int n = n0; n < n1; n++) {
-        const float *x = inp + (size_t)n * pl->C * hw, *dy = dout + (size_t)n * pl->K * hw;
-        int more = n + 1 < pl->N; /* a thread's groups are consecutive (schedule(static)) */
-        to_channels_last(sl + pl->xp, x, more ? x + (size_t)pl->C * hw : NULL, pl->C, pl->Cp,
-                         (int)hw, pl->W, pl->Wx, 1, 1);
-        to_channels_last(sl + pl->dyp, dy, more ? dy + (size_t)pl->K * hw : NULL, pl->K, pl->Kp,
-                         (int)hw, pl->W, 2 * pl->TW, 0, 0);
-        dw_input_tiles(pl, sl + pl->vt, sl + pl->xp, (n - n0) * pl->NT);
-        dw_output_tiles(pl, sl + pl->mt, sl + pl->dyp, (n - n0) * pl->NT);
-    }
-    dw_gemms(pl, sl + pl->du, sl + pl->vt, sl + pl->mt, (n1 - n0) * pl->NT);
-}
-
-/*
- * dw[k][c] (+)= G^T dU G, dU the sum of the @ns slots' partials in slot order (in double, as the
- * transform; rounded once), for one (k, c)
- */
-static void dw_filter_grad(const struct dwplan *pl, float *dw, const float *base, int ns, int k,
-                           int c, int acc)
-{
-    double u[4][4], t[3][4];
-    for (int xi = 0; xi < NX; xi++) {
-        double s = 0.0;
-        for (int i = 0; i < ns; i++)
-            s += base[(size_t)i * pl->slot + pl->du + ((size_t)xi * pl->Kp + k) * pl->Cp + c];
-        u[xi / 4][xi % 4] = s;
-    }
+    double t[3][4];
     for (int j = 0; j < 4; j++) {
-        t[0][j] = u[0][j] + 0.5 * (u[1][j] + u[2][j]);
-        t[1][j] = 0.5 * (u[1][j] - u[2][j]);
-        t[2][j] = 0.5 * (u[1][j] + u[2][j]) + u[3][j];
+        t[0][j] = du[j] + 0.5 * (du[4 + j] + du[8 + j]);
+        t[1][j] = 0.5 * (du[4 + j] - du[8 + j]);
+        t[2][j] = 0.5 * (du[4 + j] + du[8 + j]) + du[12 + j];
     }
-    float *o = dw + ((size_t)k * pl->C + c) * 9;
     for (int r = 0; r < 3; r++) {
-        double g[3] = {t[r][0] + 0.5 * (t[r][1] + t[r][2]), 0.5 * (t[r][1] - t[r][2]),
-                       0.5 * (t[r][1] + t[r][2]) + t[r][3]};
-        for (int s = 0; s < 3; s++)
-            o[r * 3 + s] = acc ? (float)(o[r * 3 + s] + g[s]) : (float)g[s];
+        g[r * 3] = t[r][0] + 0.5 * (t[r][1] + t[r][2]);
+        g[r * 3 + 1] = 0.5 * (t[r][1] - t[r][2]);
+        g[r * 3 + 2] = 0.5 * (t[r][1] + t[r][2]) + t[r][3];
     }
 }
+
+static const struct mge__wdw_ops dw_ops = {dw_input_tiles, dw_output_tiles, dw_filter};
 
 int mge__conv_winograd_backward_weights(const struct mge_cpu_conv *cv, float *dw, const float *dout,
                                         const float *inp, void *scratch, int acc)
 {
     if (!mge__conv_winograd_ok(cv))
         return -1;
-    struct dwplan pl;
-    dw_plan_init(&pl, cv);
-    float *base = aligned(scratch);
-    int ngroups = (pl.N + pl.G - 1) / pl.G;
-    int nt = mge_cpu_threads();
-    nt = nt < pl.slots ? nt : pl.slots;
-    nt = nt < ngroups ? nt : ngroups;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        float *sl = base + (size_t)omp_get_thread_num() * pl.slot;
-        int ns = omp_get_num_threads();
-        /* the pads of the channels-last planes, and the partial */
-        memset(sl, 0, pl.vt * sizeof(float));
-        memset(sl + pl.du, 0, (pl.slot - pl.du) * sizeof(float));
-#pragma omp for schedule(static)
-        for (int i = 0; i < ngroups; i++) {
-            int n0 = i * pl.G, n1 = n0 + pl.G < pl.N ? n0 + pl.G : pl.N;
-            dw_group(&pl, sl, dout, inp, n0, n1);
-        }
-        /* implicit barrier: all partials complete */
-#pragma omp for schedule(static)
-        for (int j = 0; j < pl.K * pl.C; j++)
-            dw_filter_grad(&pl, dw, base, ns, j / pl.C, j % pl.C, acc);
-    }
+    struct mge__wdw_plan pl;
+    mge__wdw_plan_init(&pl, cv, 2, DW_MIN_TILES);
+    mge__wdw_run(&pl, &dw_ops, dw, dout, inp, scratch, acc);
     return 0;
 }
 
@@ -588,8 +430,8 @@ size_t mge__conv_winograd_scratch_bytes(const struct mge_cpu_conv *cv)
     struct wplan f, d;
     plan_init(&f, cv, 0);
     plan_init(&d, cv, 1);
-    struct dwplan w;
-    dw_plan_init(&w, cv);
+    struct mge__wdw_plan w;
+    mge__wdw_plan_init(&w, cv, 2, DW_MIN_TILES);
     size_t t = f.total > d.total ? f.total : d.total;
     return (t > w.total ? t : w.total) * sizeof(float) + 64;
 }

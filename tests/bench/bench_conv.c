@@ -3,12 +3,15 @@
  * the second argument) at batch 128, 1 and 2 threads (or the third argument's count only).
  * "cpu" as the fourth argument times with the process's CPU clock instead of the wall clock: at one
  * thread on a shared machine, what the kernels cost without the time other processes took.
+ * With "resnet", the weight gradients of the stride-1 3x3 convs alone follow (direct, Winograd
+ * F(2x2) and F(4x4)), then the batch norms; "dw" as the fifth argument times those dw alone.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "kernels/cpu/conv_winograd_dw_int.h"
 #include "kernels/cpu/cpu_int.h"
 
 struct shape {
@@ -98,6 +101,85 @@ static float *rnd(size_t n)
     return p;
 }
 
+/* One weight gradient alone: the direct kernel's through the dispatch, or a Winograd one */
+enum dw_kind { DW_DIRECT, DW_WINOGRAD2, DW_WINOGRAD4, DW_KINDS };
+
+static void call_dw(int kind, const struct mge_cpu_conv *cv, const struct bufs *B)
+{
+    if (kind == DW_DIRECT)
+        mge__cpu_conv2d_backward_with(MGE__CONV_DIRECT, cv, NULL, B->dw, NULL, B->dy, B->x, B->w,
+                                      B->scratch, 0);
+    else if (kind == DW_WINOGRAD2)
+        mge__conv_winograd_backward_weights(cv, B->dw, B->dy, B->x, B->scratch, 0);
+    else
+        mge__conv_winograd4_backward_weights(cv, B->dw, B->dy, B->x, B->scratch, 0);
+}
+
+/* Median ms per dw call, as measure() */
+static double measure_dw(int kind, const struct mge_cpu_conv *cv, const struct bufs *B)
+{
+    call_dw(kind, cv, B);
+    int reps = 1;
+    for (;;) {
+        double t0 = now();
+        for (int r = 0; r < reps; r++)
+            call_dw(kind, cv, B);
+        if (now() - t0 > 0.03)
+            break;
+        reps *= 2;
+    }
+    double ms[9];
+    for (int i = 0; i < 9; i++) {
+        double t0 = now();
+        for (int r = 0; r < reps; r++)
+            call_dw(kind, cv, B);
+        ms[i] = (now() - t0) * 1e3 / reps;
+    }
+    qsort(ms, 9, sizeof(ms[0]), cmp_double);
+    return ms[4];
+}
+
+/*
+ * The weight gradient alone of ResNet-20's stride-1 3x3 convs: direct, Winograd F(2x2, 3x3) and
+ * F(4x4, 3x3) (conv_winograd4_dw.c), each called directly, and which one "auto" picks
+ */
+static void bench_winograd_dw(const struct shape *shapes, size_t nshapes, int N, int t)
+{
+    static const char *const names[DW_KINDS] = {"direct", "wino2x2", "wino4x4"};
+    printf("%-26s %-4s %3s", "weight gradient alone", "pass", "thr");
+    for (int k = 0; k < DW_KINDS; k++)
+        printf(" %10s", names[k]);
+    printf(" %10s\n", "auto picks");
+    double total[DW_KINDS] = {0};
+    for (size_t i = 0; i < nshapes; i++) {
+        const struct shape *s = &shapes[i];
+        struct mge_cpu_conv cv = {N,    s->C,      s->H,   s->W, s->K, s->R,
+                                  s->S, s->stride, s->pad, 0,    0,    0};
+        if (mge_cpu_conv_init(&cv) != 0 || !mge__conv_winograd_ok(&cv) || s->C < 16)
+            continue;
+        size_t nx = (size_t)N * s->C * s->H * s->W, nw = (size_t)s->K * s->C * 9;
+        size_t ny = (size_t)N * s->K * cv.P * cv.Q;
+        size_t sb = mge__conv_scratch_bytes_with(MGE__CONV_DIRECT, &cv);
+        size_t s2 = mge__conv_winograd_scratch_bytes(&cv),
+               s4 = mge__conv_winograd4_dw_scratch_bytes(&cv);
+        sb = s2 > sb ? s2 : sb;
+        sb = s4 > sb ? s4 : sb;
+        struct bufs B = {rnd(nx), rnd(nw), NULL, NULL, rnd(ny), NULL, rnd(nw), NULL, malloc(sb)};
+        printf("%-26s %-4s %3d", s->name, "dw", t);
+        for (int k = 0; k < DW_KINDS; k++) {
+            double ms = measure_dw(k, &cv, &B);
+            total[k] += ms * s->count;
+            printf(" %10.3f", ms);
+        }
+        printf(" %10s\n", mge__conv_winograd_dw_is_f4(&cv) ? "wino4x4" : "wino2x2");
+        free(B.x), free(B.w), free(B.dy), free(B.dw), free(B.scratch);
+    }
+    printf("%-26s %-4s %3d", "their dw per step", "dw", t);
+    for (int k = 0; k < DW_KINDS; k++)
+        printf(" %10.3f", total[k]);
+    printf("\n");
+}
+
 /*
  * ResNet-20's batch norms (training): ms per forward and backward call, one per stage shape;
  * then a batch norm and the ReLU after it, as the two ops (the ReLU in place, as the planner
@@ -154,6 +236,13 @@ int main(int argc, char **argv)
     int t0 = argc > 3 ? atoi(argv[3]) : 1, t1 = argc > 3 ? t0 : 2;
     if (argc > 4 && strcmp(argv[4], "cpu") == 0)
         g_clock = CLOCK_PROCESS_CPUTIME_ID;
+    if (is_resnet && argc > 5 && strcmp(argv[5], "dw") == 0) { /* the weight gradients alone */
+        for (int t = t0; t <= t1; t++) {
+            mge_cpu_set_threads(t);
+            bench_winograd_dw(shapes, nshapes, N, t);
+        }
+        return 0;
+    }
     static const int backends[] = {MGE__CONV_IM2COL, MGE__CONV_DNNL, MGE__CONV_DIRECT,
                                    MGE__CONV_WINOGRAD, MGE__CONV_AUTO};
     int nb = (int)(sizeof(backends) / sizeof(backends[0]));
@@ -197,8 +286,10 @@ int main(int argc, char **argv)
         for (int b = 0; b < nb; b++)
             printf(" %10.3f", total[t - 1][b]);
         printf("\n");
-        if (is_resnet)
+        if (is_resnet) {
+            bench_winograd_dw(shapes, nshapes, N, t);
             bench_batchnorm(N);
+        }
     }
     return 0;
 }
