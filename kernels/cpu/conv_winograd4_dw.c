@@ -104,13 +104,15 @@ static void output_tiles(const struct mge__wdw_plan *pl, float *restrict mt,
         }
 }
 
-/* o[0..2] = G^T u for u[0], u[st], ..., u[5 st] */
+/* o[0..2] = G^T u for u[0], u[st], ..., u[5 st] (products with 1/6 and 1/24, not quotients:
+ * dividing took a tenth of a 64x7x7 dw) */
 static void gt6(double o[3], const double *u, int st)
 {
+    const double s6 = 1.0 / 6.0, s12 = 1.0 / 12.0, s24 = 1.0 / 24.0;
     double a = u[st] + u[2 * st], b = u[3 * st] + u[4 * st];
-    o[0] = 0.25 * u[0] - a / 6.0 + b / 24.0;
-    o[1] = (u[2 * st] - u[st]) / 6.0 + (u[3 * st] - u[4 * st]) / 12.0;
-    o[2] = (b - a) / 6.0 + u[5 * st];
+    o[0] = 0.25 * u[0] - a * s6 + b * s24;
+    o[1] = (u[2 * st] - u[st]) * s6 + (u[3 * st] - u[4 * st]) * s12;
+    o[2] = (b - a) * s6 + u[5 * st];
 }
 
 /* g (3, 3) = G^T du G for du (6, 6), in double */
