@@ -58,26 +58,40 @@ struct bufs {
     void *scratch;
 };
 
-static void call(int backend, int bwd, const struct mge_cpu_conv *cv, const struct bufs *B,
-                 int want_dx)
+/* One weight gradient alone: the direct kernel's through the dispatch, or a Winograd one */
+enum dw_kind { DW_NONE = -1, DW_DIRECT, DW_WINOGRAD2, DW_WINOGRAD4, DW_KINDS };
+
+/* What one timed call does: a backend's forward or backward, or a weight gradient alone */
+struct op {
+    int backend, bwd, want_dx; /* want_dx: LeNet's conv1 reads the data: no dinp wanted */
+    enum dw_kind dw;           /* DW_NONE, or the dw alone and nothing else */
+};
+
+static void call(const struct op *op, const struct mge_cpu_conv *cv, const struct bufs *B)
 {
-    if (bwd)
-        mge__cpu_conv2d_backward_with(backend, cv, want_dx ? B->dx : NULL, B->dw, B->db, B->dy,
-                                      B->x, B->w, B->scratch, 0);
+    if (op->dw == DW_DIRECT)
+        mge__cpu_conv2d_backward_with(MGE__CONV_DIRECT, cv, NULL, B->dw, NULL, B->dy, B->x, B->w,
+                                      B->scratch, 0);
+    else if (op->dw == DW_WINOGRAD2)
+        mge__conv_winograd_backward_weights(cv, B->dw, B->dy, B->x, B->scratch, 0);
+    else if (op->dw == DW_WINOGRAD4)
+        mge__conv_winograd4_backward_weights(cv, B->dw, B->dy, B->x, B->scratch, 0);
+    else if (op->bwd)
+        mge__cpu_conv2d_backward_with(op->backend, cv, op->want_dx ? B->dx : NULL, B->dw, B->db,
+                                      B->dy, B->x, B->w, B->scratch, 0);
     else
-        mge__cpu_conv2d_forward_with(backend, cv, B->y, B->x, B->w, B->b, B->scratch);
+        mge__cpu_conv2d_forward_with(op->backend, cv, B->y, B->x, B->w, B->b, B->scratch);
 }
 
 /* Median ms per call over 9 samples of about 30 ms each (after one warm-up call). */
-static double measure(int backend, int bwd, const struct mge_cpu_conv *cv, const struct bufs *B,
-                      int want_dx)
+static double measure(const struct op *op, const struct mge_cpu_conv *cv, const struct bufs *B)
 {
-    call(backend, bwd, cv, B, want_dx);
+    call(op, cv, B);
     int reps = 1;
     for (;;) {
         double t0 = now();
         for (int r = 0; r < reps; r++)
-            call(backend, bwd, cv, B, want_dx);
+            call(op, cv, B);
         if (now() - t0 > 0.03)
             break;
         reps *= 2;
@@ -86,7 +100,7 @@ static double measure(int backend, int bwd, const struct mge_cpu_conv *cv, const
     for (int i = 0; i < 9; i++) {
         double t0 = now();
         for (int r = 0; r < reps; r++)
-            call(backend, bwd, cv, B, want_dx);
+            call(op, cv, B);
         ms[i] = (now() - t0) * 1e3 / reps;
     }
     qsort(ms, 9, sizeof(ms[0]), cmp_double);
@@ -99,44 +113,6 @@ static float *rnd(size_t n)
     for (size_t i = 0; i < n; i++)
         p[i] = (float)rand() / RAND_MAX - 0.5f;
     return p;
-}
-
-/* One weight gradient alone: the direct kernel's through the dispatch, or a Winograd one */
-enum dw_kind { DW_DIRECT, DW_WINOGRAD2, DW_WINOGRAD4, DW_KINDS };
-
-static void call_dw(int kind, const struct mge_cpu_conv *cv, const struct bufs *B)
-{
-    if (kind == DW_DIRECT)
-        mge__cpu_conv2d_backward_with(MGE__CONV_DIRECT, cv, NULL, B->dw, NULL, B->dy, B->x, B->w,
-                                      B->scratch, 0);
-    else if (kind == DW_WINOGRAD2)
-        mge__conv_winograd_backward_weights(cv, B->dw, B->dy, B->x, B->scratch, 0);
-    else
-        mge__conv_winograd4_backward_weights(cv, B->dw, B->dy, B->x, B->scratch, 0);
-}
-
-/* Median ms per dw call, as measure() */
-static double measure_dw(int kind, const struct mge_cpu_conv *cv, const struct bufs *B)
-{
-    call_dw(kind, cv, B);
-    int reps = 1;
-    for (;;) {
-        double t0 = now();
-        for (int r = 0; r < reps; r++)
-            call_dw(kind, cv, B);
-        if (now() - t0 > 0.03)
-            break;
-        reps *= 2;
-    }
-    double ms[9];
-    for (int i = 0; i < 9; i++) {
-        double t0 = now();
-        for (int r = 0; r < reps; r++)
-            call_dw(kind, cv, B);
-        ms[i] = (now() - t0) * 1e3 / reps;
-    }
-    qsort(ms, 9, sizeof(ms[0]), cmp_double);
-    return ms[4];
 }
 
 /*
@@ -167,7 +143,8 @@ static void bench_winograd_dw(const struct shape *shapes, size_t nshapes, int N,
         struct bufs B = {rnd(nx), rnd(nw), NULL, NULL, rnd(ny), NULL, rnd(nw), NULL, malloc(sb)};
         printf("%-26s %-4s %3d", s->name, "dw", t);
         for (int k = 0; k < DW_KINDS; k++) {
-            double ms = measure_dw(k, &cv, &B);
+            struct op op = {MGE__CONV_AUTO, 1, 0, (enum dw_kind)k};
+            double ms = measure(&op, &cv, &B);
             total[k] += ms * s->count;
             printf(" %10.3f", ms);
         }
@@ -272,7 +249,8 @@ int main(int argc, char **argv)
             for (int bwd = 0; bwd <= 1; bwd++) {
                 printf("%-26s %-4s %3d", s->name, bwd ? "bwd" : "fwd", t);
                 for (int b = 0; b < nb; b++) {
-                    double ms = measure(backends[b], bwd, &cv, &B, s->want_dx);
+                    struct op op = {backends[b], bwd, s->want_dx, DW_NONE};
+                    double ms = measure(&op, &cv, &B);
                     total[t - 1][b] += ms * s->count;
                     printf(" %10.3f", ms);
                 }

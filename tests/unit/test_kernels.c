@@ -921,24 +921,26 @@ START_TEST(test_conv_winograd_threads)
 }
 END_TEST
 
+/* A Winograd weight gradient under test: F(2x2, 3x3)'s or F(4x4, 3x3)'s */
+struct wdw_kernel {
+    const char *name;
+    int f4; /* what mge__conv_winograd_dw_is_f4 says where the dispatch takes it */
+    int (*dw)(const struct mge_cpu_conv *cv, float *dw, const float *dout, const float *inp,
+              void *scratch, int acc);
+    size_t (*scratch_bytes)(const struct mge_cpu_conv *cv);
+};
+
 /*
- * Winograd's weight gradient called directly (so no fallback can hide it) against the fp64
- * reference, on odd shapes: H and W odd (half tiles at the edges), a 1x1 image, batch 1, C and K
- * off the 16-lane blocks, more images than one work item (a short last one). Bound: rel 1e-4 +
- * abs 1e-5 * sqrt(N * H * W) + 1e-5, as every backend's dw. Through the "winograd" backend the
- * same bits (the dispatch takes it), with acc adding onto what is there, a repeat the same bits
- * at 2 threads, and 1 against 2 threads within the bound. Shapes it does not take return -1.
+ * @kn called directly (so no fallback can hide it) on @shapes (N, C, H, W, K) against the fp64
+ * reference, within every backend's dw bound (rel 1e-4 + abs 1e-5 * sqrt(N * H * W) + 1e-5), at 1
+ * and 2 threads and 1 against 2 within it; a repeat the same bits; through the "winograd" backend
+ * the same bits where the dispatch picks @kn; acc adding onto what is there. Stride 2, 5x5 and
+ * pad 0 are refused with nothing written and no scratch asked for.
  */
-START_TEST(test_conv_winograd_dw)
+static void check_winograd_dw(const struct wdw_kernel *kn, const int (*shapes)[5], size_t n)
 {
-    /* N, C, H, W, K */
-    static const int shapes[][5] = {
-        {1, 5, 7, 9, 3},     {1, 3, 1, 1, 2},    {3, 2, 5, 6, 9},   {2, 17, 9, 7, 19},
-        {1, 33, 13, 11, 24}, {20, 16, 7, 7, 16}, {3, 64, 7, 7, 48}, {2, 16, 28, 28, 32},
-    };
     int old = mge_cpu_threads();
-    rng_state = 19;
-    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+    for (size_t i = 0; i < n; i++) {
         const int *z = shapes[i];
         int N = z[0], C = z[1], H = z[2], W = z[3], K = z[4];
         int64_t nx = (int64_t)N * C * H * W, nw = (int64_t)K * C * 9, ny = (int64_t)N * K * H * W;
@@ -949,24 +951,25 @@ START_TEST(test_conv_winograd_dw)
         double tol = 1e-5 * sqrt((double)N * H * W) + 1e-5;
         mge_cpu_set_threads(2);
         ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
-        void *scratch = malloc(mge__conv_scratch_bytes_with(MGE__CONV_WINOGRAD, &cv));
+        size_t sb = mge__conv_scratch_bytes_with(MGE__CONV_WINOGRAD, &cv);
+        ck_assert(kn->scratch_bytes(&cv) > 0);
+        void *scratch = malloc(sb > kn->scratch_bytes(&cv) ? sb : kn->scratch_bytes(&cv));
         ck_assert_ptr_nonnull(scratch);
         conv_naive_backward(&cv, rx, rw, rb, dy, x, w);
         for (int t = 1; t <= 2; t++) {
             mge_cpu_set_threads(t);
-            ck_assert_int_eq(mge__conv_winograd_backward_weights(&cv, dw[t - 1], dy, x, scratch, 0),
-                             0);
-            assert_close("winograd dw", dw[t - 1], rw, nw, 1e-4, tol);
+            ck_assert_int_eq(kn->dw(&cv, dw[t - 1], dy, x, scratch, 0), 0);
+            assert_close(kn->name, dw[t - 1], rw, nw, 1e-4, tol);
         }
-        assert_close("winograd dw, 1 vs 2 threads", dw[0], dw[1], nw, 1e-4, tol);
+        assert_close(kn->name, dw[0], dw[1], nw, 1e-4, tol); /* 1 against 2 threads */
         mge__cpu_conv2d_backward_with(MGE__CONV_WINOGRAD, &cv, NULL, via, NULL, dy, x, w, scratch,
                                       0);
-        if (!mge__conv_winograd_dw_is_f4(&cv)) /* else test_conv_winograd4_dw checks it */
+        if (mge__conv_winograd_dw_is_f4(&cv) == kn->f4)
             ck_assert(memcmp(via, dw[1], sizeof(float) * nw) == 0);
-        ck_assert_int_eq(mge__conv_winograd_backward_weights(&cv, via, dy, x, scratch, 0), 0);
+        ck_assert_int_eq(kn->dw(&cv, via, dy, x, scratch, 0), 0);
         ck_assert(memcmp(via, dw[1], sizeof(float) * nw) == 0);
-        ck_assert_int_eq(mge__conv_winograd_backward_weights(&cv, acc, dy, x, scratch, 1), 0);
-        assert_acc("winograd dw", acc, base, dw[1], nw);
+        ck_assert_int_eq(kn->dw(&cv, acc, dy, x, scratch, 1), 0);
+        assert_acc(kn->name, acc, base, dw[1], nw);
         free(scratch), free(x), free(w), free(dy), free(rx), free(rw), free(rb), free(dw[0]);
         free(dw[1]), free(via), free(base), free(acc);
     }
@@ -976,21 +979,37 @@ START_TEST(test_conv_winograd_dw)
         struct mge_cpu_conv cv = {2, 3, 8, 8, 4, no[i][0], no[i][1], no[i][2], no[i][3], 0, 0, 0};
         ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
         float dw = 7.0f;
-        ck_assert_int_eq(mge__conv_winograd_backward_weights(&cv, &dw, NULL, NULL, NULL, 0), -1);
+        ck_assert(kn->scratch_bytes(&cv) == 0);
+        ck_assert_int_eq(kn->dw(&cv, &dw, NULL, NULL, NULL, 0), -1);
         ck_assert(dw == 7.0f);
     }
     mge_cpu_set_threads(old);
 }
+
+/*
+ * Winograd F(2x2, 3x3)'s weight gradient (check_winograd_dw) on odd shapes: H and W odd (half
+ * tiles at the edges), a 1x1 image, batch 1, C and K off the 16-lane blocks, more images than
+ * one work item (a short last one).
+ */
+START_TEST(test_conv_winograd_dw)
+{
+    /* N, C, H, W, K */
+    static const int shapes[][5] = {
+        {1, 5, 7, 9, 3},     {1, 3, 1, 1, 2},    {3, 2, 5, 6, 9},   {2, 17, 9, 7, 19},
+        {1, 33, 13, 11, 24}, {20, 16, 7, 7, 16}, {3, 64, 7, 7, 48}, {2, 16, 28, 28, 32},
+    };
+    static const struct wdw_kernel f2 = {"winograd dw", 0, mge__conv_winograd_backward_weights,
+                                         mge__conv_winograd_scratch_bytes};
+    rng_state = 19;
+    check_winograd_dw(&f2, shapes, sizeof(shapes) / sizeof(shapes[0]));
+}
 END_TEST
 
 /*
- * Winograd F(4x4, 3x3)'s weight gradient called directly, as test_conv_winograd_dw does F(2x2)'s:
- * against the fp64 reference on H, W off the 4x4 tiles (1x1, 5x7, 6x6, 7x7, 13x13, 14x14,
- * 28x28: partial tiles at the right and bottom edges), batch 1 and 3, C and K off the 8- and
- * 16-blocks, more images than one work item; within every backend's dw bound (rel 1e-4 + abs
- * 1e-5 * sqrt(N * H * W) + 1e-5); 1 against 2 threads within it, a repeat the same bits, acc
- * adding onto what is there, through the "winograd" backend the same bits where the dispatch
- * picks F(4x4); shapes it does not take return -1 with nothing written.
+ * Winograd F(4x4, 3x3)'s weight gradient (check_winograd_dw, the same bound as every backend's
+ * dw) on H, W off the 4x4 tiles (1x1, 5x7, 6x6, 7x7, 13x13, 14x14, 28x28: partial tiles at the
+ * right and bottom edges), batch 1 and 3, C and K off the 8- and 16-blocks, more images than one
+ * work item.
  */
 START_TEST(test_conv_winograd4_dw)
 {
@@ -1000,54 +1019,10 @@ START_TEST(test_conv_winograd4_dw)
         {20, 16, 7, 7, 16},  {3, 64, 7, 7, 48},   {1, 33, 13, 13, 24}, {3, 32, 14, 14, 32},
         {1, 16, 28, 28, 16}, {3, 16, 28, 28, 40},
     };
-    int old = mge_cpu_threads();
+    static const struct wdw_kernel f4 = {"winograd4 dw", 1, mge__conv_winograd4_backward_weights,
+                                         mge__conv_winograd4_dw_scratch_bytes};
     rng_state = 20;
-    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
-        const int *z = shapes[i];
-        int N = z[0], C = z[1], H = z[2], W = z[3], K = z[4];
-        int64_t nx = (int64_t)N * C * H * W, nw = (int64_t)K * C * 9, ny = (int64_t)N * K * H * W;
-        float *x = rnd_new(nx), *w = rnd_new(nw), *dy = rnd_new(ny), *rx = rnd_new(nx);
-        float *rw = rnd_new(nw), *rb = rnd_new(K), *dw[2] = {rnd_new(nw), rnd_new(nw)};
-        float *via = rnd_new(nw), *base = rnd_new(nw), *acc = copy_new(base, nw);
-        struct mge_cpu_conv cv = {N, C, H, W, K, 3, 3, 1, 1, 0, 0, 0};
-        double tol = 1e-5 * sqrt((double)N * H * W) + 1e-5;
-        mge_cpu_set_threads(2);
-        ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
-        size_t sb = mge__conv_winograd4_dw_scratch_bytes(&cv);
-        ck_assert(sb > 0);
-        void *scratch = malloc(sb > mge__conv_scratch_bytes_with(MGE__CONV_WINOGRAD, &cv)
-                                   ? sb
-                                   : mge__conv_scratch_bytes_with(MGE__CONV_WINOGRAD, &cv));
-        ck_assert_ptr_nonnull(scratch);
-        conv_naive_backward(&cv, rx, rw, rb, dy, x, w);
-        for (int t = 1; t <= 2; t++) {
-            mge_cpu_set_threads(t);
-            ck_assert_int_eq(
-                mge__conv_winograd4_backward_weights(&cv, dw[t - 1], dy, x, scratch, 0), 0);
-            assert_close("winograd4 dw", dw[t - 1], rw, nw, 1e-4, tol);
-        }
-        assert_close("winograd4 dw, 1 vs 2 threads", dw[0], dw[1], nw, 1e-4, tol);
-        ck_assert_int_eq(mge__conv_winograd4_backward_weights(&cv, via, dy, x, scratch, 0), 0);
-        ck_assert(memcmp(via, dw[1], sizeof(float) * nw) == 0);
-        mge__cpu_conv2d_backward_with(MGE__CONV_WINOGRAD, &cv, NULL, via, NULL, dy, x, w, scratch,
-                                      0);
-        if (mge__conv_winograd_dw_is_f4(&cv)) /* else test_conv_winograd_dw checks it */
-            ck_assert(memcmp(via, dw[1], sizeof(float) * nw) == 0);
-        ck_assert_int_eq(mge__conv_winograd4_backward_weights(&cv, acc, dy, x, scratch, 1), 0);
-        assert_acc("winograd4 dw", acc, base, dw[1], nw);
-        free(scratch), free(x), free(w), free(dy), free(rx), free(rw), free(rb), free(dw[0]);
-        free(dw[1]), free(via), free(base), free(acc);
-    }
-    static const int no[][5] = {{3, 3, 2, 2}, {5, 5, 1, 2}, {3, 3, 1, 0}};
-    for (int i = 0; i < 3; i++) {
-        struct mge_cpu_conv cv = {2, 3, 8, 8, 4, no[i][0], no[i][1], no[i][2], no[i][3], 0, 0, 0};
-        ck_assert_int_eq(mge_cpu_conv_init(&cv), 0);
-        float dw = 7.0f;
-        ck_assert(mge__conv_winograd4_dw_scratch_bytes(&cv) == 0);
-        ck_assert_int_eq(mge__conv_winograd4_backward_weights(&cv, &dw, NULL, NULL, NULL, 0), -1);
-        ck_assert(dw == 7.0f);
-    }
-    mge_cpu_set_threads(old);
+    check_winograd_dw(&f4, shapes, sizeof(shapes) / sizeof(shapes[0]));
 }
 END_TEST
 
