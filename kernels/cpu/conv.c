@@ -317,8 +317,11 @@ void mge__conv_bias_grad(const struct mge_cpu_conv *cv, float *db, const float *
 /* ---- backend choice ------------------------------------------------------------------------ */
 
 static const char *const conv_names[MGE__CONV_COUNT] = {
-    [MGE__CONV_AUTO] = "auto",     [MGE__CONV_IM2COL] = "im2col",     [MGE__CONV_DNNL] = "dnnl",
-    [MGE__CONV_DIRECT] = "direct", [MGE__CONV_WINOGRAD] = "winograd",
+    [MGE__CONV_AUTO] = "auto",
+    [MGE__CONV_IM2COL] = "im2col",
+    [MGE__CONV_DNNL] = "dnnl",
+    [MGE__CONV_DIRECT] = "direct",
+    [MGE__CONV_WINOGRAD] = "winograd",
 };
 
 const char *mge__conv_backend_name(int b)

@@ -7,10 +7,10 @@
  * A dY A^T (6x6 from the tile's 4x4 output gradient, zero past the image), dU = sum over tiles
  * of dM .* V: 36 GEMMs over tiles, 36 multiplications per 16 outputs and channel pair where
  * F(2x2) does 64 and the direct dw 144. dw = G^T dU G runs in double at the end. Lavin and Gray's
- * points 0, +-1, +-2: V's entries reach 10x the input's (B^T's rows sum to 10 in magnitude) and
- * dM's 15x the output gradient's in each direction, which G's 1/6 and 1/24 take back at the end;
- * the rounding of the sums over tiles is correspondingly larger than F(2x2)'s (measured in
- * docs/benchmarks.md, "Winograd F(4x4, 3x3) weight gradient").
+ * points 0, +-1, +-2: per direction, V's entries reach 10x the input's (B^T's rows sum to 10 in
+ * magnitude) and dM's 15x the output gradient's (A's), which G's 1/6 and 1/24 take back at the
+ * end; the sums over tiles round about 7x more than F(2x2)'s, within every backend's dw bound
+ * (measured in docs/benchmarks.md, "Winograd F(4x4, 3x3) weight gradient").
  */
 #include <string.h>
 
