@@ -172,12 +172,22 @@ START_TEST(test_qconv_matches_reference)
     uint8_t *codes = malloc(cn), *cref = malloc(cn);
     struct mge_cpu_qpost post = {.mul = mul, .add = add, .res = res};
     post.next[0] = (struct mge_cpu_qcodes){.codes = codes, .qc = &qc};
-    for (int variant = 0; variant < 4; variant++) {
-        int relu = variant >= 1;
+    /* variants 4 (planes) and 5 (channel quads), without the relu: codes of values far out of
+     * range (a scale of ~1e-12, so most values pass +-2^31 once scaled) and of NaN and
+     * infinities (from the residual) */
+    struct mge_cpu_qaffine qtiny;
+    mge_cpu_qaffine_from_range(-1.5e-10f, 2e-10f, &qtiny);
+    float *res_odd = malloc(sizeof(float) * (size_t)(N * P * Q));
+    for (int i = 0; i < N * P * Q; i++)
+        res_odd[i] = i % 7 == 1 ? NAN : i % 7 == 3 ? INFINITY : i % 7 == 5 ? -INFINITY : res[i];
+    for (int variant = 0; variant < 6; variant++) {
+        int relu = variant >= 1 && variant < 4;
         const float *b = variant == 1 ? NULL : bias;
         const struct mge_cpu_qpost *pp = variant >= 2 ? &post : NULL;
-        post.next[0].quads = post.skip_y = variant == 3;
-        post.next[0].pad = variant == 3 ? 1 : 2;
+        post.next[0].quads = post.skip_y = variant == 3 || variant == 5;
+        post.next[0].pad = post.next[0].quads ? 1 : 2;
+        post.next[0].qc = variant == 4 ? &qtiny : &qc;
+        post.res = variant == 5 ? res_odd : res;
         memset(codes, 0x5a, cn);
         mge_cpu_qconv(&qw, &shape, pb == 4 ? xq : xp, roff, koff, idx, &qx, b, pp, relu, y);
         for (int n = 0; n < N; n++) {
@@ -195,7 +205,7 @@ START_TEST(test_qconv_matches_reference)
                         v += b[n];
                     if (pp) {
                         v = v * mul[n] + add[n];
-                        v += res[(n * P + p) * Q + q];
+                        v += post.res[(n * P + p) * Q + q];
                     }
                     if (relu)
                         v = v > 0.0f ? v : 0.0f;
@@ -208,10 +218,12 @@ START_TEST(test_qconv_matches_reference)
                                    (Q + 2 * cpad)) +
                           128;
             memset(cref, 0x5a, cn);
+            mge_cpu_set_vnni(0); /* the reference: the scalar rule */
             if (post.next[0].quads)
-                mge_cpu_quantize_u8_padded_quads(cref, ref, N, P, Q, cpad, &qc);
+                mge_cpu_quantize_u8_padded_quads(cref, ref, N, P, Q, cpad, post.next[0].qc);
             else
-                mge_cpu_quantize_u8_padded(cref, ref, N, P, Q, cpad, &qc);
+                mge_cpu_quantize_u8_padded(cref, ref, N, P, Q, cpad, post.next[0].qc);
+            mge_cpu_set_vnni(!portable);
             memset(cref + used - 128, 0, 128);
             for (size_t i = 0; i < cn; i++)
                 ck_assert_msg(codes[i] == cref[i],
@@ -220,7 +232,7 @@ START_TEST(test_qconv_matches_reference)
                               C, H, W, N, R, S, pad, st, qconv_paths[path], variant, i, used,
                               codes[i], cref[i]);
         }
-        for (int i = 0; i < N * P * Q && variant != 3; i++)
+        for (int i = 0; i < N * P * Q && !post.skip_y; i++)
             ck_assert_msg(memcmp(&y[i], &ref[i], sizeof(float)) == 0,
                           "C %d H %d W %d N %d R %d S %d pad %d stride %d %s variant %d: y[%d] = "
                           "%.9g, reference %.9g",
@@ -235,6 +247,7 @@ START_TEST(test_qconv_matches_reference)
     free(mul);
     free(add);
     free(res);
+    free(res_odd);
     free(w);
     free(bias);
     free(xp);
