@@ -679,23 +679,38 @@ put_codes(const struct gemm_args *g, const struct mge_cpu_qcodes *c, const __m51
     }
 }
 
+/* A channel's constants of the pixel-lane epilogue, broadcast once for its vectors. */
+struct chan_epi {
+    __m512 comb, bias, mul, add; /* sx scale[n]; bias[n], pmul[n], padd[n] where there are */
+};
+
+__attribute__((target("avx512f"), always_inline)) static inline struct chan_epi
+chan_epi_at(const struct gemm_args *g, int n)
+{
+    struct chan_epi e;
+    e.comb = _mm512_set1_ps(g->sx * g->qw->scale[n]);
+    e.bias = _mm512_set1_ps(g->bias ? g->bias[n] : 0.0f);
+    e.mul = _mm512_set1_ps(g->pmul ? g->pmul[n] : 0.0f);
+    e.add = _mm512_set1_ps(g->pmul ? g->padd[n] : 0.0f);
+    return e;
+}
+
 /*
- * The epilogue of 16 output pixels of channel @n (lanes of @acc), stored from y + @at: the
+ * The epilogue of 16 output pixels of channel @ce (lanes of @acc, whose sums started at
+ * -zp colsum[n]: the GEMM's acc - zp colsum[n]), stored from y + @at: the
  * float operations of the GEMM's epilogue and then post_ops()'s; lanes outside @valid (the
  * padded columns of the virtual grid) are squeezed out, so the valid ones land contiguously.
  * Returns the values: squeezed (lanes 0..), or with @grid in their lanes, the others 0.
  */
 __attribute__((target("avx512f,avx512bw"), always_inline)) static inline __m512
-store_pixels16(const struct gemm_args *g, __m512i acc, int n, __mmask16 valid, int64_t at,
-               const int grid)
+store_pixels16(const struct gemm_args *g, __m512i acc, const struct chan_epi *ce, __mmask16 valid,
+               int64_t at, const int grid)
 {
-    __m512 f = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(g->zp * g->qw->colsum[n]))),
-        _mm512_set1_ps(g->sx * g->qw->scale[n]));
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), ce->comb);
     if (g->bias)
-        f = _mm512_add_ps(f, _mm512_set1_ps(g->bias[n]));
+        f = _mm512_add_ps(f, ce->bias);
     if (g->pmul)
-        f = _mm512_add_ps(_mm512_mul_ps(f, _mm512_set1_ps(g->pmul[n])), _mm512_set1_ps(g->padd[n]));
+        f = _mm512_add_ps(_mm512_mul_ps(f, ce->mul), ce->add);
     __mmask16 k = (__mmask16)((1u << __builtin_popcount(valid)) - 1u);
     if (!grid && valid != 0xffff)
         f = _mm512_maskz_compress_ps(valid, f);
@@ -858,9 +873,17 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
         const int64_t b0 = e0.base * pb, b1 = e1.base * pb, b2 = e2.base * pb;
         for (int n0 = 0; n0 < N; n0 += CB) {
             /* named accumulators: an array indexed after the loop was kept on the stack */
-            __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0,
-                    p6 = p0, p7 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0, q4 = p0, q5 = p0, q6 = p0,
-                    q7 = p0, r0 = p0, r1 = p0, r2 = p0, r3 = p0, r4 = p0, r5 = p0, r6 = p0, r7 = p0;
+            /* the sums start at -zp colsum[n]: the epilogue's subtraction, exact in int32 */
+            const int nc = N - n0 < CB ? N - n0 : CB;
+            int32_t z[CB];
+            for (int j = 0; j < CB; j++)
+                z[j] = j < nc ? -g->zp * qw->colsum[n0 + j] : 0;
+            __m512i p0 = _mm512_set1_epi32(z[0]), p1 = _mm512_set1_epi32(z[1]),
+                    p2 = _mm512_set1_epi32(z[2]), p3 = _mm512_set1_epi32(z[3]),
+                    p4 = _mm512_set1_epi32(z[4]), p5 = _mm512_set1_epi32(z[5]),
+                    p6 = _mm512_set1_epi32(z[6]), p7 = _mm512_set1_epi32(z[7]), q0 = p0, q1 = p1,
+                    q2 = p2, q3 = p3, q4 = p4, q5 = p5, q6 = p6, q7 = p7, r0 = p0, r1 = p1, r2 = p2,
+                    r3 = p3, r4 = p4, r5 = p5, r6 = p6, r7 = p7;
             const int8_t *wb = qw->packed + (size_t)(n0 / 16) * (size_t)KQ * 64 + (n0 % 16) * 4;
             for (int kq = 0, qi = 0; kq < KQ; kq++, qi = qi + 1 == g->qpc ? 0 : qi + 1) {
                 const uint8_t *x = g->a + g->koff[kq];
@@ -891,29 +914,30 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
             __m512i a0[CB] = {p0, p1, p2, p3, p4, p5, p6, p7};
             __m512i a1[CB] = {q0, q1, q2, q3, q4, q5, q6, q7};
             __m512i a2[CB] = {r0, r1, r2, r3, r4, r5, r6, r7};
-            const int nc = N - n0 < CB ? N - n0 : CB;
             if (!g->n_codes) {
                 for (int j = 0; j < nc; j++) {
+                    const struct chan_epi ce = chan_epi_at(g, n0 + j);
                     int64_t yn = (int64_t)(n0 + j) * PQ;
                     if (e0.valid)
-                        store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense, 0);
+                        store_pixels16(g, a0[j], &ce, e0.valid, yn + e0.dense, 0);
                     if (e1.valid)
-                        store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense, 0);
+                        store_pixels16(g, a1[j], &ce, e1.valid, yn + e1.dense, 0);
                     if (e2.valid)
-                        store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense, 0);
+                        store_pixels16(g, a2[j], &ce, e2.valid, yn + e2.dense, 0);
                 }
                 continue;
             }
             /* the values kept for the consumers' codes, in their grid lanes */
             __m512 f0[CB], f1[CB], f2[CB];
             for (int j = 0; j < nc; j++) {
+                const struct chan_epi ce = chan_epi_at(g, n0 + j);
                 int64_t yn = (int64_t)(n0 + j) * PQ;
                 if (e0.valid)
-                    f0[j] = store_pixels16(g, a0[j], n0 + j, e0.valid, yn + e0.dense, 1);
+                    f0[j] = store_pixels16(g, a0[j], &ce, e0.valid, yn + e0.dense, 1);
                 if (e1.valid)
-                    f1[j] = store_pixels16(g, a1[j], n0 + j, e1.valid, yn + e1.dense, 1);
+                    f1[j] = store_pixels16(g, a1[j], &ce, e1.valid, yn + e1.dense, 1);
                 if (e2.valid)
-                    f2[j] = store_pixels16(g, a2[j], n0 + j, e2.valid, yn + e2.dense, 1);
+                    f2[j] = store_pixels16(g, a2[j], &ce, e2.valid, yn + e2.dense, 1);
             }
             for (int t = 0; t < g->n_codes; t++) {
                 const struct mge_cpu_qcodes *c = &g->codes[t];
@@ -942,25 +966,39 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
     }
 }
 
-/*
- * The epilogue of channel-lane tile vector @acc (16 channels from @n of pixel @m): the float
- * operations of store_pixels16(), in the same order, scattered into the NCHW output (a pixel's
- * channels lie @PQ apart). @lanes: l PQ in lane l.
- */
-__attribute__((target("avx512f,avx512bw"), always_inline)) static inline void
-store_chans16(const struct gemm_args *g, __m512i acc, int n, int64_t m, int64_t PQ, __m512i lanes)
+/* The epilogue's constants of the 16 channels from @n (lanes past N: 0), and in @zneg the
+ * sums' start, -zp colsum[n + l]. */
+__attribute__((target("avx512f"), always_inline)) static inline struct chan_epi
+chan_epi_lanes(const struct gemm_args *g, int n, __m512i *zneg)
 {
     int left = g->qw->N - n;
     __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-    __m512i zsum = _mm512_mullo_epi32(_mm512_set1_epi32(g->zp),
-                                      _mm512_maskz_loadu_epi32(k, g->qw->colsum + n));
-    __m512 comb = _mm512_mul_ps(_mm512_set1_ps(g->sx), _mm512_maskz_loadu_ps(k, g->qw->scale + n));
-    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zsum)), comb);
+    struct chan_epi e;
+    *zneg = _mm512_mullo_epi32(_mm512_set1_epi32(-g->zp),
+                               _mm512_maskz_loadu_epi32(k, g->qw->colsum + n));
+    e.comb = _mm512_mul_ps(_mm512_set1_ps(g->sx), _mm512_maskz_loadu_ps(k, g->qw->scale + n));
+    e.bias = g->bias ? _mm512_maskz_loadu_ps(k, g->bias + n) : _mm512_setzero_ps();
+    e.mul = g->pmul ? _mm512_maskz_loadu_ps(k, g->pmul + n) : _mm512_setzero_ps();
+    e.add = g->pmul ? _mm512_maskz_loadu_ps(k, g->padd + n) : _mm512_setzero_ps();
+    return e;
+}
+
+/*
+ * The epilogue of channel-lane tile vector @acc (16 channels from @n of pixel @m, constants @ce,
+ * sums started at -zp colsum): the float operations of store_pixels16(), in the same order,
+ * scattered into the NCHW output (a pixel's channels lie @PQ apart). @lanes: l PQ in lane l.
+ */
+__attribute__((target("avx512f,avx512bw"), always_inline)) static inline void
+store_chans16(const struct gemm_args *g, __m512i acc, const struct chan_epi *ce, int n, int64_t m,
+              int64_t PQ, __m512i lanes)
+{
+    int left = g->qw->N - n;
+    __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), ce->comb);
     if (g->bias)
-        f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(k, g->bias + n));
+        f = _mm512_add_ps(f, ce->bias);
     if (g->pmul)
-        f = _mm512_add_ps(_mm512_mul_ps(f, _mm512_maskz_loadu_ps(k, g->pmul + n)),
-                          _mm512_maskz_loadu_ps(k, g->padd + n));
+        f = _mm512_add_ps(_mm512_mul_ps(f, ce->mul), ce->add);
     __m512i at = _mm512_add_epi32(lanes, _mm512_set1_epi32((int32_t)(n * PQ + m)));
     if (g->res)
         f = _mm512_add_ps(f, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, at, g->res, 4));
@@ -1006,6 +1044,11 @@ conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
         const int8_t *w1 = nb0 + 1 < blocks ? w0 + (size_t)KQ * 64 : w0;
         const int8_t *w2 = nb0 + 2 < blocks ? w0 + (size_t)2 * KQ * 64 : w1;
         const int8_t *w3 = nb0 + 3 < blocks ? w0 + (size_t)3 * KQ * 64 : w2;
+        /* the blocks' epilogue constants once for all pixels; blocks past the last unstored */
+        struct chan_epi ce[CNB];
+        __m512i z[CNB];
+        for (int j = 0; j < CNB; j++)
+            ce[j] = chan_epi_lanes(g, (nb0 + j < blocks ? nb0 + j : nb0) * 16, &z[j]);
         for (int64_t m0 = 0; m0 < PQ; m0 += CPX) {
             int mp = PQ - m0 < CPX ? (int)(PQ - m0) : CPX;
             const uint8_t *x0 = g->a + g->roff[m0];
@@ -1014,10 +1057,10 @@ conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
             const uint8_t *x3 = mp > 3 ? g->a + g->roff[m0 + 3] : x0;
             const uint8_t *x4 = mp > 4 ? g->a + g->roff[m0 + 4] : x0;
             const uint8_t *x5 = mp > 5 ? g->a + g->roff[m0 + 5] : x0;
-            __m512i a00 = _mm512_setzero_si512(), a01 = a00, a02 = a00, a03 = a00, a10 = a00,
-                    a11 = a00, a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00,
-                    a30 = a00, a31 = a00, a32 = a00, a33 = a00, a40 = a00, a41 = a00, a42 = a00,
-                    a43 = a00, a50 = a00, a51 = a00, a52 = a00, a53 = a00;
+            __m512i a00 = z[0], a01 = z[1], a02 = z[2], a03 = z[3], a10 = a00, a11 = a01, a12 = a02,
+                    a13 = a03, a20 = a00, a21 = a01, a22 = a02, a23 = a03, a30 = a00, a31 = a01,
+                    a32 = a02, a33 = a03, a40 = a00, a41 = a01, a42 = a02, a43 = a03, a50 = a00,
+                    a51 = a01, a52 = a02, a53 = a03;
             for (int kq = 0; kq < KQ; kq++) {
                 const int64_t o = g->koff[kq], wo = (int64_t)kq * 64;
                 const __m512i v0 = _mm512_load_si512((const void *)(w0 + wo));
@@ -1047,7 +1090,7 @@ conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
                                            {a40, a41, a42, a43}, {a50, a51, a52, a53}};
             for (int j = 0; j < CNB && nb0 + j < blocks; j++)
                 for (int i = 0; i < mp; i++)
-                    store_chans16(g, acc[i][j], (nb0 + j) * 16, m0 + i, PQ, lanes);
+                    store_chans16(g, acc[i][j], &ce[j], (nb0 + j) * 16, m0 + i, PQ, lanes);
         }
     }
 }

@@ -2,7 +2,8 @@
  * bench_qconv.c: the int8 convolution kernel (kernels/cpu/gemm_int8.c) alone on ResNet-8's
  * (width 16, 28x28 input) layer shapes, one thread: microseconds per image per layer, the
  * quantiser of each layer's input separately, and each kernel forced (pixel lanes, channel lanes:
- * "conv us" is the automatic choice; docs/benchmarks.md, int8 inference speed).
+ * "conv us" is the automatic choice; docs/benchmarks.md, int8 inference speed). Times are the
+ * thread's CPU time (CLOCK_THREAD_CPUTIME_ID), which a loaded machine's neighbours inflate least.
  * Usage: bench_qconv [REPS] [LAYER]
  */
 #include <stdio.h>
@@ -28,7 +29,7 @@ static const struct layer layers[] = {
 static double now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
