@@ -645,14 +645,16 @@ codes_pack4(const __m512 *f, int nc, const struct mge_cpu_qaffine *p)
 }
 
 /*
- * The codes of @nc channels from @n (at most 8; @n a multiple of 4 with channel quads) of @cnt
- * output pixels, lanes 0.. of @f, from pixel (@p, @q) on, into @c: one masked store per output
- * row they span and per channel (planes) or per 4 channels (channel quads, whose codes are one
- * dword a pixel; channels past N get the zero point's code, as the quantiser's).
+ * The codes of @nc channels from @n (at most 8; @n a multiple of 4 with channel quads) of the
+ * output pixels in lanes @valid of @f (a pixel vector's lanes: the first from pixel (@p, @q) on,
+ * each row's neighbours in neighbouring lanes, the next row's from a later lane),
+ * into @c: one masked store per run and per channel (planes) or per 4 channels (channel quads,
+ * whose codes are one dword a pixel; channels past N get the zero point's code, as the
+ * quantiser's).
  */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"), always_inline)) static inline void
 put_codes(const struct gemm_args *g, const struct mge_cpu_qcodes *c, const __m512 *f, int n, int nc,
-          int64_t p, int64_t q, int cnt)
+          int64_t p, int64_t q, __mmask16 valid)
 {
     __m512i v[8];
     int groups = c->quads ? (nc + 3) / 4 : nc;
@@ -664,18 +666,20 @@ put_codes(const struct gemm_args *g, const struct mge_cpu_qcodes *c, const __m51
         v[j] = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)pack_quads),
                                        codes_pack4(f + 4 * j, nc - 4 * j, c->qc));
     }
-    for (int l = 0; l < cnt; p++, q = 0) {
-        int run = g->Q - q < cnt - l ? (int)(g->Q - q) : cnt - l;
-        __mmask16 k = (__mmask16)((1u << run) - 1u);
+    for (unsigned left = valid; left; p++, q = 0) {
+        /* a run ends at a lane off the map or at the row's end (rows without padding) */
+        int l = __builtin_ctz(left), run = __builtin_ctz(~(left >> l));
+        run = g->Q - q < run ? (int)(g->Q - q) : run;
+        __mmask16 k = (__mmask16)((1u << run) - 1u), lanes = (__mmask16)(k << l);
+        left &= ~(unsigned)lanes;
         for (int j = 0; j < groups; j++) {
-            __m512i r = l ? _mm512_maskz_compress_epi32((__mmask16)(0xffffu << l), v[j]) : v[j];
+            __m512i r = l ? _mm512_maskz_compress_epi32(lanes, v[j]) : v[j];
             if (c->quads)
                 _mm512_mask_storeu_epi32(c->codes + code_at(c, g->P, g->Q, n + 4 * j, p, q), k, r);
             else
                 _mm_mask_storeu_epi8(c->codes + code_at(c, g->P, g->Q, n + j, p, q), k,
                                      _mm512_cvtepi32_epi8(r));
         }
-        l += run;
     }
 }
 
@@ -966,15 +970,9 @@ conv_pixels_vnni(const struct gemm_args *g, const struct mge_cpu_qconv_shape *sh
                 }
                 const struct pixel_vec *es[3] = {&e0, &e1, &e2};
                 const __m512 *fs[3] = {f0, f1, f2};
-                for (int i = 0; i < 3; i++) {
-                    __m512 fc[CB]; /* squeezed, as put_codes() takes them */
-                    if (!es[i]->valid)
-                        continue;
-                    for (int j = 0; j < nc; j++)
-                        fc[j] = _mm512_maskz_compress_ps(es[i]->valid, fs[i][j]);
-                    put_codes(g, c, fc, n0, nc, es[i]->p, es[i]->q,
-                              __builtin_popcount(es[i]->valid));
-                }
+                for (int i = 0; i < 3; i++)
+                    if (es[i]->valid)
+                        put_codes(g, c, fs[i], n0, nc, es[i]->p, es[i]->q, es[i]->valid);
             }
         }
     }
