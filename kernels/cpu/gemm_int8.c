@@ -1032,15 +1032,17 @@ store_chans16(const struct gemm_args *g, __m512i acc, const struct chan_epi *ce,
         _mm512_mask_i32scatter_ps(g->y, k, at, f, 4);
 }
 
-#define CPX 6 /* pixels per tile of the channel-lane convolution */
-#define CNB 4 /* 16-channel blocks per tile of it (CPX CNB accumulators) */
+#define CPX 7 /* pixels per tile of the channel-lane convolution */
+#define CNB 2 /* 16-channel blocks per tile of it (CPX CNB accumulators) */
 
 /*
  * The channel-lane convolution: 16 output channels per vector and a pixel's k-quad (4
  * contiguous codes: channel quads or a filter row's taps) broadcast, so a map's size wastes no
  * lanes (a 7x7 map at stride 2 fills 7 of the pixel kernel's 16). Tiles of CPX pixels x CNB
- * blocks of 16 channels in 24 named accumulators; pixels past the map's end repeat the tile's
- * first (unstored), blocks past Np / 16 repeat the last (unstored).
+ * blocks of 16 channels in 14 named accumulators (7 x 2: ResNet's 7x7 and 14x14 maps and 32 or
+ * 64 channels fill every lane; 6 x 4 left 5 of 54 pixel slots of a 7x7 map empty); pixels past
+ * the map's end repeat the tile's first (unstored), blocks past Np / 16 repeat the last
+ * (unstored).
  */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
 conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
@@ -1050,12 +1052,10 @@ conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
     const __m512i lanes =
         _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                            _mm512_set1_epi32((int32_t)PQ));
-    _Static_assert(CPX == 6 && CNB == 4, "the accumulators below are named for 6 x 4");
+    _Static_assert(CPX == 7 && CNB == 2, "the accumulators below are named for 7 x 2");
     for (int nb0 = 0; nb0 < blocks; nb0 += CNB) {
         const int8_t *w0 = qw->packed + (size_t)nb0 * (size_t)KQ * 64;
         const int8_t *w1 = nb0 + 1 < blocks ? w0 + (size_t)KQ * 64 : w0;
-        const int8_t *w2 = nb0 + 2 < blocks ? w0 + (size_t)2 * KQ * 64 : w1;
-        const int8_t *w3 = nb0 + 3 < blocks ? w0 + (size_t)3 * KQ * 64 : w2;
         /* the blocks' epilogue constants once for all pixels; blocks past the last unstored */
         struct chan_epi ce[CNB];
         __m512i z[CNB];
@@ -1069,37 +1069,32 @@ conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
             const uint8_t *x3 = mp > 3 ? g->a + g->roff[m0 + 3] : x0;
             const uint8_t *x4 = mp > 4 ? g->a + g->roff[m0 + 4] : x0;
             const uint8_t *x5 = mp > 5 ? g->a + g->roff[m0 + 5] : x0;
-            __m512i a00 = z[0], a01 = z[1], a02 = z[2], a03 = z[3], a10 = a00, a11 = a01, a12 = a02,
-                    a13 = a03, a20 = a00, a21 = a01, a22 = a02, a23 = a03, a30 = a00, a31 = a01,
-                    a32 = a02, a33 = a03, a40 = a00, a41 = a01, a42 = a02, a43 = a03, a50 = a00,
-                    a51 = a01, a52 = a02, a53 = a03;
+            const uint8_t *x6 = mp > 6 ? g->a + g->roff[m0 + 6] : x0;
+            __m512i a00 = z[0], a01 = z[1], a10 = a00, a11 = a01, a20 = a00, a21 = a01, a30 = a00,
+                    a31 = a01, a40 = a00, a41 = a01, a50 = a00, a51 = a01, a60 = a00, a61 = a01;
             for (int kq = 0; kq < KQ; kq++) {
                 const int64_t o = g->koff[kq], wo = (int64_t)kq * 64;
                 const __m512i v0 = _mm512_load_si512((const void *)(w0 + wo));
                 const __m512i v1 = _mm512_load_si512((const void *)(w1 + wo));
-                const __m512i v2 = _mm512_load_si512((const void *)(w2 + wo));
-                const __m512i v3 = _mm512_load_si512((const void *)(w3 + wo));
-#define DP4(i)                                                                                     \
+#define DP2(i)                                                                                     \
     do {                                                                                           \
         int32_t xi;                                                                                \
         memcpy(&xi, x##i + o, 4);                                                                  \
         const __m512i b = _mm512_set1_epi32(xi);                                                   \
         a##i##0 = _mm512_dpbusd_epi32(a##i##0, b, v0);                                             \
         a##i##1 = _mm512_dpbusd_epi32(a##i##1, b, v1);                                             \
-        a##i##2 = _mm512_dpbusd_epi32(a##i##2, b, v2);                                             \
-        a##i##3 = _mm512_dpbusd_epi32(a##i##3, b, v3);                                             \
     } while (0)
-                DP4(0);
-                DP4(1);
-                DP4(2);
-                DP4(3);
-                DP4(4);
-                DP4(5);
-#undef DP4
+                DP2(0);
+                DP2(1);
+                DP2(2);
+                DP2(3);
+                DP2(4);
+                DP2(5);
+                DP2(6);
+#undef DP2
             }
-            const __m512i acc[CPX][CNB] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
-                                           {a20, a21, a22, a23}, {a30, a31, a32, a33},
-                                           {a40, a41, a42, a43}, {a50, a51, a52, a53}};
+            const __m512i acc[CPX][CNB] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31},
+                                           {a40, a41}, {a50, a51}, {a60, a61}};
             for (int j = 0; j < CNB && nb0 + j < blocks; j++)
                 for (int i = 0; i < mp; i++)
                     store_chans16(g, acc[i][j], &ce[j], (nb0 + j) * 16, m0 + i, PQ, lanes);
@@ -1109,11 +1104,11 @@ conv_chans_vnni(const struct gemm_args *g, int64_t PQ)
 
 /*
  * Whether the channel-lane convolution uses more of its lanes than the pixel-lane one on @sh
- * (the pixel kernel: 3 vectors of 16 pixels x 8 channels at a time; small maps and strided
- * rows leave lanes empty), by a margin that pays for its scattered stores, on a convolution
- * with arithmetic enough to matter (at least 32 k-quads: else the epilogue is the cost, and
- * scattered stores and gathered residuals lose to the pixel kernel's contiguous ones; ResNet-8's
- * 1x1 shortcut with 8 k-quads ran 25% slower on channel lanes).
+ * (the pixel kernel: vectors of 16 pixels x 8 channels, the last group of them two or three;
+ * small maps and strided rows leave lanes empty), by a margin that pays for its scattered stores,
+ * on a convolution with arithmetic enough to matter (at least 32 k-quads: else the epilogue is the
+ * cost, and scattered stores and gathered residuals lose to the pixel kernel's contiguous ones;
+ * ResNet-8's 1x1 shortcut with 8 k-quads ran 25% slower on channel lanes).
  */
 void mge_cpu_qconv_force(int kernel)
 {
@@ -1131,7 +1126,7 @@ static int chans_better(const struct mge_cpu_qconv_shape *sh, int layout, int N,
         return 0;
     const int64_t P = sh->P, Q = sh->Q, PQ = P * Q;
     int64_t nvec = sh->stride == 1 ? ((P - 1) * sh->Wp + Q + 15) / 16 : P * ((Q + 15) / 16);
-    double pix = (double)PQ / (double)((nvec + 2) / 3 * 48) * N / ((N + CB - 1) / CB * CB);
+    double pix = (double)PQ / (double)(nvec * 16) * N / ((N + CB - 1) / CB * CB);
     double chn = (double)PQ / (double)((PQ + CPX - 1) / CPX * CPX) * N /
                  ((N + 16 * CNB - 1) / (16 * CNB) * 16 * CNB);
     return chn > 1.15 * pix;
