@@ -333,6 +333,8 @@ static int g_conv_backend = MGE__CONV_AUTO;
 static int g_conv_winograd = 1;    /* "auto" may take Winograd; $MGE_CONV_WINOGRAD=0 turns it off */
 static int g_conv_winograd_dw = 1; /* $MGE_CONV_WINOGRAD_DW=0: Winograd's dw off, the rest on */
 static int g_conv_winograd4_dw = 1; /* $MGE_CONV_WINOGRAD4_DW=0: F(2x2)'s dw where F(4x4)'s was */
+static int g_conv_winograd4 = 1;    /* $MGE_CONV_WINOGRAD4=0: F(2x2) wherever Winograd runs */
+static int g_winograd_tile;         /* mge__conv_set_winograd_tile: 2, 4, or 0 (per shape) */
 static pthread_once_t g_conv_once = PTHREAD_ONCE_INIT;
 
 static void conv_backend_init(void)
@@ -346,6 +348,9 @@ static void conv_backend_init(void)
     const char *w4 = getenv("MGE_CONV_WINOGRAD4_DW");
     if (w4 && strcmp(w4, "0") == 0)
         g_conv_winograd4_dw = 0;
+    const char *w4f = getenv("MGE_CONV_WINOGRAD4");
+    if (w4f && strcmp(w4f, "0") == 0)
+        g_conv_winograd4 = 0;
     const char *s = getenv("MGE_CONV");
     if (!s || !*s)
         return;
@@ -480,6 +485,34 @@ static int winograd_dw(const struct mge_cpu_conv *cv, float *dw, const float *do
     return mge__conv_winograd_backward_weights(cv, dw, dout, inp, scratch, acc);
 }
 
+void mge__conv_set_winograd_tile(int m)
+{
+    g_winograd_tile = m == 2 || m == 4 ? m : 0;
+}
+
+/*
+ * Whether a conv that runs Winograd (use_winograd) takes F(4x4, 3x3) for its forward and data
+ * gradient rather than F(2x2, 3x3): unless $MGE_CONV_WINOGRAD4=0 (a switch for before/after
+ * benchmarks in one build) or a test or benchmark chose a tile (mge__conv_set_winograd_tile),
+ * F(4x4) wherever Winograd runs, because it won on every shape measured. One thread, batch 128,
+ * CPU ms per forward, F(2x2) / F(4x4), best of two or three runs at load 4-5 (100 calls of
+ * mge__cpu_conv2d_forward_with, as many channels in as out): ResNet-20's 16x28x28 4.66 / 3.31,
+ * 32x14x14 3.83 / 2.63, 64x7x7 3.96 / 2.83; CIFAR's 16x32x32 6.45 / 4.71, 32x16x16 4.65 / 3.21,
+ * 64x8x8 4.56 / 4.16 (a junk tile per row: 3 for 2), 64x4x4 2.62 / 1.57, 64x3x3 1.83 / 0.93, 64x2x2
+ * 1.13 / 0.84, 16x6x6 0.42 / 0.31. F(4x4) does 36 multiplications and moves 36 transformed
+ * values per 16 outputs where F(2x2) does 64; the price is ~10x F(2x2)'s rounding error (see
+ * conv_winograd.c), still ~2e-5 of the outputs. Per-shape data for tests/bench/run_conv.sh's
+ * "wino2" / "wino4" columns are in docs/benchmarks.md, "Winograd F(4x4, 3x3)".
+ */
+static int use_winograd4(const struct mge_cpu_conv *cv)
+{
+    pthread_once(&g_conv_once, conv_backend_init);
+    if (g_winograd_tile)
+        return g_winograd_tile == 4;
+    (void)cv; /* no shape measured stays on F(2x2); the choice is per conv should one appear */
+    return g_conv_winograd4;
+}
+
 static int conv_backend(int b, int bf16, const struct mge_cpu_conv *cv)
 {
     if (b == MGE__CONV_AUTO) {
@@ -556,7 +589,7 @@ static void forward_with(int backend, int bf16, const struct mge_cpu_conv *cv, f
 {
     bf16 = is_bf16(bf16, cv);
     if (use_winograd(backend, bf16, cv) &&
-        mge__conv_winograd_forward(cv, out, inp, w, bias, scratch) == 0)
+        mge__conv_winograd_forward(cv, use_winograd4(cv) ? 4 : 2, out, inp, w, bias, scratch) == 0)
         return;
     if (use_stride2(backend, bf16, cv) &&
         mge__conv_stride2_forward(cv, out, inp, w, bias, scratch) == 0)
@@ -609,7 +642,8 @@ static void backward_with(int backend, int bf16, const struct mge_cpu_conv *cv, 
         return;
     }
     if (dinp && use_winograd(backend, bf16, cv) &&
-        mge__conv_winograd_backward_data(cv, dinp, dout, w, scratch, acc) == 0) {
+        mge__conv_winograd_backward_data(cv, use_winograd4(cv) ? 4 : 2, dinp, dout, w, scratch,
+                                         acc) == 0) {
         /* dw and dbias as they would be without Winograd (scratch is free again) */
         if (dw || dbias)
             backward_with(backend, bf16, cv, NULL, dw, dbias, dout, inp, w, scratch, acc);

@@ -31,6 +31,21 @@ static inline __attribute__((always_inline)) vf ld(const float *p)
     return v;
 }
 
+/* p[0 .. n) (+)= v's first n lanes (n <= V; added to what is there when @acc) */
+static inline __attribute__((always_inline)) void st_lanes(float *p, vf v, int n, int acc)
+{
+    if (n == V) {
+        if (acc)
+            v += ld(p);
+        memcpy(p, &v, sizeof(v));
+        return;
+    }
+    float t[V];
+    memcpy(t, &v, sizeof(t));
+    for (int i = 0; i < n; i++) /* a loop: memcpy of a variable size is a libc call */
+        p[i] = acc ? p[i] + t[i] : t[i];
+}
+
 /*
  * One register tile: channels [k0, k0 + KB) at QB vectors of positions, the sum over c, r, s of
  * x[c * plane + r * Wp + s + j * V] * w[k][c][r][s] for r in [r0, r1), where @x points at the
@@ -77,18 +92,8 @@ conv_tile(const int KB, const int QB, const struct geo *g, float *o, size_t ostr
 #pragma GCC unroll 3
         for (int j = 0; j < QB; j++) {
             int n = nvalid - j * V < V ? nvalid - j * V : V;
-            float *ov = o + kk * ostride + j * V;
-            vf v = a[kk][j]; /* a copy: no address of @a escapes, so it stays in registers */
-            if (n == V) {
-                if (acc)
-                    v += ld(ov);
-                memcpy(ov, &v, sizeof(v));
-                continue;
-            }
-            float t[V];
-            memcpy(t, &v, sizeof(t));
-            for (int i = 0; i < n; i++) /* a loop: memcpy of a variable size is a libc call */
-                ov[i] = acc ? ov[i] + t[i] : t[i];
+            /* a copy: no address of @a escapes, so it stays in registers */
+            st_lanes(o + kk * ostride + j * V, a[kk][j], n, acc);
         }
     }
 }

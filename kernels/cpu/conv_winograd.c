@@ -1,6 +1,7 @@
 /*
- * conv_winograd.c: Winograd F(2x2, 3x3) convolution for 3x3, stride-1, pad-1 convs (ResNet's),
- * forward, data gradient and weight gradient (the last in its own section below); conv.c picks it.
+ * conv_winograd.c: Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution for 3x3, stride-1, pad-1 convs
+ * (ResNet's): forward and data gradient in either tile size, weight gradient in F(2x2) (the last in
+ * its own section below); conv.c picks them.
  *
  * Each 2x2 block of outputs ("tile") comes from a 4x4 window of the input: V = B^T d B per input
  * channel, M = sum over c of U[c] .* V[c] with U = G g G^T per filter, and Y = A^T M A: 16
@@ -14,6 +15,12 @@
  * outputs (bias added, or added to what is there for an accumulated data gradient). An output
  * depends on its own image only, always summed in the same order: the same bits at any thread
  * count. The data gradient is the same kernel on dout with the rotated, transposed filter.
+ *
+ * F(4x4, 3x3) (Lavin's points 0, +-1, +-2 and infinity) is the same pipeline with 4x4 output tiles
+ * from 6x6 input windows: 36 positions, so 36 GEMMs and 36 transformed values per 16 outputs
+ * (2.25 per output and channel where F(2x2) has 4): both the GEMMs and the transform traffic shrink
+ * by 1.8x, for transforms of 6 terms instead of 4 and a larger rounding error (the transformed
+ * tiles grow up to ~10x the inputs: see the bounds in tests/unit/test_kernels.c).
  */
 #include <omp.h>
 #include <string.h>
@@ -24,14 +31,16 @@
 #define KB 8         /* output channels per GEMM register tile (U is packed by it) */
 #define TV 3         /* vectors of tiles per GEMM register tile */
 #define MIN_TILES 64 /* tiles a work item should have: images are grouped up to this */
-#define NX 16        /* positions of a 4x4 input tile */
+#define NX 16        /* positions of a 4x4 input tile (F(2x2)'s; the weight gradient's) */
 
 /* One Winograd conv: Ci input channels to Co output channels on H x W images (in and out). */
 struct wgeo {
     int Ci, Co, H, W;
+    int m;      /* outputs per tile side: 2 for F(2x2, 3x3), 4 for F(4x4, 3x3) */
+    int nx;     /* positions of an input tile, (m + 2)^2 */
     int TH, TW; /* tile rows and columns */
-    int Wp;     /* padded row: 2 * TW + 2 (pad column, W, zeros), or W + 1 for an odd W */
-    int NU;     /* tiles per image, TH * Wp / 2: one junk tile ends each row of an even W */
+    int Wp;     /* padded row: m TW + m (pad column, W, zeros), or m TW if m does not divide W */
+    int NU;     /* tiles per image, TH * Wp / m: one junk tile ends each row if m divides W */
     int G;      /* images per work item */
     int Tp;     /* tiles of a work item, rounded up to whole vectors */
     int Kp;     /* Co rounded up to KB */
@@ -40,10 +49,10 @@ struct wgeo {
 struct wplan {
     struct wgeo g;
     int N, slots;
-    /* float offsets in scratch: the packed U (16, Kp / KB, Ci, KB), shared; then per slot
-     * (stride @slot) a zero row, 4 half-transformed input planes and 4 output planes (stride
-     * @tmps: the input's pad columns stay zero, the output's are overwritten), V (16, Ci, Tp)
-     * and M (16, Kp, Tp) */
+    /* float offsets in scratch: the packed U (nx, Kp / KB, Ci, KB), shared; then per slot
+     * (stride @slot) a zero row, m + 2 half-transformed input planes and m + 2 output planes
+     * (stride @tmps: the input's pad columns stay zero, the output's are overwritten),
+     * V (nx, Ci, Tp) and M (nx, Kp, Tp) */
     size_t u, slot0, slot, zr, tmp, tmps, vt, mt, total;
 };
 
@@ -52,14 +61,15 @@ static size_t up16(size_t n)
     return (n + 15) / 16 * 16;
 }
 
-static void plan_init(struct wplan *pl, const struct mge_cpu_conv *cv, int data)
+static void plan_init(struct wplan *pl, const struct mge_cpu_conv *cv, int data, int m)
 {
     struct wgeo *g = &pl->g;
     g->Ci = data ? cv->K : cv->C;
     g->Co = data ? cv->C : cv->K;
     g->H = cv->H, g->W = cv->W;
-    g->TH = (g->H + 1) / 2, g->TW = (g->W + 1) / 2;
-    g->Wp = g->W % 2 ? g->W + 1 : 2 * g->TW + 2, g->NU = g->TH * g->Wp / 2;
+    g->m = m, g->nx = (m + 2) * (m + 2);
+    g->TH = (g->H + m - 1) / m, g->TW = (g->W + m - 1) / m;
+    g->Wp = g->W % m ? m * g->TW : m * g->TW + m, g->NU = g->TH * g->Wp / m;
     g->G = (MIN_TILES + g->NU - 1) / g->NU;
     if (g->G > cv->N)
         g->G = cv->N;
@@ -68,13 +78,17 @@ static void plan_init(struct wplan *pl, const struct mge_cpu_conv *cv, int data)
     pl->N = cv->N;
     pl->slots = cv->slots > 0 ? cv->slots : 1;
     pl->u = 0;
-    pl->slot0 = up16((size_t)NX * g->Kp * g->Ci);
+    pl->slot0 = up16((size_t)g->nx * g->Kp * g->Ci);
     pl->zr = 0;
     pl->tmp = up16((size_t)g->W);
     pl->tmps = up16((size_t)g->TH * g->Wp + 4); /* the last tile reads 2 floats past */
-    pl->vt = pl->tmp + 8 * pl->tmps;
-    pl->mt = pl->vt + (size_t)NX * g->Ci * g->Tp;
-    pl->slot = pl->mt + (size_t)NX * g->Kp * g->Tp;
+    /* a group's planes; whole vectors of 16 tiles and the next tile's first 2, and of a row's
+     * outputs */
+    if (m == 4)
+        pl->tmps = up16((size_t)g->Tp * 4 + V);
+    pl->vt = pl->tmp + 2 * (size_t)(m + 2) * pl->tmps;
+    pl->mt = pl->vt + (size_t)g->nx * g->Ci * g->Tp;
+    pl->slot = pl->mt + (size_t)g->nx * g->Kp * g->Tp;
     pl->total = pl->slot0 + (size_t)pl->slots * pl->slot;
 }
 
@@ -185,13 +199,13 @@ static void input_tiles(const struct wgeo *g, const struct wplan *pl, float *res
     }
 }
 
-/* mt = U x vt for the first @nt tiles (a multiple of V) at all 16 positions. */
+/* mt = U x vt for the first @nt tiles (a multiple of V) at all nx positions. */
 MGE__CPU_CLONES
 static void gemms(const struct wgeo *g, float *mt, const float *vt, const float *u, int nt)
 {
     /* direct's register tile as a GEMM: a 1x1 "conv" over planes of Tp tiles, C = Ci, K = Kp */
     struct geo m = {.C = g->Ci, .K = g->Kp, .R = 1, .S = 1, .Hp = 1, .Wp = g->Tp};
-    for (int xi = 0; xi < NX; xi++) {
+    for (int xi = 0; xi < g->nx; xi++) {
         const float *v = vt + (size_t)xi * g->Ci * g->Tp, *ux = u + (size_t)xi * g->Kp * g->Ci;
         float *mx = mt + (size_t)xi * g->Kp * g->Tp;
         for (int k0 = 0; k0 < g->Kp; k0 += KB)
@@ -256,19 +270,332 @@ static void output_tiles(const struct wgeo *g, const struct wplan *pl, float *re
     }
 }
 
+/*
+ * ---- F(4x4, 3x3): the transforms of 6x6 input windows and 4x4 output tiles -------------------
+ *
+ * With the points 0, 1, -1, 2, -2 and infinity, in the order of Lavin and Gray's matrices:
+ *   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1]
+ *   G   = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1]
+ *   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1]
+ * The same two flat passes as F(2x2)'s: tile (ty, tx) reads padded rows 4 ty .. 4 ty + 5 and
+ * columns 4 tx .. 4 tx + 5 and starts at 4 u in the half-transformed planes, u = ty * Wp / 4 + tx.
+ * Where 4 does not divide W, rows are Wp = 4 TW apart and the last tile of a row reads the next
+ * row's pad column (zero) and its first input value as its sixth column: B's last column takes
+ * it into V's sixth column only, and A's into the tile's fourth output column only, which lies
+ * past the image (4 TW - 1 >= W) and is dropped. Where 4 divides W (28x28), rows are 4 TW + 4
+ * apart and one junk tile ends each row (56 tiles for 49).
+ */
+
+/*
+ * U for F(4x4): (G g G^T)[xi] for xi in 6 x 6, in double and rounded once, packed as
+ * filter_transform's. Eight input channels at a time, in lanes (one at a time, 64x64 filters took
+ * a seventh of a 7x7 forward).
+ */
+MGE__CPU_CLONES
+static void filter_transform4(const struct wgeo *g, float *restrict u, const float *restrict w,
+                              int flip)
+{
+    static const double G[6][3] = {{1.0 / 4, 0, 0},
+                                   {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                   {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                   {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                   {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                   {0, 0, 1}};
+    enum { L = 8 };
+    memset(u, 0, (size_t)g->nx * g->Kp * g->Ci * sizeof(float));
+    for (int co = 0; co < g->Co; co++)
+        for (int c0 = 0; c0 < g->Ci; c0 += L) {
+            int nl = g->Ci - c0 < L ? g->Ci - c0 : L;
+            double f[9][L] = {{0}}, t[6][3][L];
+            for (int l = 0; l < nl; l++)
+                for (int rs = 0; rs < 9; rs++)
+                    f[rs][l] = flip ? w[((size_t)(c0 + l) * g->Co + co) * 9 + 8 - rs]
+                                    : w[((size_t)co * g->Ci + c0 + l) * 9 + rs];
+            for (int i = 0; i < 6; i++)
+                for (int s = 0; s < 3; s++)
+                    for (int l = 0; l < L; l++)
+                        t[i][s][l] =
+                            G[i][0] * f[s][l] + G[i][1] * f[3 + s][l] + G[i][2] * f[6 + s][l];
+            for (int i = 0; i < 6; i++)
+                for (int j = 0; j < 6; j++) {
+                    double x[L];
+                    for (int l = 0; l < L; l++)
+                        x[l] = t[i][0][l] * G[j][0] + t[i][1][l] * G[j][1] + t[i][2][l] * G[j][2];
+                    float *o = u +
+                               (((size_t)(i * 6 + j) * (g->Kp / KB) + co / KB) * g->Ci + c0) * KB +
+                               co % KB;
+                    for (int l = 0; l < nl; l++)
+                        o[(size_t)l * KB] = (float)x[l];
+                }
+        }
+}
+
+/*
+ * B^T of 6 values a .. f into o[0 .. 5] (one column of a window, or one row of its half
+ * transform). The helpers below take each stream as its own restrict pointer: with one pointer and
+ * offsets GCC needs more run-time alias checks than it will emit, and leaves the loops scalar.
+ */
+#define BT6(o, a, b, c, d, e, f)                                                                   \
+    do {                                                                                           \
+        __auto_type a_ = (a);                                                                      \
+        __auto_type b_ = (b);                                                                      \
+        __auto_type c_ = (c);                                                                      \
+        __auto_type d_ = (d);                                                                      \
+        __auto_type e_ = (e);                                                                      \
+        __auto_type f_ = (f);                                                                      \
+        o[0] = 4.0f * a_ - 5.0f * c_ + e_, o[1] = d_ + e_ - 4.0f * (b_ + c_);                      \
+        o[2] = e_ - d_ + 4.0f * (b_ - c_), o[3] = e_ - c_ + 2.0f * (d_ - b_);                      \
+        o[4] = e_ - c_ - 2.0f * (d_ - b_), o[5] = 4.0f * b_ - 5.0f * d_ + f_;                      \
+    } while (0)
+
+/*
+ * One tile row's B^T d for F(4x4): 6 rows of n from the 6 input rows r[k], of which lim[k] floats
+ * may be read, in whole vectors. The last one reads zeros past n (whole, masked, where lim allows;
+ * else one by one) and so stores zeros there, which keeps the pad columns it runs over zero: GCC's
+ * own loop left 12 of 28 columns and all of 14 and 7 to scalar code.
+ */
+static inline __attribute__((always_inline)) void vertical4(float *restrict o0, float *restrict o1,
+                                                            float *restrict o2, float *restrict o3,
+                                                            float *restrict o4, float *restrict o5,
+                                                            const float *const r[6],
+                                                            const size_t lim[6], int n)
+{
+    static const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    for (int w = 0; w < n; w += V) {
+        int nl = n - w < V ? n - w : V;
+        vf a[6];
+#pragma GCC unroll 6
+        for (int k = 0; k < 6; k++) {
+            if (nl == V) {
+                a[k] = ld(r[k] + w);
+            } else if (lim[k] >= (size_t)w + V) {
+                a[k] = (vf)((vi)ld(r[k] + w) & (lane < nl));
+            } else {
+                float t[V] = {0};
+                for (int i = 0; i < nl; i++)
+                    t[i] = r[k][w + i];
+                a[k] = ld(t);
+            }
+        }
+        vf o[6];
+        BT6(o, a[0], a[1], a[2], a[3], a[4], a[5]);
+        memcpy(o0 + w, &o[0], sizeof(vf)), memcpy(o1 + w, &o[1], sizeof(vf));
+        memcpy(o2 + w, &o[2], sizeof(vf)), memcpy(o3 + w, &o[3], sizeof(vf));
+        memcpy(o4 + w, &o[4], sizeof(vf)), memcpy(o5 + w, &o[5], sizeof(vf));
+    }
+}
+
+/*
+ * Lanes of the two-vector shuffles that split 16 tiles of 4 consecutive floats (4 vectors) into 4
+ * vectors of one column each, and join them back: GCC left these stride-4 loops scalar on 16 tiles
+ * (a 14x14 image), so they are written out. Lanes from 16 on are the second vector's. DI_PAIR(k):
+ * lanes 2 t + j = column k + j of tile t from a pair of vectors of 4 tiles each; DI_HALF(j): lane
+ * t = lane 2 t + j of a pair (8 tiles each);
+ * IL_PAIR(o): lanes 2 t, 2 t + 1 = lane o + t of each of a pair; IL_QUAD(o): lanes 4 t .. 4 t + 3
+ * = lanes o + 2 t, o + 2 t + 1 of each of a pair.
+ */
+#define DI_PAIR(k, l) (4 * ((l) / 2) + (k) + (l) % 2)
+#define DI_HALF(j, l) (2 * (l) + (j))
+#define IL_PAIR(o, l) ((l) % 2 ? V + (o) + (l) / 2 : (o) + (l) / 2)
+#define IL_QUAD(o, l)                                                                              \
+    ((l) % 4 < 2 ? (o) + 2 * ((l) / 4) + (l) % 4 : V + (o) + 2 * ((l) / 4) + (l) % 4 - 2)
+#define ROT1(z, l) ((l) + 1)
+#define LANES(f, a)                                                                                \
+    {                                                                                              \
+        f(a, 0), f(a, 1), f(a, 2), f(a, 3), f(a, 4), f(a, 5), f(a, 6), f(a, 7), f(a, 8), f(a, 9),  \
+            f(a, 10), f(a, 11), f(a, 12), f(a, 13), f(a, 14), f(a, 15)                             \
+    }
+
+/*
+ * One half-transformed row's B times d for the n tiles along it (tile u at q[4 u] .. q[4 u + 5]),
+ * 16 tiles at a time: the last vector stores up to 15 tiles past n and reads up to 64 floats past
+ * q[4 n] (plan_init leaves the room)
+ */
+static inline __attribute__((always_inline)) void
+horizontal4(float *restrict v0, float *restrict v1, float *restrict v2, float *restrict v3,
+            float *restrict v4, float *restrict v5, const float *restrict q, int n)
+{
+    static const vi p01 = LANES(DI_PAIR, 0), p23 = LANES(DI_PAIR, 2);
+    static const vi h0 = LANES(DI_HALF, 0), h1 = LANES(DI_HALF, 1), r1 = LANES(ROT1, 0);
+    for (int u = 0; u < n; u += V) {
+        const float *qu = q + 4 * u;
+        vf a = ld(qu), b = ld(qu + V), c = ld(qu + 2 * V), d = ld(qu + 3 * V);
+        vf e01 = __builtin_shuffle(a, b, p01), e23 = __builtin_shuffle(a, b, p23);
+        vf f01 = __builtin_shuffle(c, d, p01), f23 = __builtin_shuffle(c, d, p23);
+        vf x0 = __builtin_shuffle(e01, f01, h0), x1 = __builtin_shuffle(e01, f01, h1);
+        vf x2 = __builtin_shuffle(e23, f23, h0), x3 = __builtin_shuffle(e23, f23, h1);
+        /* columns 4 and 5: the next tile's 0 and 1 */
+        vf x4 = __builtin_shuffle(x0, (vf){0} + qu[4 * V], r1);
+        vf x5 = __builtin_shuffle(x1, (vf){0} + qu[4 * V + 1], r1);
+        vf o[6];
+        BT6(o, x0, x1, x2, x3, x4, x5);
+        memcpy(v0 + u, &o[0], sizeof(vf)), memcpy(v1 + u, &o[1], sizeof(vf));
+        memcpy(v2 + u, &o[2], sizeof(vf)), memcpy(v3 + u, &o[3], sizeof(vf));
+        memcpy(v4 + u, &o[4], sizeof(vf)), memcpy(v5 + u, &o[5], sizeof(vf));
+    }
+}
+
+/*
+ * vt[xi][c][u] = (B^T d B)[xi] for the tiles u of the images [n0, n1) of x (N, Ci, H, W), F(4x4):
+ * the group's images one under the other in the half-transformed planes (an image's last tile
+ * row is followed by the next one's first, whose left pad column is zero as the row's own
+ * would be), so that the pass along tiles runs over the whole group: a 7x7 image has only 4
+ */
+MGE__CPU_CLONES
+static void input_tiles4(const struct wgeo *g, const struct wplan *pl, float *restrict sl,
+                         const float *restrict x, int n0, int n1)
+{
+    size_t xs = (size_t)g->Ci * g->Tp, ts = pl->tmps; /* between positions xi, planes */
+    size_t hw = (size_t)g->H * g->W;
+    const float *zr = sl + pl->zr;
+    float *tp = sl + pl->tmp;
+    for (int c = 0; c < g->Ci; c++) {
+        for (int n = n0; n < n1; n++) {
+            const float *xc = x + ((size_t)n * g->Ci + c) * hw;
+            for (int ty = 0; ty < g->TH; ty++) {
+                const float *r[6];
+                size_t lim[6];
+                for (int k = 0; k < 6; k++) {
+                    int h = 4 * ty - 1 + k, in = h >= 0 && h < g->H;
+                    r[k] = in ? xc + (size_t)h * g->W : zr;
+                    lim[k] = in ? (size_t)(g->H - h) * g->W : pl->tmp; /* to the plane's end */
+                }
+                /* past the image's row: zeros (the pad columns), then the next row's */
+                float *o = tp + ((size_t)(n - n0) * g->TH + ty) * g->Wp + 1;
+                vertical4(o, o + ts, o + 2 * ts, o + 3 * ts, o + 4 * ts, o + 5 * ts, r, lim, g->W);
+            }
+        }
+        float *v = vt_at(g, pl, sl, c, 0);
+        for (int i = 0; i < 6; i++) {
+            float *v0 = v + (size_t)(6 * i) * xs;
+            horizontal4(v0, v0 + xs, v0 + 2 * xs, v0 + 3 * xs, v0 + 4 * xs, v0 + 5 * xs,
+                        tp + (size_t)i * ts, (n1 - n0) * g->NU);
+        }
+    }
+}
+
+/* A^T of 6 values a .. f into o[0 .. 3] */
+#define AT6(o, a, b, c, d, e, f)                                                                   \
+    do {                                                                                           \
+        __auto_type bm_ = (b) - (c);                                                               \
+        __auto_type bp_ = (b) + (c);                                                               \
+        __auto_type dm_ = (d) - (e);                                                               \
+        __auto_type dp_ = (d) + (e);                                                               \
+        o[0] = (a) + bp_ + dp_, o[1] = bm_ + 2.0f * dm_;                                           \
+        o[2] = bp_ + 4.0f * dp_, o[3] = bm_ + 8.0f * dm_ + (f);                                    \
+    } while (0)
+
+/*
+ * M times A along one row of the n tiles' positions (m0 .. m5) into o (tile u at o[4 u]), 16
+ * tiles at a time: the last vector reads up to 15 tiles past n and writes up to 60 floats past
+ * o[4 n] (plan_init leaves the room)
+ */
+static inline __attribute__((always_inline)) void
+horizontal_out4(float *restrict o, const float *restrict m0, const float *restrict m1,
+                const float *restrict m2, const float *restrict m3, const float *restrict m4,
+                const float *restrict m5, int n)
+{
+    static const vi i0 = LANES(IL_PAIR, 0), i8 = LANES(IL_PAIR, 8);
+    static const vi q0 = LANES(IL_QUAD, 0), q8 = LANES(IL_QUAD, 8);
+    for (int u = 0; u < n; u += V) {
+        vf y[4];
+        AT6(y, ld(m0 + u), ld(m1 + u), ld(m2 + u), ld(m3 + u), ld(m4 + u), ld(m5 + u));
+        vf e01 = __builtin_shuffle(y[0], y[1], i0), f01 = __builtin_shuffle(y[0], y[1], i8);
+        vf e23 = __builtin_shuffle(y[2], y[3], i0), f23 = __builtin_shuffle(y[2], y[3], i8);
+        vf t[4] = {__builtin_shuffle(e01, e23, q0), __builtin_shuffle(e01, e23, q8),
+                   __builtin_shuffle(f01, f23, q0), __builtin_shuffle(f01, f23, q8)};
+        /* one at a time: an array copy went through the stack */
+        memcpy(o + 4 * u, &t[0], sizeof(vf)), memcpy(o + 4 * u + V, &t[1], sizeof(vf));
+        memcpy(o + 4 * u + 2 * V, &t[2], sizeof(vf)), memcpy(o + 4 * u + 3 * V, &t[3], sizeof(vf));
+    }
+}
+
+/* y's rows y0 .. y3 (the first @nrows) of one tile row: A^T of the 6 planes s0 .. s5, plus @bv,
+ * added to what is there when @acc */
+static inline __attribute__((always_inline)) void
+output_rows4(float *restrict y0, float *restrict y1, float *restrict y2, float *restrict y3,
+             const float *restrict s0, const float *restrict s1, const float *restrict s2,
+             const float *restrict s3, const float *restrict s4, const float *restrict s5, int W,
+             float bv, int acc, int nrows)
+{
+    float *yr[4] = {y0, y1, y2, y3};
+    for (int w = 0; w < W; w += V) {
+        vf r[4];
+        AT6(r, ld(s0 + w), ld(s1 + w), ld(s2 + w), ld(s3 + w), ld(s4 + w), ld(s5 + w));
+        int n = W - w < V ? W - w : V;
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            if (k >= nrows)
+                break;
+            /* a row's last lanes one by one (GCC's own loop left 12 of 28 and all of 14 and 7 to
+             * scalar code, transform included) */
+            st_lanes(yr[k] + w, r[k] + bv, n, acc);
+        }
+    }
+}
+
+/*
+ * The outputs of the images [n0, n1) into y (N, Co, H, W) from mt's tiles, F(4x4): M times A over
+ * the whole group's tiles into 6 flat planes (images one under the other, as input_tiles4's),
+ * then A^T straight into y, plus bias[co] (may be NULL), added to what y holds when @acc
+ */
+MGE__CPU_CLONES
+static void output_tiles4(const struct wgeo *g, const struct wplan *pl, float *restrict sl,
+                          float *restrict y, const float *restrict mt, int n0, int n1,
+                          const float *bias, int acc)
+{
+    size_t xs = (size_t)g->Kp * g->Tp, ts = pl->tmps; /* between positions xi, planes */
+    float *sp = sl + pl->tmp + 6 * ts;
+    for (int co = 0; co < g->Co; co++) {
+        const float *m = mt + (size_t)co * g->Tp;
+        for (int i = 0; i < 6; i++) {
+            const float *m0 = m + (size_t)(6 * i) * xs;
+            horizontal_out4(sp + (size_t)i * ts, m0, m0 + xs, m0 + 2 * xs, m0 + 3 * xs, m0 + 4 * xs,
+                            m0 + 5 * xs, (n1 - n0) * g->NU);
+        }
+        float bv = bias ? bias[co] : 0.0f;
+        for (int j = 0; j < (n1 - n0) * g->TH; j++) {
+            int ty = j % g->TH;
+            float *yc = y + ((size_t)(n0 + j / g->TH) * g->Co + co) * g->H * g->W;
+            const float *s = sp + (size_t)j * g->Wp;
+            size_t W = (size_t)g->W;
+            float *y0 = yc + 4 * ty * W;
+            /* rows past the image point at y0 and are not written */
+            int nrows = g->H - 4 * ty < 4 ? g->H - 4 * ty : 4;
+            float *y1 = nrows > 1 ? y0 + W : y0, *y2 = nrows > 2 ? y0 + 2 * W : y0;
+            float *y3 = nrows > 3 ? y0 + 3 * W : y0;
+            if (nrows == 4 && acc)
+                output_rows4(y0, y1, y2, y3, s, s + ts, s + 2 * ts, s + 3 * ts, s + 4 * ts,
+                             s + 5 * ts, g->W, bv, 1, 4);
+            else if (nrows == 4)
+                output_rows4(y0, y1, y2, y3, s, s + ts, s + 2 * ts, s + 3 * ts, s + 4 * ts,
+                             s + 5 * ts, g->W, bv, 0, 4);
+            else
+                output_rows4(y0, y1, y2, y3, s, s + ts, s + 2 * ts, s + 3 * ts, s + 4 * ts,
+                             s + 5 * ts, g->W, bv, acc, nrows);
+        }
+    }
+}
+
 /* The images [n0, n1) of one work item: out (+)= conv(inp) (+ bias) through this slot's scratch */
 static void group(const struct wplan *pl, float *sl, const float *u, float *out, const float *inp,
                   const float *bias, int acc, int n0, int n1)
 {
     const struct wgeo *g = &pl->g;
     size_t in_img = (size_t)g->Ci * g->H * g->W, out_img = (size_t)g->Co * g->H * g->W;
-    for (int n = n0; n < n1; n++)
-        input_tiles(g, pl, sl, inp + (size_t)n * in_img, (n - n0) * g->NU);
+    if (g->m == 4)
+        input_tiles4(g, pl, sl, inp, n0, n1);
+    else
+        for (int n = n0; n < n1; n++)
+            input_tiles(g, pl, sl, inp + (size_t)n * in_img, (n - n0) * g->NU);
     int nt = ((n1 - n0) * g->NU + V - 1) / V * V;
     gemms(g, sl + pl->mt, sl + pl->vt, u, nt);
-    for (int n = n0; n < n1; n++)
-        output_tiles(g, pl, sl, out + (size_t)n * out_img, sl + pl->mt, (n - n0) * g->NU, bias,
-                     acc);
+    if (g->m == 4)
+        output_tiles4(g, pl, sl, out, sl + pl->mt, n0, n1, bias, acc);
+    else
+        for (int n = n0; n < n1; n++)
+            output_tiles(g, pl, sl, out + (size_t)n * out_img, sl + pl->mt, (n - n0) * g->NU, bias,
+                         acc);
 }
 
 static void run(const struct wplan *pl, float *out, const float *inp, const float *w, int flip,
@@ -276,7 +603,7 @@ static void run(const struct wplan *pl, float *out, const float *inp, const floa
 {
     const struct wgeo *g = &pl->g;
     float *base = aligned(scratch);
-    filter_transform(g, base + pl->u, w, flip);
+    (g->m == 4 ? filter_transform4 : filter_transform)(g, base + pl->u, w, flip);
     int ngroups = (pl->N + g->G - 1) / g->G;
     int nt = mge_cpu_threads();
     nt = nt < pl->slots ? nt : pl->slots;
@@ -286,7 +613,7 @@ static void run(const struct wplan *pl, float *out, const float *inp, const floa
         float *sl = base + pl->slot0 + (size_t)omp_get_thread_num() * pl->slot;
         /* the zero row, the planes' pad columns, and tiles past the last image (lanes whose
          * outputs are dropped) */
-        memset(sl, 0, (pl->vt + (size_t)NX * g->Ci * g->Tp) * sizeof(float));
+        memset(sl, 0, (pl->vt + (size_t)g->nx * g->Ci * g->Tp) * sizeof(float));
 #pragma omp for schedule(static)
         for (int i = 0; i < ngroups; i++) {
             int n0 = i * g->G, n1 = n0 + g->G < pl->N ? n0 + g->G : pl->N;
@@ -295,26 +622,29 @@ static void run(const struct wplan *pl, float *out, const float *inp, const floa
     }
 }
 
-int mge__conv_winograd_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
-                               const float *w, const float *bias, void *scratch)
+/* The forward (@data 0) or the data gradient (@data 1) in tiles of m x m outputs */
+static int forward_or_data(const struct mge_cpu_conv *cv, int data, int m, float *out,
+                           const float *inp, const float *w, const float *bias, void *scratch,
+                           int acc)
 {
     if (!mge__conv_winograd_ok(cv))
         return -1;
     struct wplan pl;
-    plan_init(&pl, cv, 0);
-    run(&pl, out, inp, w, 0, bias, 0, scratch);
+    plan_init(&pl, cv, data, m);
+    run(&pl, out, inp, w, data, bias, acc, scratch);
     return 0;
 }
 
-int mge__conv_winograd_backward_data(const struct mge_cpu_conv *cv, float *dinp, const float *dout,
-                                     const float *w, void *scratch, int acc)
+int mge__conv_winograd_forward(const struct mge_cpu_conv *cv, int m, float *out, const float *inp,
+                               const float *w, const float *bias, void *scratch)
 {
-    if (!mge__conv_winograd_ok(cv))
-        return -1;
-    struct wplan pl;
-    plan_init(&pl, cv, 1);
-    run(&pl, dinp, dout, w, 1, NULL, acc, scratch);
-    return 0;
+    return forward_or_data(cv, 0, m == 4 ? 4 : 2, out, inp, w, bias, scratch, 0);
+}
+
+int mge__conv_winograd_backward_data(const struct mge_cpu_conv *cv, int m, float *dinp,
+                                     const float *dout, const float *w, void *scratch, int acc)
+{
+    return forward_or_data(cv, 1, m == 4 ? 4 : 2, dinp, dout, w, NULL, scratch, acc);
 }
 
 /*
@@ -427,11 +757,13 @@ size_t mge__conv_winograd_scratch_bytes(const struct mge_cpu_conv *cv)
 {
     if (!mge__conv_winograd_ok(cv))
         return 0;
-    struct wplan f, d;
-    plan_init(&f, cv, 0);
-    plan_init(&d, cv, 1);
     struct mge__wdw_plan w;
     mge__wdw_plan_init(&w, cv, 2, DW_MIN_TILES);
-    size_t t = f.total > d.total ? f.total : d.total;
-    return (t > w.total ? t : w.total) * sizeof(float) + 64;
+    size_t t = w.total;
+    for (int i = 0; i < 4; i++) { /* forward and data gradient, F(2x2) and F(4x4) */
+        struct wplan p;
+        plan_init(&p, cv, i % 2, i < 2 ? 2 : 4);
+        t = p.total > t ? p.total : t;
+    }
+    return t * sizeof(float) + 64;
 }

@@ -213,6 +213,7 @@ void mge_cpu_conv2d_backward_bf16(const struct mge_cpu_conv *cv, float *dinp, fl
  * Winograd for the forward, dinp and dw of 3x3 stride-1 pad-1 convs of >= 16 channels on maps
  * up to 32x32 unless $MGE_CONV_WINOGRAD=0 (all of it) or $MGE_CONV_WINOGRAD_DW=0 (dw only);
  * the dw is F(4x4, 3x3) where it multiplies less than F(2x2), unless $MGE_CONV_WINOGRAD4_DW=0;
+ * the forward and dinp in F(4x4, 3x3) tiles unless $MGE_CONV_WINOGRAD4=0 (F(2x2, 3x3) then);
  * $MGE_CONV overrides the default. Read once, at the first conv call. */
 const char *mge_cpu_conv_backend(void);
 

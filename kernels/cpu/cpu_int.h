@@ -96,8 +96,8 @@ enum mge__conv_backend {
     MGE__CONV_IM2COL, /* "im2col": per-image im2col + mge_cpu_sgemm; the others' fallback */
     MGE__CONV_DNNL,   /* "dnnl": oneDNN convolution primitives on plain NCHW (conv_dnnl.c) */
     MGE__CONV_DIRECT, /* "direct": vectorised direct conv, stride 1 (conv_direct.c); default */
-    /* "winograd": F(2x2, 3x3) forward, dinp and dw of 3x3 stride-1 pad-1 convs
-     * (conv_winograd.c), every other conv as "auto" does them; "auto" takes it where it wins
+    /* "winograd": F(4x4, 3x3) or F(2x2, 3x3) forward and dinp, F(2x2) dw, of 3x3 stride-1 pad-1
+     * convs (conv_winograd.c), every other conv as "auto" does them; "auto" takes it where it wins
      * (conv.c) */
     MGE__CONV_WINOGRAD,
     MGE__CONV_COUNT
@@ -178,8 +178,11 @@ int mge__conv_stride2_backward(const struct mge_cpu_conv *cv, float *dinp, float
                                int acc);
 
 /*
- * conv_winograd.c: Winograd F(2x2, 3x3), 3x3 stride-1 pad-1 convs only (mge__conv_winograd_ok).
- * Scratch bytes: 0 when it cannot do @cv. forward: out = conv + bias (may be NULL);
+ * conv_winograd.c: Winograd F(2x2, 3x3) and F(4x4, 3x3), 3x3 stride-1 pad-1 convs only
+ * (mge__conv_winograd_ok). Scratch bytes: 0 when it cannot do @cv, else room for either tile.
+ * forward and backward_data run F(4x4, 3x3) tiles when @m is 4, F(2x2, 3x3) ones otherwise
+ * (F(4x4) rounds ~10x more: see conv_winograd.c); the weight gradient is F(2x2)'s.
+ * forward: out = conv + bias (may be NULL);
  * backward_data: dinp (+)= conv^T(dout, w) (+ when @acc); backward_weights: dw (+)= the weight
  * gradient (dbias is left to the other backends). All return 0, or -1 (not
  * this shape) with the outputs untouched. forward and backward_data: the same bits at any
@@ -188,12 +191,15 @@ int mge__conv_stride2_backward(const struct mge_cpu_conv *cv, float *dinp, float
  */
 int mge__conv_winograd_ok(const struct mge_cpu_conv *cv);
 size_t mge__conv_winograd_scratch_bytes(const struct mge_cpu_conv *cv);
-int mge__conv_winograd_forward(const struct mge_cpu_conv *cv, float *out, const float *inp,
+int mge__conv_winograd_forward(const struct mge_cpu_conv *cv, int m, float *out, const float *inp,
                                const float *w, const float *bias, void *scratch);
-int mge__conv_winograd_backward_data(const struct mge_cpu_conv *cv, float *dinp, const float *dout,
-                                     const float *w, void *scratch, int acc);
+int mge__conv_winograd_backward_data(const struct mge_cpu_conv *cv, int m, float *dinp,
+                                     const float *dout, const float *w, void *scratch, int acc);
 int mge__conv_winograd_backward_weights(const struct mge_cpu_conv *cv, float *dw, const float *dout,
                                         const float *inp, void *scratch, int acc);
+/* Which tile the Winograd forward and data gradient use (tests, benchmarks): 2 for F(2x2), 4 for
+ * F(4x4), 0 to let conv.c choose per shape (the default). Thread: between calls only. */
+void mge__conv_set_winograd_tile(int m);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,8 @@
  * thread on a shared machine, what the kernels cost without the time other processes took.
  * With "resnet", the weight gradients of the stride-1 3x3 convs alone follow (direct, Winograd
  * F(2x2) and F(4x4)), then the batch norms; "dw" as the fifth argument times those dw alone.
+ * Columns: each backend; "winograd" is F(2x2) or F(4x4) forward and dinp as conv.c chooses per
+ * shape, "wino2" and "wino4" the same backend held to one tile (its dw as conv.c chooses in all).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +58,12 @@ static int cmp_double(const void *a, const void *b)
 struct bufs {
     float *x, *w, *b, *y, *dy, *dx, *dw, *db;
     void *scratch;
+};
+
+/* A column: a backend, and the Winograd tile its forward and dinp are held to (0: conv.c's) */
+struct column {
+    int backend, tile;
+    const char *name;
 };
 
 /* One weight gradient alone: the direct kernel's through the dispatch, or a Winograd one */
@@ -220,14 +228,18 @@ int main(int argc, char **argv)
         }
         return 0;
     }
-    static const int backends[] = {MGE__CONV_IM2COL, MGE__CONV_DNNL, MGE__CONV_DIRECT,
-                                   MGE__CONV_WINOGRAD, MGE__CONV_AUTO};
-    int nb = (int)(sizeof(backends) / sizeof(backends[0]));
+    static const struct column cols[] = {
+        {MGE__CONV_IM2COL, 0, "im2col"},  {MGE__CONV_DNNL, 0, "dnnl"},
+        {MGE__CONV_DIRECT, 0, "direct"},  {MGE__CONV_WINOGRAD, 2, "wino2"},
+        {MGE__CONV_WINOGRAD, 4, "wino4"}, {MGE__CONV_WINOGRAD, 0, "winograd"},
+        {MGE__CONV_AUTO, 0, "auto"},
+    };
+    int nb = (int)(sizeof(cols) / sizeof(cols[0]));
     printf("conv ms per call, batch %d (median of 9, %s clock); default backend: %s\n", N,
            g_clock == CLOCK_MONOTONIC ? "wall" : "CPU", mge_cpu_conv_backend());
     printf("%-26s %-4s %3s", "shape", "pass", "thr");
     for (int b = 0; b < nb; b++)
-        printf(" %10s", mge__conv_backend_name(backends[b]));
+        printf(" %10s", cols[b].name);
     printf("\n");
     double total[2][8] = {{0}};
     for (int t = t0; t <= t1; t++) {
@@ -241,7 +253,7 @@ int main(int argc, char **argv)
             size_t nx = (size_t)N * s->C * s->H * s->W, nw = (size_t)s->K * s->C * s->R * s->S;
             size_t ny = (size_t)N * s->K * cv.P * cv.Q, sb = 0;
             for (int b = 0; b < nb; b++) {
-                size_t z = mge__conv_scratch_bytes_with(backends[b], &cv);
+                size_t z = mge__conv_scratch_bytes_with(cols[b].backend, &cv);
                 sb = z > sb ? z : sb;
             }
             struct bufs B = {rnd(nx), rnd(nw), rnd(s->K), rnd(ny),   rnd(ny),
@@ -249,8 +261,10 @@ int main(int argc, char **argv)
             for (int bwd = 0; bwd <= 1; bwd++) {
                 printf("%-26s %-4s %3d", s->name, bwd ? "bwd" : "fwd", t);
                 for (int b = 0; b < nb; b++) {
-                    struct op op = {backends[b], bwd, s->want_dx, DW_NONE};
+                    struct op op = {cols[b].backend, bwd, s->want_dx, DW_NONE};
+                    mge__conv_set_winograd_tile(cols[b].tile);
                     double ms = measure(&op, &cv, &B);
+                    mge__conv_set_winograd_tile(0);
                     total[t - 1][b] += ms * s->count;
                     printf(" %10.3f", ms);
                 }
