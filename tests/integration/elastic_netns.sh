@@ -55,7 +55,9 @@ check "each worker reports its node's hostname" sh -c "
     curl -s -H 'Authorization: Bearer $ADMIN' '$URL/api/v1/workers' |
     jq -e '[.workers[] | .name + \"@\" + .host] | sort == [\"w1@node1\", \"w2@node2\", \"w3@node3\"]'"
 
-STEPS=${NETNS_STEPS:-3000}
+# enough steps for all six faults: on a quiet machine (120-150 steps/s between faults) a 3000-step
+# job once ended at the sixth fault, before it could re-form
+STEPS=${NETNS_STEPS:-6000}
 CKPT=50
 cat >"$T/job.yaml" <<Y
 name: elastic-netns
