@@ -337,20 +337,20 @@ static int g_conv_winograd4 = 1;    /* $MGE_CONV_WINOGRAD4=0: F(2x2) wherever Wi
 static int g_winograd_tile;         /* mge__conv_set_winograd_tile: 2, 4, or 0 (per shape) */
 static pthread_once_t g_conv_once = PTHREAD_ONCE_INIT;
 
+/* *@flag = 0 when $@name is "0" (the before/after switches of one build) */
+static void env_off(const char *name, int *flag)
+{
+    const char *v = getenv(name);
+    if (v && strcmp(v, "0") == 0)
+        *flag = 0;
+}
+
 static void conv_backend_init(void)
 {
-    const char *w = getenv("MGE_CONV_WINOGRAD");
-    if (w && strcmp(w, "0") == 0)
-        g_conv_winograd = 0;
-    const char *wd = getenv("MGE_CONV_WINOGRAD_DW");
-    if (wd && strcmp(wd, "0") == 0)
-        g_conv_winograd_dw = 0;
-    const char *w4 = getenv("MGE_CONV_WINOGRAD4_DW");
-    if (w4 && strcmp(w4, "0") == 0)
-        g_conv_winograd4_dw = 0;
-    const char *w4f = getenv("MGE_CONV_WINOGRAD4");
-    if (w4f && strcmp(w4f, "0") == 0)
-        g_conv_winograd4 = 0;
+    env_off("MGE_CONV_WINOGRAD", &g_conv_winograd);
+    env_off("MGE_CONV_WINOGRAD_DW", &g_conv_winograd_dw);
+    env_off("MGE_CONV_WINOGRAD4_DW", &g_conv_winograd4_dw);
+    env_off("MGE_CONV_WINOGRAD4", &g_conv_winograd4);
     const char *s = getenv("MGE_CONV");
     if (!s || !*s)
         return;
